@@ -1,0 +1,28 @@
+"""Model architectures (ModelSpec) with exact parameter counts, and loaders for the built-in zoo,
+our YAML files and Hugging Face config.json files."""
+from .errors import ModelSpecError
+from .loaders import (
+    DEFAULT_MODEL,
+    from_hf_config,
+    get_model,
+    list_models,
+    load_model,
+    load_model_file,
+    supported_model_types,
+)
+from .spec import LayerParams, MLASpec, ModelSpec, MoESpec
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "LayerParams",
+    "MLASpec",
+    "ModelSpec",
+    "ModelSpecError",
+    "MoESpec",
+    "from_hf_config",
+    "get_model",
+    "list_models",
+    "load_model",
+    "load_model_file",
+    "supported_model_types",
+]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class MoESpec(BaseModel):
@@ -25,6 +25,7 @@ class MoESpec(BaseModel):
     moe_layer_freq: int = Field(1, gt=0, description="after the dense prefix, layer i is MoE iff (i - first_k) % freq == 0")
     router_bias: bool = Field(False, description="per-expert router score bias parameter (DeepSeek-V3 e_score_correction_bias)")
     dense_ffn_hidden_size: int | None = Field(None, description="FFN width of the dense layers if different from ModelSpec.ffn_hidden_size")
+    dense_layer_indices: tuple[int, ...] = Field((), description="layers forced dense (Qwen2/3-MoE mlp_only_layers)")
 
 
 class MLASpec(BaseModel):
@@ -92,18 +93,247 @@ class ModelSpec(BaseModel):
     moe: MoESpec | None = None
     mla: MLASpec | None = None
     num_mtp_layers: int = Field(0, ge=0, description="multi-token-prediction layers (DeepSeek-V3); not built by HF")
+    attention_out_bias: bool | None = Field(None, description="bias on the attention output projection; None = linear_bias")
+    mlp_bias: bool | None = Field(None, description="biases on the MLP linears; None = linear_bias")
+    seq_length: int | None = Field(None, description="training sequence length of the reference run, if known")
+
+    # ---- validation ------------------------------------------------------------------------
+    @model_validator(mode="after")
+    def _check_consistency(self) -> "ModelSpec":
+        a, g = self.num_attention_heads, self.num_kv_heads
+        if a % g != 0:
+            raise ValueError(
+                f"num_attention_heads ({a}) must be divisible by num_kv_heads ({g})"
+            )
+        if self.moe is not None:
+            m = self.moe
+            if m.top_k > m.num_experts:
+                raise ValueError(f"moe.top_k ({m.top_k}) must be <= moe.num_experts ({m.num_experts})")
+            if m.num_shared_experts > 0 and m.shared_expert_ffn_hidden_size == 0:
+                raise ValueError("moe.shared_expert_ffn_hidden_size must be > 0 when moe.num_shared_experts > 0")
+            if m.shared_expert_gate and m.shared_expert_ffn_hidden_size == 0:
+                raise ValueError("moe.shared_expert_gate requires moe.shared_expert_ffn_hidden_size > 0")
+            if m.first_k_dense_layers > self.num_layers:
+                raise ValueError(
+                    f"moe.first_k_dense_layers ({m.first_k_dense_layers}) exceeds num_layers ({self.num_layers})"
+                )
+            bad = [i for i in m.dense_layer_indices if not 0 <= i < self.num_layers]
+            if bad:
+                raise ValueError(f"moe.dense_layer_indices {bad} out of range [0, {self.num_layers})")
+        return self
 
     # ---- structure -------------------------------------------------------------------------
-    def is_moe_layer(self, i: int) -> bool: ...  # TODO
+    def _check_layer(self, i: int) -> None:
+        if not 0 <= i < self.num_layers:
+            raise IndexError(f"layer index {i} out of range [0, {self.num_layers})")
+
+    def is_moe_layer(self, i: int) -> bool:
+        """Whether decoder layer ``i`` (0-based) has a routed-expert MLP.
+
+        Rule: after the dense prefix ``first_k_dense_layers`` (DeepSeek ``first_k_dense_replace``),
+        layer i is MoE iff ``(i - first_k) % moe_layer_freq == 0`` and i is not listed in
+        ``dense_layer_indices`` (Qwen2-MoE/Qwen3-MoE ``mlp_only_layers``). HF qwen2_moe's
+        ``(i + 1) % decoder_sparse_step == 0`` is the case ``first_k = step - 1, freq = step``.
+        """
+        self._check_layer(i)
+        m = self.moe
+        if m is None:
+            return False
+        if i < m.first_k_dense_layers or i in m.dense_layer_indices:
+            return False
+        return (i - m.first_k_dense_layers) % m.moe_layer_freq == 0
+
     @property
-    def num_moe_layers(self) -> int: ...  # TODO
+    def num_moe_layers(self) -> int:
+        return sum(1 for i in range(self.num_layers) if self.is_moe_layer(i))
+
     @property
-    def num_dense_layers(self) -> int: ...  # TODO
+    def num_dense_layers(self) -> int:
+        return self.num_layers - self.num_moe_layers
+
+    # ---- component sizes --------------------------------------------------------------------
+    @property
+    def _norm_size(self) -> int:
+        """Parameters of one norm over h: RMSNorm has a weight (h); LayerNorm weight + bias (2h).
+
+        Nemotron's LayerNorm1P (HF ``NemotronLayerNorm1P(nn.LayerNorm)``) also has weight and bias.
+        """
+        return self.hidden_size * (2 if self.normalization == "layernorm" else 1)
+
+    @property
+    def _attn_out_bias(self) -> bool:
+        return self.linear_bias if self.attention_out_bias is None else self.attention_out_bias
+
+    @property
+    def _mlp_bias(self) -> bool:
+        return self.linear_bias if self.mlp_bias is None else self.mlp_bias
+
+    def _attention_params(self) -> tuple[int, int]:
+        """(tp_sharded, replicated) parameters of one self-attention block.
+
+        Standard MHA/GQA (HF LlamaAttention & co.): q_proj h x a*d, k_proj and v_proj h x g*d,
+        o_proj a*d x h; biases q/k/v (a*d + 2*g*d, column parallel -> sharded) when ``qkv_bias``;
+        o_proj bias h (row parallel -> replicated) when the attention output has a bias.
+        q_norm/k_norm (Qwen3 ``Qwen3RMSNorm(head_dim)``) -> 2*d replicated.
+
+        MLA (HF ``DeepseekV3Attention``): q_a_proj h x r_q, q_a_layernorm r_q, q_b_proj
+        r_q x a*(d_nope+d_rope) (or q_proj h x a*(d_nope+d_rope) without a q LoRA),
+        kv_a_proj_with_mqa h x (r_kv + d_rope), kv_a_layernorm r_kv,
+        kv_b_proj r_kv x a*(d_nope + d_v), o_proj a*d_v x h. All projections counted as
+        TP-sharded (as in Megatron's theoretical_memory_usage.py P_attn), norms replicated.
+        """
+        h, a, g, d = self.hidden_size, self.num_attention_heads, self.num_kv_heads, self.head_dim
+        sharded = replicated = 0
+        if self.mla is not None:
+            m = self.mla
+            qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+            if m.q_lora_rank is None:
+                sharded += h * a * qk
+            else:
+                sharded += h * m.q_lora_rank + m.q_lora_rank * a * qk
+                replicated += m.q_lora_rank  # q_a_layernorm (RMSNorm)
+            sharded += h * (m.kv_lora_rank + m.qk_rope_head_dim)
+            replicated += m.kv_lora_rank  # kv_a_layernorm (RMSNorm)
+            sharded += m.kv_lora_rank * a * (m.qk_nope_head_dim + m.v_head_dim)
+            sharded += a * m.v_head_dim * h
+            if self.qkv_bias:  # DeepSeek attention_bias: q_a_proj and kv_a_proj biases
+                sharded += (m.q_lora_rank or 0) + m.kv_lora_rank + m.qk_rope_head_dim
+            if self._attn_out_bias:
+                replicated += h
+            return sharded, replicated
+        sharded += h * a * d + 2 * h * g * d + a * d * h
+        if self.qkv_bias:
+            sharded += a * d + 2 * g * d
+        if self._attn_out_bias:
+            replicated += h
+        if self.qk_norm:
+            replicated += 2 * d
+        return sharded, replicated
+
+    def _mlp_weights(self, f: int) -> int:
+        """Weights of one MLP of width f: 3*h*f gated (gate/up/down), 2*h*f otherwise (fc1/fc2)."""
+        return (3 if self.gated_mlp else 2) * self.hidden_size * f
+
+    def _dense_mlp_params(self, f: int) -> tuple[int, int]:
+        """(tp_sharded, replicated) of a dense MLP: weights + column-parallel biases (f or 2f)
+        sharded; row-parallel fc2/down_proj bias (h) replicated."""
+        sharded = self._mlp_weights(f)
+        replicated = 0
+        if self._mlp_bias:
+            sharded += (2 if self.gated_mlp else 1) * f
+            replicated += self.hidden_size
+        return sharded, replicated
+
+    def layer_params(self, i: int) -> LayerParams:
+        """Parameter count of decoder layer ``i`` split by how parallelism shards it.
+
+        layer = input norm + attention + post-attention norm + (dense MLP | MoE block).
+        MoE block (HF MixtralSparseMoeBlock / Qwen2MoeSparseMoeBlock / DeepseekV3MoE):
+        router h*E (+E score-correction bias, DeepSeek-V3) replicated; E routed experts of
+        width f_e (``expert``, top_k of them ``expert_active``); shared expert(s) of total width
+        f_sh TP-sharded; Qwen2-MoE ``shared_expert_gate`` Linear(h, 1, bias=False) replicated.
+        """
+        self._check_layer(i)
+        h = self.hidden_size
+        sharded, replicated = self._attention_params()
+        replicated += 2 * self._norm_size  # input_layernorm + post_attention_layernorm
+        if not self.is_moe_layer(i):
+            f = self.ffn_hidden_size
+            if self.moe is not None and self.moe.dense_ffn_hidden_size is not None:
+                f = self.moe.dense_ffn_hidden_size
+            s, r = self._dense_mlp_params(f)
+            return LayerParams(tp_sharded=sharded + s, replicated=replicated + r)
+        m = self.moe
+        assert m is not None
+        replicated += h * m.num_experts + (m.num_experts if m.router_bias else 0)
+        if m.shared_expert_ffn_hidden_size:
+            s, r = self._dense_mlp_params(m.shared_expert_ffn_hidden_size)
+            sharded += s
+            replicated += r
+            if m.shared_expert_gate:
+                replicated += h
+        per_expert = self._mlp_weights(m.expert_ffn_hidden_size)
+        return LayerParams(
+            tp_sharded=sharded,
+            replicated=replicated,
+            expert=m.num_experts * per_expert,
+            expert_active=m.top_k * per_expert,
+        )
 
     # ---- parameter counts (exact, as HF transformers builds them) -----------------------------
-    def layer_params(self, i: int) -> LayerParams: ...  # TODO
-    def embedding_params(self) -> int: ...  # TODO input embedding (+ learned positions, + embedding norm)
-    def output_params(self) -> int: ...  # TODO output layer (0 when tied) + final norm
-    def num_parameters(self) -> int: ...  # TODO total, HF convention
-    def num_active_parameters(self) -> int: ...  # TODO
-    def padded_vocab_size(self, tp: int = 1, make_vocab_size_divisible_by: int = 128) -> int: ...  # TODO
+    def embedding_params(self) -> int:
+        """Input embedding V*h (+ learned positions max_pos*h, GPT-2 ``wpe``; + BLOOM
+        ``word_embeddings_layernorm`` 2h). Unpadded V, as HF builds it."""
+        h = self.hidden_size
+        n = self.vocab_size * h
+        if self.position_embedding == "learned":
+            n += self.max_position_embeddings * h
+        if self.embedding_layernorm:
+            n += self._norm_size
+        return n
+
+    def final_norm_params(self) -> int:
+        """Final norm before the output layer (HF ``model.norm`` / GPT-2 ``ln_f``)."""
+        return self._norm_size
+
+    def output_params(self) -> int:
+        """Output layer V*h (0 when tied to the input embedding, counted once by HF) + final norm."""
+        head = 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+        return head + self.final_norm_params()
+
+    def num_parameters(self) -> int:
+        """Total parameters, HF convention: sum of numel of ``model.parameters()`` (tied weights
+        counted once), unpadded vocab, MTP layers excluded (HF does not build them)."""
+        return (
+            self.embedding_params()
+            + sum(self.layer_params(i).total for i in range(self.num_layers))
+            + self.output_params()
+        )
+
+    def num_active_parameters(self) -> int:
+        """Parameters touched per token: as ``num_parameters`` with E routed experts replaced by top_k."""
+        return (
+            self.embedding_params()
+            + sum(self.layer_params(i).active for i in range(self.num_layers))
+            + self.output_params()
+        )
+
+    def mtp_layer_params(self) -> LayerParams:
+        """One DeepSeek-V3 multi-token-prediction module, without the embedding and output head
+        it shares with the main model.
+
+        Source: deepseek-ai/DeepSeek-V3 README_WEIGHTS.md ("MTP Modules": ``enorm`` & ``hnorm``
+        RMSNorms, ``eh_proj`` projection, one extra transformer layer structured as the main
+        model's layers, ``shared_head`` sharing the output head; 11.5B unique parameters) and
+        arXiv:2412.19437 §2.2 (M_k in R^{d x 2d}); the module's own ``shared_head.norm`` RMSNorm
+        is in the checkpoint (vLLM ``deepseek_mtp.py`` SharedHead). Layer kind = last decoder
+        layer's. Split: eh_proj (2h*h) TP-sharded; enorm, hnorm, shared_head.norm replicated.
+        """
+        h = self.hidden_size
+        base = self.layer_params(self.num_layers - 1)
+        return LayerParams(
+            tp_sharded=base.tp_sharded + 2 * h * h,
+            replicated=base.replicated + 3 * self._norm_size,
+            expert=base.expert,
+            expert_active=base.expert_active,
+        )
+
+    def mtp_params(self) -> int:
+        """Unique parameters of all ``num_mtp_layers`` MTP modules (0 when none); see mtp_layer_params."""
+        if self.num_mtp_layers == 0:
+            return 0
+        return self.num_mtp_layers * self.mtp_layer_params().total
+
+    def mtp_active_params(self) -> int:
+        if self.num_mtp_layers == 0:
+            return 0
+        return self.num_mtp_layers * self.mtp_layer_params().active
+
+    def padded_vocab_size(self, tp: int = 1, make_vocab_size_divisible_by: int = 128) -> int:
+        """Megatron's padded vocabulary: round V up to a multiple of
+        ``make_vocab_size_divisible_by * tp`` (Megatron-LM ``_vocab_size_with_padding`` in
+        megatron/training/tokenizer/tokenizer.py)."""
+        if tp < 1 or make_vocab_size_divisible_by < 1:
+            raise ValueError("tp and make_vocab_size_divisible_by must be >= 1")
+        multiple = make_vocab_size_divisible_by * tp
+        return -(-self.vocab_size // multiple) * multiple

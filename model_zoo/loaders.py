@@ -1,0 +1,455 @@
+"""Load ``ModelSpec`` objects: built-in zoo, our own YAML files, Hugging Face ``config.json``.
+
+HF field conventions follow the transformers modeling code of each ``model_type``
+(``src/transformers/models/<type>/modeling_<type>.py`` and ``configuration_<type>.py``):
+
+- llama / mistral: q,k,v,o with ``attention_bias``; gate/up/down with ``mlp_bias`` (llama only);
+  ``head_dim`` field (default h/a); RMSNorm.
+- mixtral: llama attention without biases, ``num_local_experts`` SwiGLU experts of
+  ``intermediate_size``, router ``gate`` Linear(h, E, bias=False), ``num_experts_per_tok``.
+- qwen2: q,k,v bias=True, o_proj bias=False.
+- qwen2_moe: qwen2 attention (``qkv_bias`` defaults True); MoE layer iff i not in
+  ``mlp_only_layers`` and ``num_experts > 0`` and ``(i + 1) % decoder_sparse_step == 0``; experts of
+  ``moe_intermediate_size``; ``shared_expert`` MLP of ``shared_expert_intermediate_size`` and
+  ``shared_expert_gate`` Linear(h, 1, bias=False); dense layers use ``intermediate_size``.
+- qwen3 / qwen3_moe: ``attention_bias`` on q,k,v,o; ``q_norm``/``k_norm`` RMSNorm(head_dim);
+  ``head_dim`` field; qwen3_moe has no shared expert.
+- gpt2: ``n_embd``, ``n_layer``, ``n_head``, ``n_inner`` (default 4h), ``n_positions`` learned
+  positions, LayerNorm with bias, biases on every Conv1D, tied ``lm_head``.
+- nemotron: ``NemotronLayerNorm1P`` (LayerNorm, weight + bias), non-gated ``relu2`` MLP
+  (up/down, ``mlp_bias``), ``attention_bias``, ``head_dim`` (or ``kv_channels``), untied by default.
+- deepseek_v3: MLA (``q_lora_rank``, ``kv_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_dim``,
+  ``v_head_dim``), first ``first_k_dense_replace`` layers dense with ``intermediate_size``, then MoE
+  with ``n_routed_experts`` experts of ``moe_intermediate_size``, ``n_shared_experts`` x
+  ``moe_intermediate_size`` shared expert, router weight (E x h) + ``e_score_correction_bias`` (E),
+  ``num_nextn_predict_layers`` MTP layers (not built by HF).
+- bloom: ``n_embed``/``hidden_size``, ``n_layer``, ``n_head``/``num_attention_heads``, 4h GeLU MLP,
+  every linear with bias, LayerNorm with bias, ``word_embeddings_layernorm``, ALiBi, tied.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+from pydantic import ValidationError
+
+from .errors import ModelSpecError
+from .spec import ModelSpec
+
+DEFAULT_MODEL = "llama3.1-8b"
+
+# ---------------------------------------------------------------------------------------------
+# errors
+
+
+def _validation_message(where: str, exc: ValidationError) -> str:
+    """One line naming the first failing field."""
+    errs = exc.errors()
+    if not errs:
+        return f"{where}: invalid model spec"
+    e = errs[0]
+    loc = ".".join(str(x) for x in e.get("loc", ()) if x != "__root__")
+    msg = str(e.get("msg", "invalid value")).replace("\n", " ")
+    msg = msg.removeprefix("Value error, ")
+    more = f" (+{len(errs) - 1} more)" if len(errs) > 1 else ""
+    if loc:
+        return f"{where}: field '{loc}': {msg}{more}"
+    return f"{where}: {msg}{more}"
+
+
+def _build(where: str, data: dict[str, Any]) -> ModelSpec:
+    try:
+        return ModelSpec(**data)
+    except ValidationError as exc:
+        raise ModelSpecError(_validation_message(where, exc)) from None
+    except TypeError as exc:  # e.g. non-mapping moe
+        raise ModelSpecError(f"{where}: {exc}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# built-in zoo
+
+
+@lru_cache(maxsize=1)
+def _zoo() -> dict[str, dict[str, Any]]:
+    text = resources.files("model_zoo").joinpath("data/models.yaml").read_text(encoding="utf-8")
+    raw = yaml.safe_load(text)
+    return {name: dict(entry, name=name) for name, entry in raw["models"].items()}
+
+
+def list_models() -> list[str]:
+    """Names of the built-in models, in file order."""
+    return list(_zoo())
+
+
+def _unknown(name: str) -> ModelSpecError:
+    close = difflib.get_close_matches(name.lower(), list_models(), n=3, cutoff=0.5)
+    hint = f"; did you mean: {', '.join(close)}?" if close else f"; known models: {', '.join(list_models())}"
+    return ModelSpecError(f"unknown model '{name}'{hint}")
+
+
+def get_model(name: str) -> ModelSpec:
+    """A built-in model by name (case-insensitive)."""
+    zoo = _zoo()
+    key = name.strip().lower()
+    if key not in zoo:
+        raise _unknown(name)
+    return _build(f"built-in model '{key}'", zoo[key])
+
+
+# ---------------------------------------------------------------------------------------------
+# HF config.json
+
+
+class _Cfg:
+    """Field access on a config.json dict with one-line errors naming file and field."""
+
+    def __init__(self, where: str, d: dict[str, Any]):
+        self.where, self.d = where, d
+
+    def req(self, *names: str) -> Any:
+        for n in names:
+            if n in self.d and self.d[n] is not None:
+                return self._check(n, self.d[n])
+        raise ModelSpecError(f"{self.where}: field '{names[0]}' missing")
+
+    def get(self, name: str, default: Any) -> Any:
+        v = self.d.get(name)
+        return default if v is None else self._check(name, v)
+
+    def _check(self, name: str, v: Any) -> Any:
+        if isinstance(v, float) and v.is_integer() and name not in ("rope_theta",):
+            return int(v)
+        return v
+
+    def int_(self, *names: str, default: int | None = None) -> int:
+        v = self.req(*names) if default is None else next(
+            (self.d[n] for n in names if self.d.get(n) is not None), default)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ModelSpecError(f"{self.where}: field '{names[0]}' must be an integer, got {v!r}")
+        return v
+
+
+def _llama_like(c: _Cfg, family: str, *, qkv_bias_default: bool = False, o_bias: bool | None = None,
+                qk_norm: bool = False) -> dict[str, Any]:
+    h = c.int_("hidden_size")
+    a = c.int_("num_attention_heads")
+    g = c.int_("num_key_value_heads", default=a)
+    d = c.int_("head_dim", default=h // a)
+    attn_bias = bool(c.get("attention_bias", qkv_bias_default))
+    return dict(
+        family=family,
+        num_layers=c.int_("num_hidden_layers"),
+        hidden_size=h,
+        num_attention_heads=a,
+        num_kv_heads=g,
+        head_dim=d,
+        ffn_hidden_size=c.int_("intermediate_size"),
+        gated_mlp=True,
+        activation="swiglu",
+        normalization="rmsnorm",
+        qkv_bias=attn_bias,
+        attention_out_bias=attn_bias if o_bias is None else o_bias,
+        mlp_bias=bool(c.get("mlp_bias", False)),
+        qk_norm=qk_norm,
+        vocab_size=c.int_("vocab_size"),
+        tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
+        position_embedding="rope",
+        max_position_embeddings=c.int_("max_position_embeddings", default=4096),
+    )
+
+
+def _hf_llama(c: _Cfg) -> dict[str, Any]:
+    return _llama_like(c, "llama")
+
+
+def _hf_mistral(c: _Cfg) -> dict[str, Any]:
+    return _llama_like(c, "mistral")
+
+
+def _hf_mixtral(c: _Cfg) -> dict[str, Any]:
+    d = _llama_like(c, "mixtral")
+    d["moe"] = dict(
+        num_experts=c.int_("num_local_experts"),
+        top_k=c.int_("num_experts_per_tok"),
+        expert_ffn_hidden_size=c.int_("intermediate_size"),
+    )
+    return d
+
+
+def _hf_qwen2(c: _Cfg) -> dict[str, Any]:
+    # Qwen2Attention: q/k/v bias=True, o_proj bias=False
+    d = _llama_like(c, "qwen2")
+    d.update(qkv_bias=True, attention_out_bias=False)
+    return d
+
+
+def _hf_qwen2_moe(c: _Cfg) -> dict[str, Any]:
+    d = _llama_like(c, "qwen2_moe")
+    d.update(qkv_bias=bool(c.get("qkv_bias", True)), attention_out_bias=False)
+    n_exp = c.int_("num_experts")
+    step = c.int_("decoder_sparse_step", default=1)
+    shared = c.int_("shared_expert_intermediate_size", default=0)
+    d["moe"] = dict(
+        num_experts=n_exp,
+        top_k=c.int_("num_experts_per_tok"),
+        expert_ffn_hidden_size=c.int_("moe_intermediate_size"),
+        num_shared_experts=1 if shared else 0,
+        shared_expert_ffn_hidden_size=shared,
+        shared_expert_gate=bool(shared),
+        first_k_dense_layers=step - 1,
+        moe_layer_freq=step,
+        dense_layer_indices=tuple(c.get("mlp_only_layers", [])),
+    )
+    return d
+
+
+def _hf_qwen3(c: _Cfg) -> dict[str, Any]:
+    return _llama_like(c, "qwen3", qk_norm=True)
+
+
+def _hf_qwen3_moe(c: _Cfg) -> dict[str, Any]:
+    d = _llama_like(c, "qwen3_moe", qk_norm=True)
+    step = c.int_("decoder_sparse_step", default=1)
+    d["moe"] = dict(
+        num_experts=c.int_("num_experts"),
+        top_k=c.int_("num_experts_per_tok"),
+        expert_ffn_hidden_size=c.int_("moe_intermediate_size"),
+        first_k_dense_layers=step - 1,
+        moe_layer_freq=step,
+        dense_layer_indices=tuple(c.get("mlp_only_layers", [])),
+    )
+    return d
+
+
+def _hf_gpt2(c: _Cfg) -> dict[str, Any]:
+    h = c.int_("n_embd", "hidden_size")
+    a = c.int_("n_head", "num_attention_heads")
+    return dict(
+        family="gpt2",
+        num_layers=c.int_("n_layer", "num_hidden_layers"),
+        hidden_size=h,
+        num_attention_heads=a,
+        num_kv_heads=a,
+        head_dim=h // a,
+        ffn_hidden_size=c.int_("n_inner", default=4 * h),
+        gated_mlp=False,
+        activation="gelu",
+        normalization="layernorm",
+        qkv_bias=True,
+        linear_bias=True,
+        vocab_size=c.int_("vocab_size"),
+        tie_word_embeddings=bool(c.get("tie_word_embeddings", True)),
+        position_embedding="learned",
+        max_position_embeddings=c.int_("n_positions", "max_position_embeddings"),
+    )
+
+
+def _hf_bloom(c: _Cfg) -> dict[str, Any]:
+    h = c.int_("n_embed", "hidden_size")
+    a = c.int_("n_head", "num_attention_heads")
+    return dict(
+        family="bloom",
+        num_layers=c.int_("n_layer", "num_hidden_layers"),
+        hidden_size=h,
+        num_attention_heads=a,
+        num_kv_heads=a,
+        head_dim=h // a,
+        ffn_hidden_size=4 * h,
+        gated_mlp=False,
+        activation="gelu",
+        normalization="layernorm",
+        qkv_bias=True,
+        linear_bias=True,
+        vocab_size=c.int_("vocab_size"),
+        tie_word_embeddings=bool(c.get("tie_word_embeddings", True)),
+        position_embedding="alibi",
+        max_position_embeddings=c.int_("seq_length", default=2048),
+        embedding_layernorm=True,
+    )
+
+
+def _hf_nemotron(c: _Cfg) -> dict[str, Any]:
+    h = c.int_("hidden_size")
+    a = c.int_("num_attention_heads")
+    attn_bias = bool(c.get("attention_bias", False))
+    act = c.get("hidden_act", "relu2")
+    return dict(
+        family="nemotron",
+        num_layers=c.int_("num_hidden_layers"),
+        hidden_size=h,
+        num_attention_heads=a,
+        num_kv_heads=c.int_("num_key_value_heads", default=a),
+        head_dim=c.int_("head_dim", "kv_channels", default=h // a),
+        ffn_hidden_size=c.int_("intermediate_size"),
+        gated_mlp=False,
+        activation=str(act),
+        normalization="layernorm",  # NemotronLayerNorm1P: weight + bias
+        qkv_bias=attn_bias,
+        attention_out_bias=attn_bias,
+        mlp_bias=bool(c.get("mlp_bias", False)),
+        vocab_size=c.int_("vocab_size"),
+        tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
+        position_embedding="rope",
+        max_position_embeddings=c.int_("max_position_embeddings", default=4096),
+    )
+
+
+def _hf_deepseek_v3(c: _Cfg) -> dict[str, Any]:
+    h = c.int_("hidden_size")
+    a = c.int_("num_attention_heads")
+    nope = c.int_("qk_nope_head_dim")
+    rope = c.int_("qk_rope_head_dim")
+    q_lora = c.get("q_lora_rank", None)
+    attn_bias = bool(c.get("attention_bias", False))
+    moe_f = c.int_("moe_intermediate_size")
+    n_shared = c.int_("n_shared_experts", default=0)
+    return dict(
+        family="deepseek_v3",
+        num_layers=c.int_("num_hidden_layers"),
+        hidden_size=h,
+        num_attention_heads=a,
+        num_kv_heads=c.int_("num_key_value_heads", default=a),
+        head_dim=nope + rope,
+        ffn_hidden_size=c.int_("intermediate_size"),
+        gated_mlp=True,
+        activation="swiglu",
+        normalization="rmsnorm",
+        qkv_bias=attn_bias,
+        attention_out_bias=attn_bias,
+        vocab_size=c.int_("vocab_size"),
+        tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
+        position_embedding="rope",
+        max_position_embeddings=c.int_("max_position_embeddings", default=4096),
+        num_mtp_layers=c.int_("num_nextn_predict_layers", default=0),
+        mla=dict(
+            q_lora_rank=q_lora,
+            kv_lora_rank=c.int_("kv_lora_rank"),
+            qk_nope_head_dim=nope,
+            qk_rope_head_dim=rope,
+            v_head_dim=c.int_("v_head_dim"),
+        ),
+        moe=dict(
+            num_experts=c.int_("n_routed_experts"),
+            top_k=c.int_("num_experts_per_tok"),
+            expert_ffn_hidden_size=moe_f,
+            num_shared_experts=n_shared,
+            shared_expert_ffn_hidden_size=n_shared * moe_f,
+            first_k_dense_layers=c.int_("first_k_dense_replace", default=0),
+            moe_layer_freq=c.int_("moe_layer_freq", default=1),
+            router_bias=c.get("topk_method", "noaux_tc") == "noaux_tc",
+        ),
+    )
+
+
+_HF_LOADERS: dict[str, Callable[[_Cfg], dict[str, Any]]] = {
+    "llama": _hf_llama,
+    "mistral": _hf_mistral,
+    "mixtral": _hf_mixtral,
+    "qwen2": _hf_qwen2,
+    "qwen2_moe": _hf_qwen2_moe,
+    "qwen3": _hf_qwen3,
+    "qwen3_moe": _hf_qwen3_moe,
+    "gpt2": _hf_gpt2,
+    "bloom": _hf_bloom,
+    "nemotron": _hf_nemotron,
+    "deepseek_v3": _hf_deepseek_v3,
+}
+
+
+def supported_model_types() -> list[str]:
+    return sorted(_HF_LOADERS)
+
+
+def from_hf_config(config: dict[str, Any], *, name: str | None = None, where: str = "config.json",
+                   source: str | None = None) -> ModelSpec:
+    """Build a ModelSpec from a parsed HF ``config.json`` dict (dispatch on ``model_type``)."""
+    if not isinstance(config, dict):
+        raise ModelSpecError(f"{where}: top level must be a JSON object")
+    mt = config.get("model_type")
+    if mt is None:
+        raise ModelSpecError(f"{where}: field 'model_type' missing")
+    if mt not in _HF_LOADERS:
+        raise ModelSpecError(
+            f"{where}: unsupported model_type '{mt}'; supported: {', '.join(supported_model_types())}"
+        )
+    data = _HF_LOADERS[mt](_Cfg(where, config))
+    data["name"] = name or config.get("_name_or_path") or mt
+    data["source"] = source or where
+    return _build(where, data)
+
+
+# ---------------------------------------------------------------------------------------------
+# files
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ModelSpecError(f"{path.name}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except OSError as exc:
+        raise ModelSpecError(f"{path}: cannot read: {exc.strerror}") from None
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ModelSpecError(f"{path.name}: malformed YAML{at}: {problem}") from None
+    except OSError as exc:
+        raise ModelSpecError(f"{path}: cannot read: {exc.strerror}") from None
+
+
+def load_model_file(path: str | Path) -> ModelSpec:
+    """Load a HF ``config.json`` (``.json``) or our own YAML (``.yaml``/``.yml``; ModelSpec fields;
+    ``name`` defaults to the file stem). A ``.json`` without ``model_type`` that has ModelSpec's
+    ``num_layers`` is read as our own format too."""
+    p = Path(path)
+    if not p.is_file():
+        raise ModelSpecError(f"{p}: no such file")
+    where = p.name
+    if p.suffix.lower() == ".json":
+        data = _read_json(p)
+        if isinstance(data, dict) and "model_type" not in data and "num_layers" in data:
+            data.setdefault("name", p.stem)
+            data.setdefault("source", str(p))
+            return _build(where, data)
+        return from_hf_config(data, name=p.parent.name if p.stem == "config" else p.stem, where=where,
+                              source=str(p))
+    data = _read_yaml(p)
+    if not isinstance(data, dict):
+        raise ModelSpecError(f"{where}: top level must be a mapping of ModelSpec fields")
+    if "model_type" in data and "num_layers" not in data:  # an HF config written as YAML
+        return from_hf_config(data, name=p.stem, where=where, source=str(p))
+    data = dict(data)
+    data.setdefault("name", p.stem)
+    data.setdefault("source", str(p))
+    return _build(where, data)
+
+
+def load_model(ref: str | Path) -> ModelSpec:
+    """A built-in name, a path to our YAML, or a path to a HF ``config.json`` (or a directory
+    holding one)."""
+    s = str(ref)
+    if isinstance(ref, str) and s.strip().lower() in _zoo():
+        return get_model(s)
+    p = Path(s)
+    if p.is_dir():
+        cfg = p / "config.json"
+        if cfg.is_file():
+            return load_model_file(cfg)
+        raise ModelSpecError(f"{p}: directory has no config.json")
+    if p.exists():
+        return load_model_file(p)
+    if p.suffix.lower() in (".json", ".yaml", ".yml") or "/" in s or "\\" in s:
+        raise ModelSpecError(f"{s}: no such file")
+    raise _unknown(s)
