@@ -283,7 +283,14 @@ class ModelSpec(BaseModel):
 
     def num_parameters(self) -> int:
         """Total parameters, HF convention: sum of numel of ``model.parameters()`` (tied weights
-        counted once), unpadded vocab, MTP layers excluded (HF does not build them)."""
+        counted once), unpadded vocab, MTP layers excluded (HF does not build them).
+
+        One deliberate deviation: DeepSeek-V3's ``e_score_correction_bias`` (E per MoE layer,
+        ``moe.router_bias``) is counted. It is an ``nn.Parameter`` in DeepSeek's own
+        ``modeling_deepseek.py`` (trust_remote_code) and a stored checkpoint tensor, but in-tree
+        transformers ``DeepseekV3TopkRouter`` registers it as a buffer, so ``model.parameters()``
+        there is lower by ``num_moe_layers * num_experts`` (58 * 256 = 14,848 for DeepSeek-V3).
+        """
         return (
             self.embedding_params()
             + sum(self.layer_params(i).total for i in range(self.num_layers))

@@ -343,3 +343,32 @@ def test_direct_validation():
     with pytest.raises(Exception):
         ModelSpec(name="x", source="y", num_layers=1, hidden_size=8, num_attention_heads=3, num_kv_heads=2,
                   head_dim=2, ffn_hidden_size=8, gated_mlp=True, vocab_size=10)
+
+
+# ---------------------------------------------------------------- properties
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    layers=st.integers(1, 6), heads=st.sampled_from([4, 8]), groups=st.sampled_from([1, 2, 4]),
+    d=st.sampled_from([8, 16]), f=st.integers(8, 64), vocab=st.integers(10, 500),
+    experts=st.integers(0, 8), k=st.integers(1, 8), first_k=st.integers(0, 3), freq=st.integers(1, 3),
+    tied=st.booleans(), gated=st.booleans(), tp=st.integers(1, 8),
+)
+def test_counting_invariants(layers, heads, groups, d, f, vocab, experts, k, first_k, freq, tied, gated, tp):
+    moe = None
+    if experts:
+        moe = dict(num_experts=experts, top_k=min(k, experts), expert_ffn_hidden_size=f,
+                   first_k_dense_layers=min(first_k, layers), moe_layer_freq=freq)
+    m = ModelSpec(name="p", source="hypothesis", num_layers=layers, hidden_size=heads * d,
+                  num_attention_heads=heads, num_kv_heads=groups, head_dim=d, ffn_hidden_size=f,
+                  gated_mlp=gated, vocab_size=vocab, tie_word_embeddings=tied, moe=moe)
+    total = m.embedding_params() + sum(m.layer_params(i).total for i in range(layers)) + m.output_params()
+    assert m.num_parameters() == total
+    assert m.num_active_parameters() <= m.num_parameters()
+    assert m.num_moe_layers + m.num_dense_layers == layers
+    if moe is None or moe["top_k"] == experts:
+        assert m.num_active_parameters() == m.num_parameters()
+    pv = m.padded_vocab_size(tp)
+    assert pv >= vocab and pv % (128 * tp) == 0 and pv - vocab < 128 * tp
