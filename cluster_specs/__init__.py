@@ -1,0 +1,44 @@
+"""Cluster hardware specs for plan3d: GPU, node/NVLink domain, network, calibration.
+
+Built-ins (``list_clusters()``): dgx-a100-40g, dgx-a100-80g, dgx-h100, dgx-h200, dgx-b200,
+gb200-nvl72, mi300x. Data and per-value sources live in ``cluster_specs/data/*.yaml``, copied from
+/work/shared/data/hardware.yaml (vendor datasheets, nvidia-smi reports, stas00/ml-engineering MAMF
+GEMM measurements, NVIDIA nccl-tests maintainer figures).
+"""
+from .errors import ClusterSpecError
+from .loaders import (
+    DEFAULT_CLUSTER,
+    dump_cluster,
+    get_cluster,
+    list_clusters,
+    load_cluster,
+    load_cluster_file,
+    resolve_num_gpus,
+)
+from .spec import (
+    TRAINING_PRECISIONS,
+    Calibration,
+    ClusterSpec,
+    GPUSpec,
+    NetworkSpec,
+    NodeSpec,
+    normalize_dtype,
+)
+
+__all__ = [
+    "DEFAULT_CLUSTER",
+    "TRAINING_PRECISIONS",
+    "Calibration",
+    "ClusterSpec",
+    "ClusterSpecError",
+    "GPUSpec",
+    "NetworkSpec",
+    "NodeSpec",
+    "dump_cluster",
+    "get_cluster",
+    "list_clusters",
+    "load_cluster",
+    "load_cluster_file",
+    "normalize_dtype",
+    "resolve_num_gpus",
+]

@@ -1,61 +1,295 @@
 """Cluster hardware specification (``ClusterSpec``).
 
-INTERFACE SKELETON — field names are the contract used by ``cost_models`` and ``planner``.
-All bandwidths are bytes/s per direction; memory in bytes; FLOP/s dense (no 2:4 sparsity).
+Field names are the contract used by ``cost_models`` and ``planner``.
+
+Units (everywhere in this package):
+
+* memory: bytes. ``GPUSpec.memory_bytes`` is the capacity ``nvidia-smi --query-gpu=memory.total``
+  (or ``rocm-smi --showmeminfo vram``) reports, i.e. visible MiB x 2**20, not the marketing label
+  (hardware.yaml conventions; /work/shared/data/formulas.md section 8).
+* compute: FLOP/s, **dense** (without 2:4 structured sparsity). NVIDIA's headline tensor numbers
+  are sparse ("Specifications 1/2 lower without sparsity", H100 datasheet footnote).
+* bandwidth: bytes/s **per direction** (unidirectional). NVIDIA's "900 GB/s NVLink" is the
+  bidirectional sum, i.e. 450e9 per direction. NIC bandwidth is per GPU per direction
+  (400 Gb/s = 50e9 bytes/s).
+* latency: seconds.
+* efficiencies: dimensionless fractions in (0, 1].
+
+Every built-in value carries its source next to it (``source`` strings and ``Calibration.sources``).
 """
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .errors import ClusterSpecError
+
+#: Training precisions the planner may choose, in display order. Other keys of
+#: ``GPUSpec.peak_flops`` (tf32, fp32, fp6, fp4) are kept as data but are not offered as a
+#: training precision.
+TRAINING_PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8")
+
+#: dtype spellings accepted by :meth:`ClusterSpec.peak_flops` and friends.
+DTYPE_ALIASES: dict[str, str] = {
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "float8": "fp8",
+    "fp8_e4m3": "fp8",
+    "e4m3": "fp8",
+    "tensorfloat32": "tf32",
+    "float32": "fp32",
+}
+
+
+def normalize_dtype(dtype: str) -> str:
+    """Lower-case a dtype name and map common aliases (``bfloat16`` -> ``bf16``)."""
+    d = str(dtype).strip().lower()
+    return DTYPE_ALIASES.get(d, d)
 
 
 class GPUSpec(BaseModel):
+    """One accelerator: capacity, dense peak throughput, HBM bandwidth."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str
-    memory_bytes: int = Field(gt=0, description="usable device memory as nvidia-smi reports it (bytes)")
-    peak_flops: dict[str, float] = Field(description="dense peak FLOP/s by dtype: bf16, fp16, fp8, tf32, fp32")
-    hbm_bandwidth_bytes_per_s: float = Field(gt=0)
-    source: str
+    name: str = Field(min_length=1, description="short GPU name, e.g. 'H100', 'A100', 'MI300X'")
+    memory_bytes: int = Field(
+        gt=0,
+        description="device memory as nvidia-smi/rocm-smi reports it (bytes) = visible MiB * 2**20",
+    )
+    peak_flops: dict[str, float] = Field(
+        description="dense peak FLOP/s by dtype (bf16, fp16, fp8, tf32, fp32, ...); a dtype the GPU "
+        "cannot run is absent (A100 has no fp8)",
+    )
+    hbm_bandwidth_bytes_per_s: float = Field(gt=0, description="peak HBM bandwidth, bytes/s (decimal)")
+    source: str = Field(min_length=1, description="where each value came from")
+
+    @model_validator(mode="after")
+    def _check_peaks(self) -> "GPUSpec":
+        if not self.peak_flops:
+            raise ValueError("peak_flops must list at least one dtype")
+        for dtype, value in self.peak_flops.items():
+            if dtype != normalize_dtype(dtype):
+                raise ValueError(f"peak_flops key '{dtype}' must be spelled '{normalize_dtype(dtype)}'")
+            if not value > 0:
+                raise ValueError(f"peak_flops['{dtype}'] must be > 0 FLOP/s, got {value}")
+        return self
 
 
 class NodeSpec(BaseModel):
+    """What the planner calls a *node*: the unit counted by ``--nodes`` and by ``gpus_per_node``.
+
+    On DGX/HGX systems a node is the 8-GPU server and the NVLink domain is the same 8 GPUs. On
+    GB200 NVL72 a node is one 4-GPU compute tray while the NVLink domain spans the 72 GPUs of the
+    rack (18 trays); the communication model must use ``nvlink_domain_size`` (not
+    ``gpus_per_node``) to decide whether a group stays on NVLink.
+    """
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    gpus_per_node: int = Field(gt=0)
-    nvlink_bandwidth_bytes_per_s: float = Field(gt=0, description="NVLink/xGMI per GPU per direction")
-    nvlink_domain_size: int = Field(gt=0, description="GPUs in one NVLink domain (8 on DGX, 72 on NVL72)")
-    nvls: bool = Field(False, description="NVLink SHARP (in-switch all-reduce) available")
-    source: str
+    gpus_per_node: int = Field(gt=0, description="GPUs per node (the unit of --nodes)")
+    nvlink_bandwidth_bytes_per_s: float = Field(
+        gt=0, description="NVLink/xGMI bandwidth per GPU per direction, bytes/s (H100: 450e9)"
+    )
+    nvlink_domain_size: int = Field(
+        gt=0, description="GPUs in one NVLink domain (8 on DGX, 72 on GB200 NVL72); a multiple of gpus_per_node"
+    )
+    nvls: bool = Field(False, description="NVLink SHARP (in-switch all-reduce, NCCL NVLS) available")
+    source: str = Field(min_length=1, description="where each value came from")
+
+    @model_validator(mode="after")
+    def _check_domain(self) -> "NodeSpec":
+        if self.nvlink_domain_size % self.gpus_per_node != 0:
+            raise ValueError(
+                f"nvlink_domain_size {self.nvlink_domain_size} must be a multiple of gpus_per_node {self.gpus_per_node}"
+            )
+        return self
 
 
 class NetworkSpec(BaseModel):
+    """Scale-out network (between nodes / NVLink domains) and per-hop latencies."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    nic_bandwidth_bytes_per_s: float = Field(gt=0, description="scale-out NIC bandwidth per GPU per direction")
-    latency_s: float = Field(gt=0, description="per-hop latency (alpha) of the scale-out network")
-    nvlink_latency_s: float = Field(gt=0, description="per-hop latency (alpha) inside the NVLink domain")
-    source: str
+    nic_bandwidth_bytes_per_s: float = Field(
+        gt=0, description="scale-out NIC bandwidth per GPU per direction, bytes/s (400 Gb/s NIC per GPU: 50e9)"
+    )
+    latency_s: float = Field(gt=0, description="per-hop latency (alpha) of the scale-out network, seconds")
+    nvlink_latency_s: float = Field(gt=0, description="per-hop latency (alpha) inside the NVLink domain, seconds")
+    source: str = Field(min_length=1, description="where each value came from")
 
 
 class Calibration(BaseModel):
-    """Achieved fractions of peak and framework reserves, each with the measurement it came from."""
+    """Achieved fractions of peak and framework reserves, each with the measurement it came from.
+
+    ``sources`` must have an entry for every other field (validated), including the optional
+    ones when they are set.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    gemm_efficiency: dict[str, float] = Field(description="achieved fraction of dense peak in large GEMMs, by dtype")
-    nvlink_bus_efficiency: float = Field(gt=0, le=1, description="NCCL busbw / NVLink per-direction rate")
-    network_bus_efficiency: float = Field(gt=0, le=1, description="NCCL busbw / NIC rate across nodes")
-    memory_reserve_bytes: int = Field(ge=0, description="CUDA context + allocator fragmentation reserve")
+    gemm_efficiency: dict[str, float] = Field(
+        description="achieved fraction of dense peak in large GEMMs, by dtype (e.g. H100 bf16 794.5/989.4 = 0.803)"
+    )
+    nvlink_bus_efficiency: float = Field(
+        gt=0, le=1, description="NCCL busbw / NVLink per-direction line rate (ring algorithms, no NVLS)"
+    )
+    network_bus_efficiency: float = Field(
+        gt=0, le=1, description="NCCL busbw / NIC per-direction line rate across nodes"
+    )
+    memory_reserve_bytes: int = Field(
+        ge=0,
+        description="bytes per GPU not available to the model: CUDA context/driver + allocator fragmentation",
+    )
+    attention_efficiency: dict[str, float] | None = Field(
+        None,
+        description="achieved fraction of dense peak in fused (flash) attention, by dtype; "
+        "None = not calibrated, cost models fall back to gemm_efficiency",
+    )
+    hbm_efficiency: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="achieved fraction of peak HBM bandwidth in memory-bound kernels; None = not calibrated (use 1.0)",
+    )
     sources: dict[str, str] = Field(description="field name -> measurement/source it came from")
+
+    @model_validator(mode="after")
+    def _check(self) -> "Calibration":
+        for dtype, eff in self.gemm_efficiency.items():
+            if dtype != normalize_dtype(dtype):
+                raise ValueError(f"gemm_efficiency key '{dtype}' must be spelled '{normalize_dtype(dtype)}'")
+            if not 0 < eff <= 1:
+                raise ValueError(f"gemm_efficiency['{dtype}'] must be in (0, 1], got {eff}")
+        for dtype, eff in (self.attention_efficiency or {}).items():
+            if not 0 < eff <= 1:
+                raise ValueError(f"attention_efficiency['{dtype}'] must be in (0, 1], got {eff}")
+        required = [
+            name
+            for name in type(self).model_fields
+            if name != "sources" and (getattr(self, name) is not None or name in self.sources)
+        ]
+        missing = [name for name in required if not str(self.sources.get(name, "")).strip()]
+        if missing:
+            raise ValueError(f"sources has no entry for: {', '.join(missing)}")
+        unknown = sorted(set(self.sources) - set(type(self).model_fields))
+        if unknown:
+            raise ValueError(f"sources names unknown field(s): {', '.join(unknown)}")
+        return self
 
 
 class ClusterSpec(BaseModel):
+    """A homogeneous GPU cluster: GPU, node/NVLink domain, scale-out network, calibration."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str
-    description: str
+    name: str = Field(min_length=1)
+    description: str = Field(min_length=1, description="one line: vendor system, GPU, NVLink, NICs")
     gpu: GPUSpec
     node: NodeSpec
     network: NetworkSpec
     calibration: Calibration
-    default_num_nodes: int = Field(1, gt=0)
+    default_num_nodes: int = Field(1, gt=0, description="nodes used when neither --gpus nor --nodes is given")
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> "ClusterSpec":
+        peaks = self.gpu.peak_flops
+        extra = sorted(set(self.calibration.gemm_efficiency) - set(peaks))
+        if extra:
+            raise ValueError(
+                f"calibration.gemm_efficiency has dtype(s) {', '.join(extra)} that gpu.peak_flops lacks"
+            )
+        missing = [d for d in self.supported_precisions if d not in self.calibration.gemm_efficiency]
+        if missing:
+            raise ValueError(f"calibration.gemm_efficiency has no entry for precision(s): {', '.join(missing)}")
+        if not self.supported_precisions:
+            raise ValueError(
+                f"gpu.peak_flops has none of the training precisions {', '.join(TRAINING_PRECISIONS)}"
+            )
+        if self.calibration.memory_reserve_bytes >= self.gpu.memory_bytes:
+            raise ValueError(
+                f"calibration.memory_reserve_bytes {self.calibration.memory_reserve_bytes} is not below "
+                f"gpu.memory_bytes {self.gpu.memory_bytes}"
+            )
+        return self
+
+    # ----------------------------------------------------------------- derived quantities
+    @property
+    def supported_precisions(self) -> list[str]:
+        """Training precisions (subset of bf16, fp16, fp8, in that order) this GPU has a dense peak for."""
+        return [d for d in TRAINING_PRECISIONS if d in self.gpu.peak_flops]
+
+    @property
+    def usable_memory_bytes(self) -> int:
+        """Device memory the model may use: ``gpu.memory_bytes - calibration.memory_reserve_bytes``."""
+        return self.gpu.memory_bytes - self.calibration.memory_reserve_bytes
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.node.gpus_per_node
+
+    @property
+    def nvlink_domain_size(self) -> int:
+        return self.node.nvlink_domain_size
+
+    def _no_dtype(self, what: str, dtype: str) -> ClusterSpecError:
+        return ClusterSpecError(
+            f"cluster '{self.name}': GPU {self.gpu.name} has no {what} {dtype}; "
+            f"allowed precisions: {', '.join(self.supported_precisions)}"
+        )
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense peak FLOP/s of one GPU for ``dtype`` (bf16, fp16, fp8, tf32, fp32, ...).
+
+        Raises :class:`ClusterSpecError` if the GPU has no such dtype, e.g. fp8 on A100.
+        """
+        d = normalize_dtype(dtype)
+        try:
+            return self.gpu.peak_flops[d]
+        except KeyError:
+            raise ClusterSpecError(
+                f"cluster '{self.name}': GPU {self.gpu.name} has no dense {d} peak; "
+                f"allowed precisions: {', '.join(self.supported_precisions)}"
+            ) from None
+
+    def gemm_efficiency(self, dtype: str) -> float:
+        """Calibrated large-GEMM fraction of dense peak for ``dtype``."""
+        d = normalize_dtype(dtype)
+        self.peak_flops(d)  # same error as peak_flops for an unknown dtype
+        try:
+            return self.calibration.gemm_efficiency[d]
+        except KeyError:
+            raise self._no_dtype("calibrated GEMM efficiency for", d) from None
+
+    def attention_efficiency(self, dtype: str) -> float:
+        """Fused-attention fraction of dense peak; falls back to the GEMM efficiency when uncalibrated."""
+        d = normalize_dtype(dtype)
+        table = self.calibration.attention_efficiency or {}
+        if d in table:
+            self.peak_flops(d)
+            return table[d]
+        return self.gemm_efficiency(d)
+
+    def effective_flops(self, dtype: str) -> float:
+        """Achievable GEMM FLOP/s per GPU: ``peak_flops(dtype) * gemm_efficiency(dtype)``."""
+        return self.peak_flops(dtype) * self.gemm_efficiency(dtype)
+
+    @property
+    def effective_hbm_bandwidth_bytes_per_s(self) -> float:
+        return self.gpu.hbm_bandwidth_bytes_per_s * (self.calibration.hbm_efficiency or 1.0)
+
+    @property
+    def effective_nvlink_bandwidth_bytes_per_s(self) -> float:
+        """NVLink per-GPU per-direction bandwidth times the NCCL bus efficiency (compare with busbw)."""
+        return self.node.nvlink_bandwidth_bytes_per_s * self.calibration.nvlink_bus_efficiency
+
+    @property
+    def effective_nic_bandwidth_bytes_per_s(self) -> float:
+        """NIC per-GPU per-direction bandwidth times the NCCL bus efficiency (compare with busbw)."""
+        return self.network.nic_bandwidth_bytes_per_s * self.calibration.network_bus_efficiency
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON/YAML-safe dict; ``load_cluster`` of its YAML dump gives an equal spec."""
+        return self.model_dump(mode="json")

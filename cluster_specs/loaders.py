@@ -1,0 +1,185 @@
+"""Find, load and validate cluster specs; resolve ``--gpus`` / ``--nodes``.
+
+Built-in clusters are the YAML files in ``cluster_specs/data/`` (package data); the file stem is
+the cluster name. A user file has the same fields (dump a built-in with
+``yaml.safe_dump(get_cluster("dgx-h100").to_dict())`` to start one).
+
+Every error is a :class:`ClusterSpecError` with a one-line message naming the file or cluster and
+the field at fault.
+"""
+from __future__ import annotations
+
+import difflib
+import functools
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from .errors import ClusterSpecError
+from .spec import ClusterSpec
+
+DEFAULT_CLUSTER = "dgx-h100"
+
+_DATA_PACKAGE = "cluster_specs"
+_DATA_DIR = "data"
+
+
+def _data_files() -> dict[str, Any]:
+    root = resources.files(_DATA_PACKAGE).joinpath(_DATA_DIR)
+    return {
+        entry.name.rsplit(".", 1)[0]: entry
+        for entry in root.iterdir()
+        if entry.is_file() and entry.name.endswith((".yaml", ".yml"))
+    }
+
+
+def list_clusters() -> list[str]:
+    """Names of the built-in clusters, sorted."""
+    return sorted(_data_files())
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _format_validation_error(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "__root__")
+        msg = err.get("msg", "invalid")
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        msg = msg[:1].lower() + msg[1:]
+        if err.get("type") == "missing":
+            msg = "required field is missing"
+        elif err.get("type") == "extra_forbidden":
+            msg = "unknown field (extra fields are not allowed)"
+        parts.append(f"field '{loc}': {msg}" if loc else msg)
+    return _one_line("; ".join(parts))
+
+
+def _parse(data: Any, origin: str) -> ClusterSpec:
+    if not isinstance(data, dict):
+        raise ClusterSpecError(
+            f"{origin}: a cluster spec must be a YAML mapping at top level, got {type(data).__name__}"
+        )
+    try:
+        return ClusterSpec.model_validate(data)
+    except ValidationError as exc:
+        raise ClusterSpecError(f"{origin}: invalid cluster spec: {_format_validation_error(exc)}") from None
+
+
+def _load_text(text: str, origin: str) -> ClusterSpec:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        where = f"{origin}:{mark.line + 1}" if mark is not None else origin
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ClusterSpecError(f"{where}: malformed YAML: {_one_line(problem)}") from None
+    return _parse(data, origin)
+
+
+@functools.lru_cache(maxsize=None)
+def _builtin(name: str) -> ClusterSpec:
+    entry = _data_files()[name]
+    spec = _load_text(entry.read_text(encoding="utf-8"), f"cluster_specs/data/{entry.name}")
+    if spec.name != name:
+        raise ClusterSpecError(
+            f"cluster_specs/data/{entry.name}: field 'name' is '{spec.name}' but the file defines '{name}'"
+        )
+    return spec
+
+
+def _unknown(name: str) -> ClusterSpecError:
+    names = list_clusters()
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+    if close:
+        hint = f"did you mean: {', '.join(close)}?"
+    else:
+        hint = f"known clusters: {', '.join(names)}"
+    return ClusterSpecError(f"unknown cluster '{name}'; {hint} (see `plan3d clusters`)")
+
+
+def get_cluster(name: str) -> ClusterSpec:
+    """The built-in cluster ``name`` (see :func:`list_clusters`)."""
+    key = str(name).strip()
+    if key not in _data_files():
+        raise _unknown(key)
+    return _builtin(key)
+
+
+def _looks_like_path(ref: str) -> bool:
+    return ref.endswith((".yaml", ".yml", ".json")) or "/" in ref or "\\" in ref or ref.startswith(".")
+
+
+def load_cluster(ref: str | Path) -> ClusterSpec:
+    """A built-in cluster name, or a path to a YAML file with the ``ClusterSpec`` fields."""
+    if isinstance(ref, Path):
+        return load_cluster_file(ref)
+    key = str(ref).strip()
+    if key in _data_files():
+        return _builtin(key)
+    path = Path(key).expanduser()
+    if path.is_file():
+        return load_cluster_file(path)
+    if _looks_like_path(key):
+        raise ClusterSpecError(f"cluster file '{key}' not found")
+    raise _unknown(key)
+
+
+def load_cluster_file(path: str | Path) -> ClusterSpec:
+    """Load and validate a cluster spec YAML file."""
+    p = Path(path).expanduser()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ClusterSpecError(f"cluster file '{p}' not found") from None
+    except OSError as exc:
+        raise ClusterSpecError(f"cluster file '{p}': cannot read: {_one_line(exc.strerror or exc)}") from None
+    return _load_text(text, str(p))
+
+
+def dump_cluster(spec: ClusterSpec, path: str | Path | None = None) -> str:
+    """YAML text of ``spec`` (written to ``path`` if given); ``load_cluster`` reads it back equal."""
+    text = yaml.safe_dump(spec.to_dict(), sort_keys=False, allow_unicode=True, width=100)
+    if path is not None:
+        Path(path).write_text(text, encoding="utf-8")
+    return text
+
+
+def resolve_num_gpus(cluster: ClusterSpec, gpus: int | None = None, nodes: int | None = None) -> int:
+    """World size from ``--gpus`` / ``--nodes``.
+
+    Give one, the other, or neither (then ``cluster.default_num_nodes`` nodes). ``gpus`` must be a
+    positive multiple of the node size; ``nodes`` must be positive; if both are given they must agree.
+    On GB200 NVL72 a node is one 4-GPU compute tray (see ``NodeSpec``).
+    """
+    gpn = cluster.node.gpus_per_node
+    where = f"({cluster.name})"
+    if nodes is not None:
+        if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes <= 0:
+            raise ClusterSpecError(f"--nodes must be a positive integer; got {nodes!r}")
+    if gpus is not None:
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus <= 0:
+            raise ClusterSpecError(
+                f"--gpus must be a positive multiple of the node size {gpn} GPUs {where}; got {gpus!r}"
+            )
+        if gpus % gpn != 0:
+            lower, upper = (gpus // gpn) * gpn, (gpus // gpn + 1) * gpn
+            options = f"{lower} or {upper}" if lower > 0 else f"{upper}"
+            raise ClusterSpecError(
+                f"--gpus {gpus} is not a multiple of the node size {gpn} GPUs {where}; use {options}"
+            )
+        if nodes is not None and nodes * gpn != gpus:
+            raise ClusterSpecError(
+                f"--gpus {gpus} and --nodes {nodes} disagree: {nodes} node(s) of {gpn} GPUs {where} "
+                f"is {nodes * gpn} GPUs; give only one of them"
+            )
+        return gpus
+    if nodes is not None:
+        return nodes * gpn
+    return cluster.default_num_nodes * gpn
