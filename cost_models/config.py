@@ -1,0 +1,102 @@
+"""Typed inputs shared by every cost model: the training job and one parallel configuration.
+
+Names follow Megatron-LM's vocabulary (``tp``, ``pp``, ``dp``, ``cp``, ``ep``, ``vpp``,
+``micro_batch_size``, ``global_batch_size``, ``num_microbatches``, ``zero_stage``,
+``sequence_parallel``, ``recompute_granularity``).
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Precision = Literal["bf16", "fp16", "fp8"]
+Recompute = Literal["none", "selective", "full"]
+Schedule = Literal["1f1b", "interleaved", "gpipe", "zb-h1"]
+FlopsConvention = Literal["megatron", "palm"]
+
+#: Bytes per element of the 16-bit activation/parameter dtype (bf16/fp16).
+BYTES_16BIT = 2
+#: Bytes per fp32 element.
+BYTES_FP32 = 4
+
+
+class TrainingJob(BaseModel):
+    """What is trained: global batch (sequences), sequence length (tokens), precision, optimizer.
+
+    ``precision`` selects the GEMM rate: ``fp8`` runs GEMMs at the FP8 rate with bf16 parameters and
+    activations elsewhere (Transformer Engine's recipe); weights/optimizer bytes are unchanged.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    global_batch_size: int = Field(1024, gt=0, description="sequences per optimizer step")
+    seq_length: int = Field(4096, gt=0, description="tokens per sequence")
+    precision: Precision = "bf16"
+    optimizer: Literal["adam"] = "adam"
+    flash_attention: bool = Field(True, description="fused attention: no s x s score tensor is stored")
+    dropout: bool = Field(False, description="dropout layers present (masks stored, K22 Sec. 4.1)")
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens processed by one optimizer step (global_batch_size x seq_length)."""
+        return self.global_batch_size * self.seq_length
+
+
+class ParallelConfig(BaseModel):
+    """One point of the search space.
+
+    ``world_size = tp * pp * dp * cp`` (Megatron: EP is carved out of ``dp * cp * tp``, not multiplied in;
+    Megatron-LM ``parallel_state.initialize_model_parallel``). ``vpp`` is the number of model chunks per
+    pipeline rank (Megatron's virtual pipeline size; 1 = no interleaving). ``zero_stage`` 1 is Megatron's
+    distributed optimizer. ``first_stage_layers`` / ``last_stage_layers`` are Megatron's
+    ``--decoder-first/last-pipeline-num-layers`` (None = even split).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tp: int = Field(1, gt=0)
+    pp: int = Field(1, gt=0)
+    dp: int = Field(1, gt=0)
+    cp: int = Field(1, gt=0)
+    ep: int = Field(1, gt=0)
+    etp: int | None = Field(None, description="expert tensor parallel size (Megatron default: = tp)")
+    vpp: int = Field(1, gt=0)
+    micro_batch_size: int = Field(1, gt=0)
+    zero_stage: int = Field(0, ge=0, le=3)
+    sequence_parallel: bool = False
+    recompute: Recompute = "none"
+    recompute_num_layers: int | None = Field(None, description="layers per stage recomputed under full recompute (None = all)")
+    schedule: Schedule | None = Field(None, description="None = 1f1b, or interleaved when vpp > 1")
+    first_stage_layers: int | None = Field(None, gt=0)
+    last_stage_layers: int | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _sp_needs_tp(self) -> "ParallelConfig":
+        # Megatron silently turns SP off when tp == 1 (arguments.py); we normalise the same way.
+        if self.sequence_parallel and self.tp == 1:
+            object.__setattr__(self, "sequence_parallel", False)
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def expert_tp(self) -> int:
+        return self.etp if self.etp is not None else self.tp
+
+    @property
+    def expert_dp(self) -> int:
+        """Data-parallel size of expert parameters: world / (etp * ep * pp) (Megatron parallel_state)."""
+        return max(1, self.world_size // (self.expert_tp * self.ep * self.pp))
+
+    @property
+    def pipeline_schedule(self) -> Schedule:
+        if self.schedule is not None:
+            return self.schedule
+        return "interleaved" if self.vpp > 1 else "1f1b"
+
+    def num_microbatches(self, global_batch_size: int) -> int:
+        """Micro-batches per step per data-parallel replica: GBS / (micro_batch_size * dp) (floor)."""
+        return global_batch_size // (self.micro_batch_size * self.dp)

@@ -1,0 +1,340 @@
+"""The ``plan3d`` command line (typer + rich).
+
+Exit codes: 0 success, 1 no feasible plan, 2 bad input. Errors are one line on stderr, never a traceback.
+"""
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=False, pretty_exceptions_enable=False,
+                  rich_markup_mode=None,
+                  help="plan3d: plan DP x PP x TP x CP x EP layouts for large-transformer training.")
+
+
+class Fmt(str, Enum):
+    table = "table"
+    json = "json"
+
+
+class Precision(str, Enum):
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp8 = "fp8"
+
+
+class RecomputeOpt(str, Enum):
+    none = "none"
+    selective = "selective"
+    full = "full"
+
+
+class Emit(str, Enum):
+    megatron = "megatron"
+    deepspeed = "deepspeed"
+
+
+class Framework(str, Enum):
+    megatron = "megatron"
+    deepspeed = "deepspeed"
+    torchtitan = "torchtitan"
+
+
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help="built-in name, our YAML, or a HF config.json path")]
+ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="built-in name or YAML path")]
+GpusOpt = Annotated[Optional[int], typer.Option("--gpus", min=1, help="number of GPUs (multiple of the node size)")]
+NodesOpt = Annotated[Optional[int], typer.Option("--nodes", min=1, help="number of nodes")]
+GbsOpt = Annotated[int, typer.Option("--global-batch-size", min=1, help="sequences per optimizer step")]
+SeqOpt = Annotated[int, typer.Option("--seq-length", min=1, help="tokens per sequence")]
+PrecOpt = Annotated[Precision, typer.Option("--precision", help="GEMM precision")]
+FmtOpt = Annotated[Fmt, typer.Option("--format", help="table or json")]
+OutOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="write the output to this file")]
+HeadroomOpt = Annotated[float, typer.Option("--memory-headroom", min=0.0, max=0.5,
+                                            help="fraction of GPU memory kept free")]
+FrameworkOpt = Annotated[Framework, typer.Option("--framework", help="framework whose rules apply")]
+
+
+def _defaults():
+    from cluster_specs import DEFAULT_CLUSTER
+    from model_zoo import DEFAULT_MODEL
+    return DEFAULT_MODEL, DEFAULT_CLUSTER
+
+
+def _load(model: str | None, cluster: str | None, gpus: int | None, nodes: int | None, gbs: int, seq: int,
+          precision: str):
+    """Resolve model, cluster, GPU count and job from CLI options (raises the loaders' one-line errors)."""
+    from cluster_specs import load_cluster, resolve_num_gpus
+    from cost_models.config import TrainingJob
+    from model_zoo import load_model
+
+    dm, dc = _defaults()
+    m = load_model(model or dm)
+    c = load_cluster(cluster or dc)
+    n = resolve_num_gpus(c, gpus, nodes)
+    if precision not in c.supported_precisions:
+        from .errors import PlanInputError
+        raise PlanInputError(f"--precision {precision}: {c.gpu.name} supports {', '.join(c.supported_precisions)}")
+    return m, c, n, TrainingJob(global_batch_size=gbs, seq_length=seq, precision=precision)
+
+
+def _write(text: str, output: Path | None) -> None:
+    if output is None:
+        sys.stdout.write(text)
+        return
+    try:
+        output.write_text(text)
+    except OSError as e:
+        from .errors import PlanInputError
+        raise PlanInputError(f"--output {output}: {e.strerror}") from None
+
+
+def _gib(x: float) -> str:
+    return f"{x / 2**30:.1f}"
+
+
+def _plans_table(doc, title: str):
+    from rich.table import Table
+    t = Table(title=title, title_justify="left")
+    for col in ("#", "tp", "pp", "dp", "cp", "ep", "vpp", "mbs", "zero", "sp", "recompute", "peak GiB",
+                "step s", "tokens/s", "TFLOP/s/GPU", "MFU", "ok"):
+        t.add_column(col, justify="right")
+    for p in doc.plans:
+        q = p.parallel
+        peak = f"{_gib(p.memory.peak_bytes)}/{_gib(p.memory.capacity_bytes)}" if p.memory else "-"
+        if p.memory and p.memory.at_risk:
+            peak += " !"
+        t.add_row(str(p.rank), str(q.tp), str(q.pp), str(q.dp), str(q.cp), str(q.ep), str(q.vpp),
+                  str(q.micro_batch_size), str(q.zero_stage), "y" if q.sequence_parallel else "n", q.recompute,
+                  peak, f"{p.time.step_s:.3f}" if p.time else "-",
+                  f"{p.throughput.tokens_per_s:,.0f}" if p.throughput else "-",
+                  f"{p.throughput.tflops_per_gpu:.0f}" if p.throughput else "-",
+                  f"{p.throughput.mfu:.1%}" if p.throughput else "-",
+                  "yes" if p.feasible else "NO")
+    return t
+
+
+def _render(doc, fmt: Fmt, output: Path | None, emit: Emit | None, title: str) -> None:
+    import json
+
+    from .document import to_json
+    if emit is not None:
+        if not doc.plans:
+            return
+        launch = doc.plans[0].launch
+        if emit == Emit.megatron:
+            text = " \\\n  ".join(["pretrain_gpt.py"] + _pair_args(launch.megatron)) + "\n"
+        else:
+            text = json.dumps(launch.deepspeed, indent=2) + "\n"
+        _write(text, output)
+        return
+    if fmt == Fmt.json:
+        _write(to_json(doc), output)
+        return
+    from rich.console import Console
+    if output is not None:
+        with output.open("w") as fh:
+            Console(file=fh, width=160).print(_plans_table(doc, title))
+        return
+    console = Console(width=max(160, Console().width))
+    console.print(_plans_table(doc, title))
+    for p in doc.plans:
+        for v in p.violations:
+            console.print(f"  plan {p.rank}: {v}")
+
+
+def _pair_args(args: list[str]) -> list[str]:
+    out: list[str] = []
+    for a in args:
+        if a.startswith("--") or not out:
+            out.append(a)
+        else:
+            out[-1] += " " + a
+    return out
+
+
+@app.command()
+def plan(
+    model: ModelOpt = None, cluster: ClusterOpt = None, gpus: GpusOpt = None, nodes: NodesOpt = None,
+    global_batch_size: GbsOpt = 1024, seq_length: SeqOpt = 4096, precision: PrecOpt = Precision.bf16,
+    top_k: Annotated[int, typer.Option("--top-k", min=1, help="number of plans to return")] = 5,
+    memory_headroom: HeadroomOpt = 0.0, framework: FrameworkOpt = Framework.megatron,
+    fmt: FmtOpt = Fmt.table, output: OutOpt = None,
+    emit: Annotated[Optional[Emit], typer.Option("--emit", help="print the top plan's launch config")] = None,
+) -> None:
+    """Search the parallel layouts and print the best plans (default: llama3.1-8b on one dgx-h100 node)."""
+    from .document import build_document
+    from .errors import NoFeasiblePlan
+    from .search import enumerate_plans
+
+    m, c, n, job = _load(model, cluster, gpus, nodes, global_batch_size, seq_length, precision.value)
+    res = enumerate_plans(m, c, job, n, top_k=top_k, memory_headroom=memory_headroom, framework=framework.value)
+    if not res.plans:
+        raise NoFeasiblePlan(_why_infeasible(m, c, job, n, res))
+    doc = build_document(m, c, job, n, res.plans)
+    _render(doc, fmt, output, emit,
+            f"plan3d: {m.name} on {n} x {c.gpu.name} ({c.name}), GBS {job.global_batch_size} x seq "
+            f"{job.seq_length}, {job.precision}: top {len(res.plans)} of {res.num_feasible} feasible "
+            f"({res.num_candidates} examined)")
+
+
+def _why_infeasible(m, c, job, n, res) -> str:
+    if not res.nearest_infeasible:
+        return (f"no valid layout of {m.name} on {n} GPUs: no tp/pp/dp/cp split satisfies the divisibility rules "
+                f"(heads {m.num_attention_heads}, layers {m.num_layers}, global batch {job.global_batch_size}); "
+                f"try another GPU count or global batch size")
+    ev = res.nearest_infeasible[0]
+    p = ev.parallel
+    binding = ev.violations[0].message if ev.violations else "memory"
+    return (f"no feasible plan for {m.name} on {n} x {c.gpu.name}: memory binds; the closest layout "
+            f"(tp {p.tp}, pp {p.pp}, dp {p.dp}, cp {p.cp}, mbs {p.micro_batch_size}, zero {p.zero_stage}, "
+            f"recompute {p.recompute}): {binding}; try more GPUs, a shorter --seq-length, or a smaller "
+            f"--global-batch-size")
+
+
+@app.command()
+def evaluate(
+    model: ModelOpt = None, cluster: ClusterOpt = None, gpus: GpusOpt = None, nodes: NodesOpt = None,
+    global_batch_size: GbsOpt = 1024, seq_length: SeqOpt = 4096, precision: PrecOpt = Precision.bf16,
+    tp: Annotated[int, typer.Option("--tp", min=1)] = 1,
+    pp: Annotated[int, typer.Option("--pp", min=1)] = 1,
+    cp: Annotated[int, typer.Option("--cp", min=1)] = 1,
+    ep: Annotated[int, typer.Option("--ep", min=1)] = 1,
+    etp: Annotated[Optional[int], typer.Option("--etp", min=1, help="expert tensor parallel (default: tp)")] = None,
+    vpp: Annotated[int, typer.Option("--vpp", min=1, help="model chunks per pipeline rank")] = 1,
+    micro_batch_size: Annotated[int, typer.Option("--micro-batch-size", min=1)] = 1,
+    zero_stage: Annotated[int, typer.Option("--zero-stage", min=0, max=3, help="1 = Megatron distributed optimizer")] = 0,
+    recompute: Annotated[RecomputeOpt, typer.Option("--recompute")] = RecomputeOpt.none,
+    recompute_num_layers: Annotated[Optional[int], typer.Option("--recompute-num-layers", min=1)] = None,
+    sequence_parallel: Annotated[bool, typer.Option("--sequence-parallel/--no-sequence-parallel")] = False,
+    first_stage_layers: Annotated[Optional[int], typer.Option("--first-stage-layers", min=1)] = None,
+    last_stage_layers: Annotated[Optional[int], typer.Option("--last-stage-layers", min=1)] = None,
+    memory_headroom: HeadroomOpt = 0.0, framework: FrameworkOpt = Framework.megatron,
+    fmt: FmtOpt = Fmt.table, output: OutOpt = None,
+    emit: Annotated[Optional[Emit], typer.Option("--emit")] = None,
+) -> None:
+    """Evaluate one given configuration (feasible or not). Options left out take Megatron-LM's defaults.
+
+    dp is derived: GPUs / (tp * pp * cp). When pp does not divide the layers and no split is given, the end
+    stages get fewer layers (Megatron's --decoder-first/last-pipeline-num-layers).
+    """
+    par, m, c, n, job = _parallel_from_options(
+        model, cluster, gpus, nodes, global_batch_size, seq_length, precision, tp, pp, cp, ep, etp, vpp,
+        micro_batch_size, zero_stage, recompute, recompute_num_layers, sequence_parallel, first_stage_layers,
+        last_stage_layers)
+    from .document import build_document
+    from .evaluate import evaluate as run_eval
+    ev = run_eval(m, c, job, par, n, memory_headroom, framework.value)
+    doc = build_document(m, c, job, n, [ev])
+    _render(doc, fmt, output, emit, f"plan3d evaluate: {m.name} on {n} x {c.gpu.name} ({c.name})")
+
+
+def _parallel_from_options(model, cluster, gpus, nodes, gbs, seq, precision, tp, pp, cp, ep, etp, vpp, mbs,
+                           zero_stage, recompute, recompute_num_layers, sequence_parallel, first, last):
+    from cost_models.config import ParallelConfig
+    from cost_models.layout import uneven_split
+
+    from .errors import PlanInputError
+    m, c, n, job = _load(model, cluster, gpus, nodes, gbs, seq, precision.value)
+    if n % (tp * pp * cp):
+        raise PlanInputError(f"--gpus {n} is not divisible by tp*pp*cp = {tp}*{pp}*{cp} = {tp * pp * cp}")
+    if first is None and last is None and m.num_layers % pp:
+        split = uneven_split(m.num_layers, pp)
+        if split is not None:
+            first, last = split
+    par = ParallelConfig(tp=tp, pp=pp, dp=n // (tp * pp * cp), cp=cp, ep=ep, etp=etp, vpp=vpp,
+                         micro_batch_size=mbs, zero_stage=zero_stage, recompute=recompute.value,
+                         recompute_num_layers=recompute_num_layers, sequence_parallel=sequence_parallel,
+                         first_stage_layers=first, last_stage_layers=last)
+    return par, m, c, n, job
+
+
+@app.command()
+def models(fmt: FmtOpt = Fmt.table) -> None:
+    """List the built-in models."""
+    from model_zoo import get_model, list_models
+    rows = []
+    for name in list_models():
+        s = get_model(name)
+        rows.append({"name": name, "num_parameters": s.num_parameters(),
+                     "num_active_parameters": s.num_active_parameters(), "num_layers": s.num_layers,
+                     "hidden_size": s.hidden_size, "num_attention_heads": s.num_attention_heads,
+                     "num_kv_heads": s.num_kv_heads, "experts": s.moe.num_experts if s.moe else None,
+                     "source": s.source})
+    if fmt == Fmt.json:
+        import json
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        return
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(title="plan3d built-in models")
+    for col in ("name", "params", "active", "layers", "hidden", "heads", "kv", "experts", "source"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["name"], f"{r['num_parameters'] / 1e9:.2f}B", f"{r['num_active_parameters'] / 1e9:.2f}B",
+                  str(r["num_layers"]), str(r["hidden_size"]), str(r["num_attention_heads"]),
+                  str(r["num_kv_heads"]), str(r["experts"] or "-"), r["source"][:60])
+    Console(width=200).print(t)
+
+
+@app.command()
+def clusters(fmt: FmtOpt = Fmt.table) -> None:
+    """List the built-in clusters."""
+    from cluster_specs import get_cluster, list_clusters
+    rows = []
+    for name in list_clusters():
+        c = get_cluster(name)
+        rows.append({"name": name, "gpu": c.gpu.name, "memory_bytes": c.gpu.memory_bytes,
+                     "gpus_per_node": c.node.gpus_per_node, "nvlink_domain_size": c.node.nvlink_domain_size,
+                     "peak_bf16_flops": c.gpu.peak_flops.get("bf16"), "peak_fp8_flops": c.gpu.peak_flops.get("fp8"),
+                     "nvlink_bytes_per_s": c.node.nvlink_bandwidth_bytes_per_s,
+                     "nic_bytes_per_s": c.network.nic_bandwidth_bytes_per_s, "description": c.description})
+    if fmt == Fmt.json:
+        import json
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        return
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(title="plan3d built-in clusters")
+    for col in ("name", "GPU", "GiB", "GPUs/node", "NVLink domain", "bf16 TFLOP/s", "fp8 TFLOP/s",
+                "NVLink GB/s/dir", "NIC GB/s/dir"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["name"], r["gpu"], f"{r['memory_bytes'] / 2**30:.1f}", str(r["gpus_per_node"]),
+                  str(r["nvlink_domain_size"]), f"{(r['peak_bf16_flops'] or 0) / 1e12:.0f}",
+                  f"{(r['peak_fp8_flops'] or 0) / 1e12:.0f}" if r["peak_fp8_flops"] else "-",
+                  f"{r['nvlink_bytes_per_s'] / 1e9:.0f}", f"{r['nic_bytes_per_s'] / 1e9:.0f}")
+    Console(width=200).print(t)
+
+
+def main() -> None:
+    """Console-script entry point: run the app, turning every expected error into one line and an exit code."""
+    import click
+
+    from cluster_specs import ClusterSpecError
+    from model_zoo import ModelSpecError
+
+    from .errors import NoFeasiblePlan, PlanInputError
+    try:
+        app(standalone_mode=False)
+    except (PlanInputError, ModelSpecError, ClusterSpecError) as e:
+        sys.stderr.write(f"plan3d: error: {e}\n")
+        sys.exit(2)
+    except NoFeasiblePlan as e:
+        sys.stderr.write(f"plan3d: {e}\n")
+        sys.exit(1)
+    except click.exceptions.Abort:
+        sys.stderr.write("plan3d: aborted\n")
+        sys.exit(130)
+    except click.exceptions.ClickException as e:
+        sys.stderr.write(f"plan3d: error: {e.format_message()}\n")
+        sys.exit(e.exit_code if e.exit_code else 2)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,219 @@
+"""The plan JSON document (versioned). Launch scripts consume it: keys listed here are stable.
+
+Top level: ``schema_version``, ``input`` (model, cluster, job), ``plans`` (best first). Floats are rounded to
+6 significant digits and keys keep their declared order, so the same input gives byte-identical JSON.
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from cluster_specs.spec import ClusterSpec
+from cost_models.config import ParallelConfig, TrainingJob
+from model_zoo.spec import ModelSpec
+
+from .checks import AT_RISK_FRACTION
+from .emit import deepspeed_config, megatron_args
+from .evaluate import Evaluation
+
+SCHEMA_VERSION = "1.0"
+
+
+def _r(x: float) -> float:
+    """Round to 6 significant digits (stable JSON)."""
+    if x == 0 or not math.isfinite(x):
+        return float(x)
+    return float(f"{x:.6g}")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelInfo(_Strict):
+    name: str
+    num_parameters: int
+    num_active_parameters: int
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    vocab_size: int
+    moe_experts: int | None = None
+    source: str
+
+
+class ClusterInfo(_Strict):
+    name: str
+    gpu: str
+    num_gpus: int
+    gpus_per_node: int
+    num_nodes: int
+    memory_bytes_per_gpu: int
+
+
+class JobInfo(_Strict):
+    global_batch_size: int
+    seq_length: int
+    precision: str
+    optimizer: str
+    tokens_per_step: int
+
+
+class InputInfo(_Strict):
+    model: ModelInfo
+    cluster: ClusterInfo
+    job: JobInfo
+
+
+class ParallelInfo(_Strict):
+    tp: int
+    pp: int
+    dp: int
+    cp: int
+    ep: int
+    etp: int
+    vpp: int
+    micro_batch_size: int
+    global_batch_size: int
+    num_microbatches: int
+    zero_stage: int
+    sequence_parallel: bool
+    recompute: str
+    recompute_num_layers: int | None
+    pipeline_schedule: str
+    first_stage_layers: int | None
+    last_stage_layers: int | None
+
+
+class StageMemoryInfo(_Strict):
+    stage: int
+    num_layers: int
+    total_bytes: int
+    in_flight_microbatches: float
+    breakdown: dict[str, int] = Field(description="term -> bytes, largest first")
+
+
+class MemoryInfo(_Strict):
+    peak_bytes: int
+    capacity_bytes: int
+    headroom_bytes: int
+    peak_stage: int
+    at_risk: bool = Field(description=f"peak within {AT_RISK_FRACTION:.0%} of capacity")
+    breakdown: dict[str, int] = Field(description="peak stage: term -> bytes, largest first")
+    stages: list[StageMemoryInfo]
+
+
+class TimeInfo(_Strict):
+    step_s: float
+    compute_s: float
+    bubble_s: float
+    bubble_fraction: float
+    optimizer_s: float
+    exposed_comm_s: dict[str, float]
+
+
+class ThroughputInfo(_Strict):
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    tflops_per_gpu: float
+    mfu: float
+    hfu: float
+    flops_convention: str
+    peak_flops_per_gpu: float
+
+
+class LaunchInfo(_Strict):
+    nodes: int
+    gpus_per_node: int
+    megatron: list[str]
+    deepspeed: dict[str, Any]
+
+
+class PlanInfo(_Strict):
+    rank: int
+    feasible: bool
+    violations: list[str]
+    parallel: ParallelInfo
+    memory: MemoryInfo | None
+    time: TimeInfo | None
+    throughput: ThroughputInfo | None
+    launch: LaunchInfo
+
+
+class PlanDocument(_Strict):
+    schema_version: str = SCHEMA_VERSION
+    input: InputInfo
+    plans: list[PlanInfo]
+
+
+def input_info(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int) -> InputInfo:
+    gpn = cluster.node.gpus_per_node
+    return InputInfo(
+        model=ModelInfo(name=model.name, num_parameters=model.num_parameters(),
+                        num_active_parameters=model.num_active_parameters(), num_layers=model.num_layers,
+                        hidden_size=model.hidden_size, num_attention_heads=model.num_attention_heads,
+                        num_kv_heads=model.num_kv_heads, vocab_size=model.vocab_size,
+                        moe_experts=model.moe.num_experts if model.moe else None, source=model.source),
+        cluster=ClusterInfo(name=cluster.name, gpu=cluster.gpu.name, num_gpus=num_gpus, gpus_per_node=gpn,
+                            num_nodes=num_gpus // gpn, memory_bytes_per_gpu=cluster.gpu.memory_bytes),
+        job=JobInfo(global_batch_size=job.global_batch_size, seq_length=job.seq_length, precision=job.precision,
+                    optimizer=job.optimizer, tokens_per_step=job.tokens_per_step))
+
+
+def parallel_info(par: ParallelConfig, job: TrainingJob) -> ParallelInfo:
+    return ParallelInfo(
+        tp=par.tp, pp=par.pp, dp=par.dp, cp=par.cp, ep=par.ep, etp=par.expert_tp, vpp=par.vpp,
+        micro_batch_size=par.micro_batch_size, global_batch_size=job.global_batch_size,
+        num_microbatches=par.num_microbatches(job.global_batch_size), zero_stage=par.zero_stage,
+        sequence_parallel=par.sequence_parallel, recompute=par.recompute,
+        recompute_num_layers=par.recompute_num_layers, pipeline_schedule=par.pipeline_schedule,
+        first_stage_layers=par.first_stage_layers, last_stage_layers=par.last_stage_layers)
+
+
+def plan_info(rank: int, ev: Evaluation, model: ModelSpec, cluster: ClusterSpec, job: TrainingJob) -> PlanInfo:
+    par = ev.parallel
+    mem = tim = thr = None
+    if ev.memory is not None:
+        pk = ev.memory.peak_stage
+        stages = [StageMemoryInfo(stage=s.stage, num_layers=s.num_layers, total_bytes=round(s.total),
+                                  in_flight_microbatches=_r(s.in_flight_microbatches),
+                                  breakdown={k: round(v) for k, v in s.terms().items()})
+                  for s in ev.memory.stages]
+        cap = ev.memory.capacity_bytes
+        mem = MemoryInfo(peak_bytes=round(pk.total), capacity_bytes=cap, headroom_bytes=round(cap - pk.total),
+                         peak_stage=pk.stage, at_risk=pk.total > cap * (1 - AT_RISK_FRACTION),
+                         breakdown={k: round(v) for k, v in pk.terms().items()}, stages=stages)
+    if ev.step is not None:
+        st = ev.step
+        tim = TimeInfo(step_s=_r(st.step_s), compute_s=_r(st.compute_s), bubble_s=_r(st.bubble_s),
+                       bubble_fraction=_r(st.bubble_fraction), optimizer_s=_r(st.optimizer_s),
+                       exposed_comm_s={k: _r(v) for k, v in st.exposed_comm_s.items()})
+        thr = ThroughputInfo(tokens_per_s=_r(st.tokens_per_s), tokens_per_s_per_gpu=_r(st.tokens_per_s / par.world_size),
+                             tflops_per_gpu=_r(st.tflops_per_gpu), mfu=_r(st.mfu), hfu=_r(st.hfu),
+                             flops_convention=st.flops_convention, peak_flops_per_gpu=_r(st.peak_flops_per_gpu))
+    gpn = cluster.node.gpus_per_node
+    launch = LaunchInfo(nodes=max(1, par.world_size // gpn), gpus_per_node=min(gpn, par.world_size),
+                        megatron=megatron_args(model, job, par), deepspeed=deepspeed_config(job, par))
+    return PlanInfo(rank=rank, feasible=ev.feasible, violations=[v.message for v in ev.violations],
+                    parallel=parallel_info(par, job), memory=mem, time=tim, throughput=thr, launch=launch)
+
+
+def build_document(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int,
+                   evaluations: list[Evaluation]) -> PlanDocument:
+    """The document for ``evaluations`` (already in rank order)."""
+    return PlanDocument(input=input_info(model, cluster, job, num_gpus),
+                        plans=[plan_info(i + 1, ev, model, cluster, job) for i, ev in enumerate(evaluations)])
+
+
+def to_json(doc: PlanDocument) -> str:
+    """Deterministic JSON text (2-space indent, declared key order, trailing newline)."""
+    return json.dumps(doc.model_dump(mode="json"), indent=2) + "\n"
+
+
+def json_schema() -> dict:
+    """JSON Schema of the plan document."""
+    return PlanDocument.model_json_schema()

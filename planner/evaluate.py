@@ -1,0 +1,45 @@
+"""Evaluate one configuration: memory, step time and every constraint."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cluster_specs.spec import ClusterSpec
+from cost_models.config import FlopsConvention, ParallelConfig, TrainingJob
+from cost_models.layout import LayoutError
+from cost_models.memory import MemoryEstimate, estimate_memory
+from cost_models.step_time import StepEstimate, estimate_step
+from model_zoo.spec import ModelSpec
+
+from .checks import DEFAULT_MEMORY_HEADROOM, Violation, check_config
+
+
+@dataclass
+class Evaluation:
+    """A configuration with its memory and time estimates and its violations (empty = feasible)."""
+
+    parallel: ParallelConfig
+    memory: MemoryEstimate | None
+    step: StepEstimate | None
+    violations: list[Violation] = field(default_factory=list)
+
+    @property
+    def feasible(self) -> bool:
+        return not self.violations
+
+
+def evaluate(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, num_gpus: int,
+             memory_headroom: float = DEFAULT_MEMORY_HEADROOM, framework: str = "megatron",
+             convention: FlopsConvention = "megatron") -> Evaluation:
+    """Full evaluation of ``par``; never raises for an invalid config (it is reported as violations)."""
+    structural = check_config(model, cluster, job, par, num_gpus, framework=framework)
+    hard = {"layers_pp", "world_size", "precision"}
+    if any(v.name in hard for v in structural) or par.num_microbatches(job.global_batch_size) < 1:
+        return Evaluation(par, None, None, structural)
+    try:
+        mem = estimate_memory(model, cluster, job, par)
+        step = estimate_step(model, cluster, job, par, convention)
+    except LayoutError as e:  # pragma: no cover - check_config reports it first
+        return Evaluation(par, None, None, structural + [Violation("layers_pp", str(e))])
+    violations = check_config(model, cluster, job, par, num_gpus, memory=mem, memory_headroom=memory_headroom,
+                              framework=framework)
+    return Evaluation(par, mem, step, violations)
