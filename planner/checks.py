@@ -1,9 +1,28 @@
-"""Independent re-check of every hard constraint of one configuration.
+"""Independent re-check of every hard constraint of one configuration, each with its slack.
 
-This module deliberately does not share code with the search (``planner.space``): a plan is emitted only if
-``check_config`` finds no violation, so a bug in the search's pruning cannot produce a wrong plan.
-Rules and their sources (formulas.md Sec. 7.1 "Checks enforced", Megatron-LM ``arguments.py`` /
-``TransformerConfig.__post_init__`` / ``parallel_state``; DeepSpeed ``runtime/pipe/engine.py``).
+This module deliberately does not share code with the search (``planner.space``, ``planner.solver``): a plan is
+emitted only if ``check_config`` finds no violation, so a bug in the search's pruning cannot produce a wrong plan.
+``constraint_report`` lists every constraint with its slack (``plan3d explain``); ``check_config`` is the list
+of the violated ones.
+
+Rules and their sources (formulas.md Sec. 7.1 "Checks enforced"; field_cases.md F14-F21):
+
+* heads / KV heads by tp — Megatron ``TransformerConfig.__post_init__`` (field case F18).
+* layers by pp, the uneven split's middle stages, layers per virtual stage — Megatron ``arguments.py`` /
+  ``transformer_block.get_num_layers_to_build`` (F14, F15, F16).
+* interleaving needs ``num_microbatches % pp == 0`` — Megatron ``arguments.py`` (interleaved schedule).
+* sequence by ``2*cp`` (load-balanced causal attention: 2·cp chunks) and by ``cp*tp`` under sequence
+  parallelism — NeMo-RL PR #3563 (F21).
+* MoE: experts by ep; the expert grid ``etp*ep*pp`` divides the world (dense and expert grids both tile it,
+  F16); tp > 1 with ep > 1 requires sequence parallelism (Megatron ``arguments.py``; NeMo-Launcher PR #309, F21).
+* DeepSpeed's pipeline engine supports ZeRO stage <= 1 only (``deepspeed/runtime/pipe/engine.py``; F19).
+* torchtitan: no ZeRO-1/2 (FSDP2 shards weights, gradients and optimizer state together: ``zero_stage`` 0 or 3
+  only; torchtitan ``parallelize_llama``), no interleaved virtual stages with uneven first/last splits
+  (torchtitan splits by module names, not by Megatron's first/last counts) — torchtitan docs
+  ``docs/composability.md``.
+* vocabulary padding: the padded vocabulary (multiple of ``128*tp``, Megatron ``_vocab_size_with_padding``)
+  must hold the vocabulary — informational, always satisfied, listed so the padding is visible.
+* memory of every stage <= capacity x (1 - headroom).
 """
 from __future__ import annotations
 
@@ -15,11 +34,13 @@ from cost_models.layout import LayoutError, stage_layer_counts
 from cost_models.memory import MemoryEstimate
 from model_zoo.spec import ModelSpec
 
-#: Default fraction of usable memory kept free (allocator spikes, NCCL growth); see ``--memory-headroom``.
-DEFAULT_MEMORY_HEADROOM = 0.0
-#: A plan whose peak is within this fraction of capacity is flagged ``at_risk`` (field experience: PyTorch's
-#: caching allocator fragments a few percent of memory; field_cases.md MEM cases OOM within ~3-5%).
+#: Default fraction of usable memory kept free (allocator spikes, NCCL growth, fragmentation); see
+#: ``--memory-headroom``. Field experience: PyTorch's caching allocator fragments a few percent of memory and
+#: the MEM cases of field_cases.md OOM within ~3-5% of capacity, so we keep 5% free by default.
+DEFAULT_MEMORY_HEADROOM = 0.05
+#: A plan whose peak is within this fraction of capacity is flagged ``at_risk`` (same field experience).
 AT_RISK_FRACTION = 0.05
+FRAMEWORKS = ("megatron", "deepspeed", "torchtitan")
 
 
 @dataclass(frozen=True)
@@ -32,61 +53,139 @@ class Violation:
     excess: float = 0.0
 
 
+@dataclass(frozen=True)
+class Constraint:
+    """One constraint of a configuration and its slack.
+
+    ``slack`` is in ``unit``: for divisibility it is ``-remainder`` (0 = exactly divisible, negative =
+    violated); for memory it is usable bytes minus the stage's bytes; for bounds it is ``limit - value``.
+    ``ok`` is the verdict; ``detail`` a one-line description with the numbers.
+    """
+
+    name: str
+    ok: bool
+    slack: float
+    unit: str
+    detail: str
+
+
+def _div(name: str, n: int, d: int, what: str) -> Constraint:
+    r = n % d if d else n
+    return Constraint(name, r == 0, float(-r), "remainder", f"{what}: {n} % {d} = {r}")
+
+
+def constraint_report(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
+                      num_gpus: int, memory: MemoryEstimate | None = None,
+                      memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
+                      framework: str = "megatron") -> list[Constraint]:
+    """Every constraint that applies to ``par``, satisfied or not, with its slack (in a fixed order)."""
+    out: list[Constraint] = []
+    add = out.append
+    ws = par.world_size
+    add(Constraint("world_size", ws == num_gpus, float(num_gpus - ws), "GPUs",
+                   f"tp*pp*dp*cp = {par.tp}*{par.pp}*{par.dp}*{par.cp} = {ws}, GPUs {num_gpus}"))
+    a, g = model.num_attention_heads, model.num_kv_heads
+    add(_div("heads_tp", a, par.tp, "num_attention_heads % tp"))
+    if model.mla is None:
+        ok = g % par.tp == 0 or par.tp % g == 0
+        add(Constraint("kv_heads_tp", ok, 0.0 if ok else -float(min(g % par.tp, par.tp % g)), "remainder",
+                       f"num_kv_heads {g} and tp {par.tp}: " + ("one divides the other" if ok else
+                                                                "neither divides the other")))
+    dom = cluster.node.nvlink_domain_size
+    add(Constraint("tp_nvlink", par.tp <= dom, float(dom - par.tp), "GPUs",
+                   f"tp {par.tp} within the NVLink domain of {dom} GPUs"))
+    rate = cluster.gpu.peak_flops.get(job.precision)
+    add(Constraint("precision", bool(rate), 0.0, "", f"{cluster.gpu.name} dense {job.precision} rate "
+                   + (f"{rate / 1e12:.0f} TFLOP/s" if rate else "missing")))
+    try:
+        counts = stage_layer_counts(model.num_layers, par)
+        split = "even" if par.first_stage_layers is None and par.last_stage_layers is None else "uneven"
+        add(Constraint("layers_pp", True, 0.0, "remainder",
+                       f"{model.num_layers} layers over pp {par.pp} ({split}): {_counts_str(counts)}"))
+    except LayoutError as e:
+        counts = []
+        add(Constraint("layers_pp", False, -1.0, "remainder", str(e)))
+    if par.vpp > 1:
+        add(Constraint("vpp_pp", par.pp > 1, float(par.pp - 2), "stages", f"vpp {par.vpp} needs pp > 1 (pp {par.pp})"))
+        bad = sorted({c for c in counts if c % par.vpp})
+        add(Constraint("layers_vpp", not bad, -float(max((c % par.vpp for c in bad), default=0)), "remainder",
+                       f"stage layer counts {sorted(set(counts))} by vpp {par.vpp}"
+                       + (f": {bad} not divisible" if bad else "")))
+    mb = par.micro_batch_size * par.dp
+    add(_div("batch", job.global_batch_size, mb, "global_batch_size % (micro_batch_size*dp)"))
+    m = job.global_batch_size // mb if mb else 0
+    add(Constraint("microbatches", m >= 1, float(m - 1), "micro-batches",
+                   f"num_microbatches = {job.global_batch_size} // ({par.micro_batch_size}*{par.dp}) = {m}"))
+    if par.pp > 1 and par.vpp > 1:
+        add(_div("microbatches_interleaved", m, par.pp, "interleaved schedule: num_microbatches % pp"))
+    if par.cp > 1:
+        add(_div("seq_cp", job.seq_length, 2 * par.cp, "seq_length % (2*cp) (load-balanced causal CP)"))
+    if par.sequence_parallel:
+        add(_div("seq_sp", job.seq_length, par.cp * par.tp, "seq_length % (cp*tp) (sequence parallel)"))
+    if model.moe is None:
+        if par.ep > 1:
+            add(Constraint("ep_dense", False, -float(par.ep - 1), "ranks", "ep > 1 needs a mixture-of-experts model"))
+    else:
+        add(_div("experts_ep", model.moe.num_experts, par.ep, "num_experts % ep"))
+        add(_div("expert_grid", par.dp * par.cp * par.tp, par.ep * par.expert_tp,
+                 "dp*cp*tp % (ep*etp) (world a multiple of the expert grid etp*ep*pp)"))
+        if framework == "megatron" and par.tp > 1 and par.ep > 1:
+            add(Constraint("ep_tp_needs_sp", par.sequence_parallel, 0.0 if par.sequence_parallel else -1.0, "",
+                           "tp > 1 with ep > 1 requires sequence parallel (Megatron arguments.py)"))
+    if par.recompute_num_layers is not None:
+        add(Constraint("recompute_num_layers", par.recompute == "full", 0.0, "",
+                       f"recompute_num_layers {par.recompute_num_layers} needs recompute full ({par.recompute})"))
+    if framework == "deepspeed" and par.pp > 1:
+        add(Constraint("deepspeed_pipeline_zero", par.zero_stage <= 1, float(1 - par.zero_stage), "ZeRO stages",
+                       f"DeepSpeed's pipeline engine runs ZeRO stage <= 1 with pp > 1 (zero {par.zero_stage})"))
+    if framework == "torchtitan":
+        add(Constraint("torchtitan_zero", par.zero_stage in (0, 3), 0.0 if par.zero_stage in (0, 3) else -1.0, "",
+                       f"torchtitan FSDP2 shards all states together: zero 0 or 3 (zero {par.zero_stage})"))
+        uneven = par.first_stage_layers is not None or par.last_stage_layers is not None
+        if par.vpp > 1 and uneven:
+            add(Constraint("torchtitan_uneven_vpp", False, -1.0, "",
+                           "torchtitan has no Megatron first/last-stage split with interleaving"))
+    padded = model.padded_vocab_size(par.tp)
+    add(Constraint("vocab_padding", padded >= model.vocab_size, float(padded - model.vocab_size), "tokens",
+                   f"vocab {model.vocab_size} padded to {padded} (multiple of 128*tp = {128 * par.tp})"))
+    if memory is not None:
+        limit = memory.capacity_bytes * (1 - memory_headroom)
+        for st in memory.stages:
+            add(Constraint(f"memory_stage_{st.stage}", st.total <= limit, limit - st.total, "bytes",
+                           f"stage {st.stage} ({st.num_layers} layers) needs {st.total / 2**30:.2f} GiB of "
+                           f"{limit / 2**30:.2f} GiB usable ({memory.capacity_bytes / 2**30:.2f} GiB x "
+                           f"(1 - {memory_headroom:g}))"))
+    return out
+
+
+def _counts_str(counts: list[int]) -> str:
+    if len(set(counts)) == 1:
+        return f"{len(counts)} x {counts[0]}"
+    if len(counts) > 2 and len(set(counts[1:-1])) == 1:
+        return f"[{counts[0]}, {len(counts) - 2} x {counts[1]}, {counts[-1]}]"
+    return str(counts)
+
+
 def check_config(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, num_gpus: int,
                  memory: MemoryEstimate | None = None, memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
                  framework: str = "megatron") -> list[Violation]:
-    """All violated constraints of ``par`` (empty list = valid). ``memory`` is checked when given."""
-    v: list[Violation] = []
-    add = lambda name, msg, excess=0.0: v.append(Violation(name, msg, excess))  # noqa: E731
+    """All violated constraints of ``par`` (empty list = valid). ``memory`` is checked when given.
 
-    if par.world_size != num_gpus:
-        add("world_size", f"tp*pp*dp*cp = {par.tp}*{par.pp}*{par.dp}*{par.cp} = {par.world_size} != {num_gpus} GPUs")
-    a, g = model.num_attention_heads, model.num_kv_heads
-    if a % par.tp:
-        add("heads_tp", f"num_attention_heads {a} is not divisible by tp {par.tp}")
-    if model.mla is None and g % par.tp and par.tp % g:
-        add("kv_heads_tp", f"num_kv_heads {g} and tp {par.tp}: neither divides the other")
-    if par.tp > cluster.node.nvlink_domain_size:
-        add("tp_nvlink", f"tp {par.tp} exceeds the NVLink domain of {cluster.node.nvlink_domain_size} GPUs")
-    if job.precision not in cluster.gpu.peak_flops or not cluster.gpu.peak_flops.get(job.precision):
-        add("precision", f"{cluster.gpu.name} has no dense {job.precision} rate")
-    try:
-        counts = stage_layer_counts(model.num_layers, par)
-    except LayoutError as e:
-        add("layers_pp", str(e))
-        counts = []
-    if par.vpp > 1:
-        if par.pp == 1:
-            add("vpp_pp", "vpp > 1 (interleaved schedule) needs pp > 1")
-        bad = [c for c in counts if c % par.vpp]
-        if bad:
-            add("layers_vpp", f"stage layer counts {sorted(set(bad))} are not divisible by vpp {par.vpp}")
-    if job.global_batch_size % (par.micro_batch_size * par.dp):
-        add("batch", f"global_batch_size {job.global_batch_size} is not divisible by "
-                     f"micro_batch_size*dp = {par.micro_batch_size}*{par.dp}")
-    m = job.global_batch_size // (par.micro_batch_size * par.dp) if par.micro_batch_size * par.dp else 0
-    if par.pp > 1 and par.vpp > 1 and m % par.pp:
-        add("microbatches_interleaved", f"interleaved schedule needs num_microbatches {m} divisible by pp {par.pp}")
-    if par.cp > 1 and job.seq_length % (2 * par.cp):
-        add("seq_cp", f"seq_length {job.seq_length} is not divisible by 2*cp = {2 * par.cp}")
-    if par.sequence_parallel and (job.seq_length // par.cp) % par.tp:
-        add("seq_sp", f"seq_length/cp {job.seq_length // par.cp} is not divisible by tp {par.tp} (sequence parallel)")
-    if par.ep > 1:
-        if model.moe is None:
-            add("ep_dense", "ep > 1 needs a mixture-of-experts model")
-        elif model.moe.num_experts % par.ep:
-            add("experts_ep", f"num_experts {model.moe.num_experts} is not divisible by ep {par.ep}")
-        if (par.dp * par.cp * par.tp) % (par.ep * par.expert_tp):
-            add("expert_grid", f"dp*cp*tp = {par.dp * par.cp * par.tp} is not divisible by ep*etp = "
-                               f"{par.ep * par.expert_tp}")
-    if par.recompute_num_layers is not None and par.recompute != "full":
-        add("recompute_num_layers", "recompute_num_layers needs recompute full")
-    if framework == "deepspeed" and par.pp > 1 and par.zero_stage >= 2:
-        add("deepspeed_pipeline_zero", f"DeepSpeed's pipeline engine cannot run ZeRO stage {par.zero_stage} with pp > 1")
-    if memory is not None:
+    Memory is reported once, for the most loaded stage, as ``memory`` with ``excess`` in bytes.
+    """
+    v: list[Violation] = []
+    worst = None
+    for c in constraint_report(model, cluster, job, par, num_gpus, memory, memory_headroom, framework):
+        if c.ok:
+            continue
+        if c.name.startswith("memory_stage_"):
+            if worst is None or c.slack < worst.slack:
+                worst = c
+            continue
+        v.append(Violation(c.name, c.detail))
+    if worst is not None:
+        st = memory.peak_stage
         limit = memory.capacity_bytes * (1 - memory_headroom)
-        peak = memory.peak_stage
-        if peak.total > limit:
-            add("memory", f"stage {peak.stage} needs {peak.total / 2**30:.1f} GiB > {limit / 2**30:.1f} GiB usable "
-                          f"(by {(peak.total - limit) / 2**30:.1f} GiB)", peak.total - limit)
+        v.append(Violation("memory", f"stage {st.stage} needs {st.total / 2**30:.1f} GiB > {limit / 2**30:.1f} GiB "
+                                     f"usable (by {(st.total - limit) / 2**30:.1f} GiB)", st.total - limit))
     return v

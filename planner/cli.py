@@ -253,6 +253,74 @@ def _parallel_from_options(model, cluster, gpus, nodes, gbs, seq, precision, tp,
 
 
 @app.command()
+def explain(
+    model: ModelOpt = None, cluster: ClusterOpt = None, gpus: GpusOpt = None, nodes: NodesOpt = None,
+    global_batch_size: GbsOpt = 1024, seq_length: SeqOpt = 4096, precision: PrecOpt = Precision.bf16,
+    tp: Annotated[int, typer.Option("--tp", min=1)] = 1,
+    pp: Annotated[int, typer.Option("--pp", min=1)] = 1,
+    cp: Annotated[int, typer.Option("--cp", min=1)] = 1,
+    ep: Annotated[int, typer.Option("--ep", min=1)] = 1,
+    etp: Annotated[Optional[int], typer.Option("--etp", min=1, help="expert tensor parallel (default: tp)")] = None,
+    vpp: Annotated[int, typer.Option("--vpp", min=1, help="model chunks per pipeline rank")] = 1,
+    micro_batch_size: Annotated[int, typer.Option("--micro-batch-size", min=1)] = 1,
+    zero_stage: Annotated[int, typer.Option("--zero-stage", min=0, max=3, help="1 = Megatron distributed optimizer")] = 0,
+    recompute: Annotated[RecomputeOpt, typer.Option("--recompute")] = RecomputeOpt.none,
+    recompute_num_layers: Annotated[Optional[int], typer.Option("--recompute-num-layers", min=1)] = None,
+    sequence_parallel: Annotated[bool, typer.Option("--sequence-parallel/--no-sequence-parallel")] = False,
+    first_stage_layers: Annotated[Optional[int], typer.Option("--first-stage-layers", min=1)] = None,
+    last_stage_layers: Annotated[Optional[int], typer.Option("--last-stage-layers", min=1)] = None,
+    memory_headroom: Annotated[Optional[float], typer.Option(
+        "--memory-headroom", min=0.0, max=0.5, help="fraction of GPU memory kept free (default 0.05)")] = None,
+    framework: FrameworkOpt = Framework.megatron,
+    fmt: FmtOpt = Fmt.table, output: OutOpt = None,
+) -> None:
+    """List every constraint of one given configuration with its slack (same options as ``evaluate``).
+
+    Exit code 0 when the configuration is feasible, 1 when a constraint is violated.
+    """
+    par, m, c, n, job = _parallel_from_options(
+        model, cluster, gpus, nodes, global_batch_size, seq_length, precision, tp, pp, cp, ep, etp, vpp,
+        micro_batch_size, zero_stage, recompute, recompute_num_layers, sequence_parallel, first_stage_layers,
+        last_stage_layers)
+    from .checks import DEFAULT_MEMORY_HEADROOM
+    from .explain import explain_config, explanation_rows, format_slack
+    headroom = DEFAULT_MEMORY_HEADROOM if memory_headroom is None else memory_headroom
+    ex = explain_config(m, c, job, par, n, headroom, framework.value)
+    if fmt == Fmt.json:
+        import json
+        st = ex.evaluation.step
+        doc = {"model": m.name, "cluster": c.name, "num_gpus": n, "parallel": par.model_dump(mode="json"),
+               "feasible": ex.evaluation.feasible, "memory_headroom": headroom, "framework": framework.value,
+               "constraints": explanation_rows(ex),
+               "step_s": st.step_s if st else None, "tokens_per_s": st.tokens_per_s if st else None}
+        _write(json.dumps(doc, indent=2, sort_keys=True) + "\n", output)
+    else:
+        from rich.console import Console
+        from rich.table import Table
+        t = Table(title=f"plan3d explain: {m.name} on {n} x {c.gpu.name} ({c.name}), tp {par.tp} pp {par.pp} "
+                        f"dp {par.dp} cp {par.cp} ep {par.ep} vpp {par.vpp} mbs {par.micro_batch_size} zero "
+                        f"{par.zero_stage} recompute {par.recompute} sp {'y' if par.sequence_parallel else 'n'}",
+                  title_justify="left")
+        for col in ("constraint", "ok", "slack", "detail"):
+            t.add_column(col)
+        for k in ex.constraints:
+            t.add_row(k.name, "yes" if k.ok else "NO", format_slack(k), k.detail)
+        st = ex.evaluation.step
+        if output is not None:
+            with output.open("w") as fh:
+                Console(file=fh, width=200).print(t)
+        else:
+            con = Console(width=max(160, Console().width))
+            con.print(t)
+            if st is not None:
+                con.print(f"step {st.step_s:.3f} s, {st.tokens_per_s:,.0f} tokens/s, MFU {st.mfu:.1%}")
+    if not ex.evaluation.feasible:
+        from .errors import NoFeasiblePlan
+        b = ex.binding
+        raise NoFeasiblePlan(f"configuration infeasible: {b.name} binds ({b.detail}; slack {format_slack(b)})")
+
+
+@app.command()
 def models(fmt: FmtOpt = Fmt.table) -> None:
     """List the built-in models."""
     from model_zoo import get_model, list_models
