@@ -1,0 +1,161 @@
+"""End-to-end CLI behaviour (issue: plan3d plan, the whole job end to end)."""
+from __future__ import annotations
+
+import pytest
+
+from cluster_specs import get_cluster
+from cost_models.config import ParallelConfig, TrainingJob
+from model_zoo import get_model
+from planner.checks import check_config
+from planner.evaluate import evaluate
+
+
+def _par(p: dict) -> ParallelConfig:
+    keys = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "micro_batch_size", "zero_stage", "sequence_parallel",
+            "recompute", "recompute_num_layers", "first_stage_layers", "last_stage_layers")
+    return ParallelConfig(**{k: p[k] for k in keys})
+
+
+def _recheck(doc: dict) -> None:
+    """Every emitted plan passes the independent checker, with memory recomputed from scratch."""
+    inp = doc["input"]
+    model, cluster = get_model(inp["model"]["name"]), get_cluster(inp["cluster"]["name"])
+    job = TrainingJob(global_batch_size=inp["job"]["global_batch_size"], seq_length=inp["job"]["seq_length"],
+                      precision=inp["job"]["precision"])
+    n = inp["cluster"]["num_gpus"]
+    for plan in doc["plans"]:
+        par = _par(plan["parallel"])
+        ev = evaluate(model, cluster, job, par, n)
+        assert check_config(model, cluster, job, par, n, memory=ev.memory) == []
+        assert par.tp * par.pp * par.dp * par.cp == n
+        assert plan["memory"]["peak_bytes"] <= plan["memory"]["capacity_bytes"]
+        assert plan["parallel"]["num_microbatches"] * par.micro_batch_size * par.dp == job.global_batch_size
+
+
+def test_default_plan_runs_on_builtin_default(run_cli):
+    r = run_cli("plan", "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    doc = r.json()
+    assert doc["schema_version"] == "1.0"
+    assert doc["input"]["model"]["name"] == "llama3.1-8b"
+    # HF LlamaForCausalLM parameter count (shared/data/param_counts.json)
+    assert doc["input"]["model"]["num_parameters"] == 8_030_261_248
+    assert doc["input"]["cluster"]["name"] == "dgx-h100" and doc["input"]["cluster"]["num_gpus"] == 8
+    assert 1 <= len(doc["plans"]) <= 5
+    assert [p["rank"] for p in doc["plans"]] == list(range(1, len(doc["plans"]) + 1))
+    tps = [p["throughput"]["tokens_per_s"] for p in doc["plans"]]
+    assert tps == sorted(tps, reverse=True)
+    _recheck(doc)
+
+
+def test_plan_json_is_byte_identical(run_cli):
+    a = run_cli("plan", "--model", "llama2-7b", "--gpus", "16", "--format", "json")
+    b = run_cli("plan", "--model", "llama2-7b", "--gpus", "16", "--format", "json")
+    assert a.exit_code == 0 and a.stdout == b.stdout
+
+
+def test_llama31_405b_on_16384_h100(run_cli):
+    r = run_cli("plan", "--model", "llama3.1-405b", "--cluster", "dgx-h100", "--gpus", "16384",
+                "--global-batch-size", "2048", "--seq-length", "8192", "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    doc = r.json()
+    assert doc["plans"] and all(p["feasible"] for p in doc["plans"])
+    for p in doc["plans"]:
+        q = p["parallel"]
+        assert q["tp"] * q["pp"] * q["dp"] * q["cp"] == 16384
+    _recheck(doc)
+
+
+def test_llama3_paper_layout_is_feasible(run_cli):
+    """Llama 3 paper (Dubey et al. 2024, Table 4): 405B on 16,384 H100, TP 8, CP 1, PP 16, DP 128, seq 8192,
+    16M tokens per batch (GBS 2048), micro-batch 1. Their FSDP shards gradients and optimizer states but
+    keeps parameters after forward (Sec. 3.3.2), i.e. ZeRO-2 memory; Megatron-style SP with TP."""
+    r = run_cli("evaluate", "--model", "llama3.1-405b", "--cluster", "dgx-h100", "--gpus", "16384",
+                "--global-batch-size", "2048", "--seq-length", "8192", "--tp", "8", "--pp", "16",
+                "--micro-batch-size", "1", "--zero-stage", "2", "--sequence-parallel", "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    p = r.json()["plans"][0]
+    assert p["feasible"], p["violations"]
+    assert p["parallel"]["dp"] == 128
+    # 126 layers over 16 stages: one layer fewer on the first and last stage (7 + 14 x 8 + 7)
+    assert (p["parallel"]["first_stage_layers"], p["parallel"]["last_stage_layers"]) == (7, 7)
+    assert p["parallel"]["num_microbatches"] == 16
+
+
+def test_evaluate_reports_violations_instead_of_failing(run_cli):
+    r = run_cli("evaluate", "--model", "llama3.1-8b", "--gpus", "8", "--tp", "8", "--pp", "1",
+                "--global-batch-size", "7", "--micro-batch-size", "2", "--format", "json")
+    assert r.exit_code == 0
+    p = r.json()["plans"][0]
+    assert not p["feasible"]
+    assert any("global_batch_size" in v and "7" in v for v in p["violations"])
+
+
+def test_emit_megatron_and_deepspeed(run_cli):
+    r = run_cli("plan", "--model", "llama2-7b", "--gpus", "8", "--emit", "megatron")
+    assert r.exit_code == 0 and "--tensor-model-parallel-size" in r.stdout
+    r = run_cli("plan", "--model", "llama2-7b", "--gpus", "8", "--emit", "deepspeed")
+    assert r.exit_code == 0
+    import json
+    ds = json.loads(r.stdout)
+    assert ds["train_batch_size"] == 1024
+
+
+def test_models_and_clusters_lists(run_cli):
+    r = run_cli("models", "--format", "json")
+    names = {m["name"] for m in r.json()}
+    assert {"llama3.1-405b", "deepseek-v3", "mixtral-8x7b", "gpt3-175b", "bloom-176b"} <= names
+    r = run_cli("clusters", "--format", "json")
+    assert {c["name"] for c in r.json()} >= {"dgx-a100-40g", "dgx-a100-80g", "dgx-h100", "dgx-h200", "dgx-b200",
+                                              "gb200-nvl72", "mi300x"}
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("plan", "--model", "lama3.1-8b"), "did you mean"),
+    (("plan", "--cluster", "dgx-h10"), "did you mean"),
+    (("plan", "--gpus", "12"), "not a multiple of the node size"),
+    (("plan", "--gpus", "0"), "--gpus"),
+    (("plan", "--gpus", "abc"), "--gpus"),
+    (("plan", "--seq-length", "-5"), "--seq-length"),
+    (("plan", "--cluster", "dgx-a100-80g", "--precision", "fp8"), "fp8"),
+    (("plan", "--precision", "fp4"), "--precision"),
+    (("evaluate", "--gpus", "8", "--tp", "3"), "not divisible"),
+])
+def test_bad_input_is_one_line_exit_2(run_cli, args, needle):
+    r = run_cli(*args)
+    assert r.exit_code == 2
+    assert needle in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in r.stderr
+
+
+def test_malformed_files_name_the_file(run_cli, tmp_path):
+    bad = tmp_path / "model.yaml"
+    bad.write_text("name: x\nnum_layers: [\n")
+    r = run_cli("plan", "--model", str(bad))
+    assert r.exit_code == 2 and "model.yaml" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    cfg = tmp_path / "config.json"
+    cfg.write_text('{"model_type": "llama", "hidden_size": 4096}')
+    r = run_cli("plan", "--model", str(cfg))
+    assert r.exit_code == 2 and "config.json" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    cl = tmp_path / "cluster.yaml"
+    cl.write_text("name: c\ngpu: {name: X}\n")
+    r = run_cli("plan", "--cluster", str(cl))
+    assert r.exit_code == 2 and "cluster.yaml" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_nothing_fits_exit_1_names_binding_constraint(run_cli):
+    r = run_cli("plan", "--model", "llama3.1-405b", "--cluster", "dgx-h100", "--gpus", "8")
+    assert r.exit_code == 1
+    assert "memory" in r.stderr and "GiB" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_hf_config_path_plans(run_cli):
+    from conftest import DATA
+    cfgs = [DATA / "hf_configs" / "llama3.1-8b.json"]
+    assert cfgs
+    r = run_cli("plan", "--model", str(cfgs[0]), "--gpus", "8", "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    # the same count as the built-in entry and HF's LlamaForCausalLM (param_counts.json)
+    assert r.json()["input"]["model"]["num_parameters"] == 8_030_261_248
