@@ -380,7 +380,7 @@ def clusters(fmt: FmtOpt = Fmt.table) -> None:
 
 def main() -> None:
     """Console-script entry point: run the app, turning every expected error into one line and an exit code."""
-    import click
+    from typer.exceptions import Abort, Exit, TyperException
 
     from cluster_specs import ClusterSpecError
     from model_zoo import ModelSpecError
@@ -394,13 +394,13 @@ def main() -> None:
     except NoFeasiblePlan as e:
         sys.stderr.write(f"plan3d: {e}\n")
         sys.exit(1)
-    except click.exceptions.Abort:
+    except Abort:
         sys.stderr.write("plan3d: aborted\n")
         sys.exit(130)
-    except click.exceptions.ClickException as e:
+    except TyperException as e:  # usage errors: unknown option, bad value, out of range
         sys.stderr.write(f"plan3d: error: {e.format_message()}\n")
-        sys.exit(e.exit_code if e.exit_code else 2)
-    except click.exceptions.Exit as e:
+        sys.exit(2)
+    except Exit as e:
         sys.exit(e.exit_code)
 
 
