@@ -285,25 +285,32 @@ class ModelSpec(BaseModel):
         """Total parameters, HF convention: sum of numel of ``model.parameters()`` (tied weights
         counted once), unpadded vocab, MTP layers excluded (HF does not build them).
 
-        One deliberate deviation: DeepSeek-V3's ``e_score_correction_bias`` (E per MoE layer,
-        ``moe.router_bias``) is counted. It is an ``nn.Parameter`` in DeepSeek's own
-        ``modeling_deepseek.py`` (trust_remote_code) and a stored checkpoint tensor, but in-tree
-        transformers ``DeepseekV3TopkRouter`` registers it as a buffer, so ``model.parameters()``
-        there is lower by ``num_moe_layers * num_experts`` (58 * 256 = 14,848 for DeepSeek-V3).
+        DeepSeek-V3's ``e_score_correction_bias`` (E per MoE layer, ``moe.router_bias``) is excluded here:
+        in-tree transformers ``DeepseekV3TopkRouter`` registers it as a buffer, not a parameter
+        (58 * 256 = 14,848 elements for DeepSeek-V3). ``layer_params`` still counts it, because it is a
+        stored checkpoint tensor (an ``nn.Parameter`` in DeepSeek's own ``modeling_deepseek.py``) that
+        occupies memory on every rank.
         """
         return (
             self.embedding_params()
             + sum(self.layer_params(i).total for i in range(self.num_layers))
             + self.output_params()
+            - self._router_bias_buffers()
         )
 
     def num_active_parameters(self) -> int:
-        """Parameters touched per token: as ``num_parameters`` with E routed experts replaced by top_k."""
+        """Parameters touched per token: as ``num_parameters`` with E routed experts replaced by top_k
+        (the router-bias buffer excluded likewise)."""
         return (
             self.embedding_params()
             + sum(self.layer_params(i).active for i in range(self.num_layers))
             + self.output_params()
+            - self._router_bias_buffers()
         )
+
+    def _router_bias_buffers(self) -> int:
+        """Elements of DeepSeek-V3's ``e_score_correction_bias``, a buffer (not a parameter) in HF."""
+        return self.num_moe_layers * self.moe.num_experts if self.moe is not None and self.moe.router_bias else 0
 
     def mtp_layer_params(self) -> LayerParams:
         """One DeepSeek-V3 multi-token-prediction module, without the embedding and output head
