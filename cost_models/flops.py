@@ -91,3 +91,85 @@ def step_hardware_flops(model: ModelSpec, job: TrainingJob, par: ParallelConfig)
     """Hardware FLOPs of one step (Megatron counting plus recompute)."""
     return (model_flops_per_token(model, job.seq_length, "megatron")
             + recompute_flops_per_token(model, job.seq_length, par)) * job.tokens_per_step
+
+
+#: FLOP conventions a published number may use (``model_flops_per_token_variant``).
+ROW_FLOP_CONVENTIONS = ("causal", "full_attention", "palm", "n21_hardware", "bloom_hardware")
+
+
+def model_flops_per_token_variant(model: ModelSpec, seq_length: int, convention: str,
+                                  recompute: str = "none") -> float:
+    """Training FLOPs per token as a given source counts them (multiply-add = 2 FLOPs).
+
+    * ``causal``: Megatron-LM's current ``num_floating_point_operations`` (causal attention halved; formulas.md
+      Sec. 3.2) = ``model_flops_per_token(..., "megatron")``.
+    * ``full_attention``: the same with the attention core over the whole ``s x s`` matrix (Megatron-LM before
+      April 2025, commit 2bfe9beaae; NeMo 24.07 ``flops_formulas``): 3 x (GEMMs + full attention + logits).
+    * ``palm``: PaLM App. B ``6N + 12·L·H·Q·T`` (``model_flops_per_token(..., "palm")``).
+    * ``n21_hardware``: Narayanan et al. SC21 eq. (3) ``96·B·s·l·h²(1 + s/6h + V/16lh)`` per ``B·s`` tokens:
+      layers (GEMMs + full attention) 4 passes when fully recomputed (3 otherwise), logits 3 passes.
+    * ``bloom_hardware``: Megatron-DeepSpeed's logger, the same with the checkpoint factor 4 on the logits too.
+    """
+    if convention == "causal":
+        return model_flops_per_token(model, seq_length, "megatron")
+    if convention == "palm":
+        return model_flops_per_token(model, seq_length, "palm")
+    if convention not in ROW_FLOP_CONVENTIONS:
+        raise ValueError(f"convention must be one of {', '.join(ROW_FLOP_CONVENTIONS)}, got {convention!r}")
+    layers = sum(layer_gemm_flops_per_token(model, i) for i in range(model.num_layers))
+    layers += model.num_layers * attention_core_flops_per_token(model, seq_length, causal_halved=False)
+    logits = logits_flops_per_token(model)
+    if convention == "full_attention":
+        return 3.0 * (layers + logits)
+    passes = 4.0 if recompute == "full" else 3.0
+    return passes * layers + (passes if convention == "bloom_hardware" else 3.0) * logits
+
+
+class GemmShape(tuple):
+    """One weight GEMM of a layer: ``(k, n, token_share, shard, count)``: input width ``k``, output width ``n``,
+    the share of the layer's tokens that pass through it (1, or ``top_k/E`` for one routed expert under balanced
+    routing), how tensor parallelism splits it (``"tp"`` on n or k, ``"etp"`` for experts, ``"none"``) and how many
+    such GEMMs run (``E`` routed experts). ``2*k*n`` FLOPs per token through it."""
+
+    __slots__ = ()
+
+    def __new__(cls, k: int, n: int, token_share: float = 1.0, shard: str = "tp", count: int = 1):
+        return super().__new__(cls, (k, n, token_share, shard, count))
+
+
+def layer_gemm_shapes(model: ModelSpec, layer: int) -> list[GemmShape]:
+    """The weight GEMMs of decoder layer ``layer`` (shapes as Megatron-LM's column/row-parallel linears).
+
+    MHA/GQA: fused QKV ``h x (q + 2·kv)``, output ``q x h``; MLA (DeepSeek-V2/V3): q down/up, kv down/up, output;
+    dense MLP ``h x f`` (x2 when gated) and ``f x h``; MoE: router ``h x E`` (replicated), ``E`` routed experts each
+    seeing ``top_k/E`` of the tokens, shared experts as a dense MLP of width ``f_sh``.
+    """
+    h, a = model.hidden_size, model.num_attention_heads
+    up = 2 if model.gated_mlp else 1
+    out: list[GemmShape] = []
+    if model.mla is not None:
+        m = model.mla
+        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        if m.q_lora_rank is None:
+            out.append(GemmShape(h, a * qk))
+        else:
+            out += [GemmShape(h, m.q_lora_rank, shard="none"), GemmShape(m.q_lora_rank, a * qk)]
+        out += [GemmShape(h, m.kv_lora_rank + m.qk_rope_head_dim, shard="none"),
+                GemmShape(m.kv_lora_rank, a * (m.qk_nope_head_dim + m.v_head_dim)), GemmShape(a * m.v_head_dim, h)]
+    else:
+        q, kv = a * model.head_dim, model.num_kv_heads * model.head_dim
+        out += [GemmShape(h, q + 2 * kv), GemmShape(q, h)]
+    if model.moe is not None and model.is_moe_layer(layer):
+        moe = model.moe
+        e, k, fe = moe.num_experts, moe.top_k, moe.expert_ffn_hidden_size
+        out.append(GemmShape(h, e, shard="none"))
+        out += [GemmShape(h, up * fe, k / e, "etp", e), GemmShape(fe, h, k / e, "etp", e)]
+        if moe.shared_expert_ffn_hidden_size:
+            fs = moe.shared_expert_ffn_hidden_size
+            out += [GemmShape(h, up * fs), GemmShape(fs, h)]
+    else:
+        f = model.ffn_hidden_size
+        if model.moe is not None and model.moe.dense_ffn_hidden_size:
+            f = model.moe.dense_ffn_hidden_size
+        out += [GemmShape(h, up * f), GemmShape(f, h)]
+    return out

@@ -1,26 +1,47 @@
 """Step time, throughput, MFU and HFU of one parallel configuration.
 
-Model (every term below is seconds per optimizer step on the slowest pipeline stage):
+Per micro-batch and per pipeline (virtual) stage, on one GPU (seconds):
 
-* compute: per-stage forward GEMM FLOPs / (tp x cp) at ``peak x gemm_efficiency`` (cluster calibration) for the
-  job's precision (FP8 GEMMs at the FP8 rate), attention core at the 16-bit rate; backward = 2 x forward
-  (Narayanan et al. SC21 Sec. 5.1); recompute adds its forward FLOPs (K22 Sec. 5).
-* tensor parallel: 4 all-reduces (or all-gather + reduce-scatter pairs under SP, same bytes) of ``2*b*s*h``
-  bytes per layer per micro-batch (2 forward, 2 backward; formulas.md Sec. 6), not overlapped.
-* context parallel: ring attention passes K and V ``(cp-1)`` times forward and twice that backward
-  (formulas.md Sec. 6); exposed only where it exceeds the attention compute it overlaps.
-* expert parallel: dispatch + combine all-to-all per MoE layer, forward and backward, not overlapped.
-* pipeline: the bubble, ``bubble_ratio x`` ideal compute (``cost_models.pipeline``), plus the point-to-point
-  activation transfers on the warm-up/cool-down critical path.
-* data parallel: gradient all-reduce (ZeRO 0) or reduce-scatter + parameter all-gather (ZeRO >= 1, Megatron's
-  distributed optimizer), fp32 gradients; overlapped with the last micro-batch's backward (Megatron
-  ``--overlap-grad-reduce``), so only the excess is exposed. ZeRO-3 also all-gathers parameters in forward and
-  backward of every micro-batch.
-* optimizer step: memory-bound Adam, ~34 bytes of HBM traffic per local parameter (read fp32 grad, master, m,
-  v; write master, m, v and the 16-bit weight) at the GPU's HBM bandwidth.
+* **GEMMs** (``flops.layer_gemm_shapes``): each weight GEMM of ``M`` tokens, input width ``K`` and output width
+  ``N`` (after TP/EP sharding) takes ``2MKN / (peak x gemm_efficiency) + kappa x bytes(MK + KN + MN) / HBM`` —
+  the large-GEMM rate measured by MAMF (cluster calibration ``gemm_efficiency``) plus ``kappa`` times the time to
+  stream its operands, so small per-GPU GEMMs (high TP, small hidden sizes, fine-grained experts) run at a lower
+  fraction of peak (roofline; Williams et al. 2009). FP8 GEMMs use the FP8 rate and 1-byte operands.
+  Backward = 2 x forward GEMM work (Narayanan et al. SC21 Sec. 5.1).
+* **Attention core**: causal FLOPs (the kernel skips the masked half) at ``attention_efficiency`` x the 16-bit
+  peak (fused flash attention; forward, and ``ATTN_BWD_FACTOR`` x that in backward: FlashAttention-2's backward
+  runs 5 matmuls to the forward's 2, Dao 2023 Sec. 3.1). Unfused attention (SC21/BLOOM era) runs the two batched
+  GEMMs at the GEMM rate and streams the ``s x s`` scores ``UNFUSED_SCORE_PASSES`` times through HBM.
+* **Memory-bound work** (norms, residual adds, activation functions, rotary, dropout, MoE permutation): HBM
+  traffic ``ELEMENTWISE_PASSES`` x 2 bytes x hidden state (divided by TP only under sequence parallelism, else
+  replicated on every TP rank), plus the MLP activation over the TP-sharded FFN width, at the HBM bandwidth
+  (x ``hbm_efficiency``); backward = 2 x forward. Output layer: the logits GEMM and the fused cross-entropy's
+  passes over the ``V/tp`` logits.
+* **Recompute**: full recompute re-runs the stage's forward (compute and its TP collectives) before the backward;
+  selective recompute re-runs the attention core (Korthikanti et al. 2022 Sec. 5).
+* **Tensor parallel**: 2 all-reduces (or all-gather + reduce-scatter pairs under SP, same bytes) of the hidden
+  state per layer in forward and 2 in backward (formulas.md Sec. 6), on the rank placement of
+  ``layout.group_placement``; with TP communication overlap (``tp_comm_overlap``) only ``TP_OVERLAP_EXPOSED`` of
+  it is exposed.
+* **Context parallel**: ring attention passes K/V ``cp-1`` times forward and K/V + their gradients backward,
+  overlapped with the attention of each ring step; only the excess is exposed.
+* **Expert parallel**: dispatch + combine all-to-all per MoE layer forward and backward (``top_k`` copies of each
+  token's hidden state), not overlapped.
+* **Pipeline**: the schedule is simulated op by op with these per-stage times (``pipeline.simulate``: GPipe, 1F1B,
+  interleaved, ZB-H1), P2P activation sends on the critical path; the bubble is the idle time of the busiest rank.
+* **Data parallel**: gradient reduce-scatter (fp32 gradient buffers, Megatron's default for bf16) + parameter
+  all-gather (distributed optimizer / ZeRO-1) or all-reduce (ZeRO-0); overlapped with the last micro-batch's
+  backward / first forward when the framework overlaps them (``overlap_dp``), otherwise exposed. ZeRO-3/FSDP
+  gathers parameters in forward and backward of every micro-batch and reduce-scatters gradients, prefetched
+  behind the compute: only the excess is exposed.
+* **Optimizer step**: memory-bound Adam, ``ADAM_HBM_BYTES_PER_PARAM`` per local parameter at the HBM bandwidth.
 
 MFU = model FLOPs per step / (step seconds x GPUs x dense peak of the 16-bit dtype); HFU adds recompute
 (PaLM App. B). The peak used is named in ``StepEstimate.peak_flops_per_gpu``.
+
+Calibration (``CALIBRATION_NOTE``): ``gemm_efficiency`` per GPU is a measurement (MAMF); ``kappa``,
+``ELEMENTWISE_PASSES`` and the per-GPU ``attention_efficiency`` were fitted, a handful of physically meaningful
+numbers for all rows, on the development rows of ``planner/data/published_runs_dev.yaml`` (``plan3d validate``).
 """
 from __future__ import annotations
 
@@ -31,15 +52,43 @@ from model_zoo.spec import ModelSpec
 
 from .comm import collective_time
 from .config import BYTES_16BIT, BYTES_FP32, FlopsConvention, ParallelConfig, TrainingJob
-from .flops import (attention_core_flops_per_token, layer_gemm_flops_per_token, logits_flops_per_token,
+from .flops import (attention_core_flops_per_token, layer_gemm_shapes, logits_flops_per_token,
                     step_hardware_flops, step_model_flops)
 from .layout import GroupPlacement, group_placement, stage_layer_ranges
 from .memory import stage_params
-from .pipeline import bubble_fraction, bubble_ratio
+from .pipeline import simulate
 
 #: HBM bytes moved per local parameter by one fused Adam step (4+4+4+4 read, 4+4+4 write, 2 write = 30, plus
 #: the fp32 gradient zeroing 4): derived from the mixed-precision Adam state layout (ZeRO paper Sec. 3.1).
 ADAM_HBM_BYTES_PER_PARAM = 34
+
+#: GEMM operand-streaming weight (dimensionless): a GEMM costs its MAMF-rate compute time plus ``KAPPA`` times
+#: the time to read A and B and write C once from HBM. Fitted on the dev rows (plan3d validate): it sets how much
+#: slower small per-GPU GEMMs (Qwen3-30B-A3B's 768-wide experts, h=2048 at TP) run than large ones.
+KAPPA = 1.0
+
+#: HBM passes over the 16-bit hidden state per layer forward (norms: read+write x2, residual adds: 2 reads +
+#: 1 write x2, bias/dropout/rotary, MoE-free), by framework: Megatron-LM/NeMo with Transformer Engine's fused
+#: kernels; torchtitan eager PyTorch, and with torch.compile fusing elementwise chains. Fitted on the dev rows;
+#: the op count above gives ~10-14 unfused.
+ELEMENTWISE_PASSES = {"megatron": 10.0, "nemo": 10.0, "deepspeed": 14.0, "torchtitan": 16.0,
+                      "torchtitan_compile": 10.0}
+
+#: Backward / forward time of the fused attention kernel (FlashAttention-2: 5 backward matmuls vs 2 forward,
+#: Dao 2023 Sec. 3.1, i.e. 2.5x the FLOPs at a similar rate).
+ATTN_BWD_FACTOR = 2.5
+#: Fallback attention efficiency (fraction of the 16-bit dense peak) when the cluster has none calibrated.
+DEFAULT_ATTENTION_EFFICIENCY = 0.5
+#: HBM passes of the s x s score tensor per unfused attention forward (QK^T write, scale/mask/softmax read + write,
+#: dropout, score x V read): Megatron-LM's fused masked softmax keeps it at ~4 (Korthikanti et al. 2022 Sec. 4.1
+#: counts 5·a·s² bytes of stored scores per layer).
+UNFUSED_SCORE_PASSES = 4.0
+#: Share of TP communication left exposed when TP communication overlap is on (Megatron ``--tp-comm-overlap``,
+#: torchtitan async TP): userbuffers pipeline the collectives with the GEMM chunks but the first/last chunk and
+#: the ones next to non-GEMM work stay exposed. Fitted on the dev rows.
+TP_OVERLAP_EXPOSED = 0.3
+#: Bytes per element of the fp32 cross-entropy logits, and passes over them (softmax read/write, grad write).
+CE_PASSES = 3 * BYTES_FP32
 
 
 @dataclass
@@ -61,123 +110,259 @@ class StepEstimate:
     hfu: float = 0.0
     peak_flops_per_gpu: float = 0.0
     flops_convention: str = "megatron"
+    #: per-rank forward / backward seconds of one micro-batch (virtual stages, length pp*vpp)
+    stage_forward_s: list[float] = field(default_factory=list)
+    stage_backward_s: list[float] = field(default_factory=list)
+    p2p_s: float = 0.0
+    schedule: str = "1f1b"
+    framework: str = "megatron"
+    #: seconds per step of each compute kind on the busiest rank (gemm, attention, memory_bound)
+    compute_breakdown_s: dict[str, float] = field(default_factory=dict)
 
 
-def _rates(cluster: ClusterSpec, precision: str) -> tuple[float, float]:
+def _half(cluster: ClusterSpec) -> str:
+    return "bf16" if "bf16" in cluster.gpu.peak_flops else "fp16"
+
+
+def _gemm_rate(cluster: ClusterSpec, precision: str) -> float:
     cal = cluster.calibration.gemm_efficiency
-    half = "bf16" if "bf16" in cluster.gpu.peak_flops else "fp16"
-    half_rate = cluster.gpu.peak_flops[half] * cal.get(half, min(cal.values()))
-    if precision == "fp8":
-        gemm = cluster.gpu.peak_flops["fp8"] * cal.get("fp8", cal.get(half, 0.5))
+    half = _half(cluster)
+    if precision == "fp8" and "fp8" in cluster.gpu.peak_flops:
+        return cluster.gpu.peak_flops["fp8"] * cal.get("fp8", cal.get(half, 0.7))
+    p = precision if precision in cluster.gpu.peak_flops else half
+    return cluster.gpu.peak_flops[p] * cal.get(p, cal.get(half, 0.7))
+
+
+def _hbm(cluster: ClusterSpec) -> float:
+    return cluster.gpu.hbm_bandwidth_bytes_per_s * (cluster.calibration.hbm_efficiency or 1.0)
+
+
+def _attn_eff(cluster: ClusterSpec) -> float:
+    ae = cluster.calibration.attention_efficiency or {}
+    return ae.get(_half(cluster), DEFAULT_ATTENTION_EFFICIENCY)
+
+
+def gemm_time(m: float, k: float, n: float, rate: float, hbm: float, bytes_per_el: float) -> float:
+    """Seconds of one ``m x k`` by ``k x n`` GEMM: compute at ``rate`` plus ``KAPPA`` x operand streaming."""
+    if m <= 0 or k <= 0 or n <= 0:
+        return 0.0
+    return 2.0 * m * k * n / rate + KAPPA * bytes_per_el * (m * k + k * n + m * n) / hbm
+
+
+@dataclass
+class _LayerCost:
+    gemm: float = 0.0
+    attn_f: float = 0.0
+    attn_b: float = 0.0
+    mem: float = 0.0
+    tp: float = 0.0
+    cp: float = 0.0
+    ep: float = 0.0
+
+
+def _layer_cost(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, layer: int,
+                framework: str, groups: dict[str, GroupPlacement]) -> _LayerCost:
+    """Forward costs of one decoder layer for one micro-batch on one GPU (seconds)."""
+    rate = _gemm_rate(cluster, job.precision)
+    half_peak = cluster.gpu.peak_flops[_half(cluster)]
+    hbm = _hbm(cluster)
+    el = 1.0 if job.precision == "fp8" else float(BYTES_16BIT)
+    b, s, h = par.micro_batch_size, job.seq_length, model.hidden_size
+    tok = b * s / par.cp  # tokens through this rank's layer (sequence split by CP)
+    c = _LayerCost()
+    etp = par.expert_tp
+    for k, n, share, shard, count in layer_gemm_shapes(model, layer):
+        if shard == "tp":
+            kk, nn, m, cnt = k, n / par.tp, tok, count
+        elif shard == "etp":
+            # E/ep local experts, each receiving top_k/E of the tokens of all ep ranks (balanced routing)
+            kk, nn, m, cnt = k, n / etp, tok * share * par.ep * etp / par.tp, count / par.ep
+        else:
+            kk, nn, m, cnt = k, n, tok, count
+        c.gemm += cnt * gemm_time(m, kk, nn, rate, hbm, el)
+    # attention core
+    heads_frac = 1.0 / par.tp
+    if job.flash_attention:
+        fl = attention_core_flops_per_token(model, s, causal_halved=True) * tok * heads_frac
+        eff = _attn_eff(cluster)
+        c.attn_f = fl / (half_peak * eff)
+        c.attn_b = ATTN_BWD_FACTOR * c.attn_f
     else:
-        gemm = cluster.gpu.peak_flops[precision] * cal.get(precision, cal.get(half, 0.5))
-    return gemm, half_rate
+        fl = attention_core_flops_per_token(model, s, causal_halved=False) * tok * heads_frac
+        scores = BYTES_16BIT * b * model.num_attention_heads * heads_frac * s * s / par.cp
+        c.attn_f = fl / _gemm_rate(cluster, _half(cluster)) + UNFUSED_SCORE_PASSES * scores / hbm
+        c.attn_b = 2.0 * c.attn_f
+    # memory-bound elementwise work
+    passes = ELEMENTWISE_PASSES.get(framework, ELEMENTWISE_PASSES["megatron"])
+    hid = tok * h / (par.tp if par.sequence_parallel else 1)
+    if model.moe is not None and model.is_moe_layer(layer):
+        ffn_act = model.moe.top_k * model.moe.expert_ffn_hidden_size / etp * par.ep * etp / par.tp / par.ep
+        ffn_act += model.moe.shared_expert_ffn_hidden_size / par.tp
+        # permute + unpermute copies of top_k hidden states (read + write each way)
+        hid += 4 * model.moe.top_k * tok * h / par.tp
+    else:
+        ffn_act = model.ffn_hidden_size / par.tp
+    act = (3 if model.gated_mlp else 2) * tok * ffn_act
+    c.mem = BYTES_16BIT * (passes * hid + act) / hbm
+    # tensor parallel: 2 collectives forward (AR, or AG + RS under SP: same bytes)
+    act_bytes = BYTES_16BIT * tok * h
+    if par.tp > 1:
+        c.tp = 2 * collective_time("all_reduce", act_bytes, groups["tp"], cluster)
+    if par.cp > 1:
+        kv_w = (model.num_kv_heads * model.head_dim if model.mla is None
+                else model.num_attention_heads * (model.mla.qk_nope_head_dim + model.mla.qk_rope_head_dim))
+        kv_bytes = 2 * BYTES_16BIT * tok * kv_w / min(par.tp, max(1, model.num_kv_heads))
+        step = collective_time("p2p", kv_bytes, groups["cp"], cluster)
+        # forward: cp-1 ring steps, each hidden behind one block of attention compute
+        c.cp = max(0.0, (par.cp - 1) * step - c.attn_f * (par.cp - 1) / par.cp)
+    if par.ep > 1 and model.moe is not None and model.is_moe_layer(layer):
+        a2a = BYTES_16BIT * tok * model.moe.top_k * h / par.tp
+        c.ep = 2 * collective_time("all_to_all", a2a, groups["ep"], cluster)
+    return c
 
 
 def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
-                  convention: FlopsConvention = "megatron") -> StepEstimate:
-    """Step time of ``par`` on ``cluster`` (see module docstring). Raises ``LayoutError`` on an impossible split."""
-    gemm_rate, half_rate = _rates(cluster, job.precision)
+                  convention: FlopsConvention = "megatron", framework: str = "megatron",
+                  tp_comm_overlap: bool | None = None, overlap_dp: bool | None = None) -> StepEstimate:
+    """Step time of ``par`` on ``cluster`` (see module docstring). Raises ``LayoutError`` on an impossible split.
+
+    ``framework`` selects the kernel set (``ELEMENTWISE_PASSES``: megatron, nemo, deepspeed, torchtitan,
+    torchtitan_compile). ``tp_comm_overlap`` / ``overlap_dp``: None = the framework default (Megatron-LM: off /
+    off, NeMo and torchtitan: on / on; DeepSpeed: off / on).
+    """
+    fw_base = framework.split("_")[0]
+    if tp_comm_overlap is None:
+        tp_comm_overlap = fw_base in ("nemo",)
+    if overlap_dp is None:
+        overlap_dp = fw_base in ("nemo", "torchtitan", "deepspeed")
     b, s, h = par.micro_batch_size, job.seq_length, model.hidden_size
-    tokens_mb = b * s  # tokens of one micro-batch (whole sequence, before CP split)
     m = max(1, par.num_microbatches(job.global_batch_size))
     dom = cluster.node.nvlink_domain_size
-    tp_g = group_placement("tp", par, dom)
-    cp_g = group_placement("cp", par, dom)
-    ep_g = group_placement("ep", par, dom)
-    dp_g = group_placement("dp", par, dom)
-    pp_g = group_placement("pp", par, dom)
+    groups = {d: group_placement(d, par, dom) for d in ("tp", "cp", "ep", "dp", "pp")}
     vocab = model.padded_vocab_size(par.tp)
-    attn_fwd = attention_core_flops_per_token(model, s, causal_halved=True)
+    hbm = _hbm(cluster)
+    rate = _gemm_rate(cluster, job.precision)
+    el = 1.0 if job.precision == "fp8" else float(BYTES_16BIT)
+    tok = b * s / par.cp
 
-    act_bytes = BYTES_16BIT * tokens_mb * h / par.cp  # one layer's hidden states for one micro-batch on a rank
-    tp_per_layer = 4 * collective_time("all_reduce", act_bytes, tp_g, cluster) if par.tp > 1 else 0.0
-    kv_w = (model.num_kv_heads * model.head_dim if model.mla is None
-            else model.num_attention_heads * (model.mla.qk_nope_head_dim + model.mla.qk_rope_head_dim))
-    cp_per_layer = 0.0
-    if par.cp > 1:
-        kv_bytes = 2 * BYTES_16BIT * tokens_mb / par.cp * kv_w / par.tp
-        cp_comm = 3 * (par.cp - 1) * collective_time("p2p", kv_bytes, cp_g, cluster)
-        cp_attn = 3 * attn_fwd * tokens_mb / par.cp / par.tp / half_rate
-        cp_per_layer = max(0.0, cp_comm - cp_attn)
+    cache: dict[tuple, _LayerCost] = {}
 
+    def lc(i: int) -> _LayerCost:
+        key = (model.moe is not None and model.is_moe_layer(i),)
+        if key not in cache:
+            cache[key] = _layer_cost(model, cluster, job, par, i, framework, groups)
+        return cache[key]
+
+    tp_exp = 1.0 if not tp_comm_overlap else TP_OVERLAP_EXPOSED
     ranges = stage_layer_ranges(model.num_layers, par)
-    stage_times = []
-    tp_exposed = cp_exposed = ep_exposed = 0.0
-    for stage, layers in enumerate(ranges):
-        gemm = sum(layer_gemm_flops_per_token(model, i) for i in layers) * tokens_mb / (par.tp * par.cp)
-        # experts are spread over EP ranks but each rank sees ep x its share of tokens: no change per rank
-        attn = len(layers) * attn_fwd * tokens_mb / (par.tp * par.cp)
-        if stage == par.pp - 1:
-            gemm += logits_flops_per_token(model, vocab) * tokens_mb / (par.tp * par.cp)
-        fwd = gemm / gemm_rate + attn / half_rate
-        rc = 0.0
-        if par.recompute == "selective":
-            rc = attn / half_rate
-        elif par.recompute == "full":
-            n = len(layers) if par.recompute_num_layers is None else min(len(layers), par.recompute_num_layers)
-            rc = fwd * n / max(1, len(layers))
-        tp_t = len(layers) * tp_per_layer
-        cp_t = len(layers) * cp_per_layer
-        ep_t = 0.0
-        if par.ep > 1 and model.moe is not None:
-            n_moe = sum(1 for i in layers if model.is_moe_layer(i))
-            a2a = BYTES_16BIT * tokens_mb / par.cp * model.moe.top_k * h / par.tp
-            ep_t = n_moe * 4 * collective_time("all_to_all", a2a, ep_g, cluster)
-        t = 3 * fwd + rc + tp_t + cp_t + ep_t
-        stage_times.append(t)
-        if t >= max(stage_times):
-            tp_exposed, cp_exposed, ep_exposed = tp_t, cp_t, ep_t
-    t_mb = max(stage_times)
-    sched = par.pipeline_schedule
-    compute_total = m * t_mb
-    bubble = bubble_ratio(sched, par.pp, m, par.vpp) * compute_total
+    v = par.vpp if par.pipeline_schedule == "interleaved" else 1
+    # virtual stage k = chunk c of rank r holds layers of chunk c of stage r's range (split evenly by chunks)
+    fwd_v = [0.0] * (par.pp * v)
+    bwd_v = [0.0] * (par.pp * v)
+    kinds = {"gemm": 0.0, "attention": 0.0, "memory_bound": 0.0}
+    exposed_mb = {"tp": [0.0] * par.pp, "cp": [0.0] * par.pp, "ep": [0.0] * par.pp}
+    for r, layers in enumerate(ranges):
+        lay = list(layers)
+        chunks = [lay[c * len(lay) // v:(c + 1) * len(lay) // v] for c in range(v)]
+        for c, chunk in enumerate(chunks):
+            f = bw = 0.0
+            for i in chunk:
+                x = lc(i)
+                comp_f = x.gemm + x.attn_f + x.mem
+                comp_b = 2 * x.gemm + x.attn_b + 2 * x.mem
+                comm_f = x.tp * tp_exp + x.cp + x.ep
+                comm_b = x.tp * tp_exp + 2 * x.cp + x.ep
+                rc = 0.0
+                if par.recompute == "full":
+                    rc = comp_f + comm_f
+                elif par.recompute == "selective":
+                    rc = x.attn_f
+                f += comp_f + comm_f
+                bw += comp_b + comm_b + rc
+                exposed_mb["tp"][r] += 2 * x.tp * tp_exp + (x.tp * tp_exp if par.recompute == "full" else 0)
+                exposed_mb["cp"][r] += 3 * x.cp
+                exposed_mb["ep"][r] += 2 * x.ep + (x.ep if par.recompute == "full" else 0)
+            if r == par.pp - 1 and c == v - 1:
+                # output layer: logits GEMM + fused cross-entropy over V/tp fp32 logits
+                lg = gemm_time(tok, h, vocab / par.tp, rate, hbm, el)
+                ce = CE_PASSES * tok * vocab / par.tp / hbm
+                f += lg + ce
+                bw += 2 * lg + ce
+            if r == 0 and c == 0:
+                emb = 2 * BYTES_16BIT * tok * h / hbm  # embedding gather + write
+                f += emb
+                bw += 2 * emb
+            fwd_v[c * par.pp + r] = f
+            bwd_v[c * par.pp + r] = bw
+    # per-kind compute on the busiest rank (for the breakdown)
+    busiest = max(range(par.pp), key=lambda r: sum(fwd_v[c * par.pp + r] + bwd_v[c * par.pp + r] for c in range(v)))
+    for i in ranges[busiest]:
+        x = lc(i)
+        rcg = (x.gemm if par.recompute == "full" else 0.0)
+        kinds["gemm"] += m * (3 * x.gemm + rcg)
+        kinds["attention"] += m * (x.attn_f + x.attn_b + (x.attn_f if par.recompute != "none" else 0.0))
+        kinds["memory_bound"] += m * (3 * x.mem + (x.mem if par.recompute == "full" else 0.0))
+
     p2p = 0.0
     if par.pp > 1:
-        p2p_bytes = act_bytes / (par.tp if par.sequence_parallel else 1)
-        p2p = 2 * (par.pp - 1) * par.vpp * collective_time("p2p", p2p_bytes, pp_g, cluster)
+        p2p_bytes = BYTES_16BIT * tok * h / (par.tp if par.sequence_parallel else 1)
+        p2p = collective_time("p2p", p2p_bytes, groups["pp"], cluster)
+    sim = simulate(par.pipeline_schedule, par.pp, m, fwd_v, bwd_v, vpp=v, p2p_s=p2p)
+    pipeline_s = sim.makespan
+    busy = max(sim.busy)
+    bubble = max(0.0, pipeline_s - busy)
 
-    # data-parallel gradient reduction (per GPU local params of the most loaded stage)
+    # data-parallel gradient reduction / parameter gather on the most loaded stage
     sp_max = max((stage_params(model, par, st, lay, vocab) for st, lay in enumerate(ranges)),
                  key=lambda x: x.total)
+    cp_g, dp_g = groups["cp"], groups["dp"]
     shard = par.dp * par.cp
     dp_group = GroupPlacement(shard, dp_g.ranks_per_domain * (cp_g.size if cp_g.intra_domain else 1)) \
         if shard > 1 else GroupPlacement(1, 1)
-    dp_time = 0.0
+    rs_t = ag_t = 0.0
     if shard > 1:
-        grad_bytes = BYTES_FP32 * sp_max.dense
         if par.zero_stage == 0:
-            dp_time = collective_time("all_reduce", grad_bytes, dp_group, cluster)
+            rs_t = collective_time("all_reduce", BYTES_FP32 * sp_max.dense, dp_group, cluster)
         else:
-            dp_time = collective_time("reduce_scatter", grad_bytes, dp_group, cluster)
-            dp_time += collective_time("all_gather", BYTES_16BIT * sp_max.dense, dp_group, cluster)
+            rs_t = collective_time("reduce_scatter", BYTES_FP32 * sp_max.dense, dp_group, cluster)
+            ag_t = collective_time("all_gather", BYTES_16BIT * sp_max.dense, dp_group, cluster)
     if par.expert_dp > 1 and sp_max.expert > 0:
-        edp = GroupPlacement(par.expert_dp, max(1, min(par.expert_dp, dom // (par.expert_tp * par.ep))))
-        dp_time += collective_time("reduce_scatter" if par.zero_stage else "all_reduce",
-                                   BYTES_FP32 * sp_max.expert, edp, cluster)
-    zero3 = 0.0
+        edp = GroupPlacement(par.expert_dp, max(1, min(par.expert_dp, dom // max(1, par.expert_tp * par.ep))))
+        rs_t += collective_time("reduce_scatter" if par.zero_stage else "all_reduce",
+                                BYTES_FP32 * sp_max.expert, edp, cluster)
+        if par.zero_stage:
+            ag_t += collective_time("all_gather", BYTES_16BIT * sp_max.expert, edp, cluster)
+    last_bwd = sum(bwd_v[c * par.pp + busiest] for c in range(v))
+    first_fwd = sum(fwd_v[c * par.pp + busiest] for c in range(v))
     if par.zero_stage >= 3 and shard > 1:
-        # parameters gathered in forward and again in backward for every micro-batch
-        zero3 = m * 2 * collective_time("all_gather", BYTES_16BIT * sp_max.dense, dp_group, cluster)
-        zero3 = max(0.0, zero3 - compute_total)  # prefetch overlaps with compute
-    last_bwd = 2 * t_mb / 3
-    dp_exposed = max(dp_time / max(1, len(ranges[0])), dp_time - last_bwd)
+        # FSDP: gather params in forward and backward of every micro-batch, reduce-scatter grads every backward
+        # (no_sync-free accumulation); prefetch hides it behind the compute of the same pass
+        ag1 = ag_t
+        dp_exposed = m * (max(0.0, ag1 - first_fwd) + max(0.0, ag1 + rs_t - last_bwd))
+    elif overlap_dp:
+        dp_exposed = max(0.0, rs_t - last_bwd) + max(0.0, ag_t - first_fwd)
+    else:
+        dp_exposed = rs_t + ag_t
 
     local_params = sp_max.dense / (shard if par.zero_stage >= 1 else 1) + \
         sp_max.expert / (par.expert_dp if par.zero_stage >= 1 else 1)
-    optimizer = ADAM_HBM_BYTES_PER_PARAM * local_params / cluster.gpu.hbm_bandwidth_bytes_per_s
+    optimizer = ADAM_HBM_BYTES_PER_PARAM * local_params / hbm
 
-    exposed = {"tp": m * tp_exposed, "cp": m * cp_exposed, "ep": m * ep_exposed, "pp": p2p,
-               "dp": dp_exposed + zero3}
-    step = compute_total + bubble + p2p + dp_exposed + zero3 + optimizer
+    exposed = {"tp": m * exposed_mb["tp"][busiest], "cp": m * exposed_mb["cp"][busiest],
+               "ep": m * exposed_mb["ep"][busiest], "pp": 0.0, "dp": dp_exposed}
+    # P2P sends on the warm-up / cool-down critical path (the steady state overlaps them with compute)
+    exposed["pp"] = min(bubble, 2 * (par.pp - 1) * v * p2p) if par.pp > 1 else 0.0
+    step = pipeline_s + dp_exposed + optimizer
+    compute = busy - exposed["tp"] - exposed["cp"] - exposed["ep"]
     n_gpus = par.world_size
     mf = step_model_flops(model, job, convention)
     hf = step_hardware_flops(model, job, par)
     peak = cluster.gpu.peak_flops.get("bf16", cluster.gpu.peak_flops.get("fp16"))
     return StepEstimate(
-        step_s=step, compute_s=compute_total - m * (tp_exposed + cp_exposed + ep_exposed), bubble_s=bubble,
-        optimizer_s=optimizer, exposed_comm_s=exposed,
-        bubble_fraction=bubble_fraction(sched, par.pp, m, par.vpp), num_microbatches=m,
+        step_s=step, compute_s=compute, bubble_s=bubble, optimizer_s=optimizer, exposed_comm_s=exposed,
+        bubble_fraction=bubble / step if step > 0 else 0.0, num_microbatches=m,
         tokens_per_s=job.tokens_per_step / step, model_flops=mf, hardware_flops=hf,
         tflops_per_gpu=mf / step / n_gpus / 1e12, mfu=mf / (step * n_gpus * peak),
-        hfu=hf / (step * n_gpus * peak), peak_flops_per_gpu=peak, flops_convention=convention)
+        hfu=hf / (step * n_gpus * peak), peak_flops_per_gpu=peak, flops_convention=convention,
+        stage_forward_s=fwd_v, stage_backward_s=bwd_v, p2p_s=p2p, schedule=par.pipeline_schedule,
+        framework=framework, compute_breakdown_s=kinds)

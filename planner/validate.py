@@ -1,0 +1,465 @@
+"""``plan3d validate``: the step-time model against published, measured training runs.
+
+Each row of the dataset (``planner/data/published_runs_dev.yaml``, the development rows of
+``/work/shared/data/published_runs.yaml`` with their sources) is turned into a model, a cluster, a training job and
+a parallel configuration; ``cost_models.step_time.estimate_step`` predicts the step, and the prediction is compared
+with the row's own measured number, like with like:
+
+* ``tokens_per_s_per_gpu`` (or ``step_time_s``) when the row has one: free of FLOP conventions;
+* otherwise ``tflops_per_gpu`` in the row's own FLOP convention (``ROW_CONVENTIONS`` below, chosen from the row's
+  ``metric_definition``; where a row has both tokens/s and TFLOP/s the implied FLOPs per token confirm the choice,
+  see ``implied_flops_per_token``);
+* otherwise ``mfu`` (model FLOPs over the dense 16-bit peak).
+
+Where a row leaves a setting out, the framework's documented default is used and named in the row's
+``assumptions`` (see ``_FRAMEWORK_DEFAULTS``). Rows that cannot be evaluated at all (no layer shapes and no model
+of that name, no parallel layout, no cluster spec for the GPU) are listed as skipped, with the reason.
+
+The error of a row is ``predicted / measured - 1``; MAPE is the mean of ``|error|`` (in percent) over the
+evaluated rows, overall and per ``source.group``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cluster_specs import get_cluster
+from cluster_specs.spec import ClusterSpec
+from cost_models.config import ParallelConfig, TrainingJob
+from cost_models.flops import model_flops_per_token_variant
+from cost_models.layout import uneven_split
+from cost_models.step_time import StepEstimate, estimate_step
+from model_zoo import get_model
+from model_zoo.loaders import from_hf_config
+from model_zoo.spec import ModelSpec
+
+from .errors import PlanInputError
+
+#: Project thresholds (issue "Step-time and MFU model ..."): overall MAPE and per source group with >= 3 rows.
+DEFAULT_MAX_MAPE = 7.0
+DEFAULT_MAX_GROUP_MAPE = 10.0
+MIN_GROUP_ROWS = 3
+
+#: FLOP convention of each source group's TFLOP/s (used only for rows without tokens/s or step time).
+#: ``n21_hardware``: Narayanan et al. SC21 eq. (3), 96·B·s·l·h²(1 + s/6h + V/16lh): GEMMs + full (not
+#: causal-halved) attention, 4 passes with recompute, logits 3 passes; BLOOM's Megatron-DeepSpeed logger uses the
+#: same formula with the checkpoint factor 4 on every term ("4*2 coefficient"; ``bloom_hardware``).
+#: ``full_attention``: model FLOPs with the attention core counted over the whole s x s matrix (Megatron-LM's
+#: ``num_floating_point_operations`` before April 2025, formulas.md Sec. 3.2; NeMo 24.07's formulas: the NeMo
+#: 24.07 rows give 697 TFLOP/s at 12036 tokens/s/GPU for Llama 3 8B at 8k = 57.9 GFLOP/token, the full-attention
+#: count, not the causal-halved 51.5).
+#: ``causal``: Megatron-LM's current count, causal attention halved (Megatron-Bridge 25.11: 744 TFLOP/s at
+#: 14451 tokens/s/GPU for Llama 3 8B at 8k = 51.5 GFLOP/token).
+ROW_CONVENTIONS: dict[str, str] = {
+    "megatron_sc21_table1": "n21_hardware",
+    "bloom": "bloom_hardware",
+    "megatron_h100_weak_scaling": "full_attention",
+    "megatron_llama_example": "full_attention",
+    "nemo_2407_perf_summary": "full_attention",
+    "nemo_long_sequence_cp": "full_attention",
+    "megatron_moe_recipes": "causal",
+    "nemo_bridge_perf_summary": "causal",
+    "korthikanti2022": "causal",
+    "torchtitan": "full_attention",
+}
+
+#: Built-in zoo models by the (normalised) names rows use.
+_ZOO_BY_NAME: list[tuple[str, str]] = [
+    (r"^llama ?3(\.1)?[-_ ]?8b$", "llama3.1-8b"),
+    (r"^llama ?3(\.1)?[-_ ]?70b$", "llama3.1-70b"),
+    (r"^llama ?3(\.1)?[-_ ]?405b$", "llama3.1-405b"),
+    (r"^llama ?2[-_ ]?7b$", "llama2-7b"),
+    (r"^llama ?2[-_ ]?13b$", "llama2-13b"),
+    (r"^llama ?2[-_ ]?70b$", "llama2-70b"),
+    (r"^gpt ?3[-_ ]?175b$", "gpt3-175b"),
+    (r"^nemotron[-_ ]?340b$", "nemotron-4-340b"),
+    (r"^deepseek[-_ ]?v3", "deepseek-v3"),
+    (r"^bloom 176b$", "bloom-176b"),
+]
+
+#: Qwen3 MoE architectures (Hugging Face config.json values) for rows that name them.
+_HF_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "qwen3-30b-a3b": ("https://huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json", {
+        "model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
+        "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+        "num_experts": 128, "num_experts_per_tok": 8, "vocab_size": 151936, "tie_word_embeddings": False,
+        "decoder_sparse_step": 1, "mlp_only_layers": [], "attention_bias": False, "max_position_embeddings": 40960}),
+    "qwen3-235b-a22b": ("https://huggingface.co/Qwen/Qwen3-235B-A22B/blob/main/config.json", {
+        "model_type": "qwen3_moe", "hidden_size": 4096, "intermediate_size": 12288, "moe_intermediate_size": 1536,
+        "num_hidden_layers": 94, "num_attention_heads": 64, "num_key_value_heads": 4, "head_dim": 128,
+        "num_experts": 128, "num_experts_per_tok": 8, "vocab_size": 151936, "tie_word_embeddings": False,
+        "decoder_sparse_step": 1, "mlp_only_layers": [], "attention_bias": False, "max_position_embeddings": 40960}),
+}
+
+#: GPU label in a row -> built-in cluster. GB300 has no cluster spec (hardware.yaml lists no GB300 peak).
+_CLUSTER_BY_GPU: list[tuple[str, str]] = [
+    (r"^gb200", "gb200-nvl72"),
+    (r"^b200", "dgx-b200"),
+    (r"^h200", "dgx-h200"),
+    (r"^h100", "dgx-h100"),
+]
+
+#: Framework defaults used where a row leaves a setting out (each is named in the row's assumptions).
+#: Megatron-LM ``arguments.py``: micro-batch 1, no recompute, no SP, no distributed optimizer, 1F1B.
+#: NeMo / Megatron-Bridge recipes (``nemo/collections/llm/recipes``, Megatron-Bridge ``recipes``): distributed
+#: optimizer on, sequence parallel on whenever TP > 1. torchtitan (``torchtitan/config/job_config.py``): FSDP
+#: (ZeRO-3 sharding), sequence parallel inside its TP plan, seq_len 8192, pipeline micro-batch 1.
+_FRAMEWORK_DEFAULTS: dict[str, dict[str, Any]] = {
+    "megatron": {"mbs": 1, "recompute": "none", "sp_with_tp": True, "zero": 1, "seq": None},
+    "nemo": {"mbs": 1, "recompute": "none", "sp_with_tp": True, "zero": 1, "seq": None},
+    "torchtitan": {"mbs": 1, "recompute": "none", "sp_with_tp": True, "zero": 3, "seq": 8192},
+    "deepspeed": {"mbs": 1, "recompute": "none", "sp_with_tp": False, "zero": 1, "seq": None},
+}
+
+_GROUP_FRAMEWORK = {
+    "torchtitan": "torchtitan", "bloom": "deepspeed", "nemo_2407_perf_summary": "nemo",
+    "nemo_long_sequence_cp": "nemo", "nemo_bridge_perf_summary": "nemo",
+}
+
+
+@dataclass
+class RowResult:
+    """One dataset row: its inputs, the measured and predicted metric, the signed error, or why it was skipped."""
+
+    id: str
+    group: str
+    gpu: str
+    num_gpus: int | None
+    config: str = ""
+    metric: str = ""
+    convention: str = ""
+    measured: float | None = None
+    predicted: float | None = None
+    error: float | None = None
+    predicted_tokens_per_s_per_gpu: float | None = None
+    measured_tokens_per_s_per_gpu: float | None = None
+    predicted_tflops_per_gpu: float | None = None
+    measured_tflops_per_gpu: float | None = None
+    assumptions: list[str] = field(default_factory=list)
+    skipped: str | None = None
+    step: StepEstimate | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in ("id", "group", "gpu", "num_gpus", "config", "metric", "convention",
+                                           "measured", "predicted", "error", "predicted_tokens_per_s_per_gpu",
+                                           "measured_tokens_per_s_per_gpu", "predicted_tflops_per_gpu",
+                                           "measured_tflops_per_gpu", "assumptions", "skipped")}
+        if self.step is not None:
+            d["breakdown"] = {"step_s": self.step.step_s, "compute_s": self.step.compute_s,
+                              "bubble_s": self.step.bubble_s, "optimizer_s": self.step.optimizer_s,
+                              "exposed_comm_s": dict(sorted(self.step.exposed_comm_s.items()))}
+        return _round(d)
+
+
+def _round(x: Any) -> Any:
+    if isinstance(x, float):
+        return float(f"{x:.6g}")
+    if isinstance(x, dict):
+        return {k: _round(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_round(v) for v in x]
+    return x
+
+
+@dataclass
+class ValidationReport:
+    rows: list[RowResult]
+
+    @property
+    def evaluated(self) -> list[RowResult]:
+        return [r for r in self.rows if r.error is not None]
+
+    @property
+    def mape(self) -> float:
+        ev = self.evaluated
+        return 100.0 * sum(abs(r.error) for r in ev) / len(ev) if ev else float("nan")
+
+    def group_mape(self) -> dict[str, tuple[int, float]]:
+        out: dict[str, list[float]] = {}
+        for r in self.evaluated:
+            out.setdefault(r.group, []).append(abs(r.error))
+        return {g: (len(v), 100.0 * sum(v) / len(v)) for g, v in sorted(out.items())}
+
+    def failures(self, max_mape: float, max_group_mape: float, min_group_rows: int = MIN_GROUP_ROWS) -> list[str]:
+        msgs = []
+        if not self.evaluated:
+            return ["no row could be evaluated"]
+        if self.mape > max_mape:
+            msgs.append(f"overall MAPE {self.mape:.2f}% > --max-mape {max_mape:g}%")
+        for g, (n, m) in self.group_mape().items():
+            if n >= min_group_rows and m > max_group_mape:
+                msgs.append(f"group {g} MAPE {m:.2f}% > --max-group-mape {max_group_mape:g}%")
+        return msgs
+
+    def to_dict(self) -> dict[str, Any]:
+        return _round({
+            "mape_percent": self.mape,
+            "evaluated": len(self.evaluated),
+            "skipped": len(self.rows) - len(self.evaluated),
+            "groups": {g: {"rows": n, "mape_percent": m} for g, (n, m) in self.group_mape().items()},
+            "rows": [r.to_dict() for r in self.rows],
+        })
+
+
+# --------------------------------------------------------------------------------------------- loading
+
+
+def default_dataset() -> Path:
+    """The packaged development rows (copied from /work/shared/data/published_runs.yaml, sources kept)."""
+    return Path(str(resources.files("planner") / "data" / "published_runs_dev.yaml"))
+
+
+def load_rows(path: str | Path | None = None) -> list[dict[str, Any]]:
+    """Rows of a published-runs YAML file (a list of mappings with ``id``); one-line error on bad input."""
+    p = Path(path) if path is not None else default_dataset()
+    if not p.is_file():
+        raise PlanInputError(f"--dataset: {p}: no such file")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise PlanInputError(f"--dataset: {p.name}: malformed YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, list) or not all(isinstance(r, dict) and "id" in r for r in data):
+        raise PlanInputError(f"--dataset: {p.name}: must be a YAML list of rows, each with an 'id'")
+    return data
+
+
+def _norm(s: str) -> str:
+    return re.sub(r"\s*\(.*?\)\s*", " ", s.lower()).strip()
+
+
+def _model_for(row: dict[str, Any], notes: list[str]) -> ModelSpec | str:
+    name = _norm(str(row.get("model", {}).get("name", "")))
+    arch = row.get("architecture") or {}
+    key = name.replace("_", "-").replace(" ", "-")
+    for k, (src, cfg) in _HF_CONFIGS.items():
+        if key == k:
+            notes.append(f"architecture: {src}")
+            return from_hf_config(cfg, name=k, source=src)
+    for pat, zoo in _ZOO_BY_NAME:
+        if re.search(pat, name):
+            m = get_model(zoo)
+            if zoo == "deepseek-v3" and "w/o mtp" in str(row.get("model", {}).get("name", "")).lower():
+                m = m.model_copy(update={"num_mtp_layers": 0})
+            notes.append(f"architecture: model zoo '{zoo}'")
+            return m
+    need = ("num_layers", "hidden_size", "num_attention_heads")
+    if any(arch.get(k) is None for k in need) or arch.get("moe"):
+        return f"architecture not stated (missing {', '.join(k for k in need if arch.get(k) is None) or 'MoE dims'}) and no model of that name"
+    h, a, L = arch["hidden_size"], arch["num_attention_heads"], arch["num_layers"]
+    gated = str(arch.get("activation") or "").lower() in ("swiglu", "geglu")
+    ffn = arch.get("ffn_hidden_size") or 4 * h
+    if arch.get("ffn_hidden_size") is None:
+        notes.append("ffn_hidden_size = 4h (GPT-3 style; row leaves it out)")
+    return ModelSpec(
+        name=str(row["model"].get("name")), source=f"published_runs row {row['id']}", num_layers=L, hidden_size=h,
+        num_attention_heads=a, num_kv_heads=arch.get("num_kv_heads") or a, head_dim=h // a, ffn_hidden_size=ffn,
+        gated_mlp=gated, activation="swiglu" if gated else "gelu", normalization="rmsnorm" if gated else "layernorm",
+        qkv_bias=not gated, linear_bias=not gated, vocab_size=arch.get("vocab_size") or 51200,
+        tie_word_embeddings=not gated, position_embedding="rope" if gated else "learned",
+        max_position_embeddings=arch.get("seq_length") or 2048)
+
+
+def _cluster_for(row: dict[str, Any]) -> ClusterSpec | str:
+    hw = row.get("hardware") or {}
+    gpu = str(hw.get("gpu") or "").lower()
+    if gpu.startswith("a100"):
+        return get_cluster("dgx-a100-40g" if hw.get("memory_gb") == 40 else "dgx-a100-80g")
+    for pat, name in _CLUSTER_BY_GPU:
+        if re.search(pat, gpu):
+            return get_cluster(name)
+    return f"no cluster spec for GPU '{hw.get('gpu')}'"
+
+
+def _precision(p: Any, notes: list[str]) -> str:
+    s = str(p or "").lower()
+    if not s:
+        notes.append("precision bf16 (row leaves it out; the MFU/TFLOP ratio of such rows implies the BF16 peak)")
+        return "bf16"
+    if "fp8" in s or "float8" in s:
+        return "fp8"
+    return "fp16" if s.startswith("fp16") else "bf16"
+
+
+def _recompute(r: Any, fw: str, notes: list[str]) -> str:
+    s = str(r or "").lower()
+    if not s:
+        d = _FRAMEWORK_DEFAULTS[fw]["recompute"]
+        notes.append(f"recompute {d} ({fw} default)")
+        return d
+    if s.startswith("full"):
+        return "full"
+    if s.startswith("selective"):
+        return "selective"
+    return "none"
+
+
+def _layer_split(num_layers: int, pp: int, vpp: int) -> tuple[int | None, int | None]:
+    """First/last stage layer counts when ``num_layers`` does not split evenly over ``pp`` (Megatron's
+    ``--decoder-first/last-pipeline-num-layers``); (None, None) when it does."""
+    if num_layers % pp == 0:
+        return None, None
+    u = uneven_split(num_layers, pp)
+    if u is not None:
+        return u
+    k = math.ceil(num_layers / pp)
+    last = num_layers - (pp - 1) * k
+    if last <= 0:
+        k = num_layers // pp
+        last = num_layers - (pp - 1) * k
+    return None, last
+
+
+def build_inputs(row: dict[str, Any]) -> tuple[ModelSpec, ClusterSpec, TrainingJob, ParallelConfig, str, list[str]] | str:
+    """(model, cluster, job, parallel config, framework, assumptions) for one row, or why it cannot be built."""
+    notes: list[str] = []
+    group = str((row.get("source") or {}).get("group", ""))
+    fw = _GROUP_FRAMEWORK.get(group, "megatron")
+    d = _FRAMEWORK_DEFAULTS[fw]
+    p = row.get("parallel") or {}
+    hw = row.get("hardware") or {}
+    if p.get("tp") is None or p.get("pp") is None or p.get("global_batch_size") is None or not hw.get("num_gpus"):
+        return "parallel layout or batch not stated (tp/pp/global batch/num GPUs)"
+    model = _model_for(row, notes)
+    if isinstance(model, str):
+        return model
+    cluster = _cluster_for(row)
+    if isinstance(cluster, str):
+        return cluster
+    seq = (row.get("architecture") or {}).get("seq_length") or d["seq"]
+    if seq is None:
+        return "sequence length not stated"
+    if (row.get("architecture") or {}).get("seq_length") is None:
+        notes.append(f"seq_length {seq} ({fw} default)")
+    tp, pp, cp = int(p["tp"]), int(p["pp"]), int(p.get("cp") or 1)
+    n = int(hw["num_gpus"])
+    dp = int(p.get("dp") or n // (tp * pp * cp))
+    if tp * pp * dp * cp != n and n % (tp * pp * cp) == 0:
+        notes.append(f"dp {n // (tp * pp * cp)} = num_gpus/(tp*pp*cp) (row's dp {dp} does not multiply out)")
+        dp = n // (tp * pp * cp)
+    mbs = p.get("micro_batch_size")
+    if mbs is None:
+        mbs = d["mbs"]
+        notes.append(f"micro_batch_size {mbs} ({fw} default)")
+    sp = p.get("sequence_parallel")
+    if sp is None:
+        sp = d["sp_with_tp"] and tp > 1
+        if tp > 1:
+            notes.append(f"sequence_parallel {sp} ({fw} default with TP > 1)")
+    if fw == "torchtitan":
+        zero = 3 if p.get("fsdp") is not False else 0
+    elif p.get("distributed_optimizer") is True or (p.get("zero_stage") or 0) >= 1:
+        zero = max(1, int(p.get("zero_stage") or 1))
+    elif p.get("distributed_optimizer") is False or p.get("zero_stage") == 0:
+        zero = 0
+    else:
+        zero = d["zero"]
+        notes.append(f"zero_stage {zero} ({'distributed optimizer' if zero == 1 else 'FSDP'}, {fw} default)")
+    vpp = int(p.get("virtual_pipeline") or 1)
+    other = p.get("other") or {}
+    sched = str(other.get("pp_schedule") or "").lower()
+    if pp == 1:
+        vpp = 1
+    elif "interleaved" in sched and vpp == 1:
+        vpp = 2
+        notes.append("interleaved 1F1B with 2 stages per rank (torchtitan's default for the named schedule)")
+    first, last = _layer_split(model.num_layers, pp * vpp, 1) if vpp > 1 else _layer_split(model.num_layers, pp, 1)
+    if vpp > 1 and (first is not None or last is not None):
+        # interleaving needs layers % (pp*vpp) == 0 unless first/last stages are shortened; model the imbalance
+        # with the plain split over pp
+        first, last = _layer_split(model.num_layers, pp, 1)
+    if first is not None or last is not None:
+        notes.append(f"uneven pipeline split: first/last stage layers {first}/{last}")
+    ep = int(p.get("ep") or 1)
+    etp = p.get("etp")
+    prec = _precision(p.get("precision"), notes)
+    recompute = _recompute(p.get("recompute"), fw, notes)
+    par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, micro_batch_size=int(mbs),
+                         zero_stage=zero, sequence_parallel=bool(sp), recompute=recompute,
+                         first_stage_layers=first, last_stage_layers=last)
+    # SC21 (2021) and BLOOM (2022) predate fused flash attention: Megatron's fused masked softmax over s x s scores
+    flash = group not in ("megatron_sc21_table1", "bloom")
+    job = TrainingJob(global_batch_size=int(p["global_batch_size"]), seq_length=int(seq), precision=prec,
+                      flash_attention=flash)
+    if par.world_size != n:
+        return f"tp*pp*dp*cp = {par.world_size} != num_gpus {n}"
+    return model, cluster, job, par, fw, notes
+
+
+def row_flops_per_token(model: ModelSpec, job: TrainingJob, par: ParallelConfig, convention: str) -> float:
+    """FLOPs per token in a row's convention (``ROW_CONVENTIONS``)."""
+    return model_flops_per_token_variant(model, job.seq_length, convention, par.recompute)
+
+
+def implied_flops_per_token(row: dict[str, Any]) -> float | None:
+    """measured TFLOP/s / measured tokens/s per GPU: the FLOPs per token the source counted (None if absent)."""
+    m = row.get("measured") or {}
+    if m.get("tflops_per_gpu") and m.get("tokens_per_sec_per_gpu"):
+        return m["tflops_per_gpu"] * 1e12 / m["tokens_per_sec_per_gpu"]
+    return None
+
+
+def validate_row(row: dict[str, Any]) -> RowResult:
+    group = str((row.get("source") or {}).get("group", ""))
+    hw = row.get("hardware") or {}
+    res = RowResult(id=str(row["id"]), group=group, gpu=str(hw.get("gpu") or "?").split(" (")[0],
+                    num_gpus=hw.get("num_gpus"))
+    built = build_inputs(row)
+    if isinstance(built, str):
+        res.skipped = built
+        return res
+    model, cluster, job, par, fw, notes = built
+    res.assumptions = notes
+    res.config = (f"tp{par.tp} pp{par.pp} dp{par.dp} cp{par.cp} ep{par.ep} v{par.vpp} mbs{par.micro_batch_size} "
+                  f"gbs{job.global_batch_size} s{job.seq_length} {job.precision} rc={par.recompute}")
+    other = (row.get("parallel") or {}).get("other") or {}
+    if fw == "torchtitan" and other.get("torch_compile"):
+        fw = "torchtitan_compile"
+    tp_overlap = None
+    if "tp-comm-overlap" in str(other.get("comm_overlap", "")) or other.get("async_tp"):
+        tp_overlap = True
+    overlap_dp = True if "overlap-grad-reduce" in str(other.get("comm_overlap", "")) else None
+    st = estimate_step(model, cluster, job, par, framework=fw, tp_comm_overlap=tp_overlap, overlap_dp=overlap_dp)
+    res.step = st
+    conv = ROW_CONVENTIONS.get(group, "causal")
+    res.convention = conv
+    n = par.world_size
+    tok_gpu = st.tokens_per_s / n
+    fpt = row_flops_per_token(model, job, par, conv)
+    res.predicted_tokens_per_s_per_gpu = tok_gpu
+    res.predicted_tflops_per_gpu = tok_gpu * fpt / 1e12
+    m = row.get("measured") or {}
+    res.measured_tokens_per_s_per_gpu = m.get("tokens_per_sec_per_gpu")
+    res.measured_tflops_per_gpu = m.get("tflops_per_gpu")
+    if m.get("tokens_per_sec_per_gpu"):
+        res.metric, res.measured, res.predicted = "tokens/s/GPU", float(m["tokens_per_sec_per_gpu"]), tok_gpu
+    elif m.get("step_time_s"):
+        res.metric, res.measured, res.predicted = "step s", float(m["step_time_s"]), st.step_s
+        res.error = float(m["step_time_s"]) / st.step_s - 1  # throughput error: measured time / predicted time
+    elif m.get("tflops_per_gpu"):
+        res.metric, res.measured, res.predicted = f"TFLOP/s ({conv})", float(m["tflops_per_gpu"]), \
+            res.predicted_tflops_per_gpu
+    elif m.get("mfu"):
+        peak = cluster.gpu.peak_flops.get("bf16", 0.0)
+        res.metric, res.measured, res.predicted = "MFU", float(m["mfu"]), res.predicted_tflops_per_gpu * 1e12 / peak
+    else:
+        res.skipped = "no measured throughput"
+        return res
+    if res.error is None:
+        res.error = res.predicted / res.measured - 1
+    return res
+
+
+def run_validation(path: str | Path | None = None) -> ValidationReport:
+    """Validate every row of ``path`` (default: the packaged dev rows)."""
+    return ValidationReport([validate_row(r) for r in load_rows(path)])
+
+
+def report_json(rep: ValidationReport) -> str:
+    return json.dumps(rep.to_dict(), indent=2, sort_keys=False)
