@@ -36,6 +36,9 @@ class TrainingJob(BaseModel):
     optimizer: Literal["adam"] = "adam"
     flash_attention: bool = Field(True, description="fused attention: no s x s score tensor is stored")
     dropout: bool = Field(False, description="dropout layers present (masks stored, K22 Sec. 4.1)")
+    framework: Literal["megatron", "deepspeed", "torchtitan"] = Field(
+        "megatron", description="training framework whose model-state bytes, loss and buffers the memory model uses "
+                                "(cost_models/memory.py)")
 
     @property
     def tokens_per_step(self) -> int:
@@ -70,6 +73,10 @@ class ParallelConfig(BaseModel):
     schedule: Schedule | None = Field(None, description="None = 1f1b, or interleaved when vpp > 1")
     first_stage_layers: int | None = Field(None, gt=0)
     last_stage_layers: int | None = Field(None, gt=0)
+    hsdp_shard_size: int | None = Field(
+        None, gt=0, description="HSDP: ZeRO-3/FSDP shards within groups of this many DP x CP ranks and replicates "
+                                "across them (torchtitan data_parallel_shard_degree; None = shard over all)")
+    grad_reduce_in_bf16: bool = Field(False, description="Megatron --grad-reduce-in-bf16: 2-byte main gradients")
 
     @model_validator(mode="after")
     def _sp_needs_tp(self) -> "ParallelConfig":

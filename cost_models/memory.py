@@ -1,38 +1,79 @@
-"""Per-GPU memory of every pipeline stage (bytes).
+"""Per-GPU memory of every pipeline stage (bytes), per phase of a training step.
 
-Terms and their sources:
+Every stage's peak is the maximum over three phases (forward, backward, optimizer step); each phase is the sum
+of the persistent model states, what that phase keeps alive, and the transient buffers it allocates.
 
-* Model states (weights, gradients, optimizer) — mixed-precision Adam with 16-bit weights, fp32 main
-  gradients and fp32 master weights + Adam moments: 2 + 4 + 12 = 18 bytes/parameter, Megatron-LM
-  ``theoretical_memory_usage.py`` (formulas.md Sec. 1.3). ZeRO stages after Rajbhandari et al. SC20 Sec. 5
-  (formulas.md Sec. 4.1): stage 1 (= Megatron's distributed optimizer, ``6 + 12/d``) shards the 12 optimizer
-  bytes, stage 2 also the gradients, stage 3 also the weights, each over the data-parallel x context-parallel
-  group (Megatron shards over ``intra_dp_cp_group``; formulas.md Sec. 1.5). Expert parameters are sharded by
-  ``ep x etp`` and their states over the expert data-parallel group ``world / (etp x ep x pp)``.
-* Activations per layer and micro-batch — Korthikanti et al. 2022 (K22) Sec. 4.1 term by term (formulas.md
-  Sec. 2), generalised to GQA (K and V are ``g*d_h`` wide), gated MLPs (SwiGLU's fc1 output is ``2f`` wide),
-  fused attention (no ``5*a*s^2*b`` score term, only the fp32 log-sum-exp ``4*a*s*b``), dropout on/off (1-byte
-  masks), context parallelism (each rank holds ``s/cp`` tokens) and MoE (``top_k`` token copies through the
-  experts, K22's per-token terms applied to the expert FFN width).
-* In-flight micro-batches — 1F1B: stage i holds ``min(pp - i, m)``; interleaved 1F1B: Megatron's warm-up of
-  ``(pp - i - 1)*2 + (vpp - 1)*pp + 1`` model chunks (formulas.md Sec. 5; equals K22's first-stage factor
-  ``1 + (p-1)/(p*v)``); GPipe: ``m``; ZB-H1: as 1F1B (Qi et al. 2024, Table 1).
-* Logits on the last stage: bf16 output-layer result plus its fp32 copy in the vocab-parallel cross entropy,
-  ``s*b*V/tp*(2+4)`` bytes for one micro-batch (Megatron ``fused_vocab_parallel_cross_entropy`` upcasts; the
-  Megatron estimator counts the 4-byte part only, formulas.md Sec. 1.4 step 6).
-* ZeRO-3 all-gather buffers: the 16-bit parameters of the largest layer, twice (current + prefetch), after
-  DeepSpeed's estimator term ``4 * largest_layer_params`` (formulas.md Sec. 4.2).
-* Reserve: CUDA context and allocator fragmentation, from the cluster's calibration.
+Model states (bytes per parameter, 16-bit training with Adam), by ``framework``:
+
+* ``megatron``: 16-bit weights 2 + fp32 main gradients 4 (2 with ``--grad-reduce-in-bf16``) + fp32 master weights
+  and Adam moments 12 = 18 (Megatron-LM ``theoretical_memory_usage.py``; formulas.md Sec. 1.3). The distributed
+  optimizer (``zero_stage`` 1) shards the 12 bytes over the DP x CP group, ``6 + 12/d`` (formulas.md Sec. 1.5,
+  4.3); Megatron-FSDP's ``optim_grads`` / ``optim_grads_params`` (``zero_stage`` 2 / 3) also shard the gradients /
+  the weights (formulas.md Sec. 4.3).
+* ``deepspeed``: DeepSpeed's own estimator (``deepspeed/runtime/zero/stage_1_and_2.py``
+  ``estimate_zero2_model_states_mem_needs``: "2 = params_16bit, 18 = 2_grads_16bit + 4_grads_32bit +
+  4_params_32bit + 8_optimizer_states_32bit"; ``stage3.py`` ``estimate_zero3_model_states_mem_needs``:
+  ``4*largest_layer + 18*P/N``; deepspeed 0.19.8, formulas.md Sec. 4.2). ZeRO-0: 2 + 2 + 16 = 20 (Megatron docs
+  ``dist_optimizer.md``, fp16-param row); ZeRO-1: 2 + 2 + 16/N; ZeRO-2: 2 + 18/N; ZeRO-3: 18/N plus the
+  ``4 * largest_layer`` gather buffer (16-bit parameters and gradients of the largest module).
+* ``torchtitan`` (FSDP2, ``zero_stage`` 3; 0 = DDP/replicate): fp32 sharded parameters 4 + fp32 gradients 4 + Adam
+  8 = 16 per parameter (formulas.md Sec. 4.4: ``mixed_precision_param`` bf16 is the *compute* copy, the sharded
+  parameter stays fp32), sharded over ``dp x cp`` or over the HSDP shard group ``hsdp_shard_size``.
+
+Expert parameters are sharded by ``ep x etp`` and their optimizer states over the expert data-parallel group
+``world / (etp x ep x pp)`` (Megatron ``parallel_state``; formulas.md Sec. 1.3).
+
+Activations per layer and micro-batch: Korthikanti et al. 2022 (K22) Sec. 4.1 term by term (formulas.md Sec. 2),
+generalised to GQA/MLA projection widths, gated MLPs (SwiGLU's fc1 output is ``2f`` wide), fused attention (no
+``5*a*s^2*b`` score term, only the fp32 log-sum-exp ``4*a*s*b``), dropout on/off (1-byte masks), context
+parallelism (each rank holds ``s/cp`` tokens), MoE (``top_k`` token copies dispatched and combined, the expert
+FFN width, fp32 router logits, capacity factor) and FP8 (GEMM inputs kept in 1-byte FP8 by Transformer Engine).
+Recompute: ``selective`` drops the attention core (K22; Megatron ``--recompute-activations``) or, for
+``torchtitan``, follows its per-op SAC policy (every second matmul output recomputed; torchtitan
+``torchtitan/distributed/activation_checkpoint.py`` ``_get_custom_policy``); ``full`` keeps only the layer input
+(K22 Table 2) for ``recompute_num_layers`` layers.
+
+In-flight micro-batches (formulas.md Sec. 5): 1F1B stage i holds ``min(pp - i, m)``; interleaved 1F1B Megatron's
+warm-up ``(pp - i - 1)*2 + (vpp - 1)*pp + 1`` chunks (K22's ``1 + (p-1)/(p*v)`` on the first stage); GPipe
+``m``; ZB-H1 as 1F1B (Qi et al. 2024 Table 1).
+
+Logits on the last stage, bytes per element of ``s*b*V/tp``: Megatron's fused vocab-parallel cross entropy keeps
+the bf16 output-layer result and its fp32 copy (2 + 4 = 6; ``megatron/core/tensor_parallel/cross_entropy.py``
+computes the gradient in place). Eager ``F.cross_entropy(logits.float())`` (torchtitan, HF/DeepSpeed) holds in
+backward the saved fp32 log-softmax, its fp32 gradient and the fp32 input gradient (4 + 4 + 4 = 12; derived
+from PyTorch's ``log_softmax_backward``).
+
+Transients (derived; each named in the phase breakdown):
+
+* backward working set: the gradients of one layer's activations, as large as that layer's stored activations
+  (twice that under full recompute: the recomputed activations plus their gradients). Calibrated by F06
+  (field_cases.md; Llama-2-7B, four configurations, measured within 2%).
+* unfused attention (flash off): the fp32 ``QK^T`` score tensor ``4*a*s^2*b/t`` of the running layer
+  (field_cases.md F07: "+2048 MiB at the QK^T matmul").
+* optimizer step: an fp32 temporary the size of the local optimizer partition, ``4*P/N`` (``exp_avg_sq.sqrt()``
+  in DeepSpeed/torch Adam; field_cases.md F02 reproduces the failing 3.14 GiB allocation exactly; torch
+  ``_multi_tensor_adam`` ``torch._foreach_sqrt``). Megatron uses apex/TE ``FusedAdam`` (in place): 0.
+* ZeRO-3/FSDP gather buffers: DeepSpeed ``4 * largest_layer`` (estimator); FSDP2 the bf16 parameters of the
+  running and the prefetched block (``2*2*block``) plus, in backward, the block's bf16 gradients and their fp32
+  reduce-scatter copy (``6*block``).
+* DeepSpeed ZeRO-1/2 gradient bucket: ``reduce_bucket_size`` (default 5e8 elements,
+  ``deepspeed/runtime/zero/config.py``) 16-bit elements, capped at the stage's parameters.
+* Reserve: CUDA context, NCCL buffers and allocator fragmentation: the cluster's calibration
+  (``calibration.memory_reserve_bytes`` and its source).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from cluster_specs.spec import ClusterSpec
 from model_zoo.spec import ModelSpec
 
 from .config import BYTES_16BIT, BYTES_FP32, ParallelConfig, TrainingJob
 from .layout import stage_layer_ranges
+
+Framework = Literal["megatron", "deepspeed", "torchtitan"]
+FRAMEWORKS: tuple[str, ...] = ("megatron", "deepspeed", "torchtitan")
 
 #: Adam: fp32 master weights + first and second moments (ZeRO paper K = 12, Sec. 3.1).
 OPTIMIZER_BYTES_PER_PARAM = 12
@@ -42,6 +83,14 @@ GRAD_BYTES_PER_PARAM = BYTES_FP32
 WEIGHT_BYTES_PER_PARAM = BYTES_16BIT
 #: Token ids + position ids held for the first stage's embedding, 8 bytes/token (Megatron estimator, Sec. 1.4).
 TOKEN_ID_BYTES = 8
+#: DeepSpeed ZeRO-1/2 ``reduce_bucket_size`` default, elements (deepspeed/runtime/zero/config.py, 0.19.8).
+DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
+#: DeepSpeed ZeRO-3 ``sub_group_size`` default, elements: the optimizer steps one sub-group at a time.
+DEEPSPEED_SUB_GROUP_ELEMENTS = 1_000_000_000
+#: Logits bytes per element of ``s*b*V/tp`` at the loss, by framework (module docstring).
+LOGITS_BYTES_PER_ELEMENT = {"megatron": 6, "deepspeed": 12, "torchtitan": 12}
+
+PHASES = ("forward", "backward", "optimizer")
 
 
 @dataclass(frozen=True)
@@ -50,16 +99,28 @@ class StageParams:
 
     dense: float  # after TP sharding; states sharded over dp x cp
     expert: float  # after EP x ETP sharding; states sharded over the expert data-parallel group
-    largest_layer: float  # 16-bit gather unit for ZeRO-3 (params of the largest layer on this GPU)
+    largest_layer: float  # params of the largest decoder layer on this GPU (FSDP/ZeRO-3 gather unit)
+    largest_module: float = 0.0  # params of the largest single module (DeepSpeed's ``largest_layer_params``)
 
     @property
     def total(self) -> float:
         return self.dense + self.expert
 
 
+@dataclass(frozen=True)
+class StateBytes:
+    """Bytes per parameter of weights, gradients and optimizer states, and which of them ZeRO shards."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+    #: part of ``gradients`` that stays replicated below ZeRO-2 even when ``zero_stage`` >= 1 shards the rest
+    gradients_replicated: float = 0.0
+
+
 @dataclass
 class StageMemory:
-    """Peak bytes on one GPU of pipeline stage ``stage`` by term."""
+    """Peak bytes on one GPU of pipeline stage ``stage`` by term (the terms of the peak phase ``phase``)."""
 
     stage: int
     num_layers: int
@@ -72,17 +133,29 @@ class StageMemory:
     buffers: float
     reserve: float
     in_flight_microbatches: float
+    transient: float = 0.0
+    phase: str = "backward"
+    phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def total(self) -> float:
         return (self.weights + self.gradients + self.optimizer_states + self.activations + self.logits
-                + self.buffers + self.reserve)
+                + self.buffers + self.transient + self.reserve)
+
+    @property
+    def allocated(self) -> float:
+        """Peak bytes of live tensors (what ``torch.cuda.max_memory_allocated`` reports): total minus reserve."""
+        return self.total - self.reserve
+
+    @property
+    def model_states(self) -> float:
+        return self.weights + self.gradients + self.optimizer_states
 
     def terms(self) -> dict[str, float]:
         """Term name -> bytes, largest first."""
         t = {"weights": self.weights, "gradients": self.gradients, "optimizer_states": self.optimizer_states,
              "activations": self.activations, "logits": self.logits, "buffers": self.buffers,
-             "reserve": self.reserve}
+             "transient": self.transient, "reserve": self.reserve}
         return dict(sorted(t.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
@@ -102,18 +175,77 @@ class MemoryEstimate:
         return self.peak_stage.total
 
     @property
+    def peak_allocated_bytes(self) -> float:
+        return max(s.allocated for s in self.stages)
+
+    @property
     def headroom_bytes(self) -> float:
         return self.capacity_bytes - self.peak_bytes
 
+    def at_risk(self, fraction: float = 0.05) -> bool:
+        """Peak within ``fraction`` of capacity (still fits, but one allocator spike from OOM)."""
+        return self.capacity_bytes * (1 - fraction) < self.peak_bytes <= self.capacity_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.capacity_bytes
+
+
+def state_bytes(framework: str, grad_reduce_in_bf16: bool = False) -> StateBytes:
+    """Bytes per parameter of the model states before sharding (module docstring gives the sources)."""
+    if framework == "megatron":
+        return StateBytes(WEIGHT_BYTES_PER_PARAM, BYTES_16BIT if grad_reduce_in_bf16 else GRAD_BYTES_PER_PARAM,
+                          OPTIMIZER_BYTES_PER_PARAM)
+    if framework == "deepspeed":
+        # 16-bit grads (2) + fp32 grads (4); the 16-bit grads stay replicated under ZeRO-1.
+        return StateBytes(BYTES_16BIT, BYTES_16BIT + BYTES_FP32, OPTIMIZER_BYTES_PER_PARAM,
+                          gradients_replicated=BYTES_16BIT)
+    if framework == "torchtitan":
+        return StateBytes(BYTES_FP32, BYTES_FP32, 2 * BYTES_FP32)
+    raise ValueError(f"framework {framework!r}: allowed values are {', '.join(FRAMEWORKS)}")
+
+
+def model_state_terms(framework: str, zero_stage: int, params: float, shard: int,
+                      grad_reduce_in_bf16: bool = False) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer) bytes on one GPU for ``params`` parameters whose states may be sharded
+    over ``shard`` ranks at ZeRO stage ``zero_stage``. DeepSpeed ZeRO-3's 16-bit gradients live in the gather
+    buffer (its estimator's ``18*P/N`` has no 16-bit gradient term)."""
+    b = state_bytes(framework, grad_reduce_in_bf16)
+    z = zero_stage
+    w = b.weights / (shard if z >= 3 else 1)
+    o = b.optimizer / (shard if z >= 1 else 1)
+    if framework == "deepspeed":
+        fp32_g = b.gradients - b.gradients_replicated
+        if z == 0:
+            g = b.gradients
+        elif z == 1:
+            g = b.gradients_replicated + fp32_g / shard
+        elif z == 2:
+            g = b.gradients / shard
+        else:
+            g = fp32_g / shard
+    else:
+        g = b.gradients / (shard if z >= 2 else 1)
+    return w * params, g * params, o * params
+
 
 def stage_params(model: ModelSpec, par: ParallelConfig, stage: int, layers: range, tp_vocab: int) -> StageParams:
-    """Parameters on one GPU of ``stage``: its layers, plus the embedding (first stage) and the output layer and
-    final norm (last stage; with tied embeddings and pp > 1 the last stage keeps its own copy of the word
-    embeddings for the output layer, as Megatron does: ``share_embeddings_and_output_weights``)."""
-    tp, ets = par.tp, par.ep * par.expert_tp
+    """Parameters on one GPU of ``stage``: its layers, plus the embedding (first stage) and the output layer, final
+    norm and MTP layers (last stage; Megatron builds MTP after the decoder). With tied embeddings and pp > 1 the
+    last stage keeps its own copy of the word embeddings for the output layer, as Megatron does
+    (``share_embeddings_and_output_weights``)."""
+    tp, ets = par.tp, par.expert_tp * par.ep
     dense = 0.0
     expert = 0.0
     largest = 0.0
+    h = model.hidden_size
+    emb_table = tp_vocab * h / tp
+    # Largest single module: a word-embedding table or the largest linear (fc1 of a gated MLP is one module in
+    # Megatron, two in HF; we take the HF split, as DeepSpeed's estimator runs on HF models).
+    f_max = model.ffn_hidden_size
+    if model.moe is not None:
+        f_max = max(model.moe.dense_ffn_hidden_size or model.ffn_hidden_size, model.moe.expert_ffn_hidden_size)
+    largest_module = float(h * f_max / tp)
     for i in layers:
         lp = model.layer_params(i)
         d = lp.tp_sharded / tp + lp.replicated
@@ -121,67 +253,95 @@ def stage_params(model: ModelSpec, par: ParallelConfig, stage: int, layers: rang
         dense += d
         expert += e
         largest = max(largest, d + e)
-    h = model.hidden_size
-    emb_table = tp_vocab * h / tp
     if stage == 0:
         extra = model.embedding_params() - model.vocab_size * h  # learned positions / embedding norm
         dense += emb_table + extra
+        largest_module = max(largest_module, model.vocab_size * h / tp)
     if stage == par.pp - 1:
         out = model.output_params()
         final_norm = out - (0 if model.tie_word_embeddings else model.vocab_size * h)
         dense += final_norm
         if not model.tie_word_embeddings or par.pp > 1:
             dense += emb_table
-    return StageParams(dense=dense, expert=expert, largest_layer=largest)
+            largest_module = max(largest_module, model.vocab_size * h / tp)
+        if model.num_mtp_layers:
+            mp = model.mtp_layer_params()
+            dense += model.num_mtp_layers * (mp.tp_sharded / tp + mp.replicated)
+            expert += model.num_mtp_layers * mp.expert / ets
+    return StageParams(dense=dense, expert=expert, largest_layer=largest, largest_module=largest_module)
 
 
-def activation_bytes_per_layer(model: ModelSpec, job: TrainingJob, par: ParallelConfig, layer: int) -> float:
-    """Stored activation bytes of one decoder layer for one micro-batch on one GPU, no recompute (K22 Sec. 4.1,
-    generalised as described in the module docstring)."""
-    b, s, h, t = par.micro_batch_size, job.seq_length / par.cp, model.hidden_size, par.tp
-    sb = s * b
+def _attention_widths(model: ModelSpec) -> tuple[float, float, float, float]:
+    """(query, key, value) projection widths and replicated latent width (MLA)."""
     a, g = model.num_attention_heads, model.num_kv_heads
     if model.mla is not None:
         q_w = a * (model.mla.qk_nope_head_dim + model.mla.qk_rope_head_dim)
-        kv_w = q_w  # K is materialised per head after the up-projection
-        v_w = a * model.mla.v_head_dim
-        latent = model.mla.kv_lora_rank + (model.mla.q_lora_rank or 0)
-    else:
-        q_w = a * model.head_dim
-        kv_w = g * model.head_dim
-        v_w = kv_w
-        latent = 0
+        return q_w, q_w, a * model.mla.v_head_dim, model.mla.kv_lora_rank + (model.mla.q_lora_rank or 0)
+    return a * model.head_dim, g * model.head_dim, g * model.head_dim, 0.0
+
+
+def activation_bytes_per_layer(model: ModelSpec, job: TrainingJob, par: ParallelConfig, layer: int,
+                               framework: str = "megatron", capacity_factor: float | None = None) -> float:
+    """Stored activation bytes of one decoder layer for one micro-batch on one GPU under ``par.recompute``
+    ``none`` or ``selective`` (K22 Sec. 4.1, generalised as described in the module docstring)."""
+    b, s, h, t = par.micro_batch_size, job.seq_length / par.cp, model.hidden_size, par.tp
+    sb = s * b
+    a = model.num_attention_heads
+    q_w, kv_w, v_w, latent = _attention_widths(model)
     drop = 1 if job.dropout else 0
-    # Outside the TP region (split only under SP): 2 norm inputs, QKV and fc1 GEMM inputs (K22: 4+4), 2 masks.
-    outside = sb * h * (8 + 2 * drop)
+    gemm_in = 1 if job.precision == "fp8" else BYTES_16BIT  # TE keeps FP8 GEMM inputs (1 byte)
+    mult = 2 if model.gated_mlp else 1
+    is_moe = model.moe is not None and model.is_moe_layer(layer)
+    f = (model.moe.dense_ffn_hidden_size if model.moe and model.moe.dense_ffn_hidden_size else model.ffn_hidden_size)
+
+    if framework == "torchtitan" and par.recompute == "selective":
+        # Per-op SAC: the layer input, attention output + fp32 LSE, and every second matmul output (half of all).
+        mm = q_w + kv_w + v_w + h + (mult * f + h if not is_moe else 0)  # wq wk wv wo (w1 w3) w2
+        saved = sb * BYTES_16BIT * (h + 0.5 * mm) / t + sb * BYTES_16BIT * q_w / t + 4 * a * sb / t
+        if is_moe:
+            saved += _moe_bytes(model, par, sb, gemm_in, mult, capacity_factor) * 0.5
+        return saved
+
+    # Outside the TP region (split only under SP): 2 norm inputs (2+2), QKV and fc1 GEMM inputs, 2 dropout masks.
+    outside = sb * h * (2 * BYTES_16BIT + 2 * gemm_in + 2 * drop)
     if par.sequence_parallel:
         outside /= t
-    # Attention inside TP: Q, K, V, context (output-projection input); MLA latents are replicated.
-    attn = sb * 2 * (q_w + kv_w + v_w + v_w) / t + sb * 2 * latent
+    # Attention inside TP: Q, K, V and the attention output O (kept for the attention backward; O is also the
+    # output-projection GEMM input).
+    ctx_w = v_w if model.mla is not None else q_w  # attention output = output-projection input
+    attn = sb * (BYTES_16BIT * (q_w + kv_w + v_w) + gemm_in * ctx_w) / t
+    attn += sb * BYTES_16BIT * latent
     if job.flash_attention:
         attn += 4 * a * sb / t  # fp32 log-sum-exp per head and token
     elif par.recompute != "selective":
-        # K22: softmax output 2as^2b, dropout mask as^2b, dropout output 2as^2b (s here is the local s/cp
-        # for queries; keys span the whole sequence under CP).
+        # K22: softmax output 2as^2b, dropout mask as^2b, dropout output 2as^2b (queries local s/cp, keys all s).
         attn += (2 + 3 * drop) * a * s * job.seq_length * b / t
-    # MLP
-    mult = 2 if model.gated_mlp else 1
-    if model.moe is not None and model.is_moe_layer(layer):
-        moe = model.moe
-        k = moe.top_k
-        fe = moe.expert_ffn_hidden_size / par.expert_tp
-        # k routed copies of each token: dispatched input (2h), fc1 output (2*mult*fe), fc2 input (2fe),
-        # combine input (2h); tokens are spread evenly over EP ranks (uniform routing).
-        mlp = sb * k * (2 * h * 2 + 2 * mult * fe + 2 * fe)
-        if moe.shared_expert_ffn_hidden_size:
-            fs = moe.shared_expert_ffn_hidden_size / t
-            mlp += sb * (2 * mult * fs + 2 * fs)
-        mlp += sb * 4 * moe.num_experts  # fp32 router logits
+    if is_moe:
+        mlp = _moe_bytes(model, par, sb, gemm_in, mult, capacity_factor)
     else:
-        f = (model.moe.dense_ffn_hidden_size if model.moe and model.moe.dense_ffn_hidden_size else
-             model.ffn_hidden_size)
-        mlp = sb * (2 * mult * f + 2 * f) / t
+        # fc1 output (mult*f, the activation's input) and fc2 input (f, a GEMM input).
+        mlp = sb * (BYTES_16BIT * mult * f + gemm_in * f) / t
     return outside + attn + mlp
+
+
+def _moe_bytes(model: ModelSpec, par: ParallelConfig, sb: float, gemm_in: int, mult: int,
+               capacity_factor: float | None) -> float:
+    """MoE layer activations: ``k`` routed copies of every token (uniform routing; with a capacity factor the
+    expert buffers are padded to ``capacity_factor`` times that), each through the permutation (dispatched input,
+    2h), the expert fc1 output (mult*f_e), the fc2 input (f_e) and the un-permutation (combine input, 2h); shared
+    experts as a dense MLP; fp32 router logits and probabilities (Megatron ``moe_utils.permute``/``unpermute``,
+    ``router.py``)."""
+    moe = model.moe
+    assert moe is not None
+    h, k = model.hidden_size, moe.top_k
+    fe = moe.expert_ffn_hidden_size / par.expert_tp
+    cf = capacity_factor or 1.0
+    mlp = sb * k * cf * (BYTES_16BIT * h * 2 + BYTES_16BIT * mult * fe + gemm_in * fe)
+    if moe.shared_expert_ffn_hidden_size:
+        fs = moe.shared_expert_ffn_hidden_size / par.tp
+        mlp += sb * (BYTES_16BIT * mult * fs + gemm_in * fs)
+    mlp += sb * 2 * BYTES_FP32 * moe.num_experts  # fp32 router logits + probabilities
+    return mlp
 
 
 def layer_input_bytes(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> float:
@@ -208,56 +368,107 @@ def in_flight_microbatches(par: ParallelConfig, stage: int, num_microbatches: in
     return float(min(p - stage, m))
 
 
-def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig) -> MemoryEstimate:
-    """Per-stage memory of ``par`` (bytes). ``capacity_bytes`` is the GPU's usable memory (nvidia-smi).
+def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, *,
+                    framework: str | None = None, capacity_factor: float | None = None,
+                    reserve_bytes: float | None = None) -> MemoryEstimate:
+    """Per-stage, per-phase memory of ``par`` (bytes). ``capacity_bytes`` is the GPU's memory (nvidia-smi).
+
+    ``framework`` (megatron | deepspeed | torchtitan; default ``job.framework``) selects the model-state bytes,
+    the logits/loss implementation and the transient buffers; ``capacity_factor`` pads MoE expert buffers;
+    ``reserve_bytes`` overrides the cluster's calibrated reserve.
 
     Raises:
         LayoutError: the layer split is impossible for this ``pp``.
+        ValueError: unknown framework.
     """
+    fw = framework or getattr(job, "framework", None) or "megatron"
+    if fw not in FRAMEWORKS:
+        raise ValueError(f"framework {fw!r}: allowed values are {', '.join(FRAMEWORKS)}")
     m = par.num_microbatches(job.global_batch_size)
     vocab = model.padded_vocab_size(par.tp)
-    dense_shard = par.dp * par.cp
+    hsdp = getattr(par, "hsdp_shard_size", None)
+    dense_shard = hsdp if hsdp else par.dp * par.cp
     expert_shard = par.expert_dp
     z = par.zero_stage
+    bf16_grads = bool(getattr(par, "grad_reduce_in_bf16", False))
     ranges = stage_layer_ranges(model.num_layers, par)
     layer_in = layer_input_bytes(model, job, par)
+    reserve = float(cluster.calibration.memory_reserve_bytes if reserve_bytes is None else reserve_bytes)
+    tokens = job.seq_length / par.cp * par.micro_batch_size
     out: list[StageMemory] = []
     for stage, layers in enumerate(ranges):
         sp = stage_params(model, par, stage, layers, vocab)
-        w_div_d = dense_shard if z >= 3 else 1
-        w_div_e = expert_shard if z >= 3 else 1
-        g_div_d = dense_shard if z >= 2 else 1
-        g_div_e = expert_shard if z >= 2 else 1
-        o_div_d = dense_shard if z >= 1 else 1
-        o_div_e = expert_shard if z >= 1 else 1
-        weights = WEIGHT_BYTES_PER_PARAM * (sp.dense / w_div_d + sp.expert / w_div_e)
-        grads = GRAD_BYTES_PER_PARAM * (sp.dense / g_div_d + sp.expert / g_div_e)
-        opt = OPTIMIZER_BYTES_PER_PARAM * (sp.dense / o_div_d + sp.expert / o_div_e)
+        wd, gd, od = model_state_terms(fw, z, sp.dense, dense_shard, bf16_grads)
+        we, ge, oe = model_state_terms(fw, z, sp.expert, expert_shard, bf16_grads)
+        weights, grads, opt = wd + we, gd + ge, od + oe
+        local_opt_params = sp.dense / (dense_shard if z >= 1 else 1) + sp.expert / (expert_shard if z >= 1 else 1)
 
-        # Activations of one micro-batch through this stage's layers.
-        per_layer = [activation_bytes_per_layer(model, job, par, i) for i in layers]
+        # Activations of one micro-batch through this stage's layers (+ MTP layers on the last stage).
+        idx = list(layers)
+        if stage == par.pp - 1 and model.num_mtp_layers:
+            idx += [model.num_layers - 1] * model.num_mtp_layers
+        per_layer = [activation_bytes_per_layer(model, job, par, i, fw, capacity_factor) for i in idx]
+        biggest = max(per_layer, default=0.0)
         if par.recompute == "full":
             n_rc = len(per_layer) if par.recompute_num_layers is None else min(par.recompute_num_layers, len(per_layer))
             stored = layer_in * n_rc + sum(sorted(per_layer)[: len(per_layer) - n_rc])
-            working = max(per_layer, default=0.0)  # one layer recomputed at a time in backward
+            working = 2 * biggest if n_rc else biggest  # recomputed layer + the gradients of its activations
         else:
             stored = sum(per_layer)
-            working = 0.0
+            working = biggest
         if stage == 0:
-            tokens = job.seq_length / par.cp * par.micro_batch_size
             stored += TOKEN_ID_BYTES * tokens + (tokens * model.hidden_size if job.dropout else 0) / (
                 par.tp if par.sequence_parallel else 1)
         n_inflight = in_flight_microbatches(par, stage, m)
-        acts = stored * n_inflight + working
+        acts = stored * n_inflight
         logits = 0.0
         if stage == par.pp - 1:
-            tokens = job.seq_length / par.cp * par.micro_batch_size
-            logits = tokens * vocab / par.tp * (BYTES_16BIT + BYTES_FP32)
-        buffers = 0.0
+            logits = tokens * vocab / par.tp * LOGITS_BYTES_PER_ELEMENT[fw]
+        fwd_transient = 0.0
+        if not job.flash_attention and par.recompute != "full":
+            # fp32 QK^T scores of the running layer (F07)
+            fwd_transient = BYTES_FP32 * model.num_attention_heads * tokens * job.seq_length / par.tp
+
+        # Gather / bucket buffers (forward, backward).
+        buf_f = buf_b = 0.0
         if z >= 3:
-            buffers += 2 * BYTES_16BIT * sp.largest_layer  # gathered layer + prefetched next layer
+            if fw == "deepspeed":
+                buf_f = buf_b = 4 * sp.largest_module  # estimator: 16-bit params + grads of the largest module
+            elif fw == "torchtitan" and par.pp > 1:
+                # FSDP + PP: torchtitan does not reshard after forward (reshard_after_forward = not pp_enabled), so
+                # the stage's bf16 parameters stay gathered and its bf16 gradients accumulate unsharded over the
+                # micro-batches (torchtitan/models/llama/parallelize_llama.py, apply_fsdp).
+                buf_f = BYTES_16BIT * sp.total
+                buf_b = 2 * BYTES_16BIT * sp.total
+            elif fw == "torchtitan":
+                buf_f = 2 * BYTES_16BIT * sp.largest_layer  # running + prefetched block, bf16
+                buf_b = buf_f + (BYTES_16BIT + BYTES_FP32) * sp.largest_layer  # + unsharded grads, fp32 for RS
+            else:
+                buf_f = buf_b = 2 * BYTES_16BIT * sp.largest_layer
+        if fw == "deepspeed" and z in (1, 2) and dense_shard > 1:
+            buf_b = BYTES_16BIT * min(DEEPSPEED_REDUCE_BUCKET_ELEMENTS, sp.total)
+
+        # Optimizer step temporaries.
+        if fw == "megatron":
+            opt_tmp = 0.0  # FusedAdam updates in place
+        elif fw == "deepspeed" and z >= 3:
+            opt_tmp = BYTES_FP32 * min(DEEPSPEED_SUB_GROUP_ELEMENTS, local_opt_params)
+        else:
+            opt_tmp = BYTES_FP32 * local_opt_params
+        opt_buf = buf_b if fw == "deepspeed" and z in (1, 2) else 0.0
+
+        states = weights + grads + opt
+        phase_terms = {
+            "forward": {"activations": acts, "logits": logits, "buffers": buf_f, "transient": fwd_transient},
+            "backward": {"activations": acts, "logits": logits, "buffers": buf_b, "transient": working},
+            "optimizer": {"activations": 0.0, "logits": 0.0, "buffers": opt_buf, "transient": opt_tmp},
+        }
+        phases = {ph: states + sum(v.values()) + reserve for ph, v in phase_terms.items()}
+        peak_phase = max(PHASES, key=lambda ph: (phases[ph], -PHASES.index(ph)))
+        pt = phase_terms[peak_phase]
         out.append(StageMemory(
             stage=stage, num_layers=len(layers), num_parameters=sp.total, weights=weights, gradients=grads,
-            optimizer_states=opt, activations=acts, logits=logits, buffers=buffers,
-            reserve=float(cluster.calibration.memory_reserve_bytes), in_flight_microbatches=n_inflight))
+            optimizer_states=opt, activations=pt["activations"], logits=pt["logits"], buffers=pt["buffers"],
+            reserve=reserve, in_flight_microbatches=n_inflight, transient=pt["transient"], phase=peak_phase,
+            phases=phases))
     return MemoryEstimate(stages=out, capacity_bytes=cluster.gpu.memory_bytes)
