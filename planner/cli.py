@@ -36,6 +36,7 @@ class RecomputeOpt(str, Enum):
 class Emit(str, Enum):
     megatron = "megatron"
     deepspeed = "deepspeed"
+    torchtitan = "torchtitan"
 
 
 class Framework(str, Enum):
@@ -117,19 +118,40 @@ def _plans_table(doc, title: str):
     return t
 
 
-def _render(doc, fmt: Fmt, output: Path | None, emit: Emit | None, title: str) -> None:
-    import json
+def _emit(doc, emit: Emit, output: Path | None, rank: int) -> None:
+    """``--emit``: without ``--output`` print the plan's main config to stdout (Megatron command line, DeepSpeed
+    JSON, torchtitan TOML); with ``--output DIR`` write every file of planner.emit.emit_files into DIR."""
+    from .emit import EmitError, emit_files
+    from .errors import PlanInputError
+    try:
+        files = emit_files(doc, emit.value, rank)
+    except EmitError as e:
+        raise PlanInputError(str(e)) from None
+    if output is None:
+        if emit == Emit.megatron:
+            args = next(p for p in doc.plans if p.rank == rank).launch.megatron
+            text = " \\\n  ".join(["pretrain_gpt.py"] + _pair_args(args)) + "\n"
+        else:
+            text = files["ds_config.json" if emit == Emit.deepspeed else "torchtitan.toml"]
+        sys.stdout.write(text)
+        return
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            path = output / name
+            path.write_text(text)
+            if name.endswith((".sh", ".sbatch")):
+                path.chmod(0o755)
+    except OSError as e:
+        raise PlanInputError(f"--output {output}: {e.strerror}") from None
+    for name in files:
+        sys.stdout.write(f"{output / name}\n")
 
+
+def _render(doc, fmt: Fmt, output: Path | None, emit: Emit | None, title: str, rank: int = 1) -> None:
     from .document import to_json
     if emit is not None:
-        if not doc.plans:
-            return
-        launch = doc.plans[0].launch
-        if emit == Emit.megatron:
-            text = " \\\n  ".join(["pretrain_gpt.py"] + _pair_args(launch.megatron)) + "\n"
-        else:
-            text = json.dumps(launch.deepspeed, indent=2) + "\n"
-        _write(text, output)
+        _emit(doc, emit, output, rank)
         return
     if fmt == Fmt.json:
         _write(to_json(doc), output)
@@ -163,7 +185,10 @@ def plan(
     top_k: Annotated[int, typer.Option("--top-k", min=1, help="number of plans to return")] = 5,
     memory_headroom: HeadroomOpt = 0.0, framework: FrameworkOpt = Framework.megatron,
     fmt: FmtOpt = Fmt.table, output: OutOpt = None,
-    emit: Annotated[Optional[Emit], typer.Option("--emit", help="print the top plan's launch config")] = None,
+    emit: Annotated[Optional[Emit], typer.Option(
+        "--emit", help="the launch config of the top plan (or --rank N): printed, or with --output DIR, written "
+                       "as files (args, config, torchrun and Slurm scripts)")] = None,
+    rank: Annotated[int, typer.Option("--rank", min=1, help="which plan --emit writes (1 = best)")] = 1,
 ) -> None:
     """Search the parallel layouts and print the best plans (default: llama3.1-8b on one dgx-h100 node)."""
     from .document import build_document
@@ -171,14 +196,15 @@ def plan(
     from .search import enumerate_plans
 
     m, c, n, job = _load(model, cluster, gpus, nodes, global_batch_size, seq_length, precision.value)
-    res = enumerate_plans(m, c, job, n, top_k=top_k, memory_headroom=memory_headroom, framework=framework.value)
+    res = enumerate_plans(m, c, job, n, top_k=max(top_k, rank if emit is not None else 1),
+                          memory_headroom=memory_headroom, framework=framework.value)
     if not res.plans:
         raise NoFeasiblePlan(_why_infeasible(m, c, job, n, res))
     doc = build_document(m, c, job, n, res.plans)
     _render(doc, fmt, output, emit,
             f"plan3d: {m.name} on {n} x {c.gpu.name} ({c.name}), GBS {job.global_batch_size} x seq "
             f"{job.seq_length}, {job.precision}: top {len(res.plans)} of {res.num_feasible} feasible "
-            f"({res.num_candidates} examined)")
+            f"({res.num_candidates} examined)", rank)
 
 
 def _why_infeasible(m, c, job, n, res) -> str:
@@ -321,6 +347,55 @@ def explain(
 
 
 @app.command()
+def validate(
+    dataset: Annotated[Optional[Path], typer.Option(
+        "--dataset", help="published-runs YAML (default: the packaged dev rows)")] = None,
+    max_mape: Annotated[float, typer.Option("--max-mape", min=0.0, help="overall MAPE threshold, percent")] = 7.0,
+    max_group_mape: Annotated[float, typer.Option(
+        "--max-group-mape", min=0.0, help="MAPE threshold per source group with >= 3 rows, percent")] = 10.0,
+    fmt: FmtOpt = Fmt.table, output: OutOpt = None,
+) -> None:
+    """Run the step-time model over published training runs; exit 1 when a MAPE threshold is exceeded."""
+    from .validate import report_json, run_validation
+    rep = run_validation(dataset)
+    if fmt == Fmt.json:
+        _write(report_json(rep) + "\n", output)
+    else:
+        from rich.console import Console
+        from rich.table import Table
+        t = Table(title="plan3d validate: predicted vs measured (error = predicted throughput / measured - 1)",
+                  title_justify="left")
+        for col in ("row", "group", "GPUs", "config", "metric", "measured", "predicted", "error",
+                    "tok/s/GPU meas", "tok/s/GPU pred", "TFLOP/s meas", "TFLOP/s pred"):
+            t.add_column(col, overflow="fold")
+        f = lambda x, d=0: "-" if x is None else f"{x:,.{d}f}"  # noqa: E731
+        for r in rep.rows:
+            if r.skipped:
+                t.add_row(r.id, r.group, f"{r.num_gpus or '-'} {r.gpu}", f"skipped: {r.skipped}", *[""] * 8)
+                continue
+            d = 3 if r.metric == "MFU" else (2 if r.metric == "step s" else 1)
+            t.add_row(r.id, r.group, f"{r.num_gpus} {r.gpu}", r.config, r.metric, f(r.measured, d),
+                      f(r.predicted, d), f"{100 * r.error:+.1f}%", f(r.measured_tokens_per_s_per_gpu),
+                      f(r.predicted_tokens_per_s_per_gpu), f(r.measured_tflops_per_gpu, 1),
+                      f(r.predicted_tflops_per_gpu, 1))
+        g = Table(title="MAPE per source group", title_justify="left")
+        for col in ("group", "rows", "MAPE"):
+            g.add_column(col)
+        for name, (n, mape) in rep.group_mape().items():
+            g.add_row(name, str(n), f"{mape:.2f}%")
+        g.add_row("overall", str(len(rep.evaluated)), f"{rep.mape:.2f}%")
+        con = Console(width=250, file=output.open("w") if output is not None else None)
+        con.print(t)
+        con.print(g)
+        skipped = len(rep.rows) - len(rep.evaluated)
+        con.print(f"{len(rep.evaluated)} rows evaluated, {skipped} skipped (reason in the table)")
+    fails = rep.failures(max_mape, max_group_mape)
+    if fails:
+        sys.stderr.write("plan3d: validate: " + "; ".join(fails) + "\n")
+        raise typer.Exit(1)
+
+
+@app.command()
 def models(fmt: FmtOpt = Fmt.table) -> None:
     """List the built-in models."""
     from model_zoo import get_model, list_models
@@ -376,6 +451,15 @@ def clusters(fmt: FmtOpt = Fmt.table) -> None:
                   f"{(r['peak_fp8_flops'] or 0) / 1e12:.0f}" if r["peak_fp8_flops"] else "-",
                   f"{r['nvlink_bytes_per_s'] / 1e9:.0f}", f"{r['nic_bytes_per_s'] / 1e9:.0f}")
     Console(width=200).print(t)
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of the plan document (``plan --format json``)."""
+    import json
+
+    from .document import json_schema
+    sys.stdout.write(json.dumps(json_schema(), indent=2) + "\n")
 
 
 def main() -> None:
