@@ -39,6 +39,17 @@ class Emit(str, Enum):
     torchtitan = "torchtitan"
 
 
+class SolverOpt(str, Enum):
+    cpsat = "cpsat"
+    enumerate = "enumerate"
+
+
+class ObjectiveOpt(str, Enum):
+    throughput = "throughput"
+    headroom = "headroom"
+    min_gpus = "min-gpus"
+
+
 class Framework(str, Enum):
     megatron = "megatron"
     deepspeed = "deepspeed"
@@ -183,23 +194,66 @@ def plan(
     model: ModelOpt = None, cluster: ClusterOpt = None, gpus: GpusOpt = None, nodes: NodesOpt = None,
     global_batch_size: GbsOpt = 1024, seq_length: SeqOpt = 4096, precision: PrecOpt = Precision.bf16,
     top_k: Annotated[int, typer.Option("--top-k", min=1, help="number of plans to return")] = 5,
-    memory_headroom: HeadroomOpt = 0.0, framework: FrameworkOpt = Framework.megatron,
+    memory_headroom: Annotated[Optional[float], typer.Option(
+        "--memory-headroom", min=0.0, max=0.5, help="fraction of GPU memory kept free (default 0.05)")] = None,
+    framework: FrameworkOpt = Framework.megatron,
     fmt: FmtOpt = Fmt.table, output: OutOpt = None,
     emit: Annotated[Optional[Emit], typer.Option(
         "--emit", help="the launch config of the top plan (or --rank N): printed, or with --output DIR, written "
                        "as files (args, config, torchrun and Slurm scripts)")] = None,
     rank: Annotated[int, typer.Option("--rank", min=1, help="which plan --emit writes (1 = best)")] = 1,
+    solver: Annotated[SolverOpt, typer.Option("--solver", help="cpsat (default) or enumerate (brute force, the "
+                                                               "oracle)")] = SolverOpt.cpsat,
+    objective: Annotated[ObjectiveOpt, typer.Option(
+        "--objective", help="throughput (default); headroom: most memory headroom within --within of the best "
+                            "throughput; min-gpus: fewest GPUs (up to --gpus) meeting --target-step-s or "
+                            "--target-tokens-per-day")] = ObjectiveOpt.throughput,
+    within: Annotated[float, typer.Option("--within", min=0.0, max=1.0,
+                                          help="--objective headroom: allowed throughput loss (fraction)")] = 0.05,
+    target_step_s: Annotated[Optional[float], typer.Option("--target-step-s", min=0.0,
+                                                           help="--objective min-gpus: step time target (s)")] = None,
+    target_tokens_per_day: Annotated[Optional[float], typer.Option(
+        "--target-tokens-per-day", min=0.0, help="--objective min-gpus: throughput target (tokens/day)")] = None,
+    pin_tp: Annotated[Optional[int], typer.Option("--tp", min=1, help="pin tensor parallel size")] = None,
+    pin_pp: Annotated[Optional[int], typer.Option("--pp", min=1, help="pin pipeline parallel size")] = None,
+    pin_cp: Annotated[Optional[int], typer.Option("--cp", min=1, help="pin context parallel size")] = None,
+    pin_ep: Annotated[Optional[int], typer.Option("--ep", min=1, help="pin expert parallel size")] = None,
+    pin_vpp: Annotated[Optional[int], typer.Option("--vpp", min=1, help="pin virtual pipeline size")] = None,
+    pin_mbs: Annotated[Optional[int], typer.Option("--micro-batch-size", min=1, help="pin micro-batch size")] = None,
+    pin_zero: Annotated[Optional[int], typer.Option("--zero-stage", min=0, max=3, help="pin ZeRO stage")] = None,
+    pin_rc: Annotated[Optional[RecomputeOpt], typer.Option("--recompute", help="pin recompute")] = None,
 ) -> None:
     """Search the parallel layouts and print the best plans (default: llama3.1-8b on one dgx-h100 node)."""
     from .document import build_document
-    from .errors import NoFeasiblePlan
-    from .search import enumerate_plans
+    from .errors import NoFeasiblePlan, PlanInputError
 
     m, c, n, job = _load(model, cluster, gpus, nodes, global_batch_size, seq_length, precision.value)
-    res = enumerate_plans(m, c, job, n, top_k=max(top_k, rank if emit is not None else 1),
-                          memory_headroom=memory_headroom, framework=framework.value)
+    from .space import SearchSpace
+    one = lambda x: None if x is None else (x,)  # noqa: E731
+    sp_kw = {"tp": one(pin_tp), "pp": one(pin_pp), "cp": one(pin_cp), "ep": one(pin_ep), "vpp": one(pin_vpp)}
+    if pin_mbs is not None:
+        sp_kw["micro_batch_size"] = (pin_mbs,)
+    if pin_zero is not None:
+        sp_kw["zero_stage"] = (pin_zero,)
+    if pin_rc is not None:
+        sp_kw["recompute"] = (pin_rc.value,)
+    space = SearchSpace(**sp_kw)
+    from .checks import DEFAULT_MEMORY_HEADROOM
+    headroom = DEFAULT_MEMORY_HEADROOM if memory_headroom is None else memory_headroom
+    k = max(top_k, rank if emit is not None else 1)
+    if objective == ObjectiveOpt.min_gpus:
+        if (target_step_s is None) == (target_tokens_per_day is None):
+            raise PlanInputError("--objective min-gpus needs exactly one of --target-step-s, --target-tokens-per-day")
+        from .search import fewest_gpus
+        res, n = fewest_gpus(m, c, job, n, k, space, headroom, framework.value, solver.value, target_step_s,
+                             target_tokens_per_day)
+    else:
+        from .search import run_search
+        res = run_search(m, c, job, n, k, space, headroom, framework.value, solver.value, objective.value, within)
     if not res.plans:
-        raise NoFeasiblePlan(_why_infeasible(m, c, job, n, res))
+        from .explain import why_infeasible
+        raise NoFeasiblePlan(why_infeasible(m, c, job, n, res, space, headroom, framework.value,
+                                            target_step_s, target_tokens_per_day))
     doc = build_document(m, c, job, n, res.plans)
     _render(doc, fmt, output, emit,
             f"plan3d: {m.name} on {n} x {c.gpu.name} ({c.name}), GBS {job.global_batch_size} x seq "

@@ -16,7 +16,7 @@ from cost_models.config import ParallelConfig, TrainingJob
 from model_zoo.spec import ModelSpec
 
 from .checks import AT_RISK_FRACTION
-from .emit import deepspeed_config, megatron_args
+from .emit import launch_fields
 from .evaluate import Evaluation
 
 SCHEMA_VERSION = "1.0"
@@ -127,10 +127,17 @@ class ThroughputInfo(_Strict):
 
 
 class LaunchInfo(_Strict):
+    """Everything a launch script needs (planner/emit): a framework that cannot run the plan gets ``None``
+    and its one-line reason in ``unsupported``."""
     nodes: int
     gpus_per_node: int
-    megatron: list[str]
-    deepspeed: dict[str, Any]
+    world_size: int = Field(description="nodes x gpus_per_node = tp*pp*dp*cp")
+    megatron: list[str] | None = Field(description="Megatron-LM pretrain_gpt.py arguments")
+    deepspeed: dict[str, Any] | None = Field(description="DeepSpeed ds_config.json")
+    megatron_deepspeed: list[str] | None = Field(None, description="Megatron-DeepSpeed pretrain_gpt.py arguments")
+    torchtitan_toml: str | None = Field(None, description="torchtitan 0.2.x JobConfig TOML")
+    torchtitan_overrides: list[str] | None = Field(None, description="torchtitan 0.3.x command-line overrides")
+    unsupported: dict[str, str] = Field(default_factory=dict, description="framework -> why it cannot run the plan")
 
 
 class PlanInfo(_Strict):
@@ -196,8 +203,7 @@ def plan_info(rank: int, ev: Evaluation, model: ModelSpec, cluster: ClusterSpec,
                              tflops_per_gpu=_r(st.tflops_per_gpu), mfu=_r(st.mfu), hfu=_r(st.hfu),
                              flops_convention=st.flops_convention, peak_flops_per_gpu=_r(st.peak_flops_per_gpu))
     gpn = cluster.node.gpus_per_node
-    launch = LaunchInfo(nodes=max(1, par.world_size // gpn), gpus_per_node=min(gpn, par.world_size),
-                        megatron=megatron_args(model, job, par), deepspeed=deepspeed_config(job, par))
+    launch = LaunchInfo(**launch_fields(model, job, par, gpn))
     return PlanInfo(rank=rank, feasible=ev.feasible, violations=[v.message for v in ev.violations],
                     parallel=parallel_info(par, job), memory=mem, time=tim, throughput=thr, launch=launch)
 

@@ -1,39 +1,131 @@
-"""DeepSpeed ``ds_config.json`` for a plan (keys from DeepSpeed ``runtime/constants.py`` and
-``runtime/zero/config.py``; formulas.md Sec. 7.2)."""
+"""DeepSpeed ``ds_config.json`` and Megatron-DeepSpeed arguments for a plan.
+
+Keys: DeepSpeed ``deepspeed/runtime/constants.py``, ``runtime/zero/config.py``, ``runtime/config.py``
+``get_pipeline_config`` (formulas.md Sec. 7.2). The tests feed the dict to DeepSpeed's own ``DeepSpeedConfig``
+with the planned data-parallel size.
+
+Rules enforced here (raising ``EmitError`` with a one-line reason):
+
+* ``train_batch_size == train_micro_batch_size_per_gpu x gradient_accumulation_steps x dp`` (DeepSpeed's
+  ``_batch_assertion``; with Megatron's mpu the "world" is the data-parallel size).
+* DeepSpeed's pipeline engine asserts ZeRO stage < 2 ("ZeRO-2 and ZeRO-3 are incompatible with pipeline
+  parallelism", ``runtime/pipe/engine.py``), so pp > 1 with ZeRO >= 2 is refused.
+* Context parallelism is mapped to DeepSpeed-Ulysses (``--ds-sequence-parallel-size``), which splits the
+  heads of each tensor-parallel rank over the sequence-parallel group: heads / tp must divide by cp.
+"""
 from __future__ import annotations
 
 from cost_models.config import ParallelConfig, TrainingJob
+from model_zoo.spec import ModelSpec
 
-#: DeepSpeed's documented defaults for ZeRO bucket sizes (elements), runtime/zero/config.py.
+from .megatron import EmitError
+
+#: DeepSpeed's documented defaults for ZeRO bucket sizes (elements), ``runtime/zero/config.py``
+#: (``reduce_bucket_size`` and ``allgather_bucket_size`` default 5e8).
 REDUCE_BUCKET_SIZE = 500_000_000
 ALLGATHER_BUCKET_SIZE = 500_000_000
+#: ZeRO-3 prefetch bucket and persistence threshold (elements): DeepSpeed defaults 5e7 and 1e5
+#: (``runtime/zero/config.py`` ``stage3_prefetch_bucket_size``, ``stage3_param_persistence_threshold``).
+STAGE3_PREFETCH_BUCKET_SIZE = 50_000_000
+STAGE3_PARAM_PERSISTENCE_THRESHOLD = 100_000
 
 
-def deepspeed_config(job: TrainingJob, par: ParallelConfig) -> dict:
+def check_deepspeed(model: ModelSpec | None, job: TrainingJob, par: ParallelConfig) -> None:
+    """Raise ``EmitError`` if DeepSpeed cannot run ``par``."""
+    if par.pp > 1 and par.zero_stage >= 2:
+        raise EmitError(f"zero_stage {par.zero_stage} with pp {par.pp}: DeepSpeed's pipeline engine supports ZeRO "
+                        f"stage 0 or 1 only (runtime/pipe/engine.py); plan with --framework deepspeed")
+    if job.global_batch_size % (par.micro_batch_size * par.dp):
+        raise EmitError(f"global_batch_size {job.global_batch_size} is not divisible by micro_batch_size*dp = "
+                        f"{par.micro_batch_size}*{par.dp}")
+    if model is not None and par.cp > 1 and (model.num_attention_heads // par.tp) % par.cp:
+        raise EmitError(f"cp {par.cp}: DeepSpeed-Ulysses needs heads per tensor-parallel rank "
+                        f"({model.num_attention_heads}/{par.tp}) divisible by the sequence-parallel size")
+
+
+def deepspeed_config(job: TrainingJob, par: ParallelConfig, model: ModelSpec | None = None) -> dict:
     """``ds_config.json`` content. ``train_batch_size = micro x grad_accum x dp`` (DeepSpeed's own check)."""
+    check_deepspeed(model, job, par)
     gas = job.global_batch_size // (par.micro_batch_size * par.dp)
+    zero: dict = {
+        "stage": par.zero_stage,
+        "contiguous_gradients": True,
+        "overlap_comm": True,
+        "reduce_scatter": True,
+        "reduce_bucket_size": REDUCE_BUCKET_SIZE,
+        "allgather_bucket_size": ALLGATHER_BUCKET_SIZE,
+    }
+    if par.zero_stage == 3:
+        zero["stage3_prefetch_bucket_size"] = STAGE3_PREFETCH_BUCKET_SIZE
+        zero["stage3_param_persistence_threshold"] = STAGE3_PARAM_PERSISTENCE_THRESHOLD
     cfg: dict = {
         "train_batch_size": par.micro_batch_size * gas * par.dp,
         "train_micro_batch_size_per_gpu": par.micro_batch_size,
         "gradient_accumulation_steps": gas,
         "gradient_clipping": 1.0,
-        "zero_optimization": {
-            "stage": par.zero_stage,
-            "contiguous_gradients": True,
-            "overlap_comm": True,
-            "reduce_scatter": True,
-            "reduce_bucket_size": REDUCE_BUCKET_SIZE,
-            "allgather_bucket_size": ALLGATHER_BUCKET_SIZE,
-        },
+        "steps_per_print": 1,
+        "zero_optimization": zero,
     }
     if job.precision == "fp16":
-        cfg["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
+        cfg["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
+                       "hysteresis": 2, "min_loss_scale": 1}
     else:
+        # fp8 GEMMs run under Transformer Engine inside the model; DeepSpeed keeps bf16 weights.
         cfg["bf16"] = {"enabled": True}
     if par.recompute != "none":
         cfg["activation_checkpointing"] = {"partition_activations": par.tp > 1,
                                            "contiguous_memory_optimization": False,
-                                           "cpu_checkpointing": False}
+                                           "cpu_checkpointing": False,
+                                           "synchronize_checkpoint_boundary": False,
+                                           "profile": False}
     if par.pp > 1:
-        cfg["pipeline"] = {"stages": par.pp, "partition": "parameters"}
+        cfg["pipeline"] = {"stages": par.pp, "partition": "parameters", "seed_layers": False,
+                           "activation_checkpoint_interval": 1 if par.recompute == "full" else 0,
+                           "pipe_partitioned": True, "grad_partitioned": True}
     return cfg
+
+
+def megatron_deepspeed_args(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> list[str]:
+    """Arguments for Megatron-DeepSpeed's ``pretrain_gpt.py`` (microsoft/Megatron-DeepSpeed
+    ``megatron/arguments.py``): Megatron-style TP/PP flags, ``--no-pipeline-parallel`` when pp == 1 (the
+    non-pipeline engine, which ZeRO-2/3 need), and ``--deepspeed --deepspeed_config ds_config.json``."""
+    check_deepspeed(model, job, par)
+    a: list[str] = []
+    add = a.extend
+    add(["--num-layers", str(model.num_layers), "--hidden-size", str(model.hidden_size),
+         "--ffn-hidden-size", str(model.ffn_hidden_size), "--num-attention-heads", str(model.num_attention_heads),
+         "--seq-length", str(job.seq_length),
+         "--max-position-embeddings", str(max(job.seq_length, model.max_position_embeddings))])
+    if model.num_kv_heads != model.num_attention_heads:
+        add(["--num-key-value-heads", str(model.num_kv_heads)])
+    if model.gated_mlp:
+        a.append("--swiglu")
+    if model.normalization == "rmsnorm":
+        add(["--normalization", "rmsnorm"])
+    if model.position_embedding == "rope":
+        a.append("--use-rotary-position-embeddings")
+    if not model.linear_bias:
+        a.append("--disable-bias-linear")
+    if not model.tie_word_embeddings:
+        a.append("--untie-embeddings-and-output-weights")
+    if model.moe is not None:
+        add(["--num-experts", str(model.moe.num_experts), "--topk", str(model.moe.top_k),
+             "--moe-expert-parallel-size", str(par.ep)])
+    add(["--tensor-model-parallel-size", str(par.tp), "--pipeline-model-parallel-size", str(par.pp)])
+    if par.pp == 1:
+        a.append("--no-pipeline-parallel")
+    if par.sequence_parallel:
+        a.append("--sequence-parallel")
+    if par.cp > 1:
+        add(["--ds-sequence-parallel-size", str(par.cp)])
+    add(["--micro-batch-size", str(par.micro_batch_size), "--global-batch-size", str(job.global_batch_size)])
+    if par.recompute == "selective":
+        add(["--recompute-granularity", "selective"])
+    elif par.recompute == "full":
+        a.append("--deepspeed-activation-checkpointing")
+        a.append("--checkpoint-activations")
+        if par.tp > 1:
+            a.append("--partition-activations")
+    a.append("--fp16" if job.precision == "fp16" else "--bf16")
+    add(["--zero-stage", str(par.zero_stage), "--deepspeed", "--deepspeed_config", "ds_config.json"])
+    return a

@@ -1,75 +1,242 @@
-"""Megatron-LM ``pretrain_gpt.py`` arguments for a plan.
+"""Megatron-LM ``pretrain_gpt.py`` arguments and launch scripts for a plan.
 
-Argument names are checked against Megatron-LM's argument parser (``tests/data/megatron_arg_names.txt``, read
-from ``megatron/training/arguments.py``; formulas.md Sec. 7.1).
+Argument names are today's (NVIDIA/Megatron-LM ``megatron/training/arguments.py``; the full list of names the
+parser accepts, with the commit it was read from, is ``tests/data/megatron_arg_names.txt``; formulas.md
+Sec. 7.1). The rules the arguments must satisfy are Megatron-LM's ``validate_args`` (commit 000c4ac24f61,
+``megatron/training/arguments.py``) and megatron-core's ``TransformerConfig.__post_init__``; the tests build
+megatron-core's own config objects from these arguments.
+
+Choices (each the framework's documented behaviour):
+
+* Virtual pipeline: ``--num-layers-per-virtual-pipeline-stage`` for an even split; with an uneven split
+  (``--decoder-first/last-pipeline-num-layers``) Megatron refuses that flag ("please use
+  --num-virtual-stages-per-pipeline-rank ... when enable uneven pipeline parallelism", ``validate_args``), so
+  ``--num-virtual-stages-per-pipeline-rank`` is used there.
+* ZeRO stage 1 is Megatron's distributed optimizer (``--use-distributed-optimizer``); stages 2 and 3 are
+  Megatron-FSDP (``--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads|optim_grads_params``, which
+  ``validate_args`` requires to use ``--ckpt-format fsdp_dtensor``).
+* ``--overlap-param-gather`` needs the distributed optimizer (or Megatron-FSDP) and ``--overlap-grad-reduce``
+  (``validate_args``), so it is only emitted with both.
+* Full recompute: ``--recompute-method uniform --recompute-num-layers 1`` (every layer) unless the plan
+  recomputes only some layers per stage, then ``block`` with that count (``TransformerConfig`` requires a
+  method and a layer count with granularity ``full``).
+* FP8: ``--fp8-format hybrid`` (E4M3 forward, E5M2 backward) with ``--fp8-recipe delayed``, ``--fp8-amax-
+  history-len 1024 --fp8-amax-compute-algo max`` (the values of NVIDIA's Megatron-LM ``examples/llama``
+  FP8 scripts).
 """
 from __future__ import annotations
+
+import shlex
 
 from cost_models.config import ParallelConfig, TrainingJob
 from model_zoo.spec import ModelSpec
 
+#: Defaults of the runnable script's data and training arguments (mock data, no dataset needed). Users replace
+#: them with DATA_ARGS / TRAIN_ARGS in the environment. Values are placeholders, not tuned hyper-parameters.
+SCRIPT_DATA_ARGS = ["--mock-data", "--tokenizer-type", "NullTokenizer"]
+SCRIPT_TRAIN_ARGS = ["--train-iters", "100", "--lr", "3.0e-4", "--min-lr", "3.0e-5", "--lr-decay-style", "cosine",
+                     "--lr-warmup-iters", "10", "--weight-decay", "0.1", "--clip-grad", "1.0",
+                     "--log-interval", "1", "--eval-iters", "0"]
 
-def megatron_args(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> list[str]:
-    """The argument list (flags and values as separate strings) for ``pretrain_gpt.py``."""
+
+class EmitError(ValueError):
+    """The plan cannot be expressed for this framework (one line naming the knob and the framework's rule)."""
+
+
+def _layer_pattern(model: ModelSpec) -> str | None:
+    """``--moe-layer-freq`` pattern ("([0]*3+[1]*58)": 1 = MoE layer), or None when every layer is MoE."""
+    flags = [1 if model.is_moe_layer(i) else 0 for i in range(model.num_layers)]
+    if all(flags):
+        return None
+    runs: list[list[int]] = []
+    for f in flags:
+        if runs and runs[-1][0] == f:
+            runs[-1][1] += 1
+        else:
+            runs.append([f, 1])
+    return "(" + "+".join(f"[{f}]*{n}" for f, n in runs) + ")"
+
+
+def model_args(model: ModelSpec, job: TrainingJob) -> list[str]:
+    """Architecture arguments (dims, attention, MLP, norm, positions, MoE, MLA)."""
     a: list[str] = []
     add = a.extend
+    ffn = model.ffn_hidden_size
+    if model.moe is not None and model.moe.dense_ffn_hidden_size:
+        ffn = model.moe.dense_ffn_hidden_size
     add(["--num-layers", str(model.num_layers), "--hidden-size", str(model.hidden_size),
-         "--num-attention-heads", str(model.num_attention_heads), "--ffn-hidden-size", str(model.ffn_hidden_size),
-         "--seq-length", str(job.seq_length), "--max-position-embeddings", str(max(job.seq_length, model.max_position_embeddings))])
-    if model.num_kv_heads != model.num_attention_heads:
-        add(["--group-query-attention", "--num-query-groups", str(model.num_kv_heads)])
-    if model.head_dim * model.num_attention_heads != model.hidden_size:
-        add(["--kv-channels", str(model.head_dim)])
+         "--num-attention-heads", str(model.num_attention_heads), "--ffn-hidden-size", str(ffn),
+         "--seq-length", str(job.seq_length),
+         "--max-position-embeddings", str(max(job.seq_length, model.max_position_embeddings)),
+         "--vocab-size", str(model.vocab_size)])
+    if model.mla is not None:
+        m = model.mla
+        a.append("--multi-latent-attention")
+        if m.q_lora_rank:
+            add(["--q-lora-rank", str(m.q_lora_rank)])
+        add(["--kv-lora-rank", str(m.kv_lora_rank), "--qk-head-dim", str(m.qk_nope_head_dim),
+             "--qk-pos-emb-head-dim", str(m.qk_rope_head_dim), "--v-head-dim", str(m.v_head_dim)])
+    else:
+        if model.num_kv_heads != model.num_attention_heads:
+            add(["--group-query-attention", "--num-query-groups", str(model.num_kv_heads)])
+        if model.head_dim * model.num_attention_heads != model.hidden_size:
+            add(["--kv-channels", str(model.head_dim)])
     if model.gated_mlp:
         a.append("--swiglu")
     if model.normalization == "rmsnorm":
         add(["--normalization", "RMSNorm"])
+    if model.qk_norm:
+        a.append("--qk-layernorm")
     if model.position_embedding == "rope":
         add(["--position-embedding-type", "rope"])
+    elif model.position_embedding in ("alibi", "none"):
+        # Megatron-core has no ALiBi; "none" keeps the parameter count (ALiBi has no parameters).
+        add(["--position-embedding-type", "none"])
     if not model.linear_bias:
         a.append("--disable-bias-linear")
-    if model.qkv_bias and not model.linear_bias:
-        a.append("--add-qkv-bias")
+        if model.qkv_bias:
+            a.append("--add-qkv-bias")
     if not model.tie_word_embeddings:
         a.append("--untie-embeddings-and-output-weights")
     if model.moe is not None:
-        add(["--num-experts", str(model.moe.num_experts), "--moe-router-topk", str(model.moe.top_k),
-             "--moe-ffn-hidden-size", str(model.moe.expert_ffn_hidden_size), "--moe-grouped-gemm",
+        moe = model.moe
+        add(["--num-experts", str(moe.num_experts), "--moe-router-topk", str(moe.top_k),
+             "--moe-ffn-hidden-size", str(moe.expert_ffn_hidden_size), "--moe-grouped-gemm",
              "--moe-token-dispatcher-type", "alltoall"])
-        if model.moe.shared_expert_ffn_hidden_size:
-            add(["--moe-shared-expert-intermediate-size", str(model.moe.shared_expert_ffn_hidden_size)])
+        if moe.shared_expert_ffn_hidden_size:
+            add(["--moe-shared-expert-intermediate-size", str(moe.shared_expert_ffn_hidden_size)])
+        if moe.shared_expert_gate:
+            a.append("--moe-shared-expert-gate")
+        if moe.router_bias:
+            add(["--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias"])
+        pattern = _layer_pattern(model)
+        if pattern is not None:
+            add(["--moe-layer-freq", pattern])
+    if model.num_mtp_layers:
+        add(["--mtp-num-layers", str(model.num_mtp_layers)])
+    return a
+
+
+def parallel_args(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> list[str]:
+    """Parallelism, batch, recompute, optimizer-sharding and precision arguments."""
+    a: list[str] = []
+    add = a.extend
     add(["--tensor-model-parallel-size", str(par.tp), "--pipeline-model-parallel-size", str(par.pp)])
-    if par.cp > 1:
-        add(["--context-parallel-size", str(par.cp)])
-    if par.ep > 1:
-        add(["--expert-model-parallel-size", str(par.ep), "--expert-tensor-parallel-size", str(par.expert_tp)])
     if par.first_stage_layers is not None:
         add(["--decoder-first-pipeline-num-layers", str(par.first_stage_layers)])
     if par.last_stage_layers is not None:
         add(["--decoder-last-pipeline-num-layers", str(par.last_stage_layers)])
     if par.vpp > 1:
-        add(["--num-virtual-stages-per-pipeline-rank", str(par.vpp)])
+        if par.pp == 1:
+            raise EmitError(f"vpp {par.vpp}: Megatron's interleaved schedule needs pipeline-model-parallel size > 1")
+        if par.first_stage_layers is None and par.last_stage_layers is None:
+            per_rank = model.num_layers // par.pp
+            if model.num_layers % par.pp or per_rank % par.vpp:
+                raise EmitError(f"vpp {par.vpp}: {model.num_layers} layers over pp {par.pp} do not split into "
+                                f"{par.vpp} equal virtual stages")
+            add(["--num-layers-per-virtual-pipeline-stage", str(per_rank // par.vpp)])
+        else:
+            add(["--num-virtual-stages-per-pipeline-rank", str(par.vpp)])
+    if par.cp > 1:
+        add(["--context-parallel-size", str(par.cp)])
+    if model.moe is not None:
+        add(["--expert-model-parallel-size", str(par.ep), "--expert-tensor-parallel-size", str(par.expert_tp)])
+    elif par.ep > 1:
+        raise EmitError(f"ep {par.ep}: expert parallelism needs a mixture-of-experts model ({model.name} is dense)")
     if par.sequence_parallel:
         a.append("--sequence-parallel")
     add(["--micro-batch-size", str(par.micro_batch_size), "--global-batch-size", str(job.global_batch_size)])
     if par.recompute == "selective":
         add(["--recompute-granularity", "selective"])
     elif par.recompute == "full":
-        n = par.recompute_num_layers
-        if n is None:
-            n = 1  # uniform method, 1 layer per group = every layer recomputed
-        add(["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", str(n)])
-    if par.zero_stage >= 1:
+        if par.recompute_num_layers is None:
+            add(["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"])
+        else:
+            add(["--recompute-granularity", "full", "--recompute-method", "block",
+                 "--recompute-num-layers", str(par.recompute_num_layers)])
+    sharded_dp = par.dp * par.cp > 1
+    if par.zero_stage == 1:
         a.append("--use-distributed-optimizer")
-        a.append("--overlap-param-gather")
-    if par.dp * par.cp > 1:
+    elif par.zero_stage >= 2:
+        add(["--use-megatron-fsdp", "--data-parallel-sharding-strategy",
+             "optim_grads" if par.zero_stage == 2 else "optim_grads_params", "--ckpt-format", "fsdp_dtensor"])
+    if sharded_dp:
         a.append("--overlap-grad-reduce")
+        if par.zero_stage >= 1:
+            a.append("--overlap-param-gather")
     if job.precision == "fp16":
         a.append("--fp16")
     else:
         a.append("--bf16")
     if job.precision == "fp8":
-        add(["--fp8-format", "hybrid"])
+        add(["--fp8-format", "hybrid", "--fp8-recipe", "delayed", "--fp8-amax-history-len", "1024",
+             "--fp8-amax-compute-algo", "max"])
     if not job.flash_attention:
         add(["--attention-backend", "unfused"])
     return a
+
+
+def megatron_args(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> list[str]:
+    """The argument list (flags and values as separate strings) for ``pretrain_gpt.py``."""
+    return model_args(model, job) + parallel_args(model, job, par)
+
+
+def pair_args(args: list[str]) -> list[str]:
+    """Group ``["--a", "1", "--b"]`` into ``["--a 1", "--b"]`` (shell-quoted), one flag per line in scripts.
+    Tokens starting with ``$CONFIG_DIR/`` are double-quoted so the shell expands the variable."""
+    out: list[str] = []
+    for x in args:
+        q = f'"{x}"' if x.startswith("$CONFIG_DIR/") else shlex.quote(x)
+        if x.startswith("--") or not out:
+            out.append(q)
+        else:
+            out[-1] += " " + q
+    return out
+
+
+def _bash_array(name: str, args: list[str]) -> str:
+    body = "".join(f"  {p}\n" for p in pair_args(args))
+    return f"{name}=(\n{body})\n"
+
+
+def launch_script(kind: str, entry: str, args: list[str], nodes: int, gpus_per_node: int, header: str,
+                  env: dict[str, str], data_args: list[str], train_args: list[str]) -> str:
+    """A bash launch script.
+
+    ``kind="torchrun"``: run once on every node (NODE_RANK 0..NNODES-1, MASTER_ADDR = node 0; the defaults suit
+    one node). ``kind="slurm"``: an ``sbatch`` script, one ``torchrun`` per node under ``srun`` with c10d
+    rendezvous on the first node. ``entry`` is what torchrun runs (``pretrain_gpt.py`` or ``-m module``);
+    ENTRY, DATA_ARGS and TRAIN_ARGS in the environment replace the defaults. Config files written next to the
+    script are found through CONFIG_DIR (the script's folder; the submit folder under Slurm).
+    """
+    lines = ["#!/usr/bin/env bash", f"# {header}"]
+    if kind == "slurm":
+        lines += [f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks-per-node=1", f"#SBATCH --gpus-per-node={gpus_per_node}",
+                  "#SBATCH --exclusive"]
+    else:
+        lines += [f"# {nodes} node(s) x {gpus_per_node} GPUs: run on every node with NODE_RANK (0..{nodes - 1}) and "
+                  "MASTER_ADDR (node 0) set."]
+    lines += ["set -euo pipefail", ""]
+    for k, v in env.items():
+        lines.append(f"export {k}={shlex.quote(v)}")
+    lines += [f"NNODES={nodes}", f"GPUS_PER_NODE={gpus_per_node}"]
+    if kind == "slurm":
+        lines += ['CONFIG_DIR=${CONFIG_DIR:-${SLURM_SUBMIT_DIR:-.}}',
+                  'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)']
+    else:
+        lines += ['CONFIG_DIR=${CONFIG_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}',
+                  "NODE_RANK=${NODE_RANK:-0}", "MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}"]
+    lines += ["MASTER_PORT=${MASTER_PORT:-29500}", f'read -r -a ENTRY <<< "${{ENTRY:-{entry}}}"', ""]
+    text = "\n".join(lines) + "\n"
+    text += _bash_array("MODEL_PARALLEL_ARGS", args)
+    text += f'read -r -a DATA_ARGS <<< "${{DATA_ARGS:-{shlex.join(data_args)}}}"\n'
+    text += f'read -r -a TRAIN_ARGS <<< "${{TRAIN_ARGS:-{shlex.join(train_args)}}}"\n\n'
+    if kind == "slurm":
+        text += ('srun torchrun --nnodes "$NNODES" --nproc-per-node "$GPUS_PER_NODE" \\\n'
+                 '  --rdzv-id "$SLURM_JOB_ID" --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" \\\n')
+    else:
+        text += ('exec torchrun --nnodes "$NNODES" --nproc-per-node "$GPUS_PER_NODE" --node-rank "$NODE_RANK" \\\n'
+                 '  --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \\\n')
+    text += '  "${ENTRY[@]}" "${MODEL_PARALLEL_ARGS[@]}" ${DATA_ARGS[@]+"${DATA_ARGS[@]}"} ' \
+            '${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"} "$@"\n'
+    return text

@@ -1,0 +1,144 @@
+"""torchtitan launch configs for a plan: the TOML of the releases that read TOML (0.2.x JobConfig) and the
+command-line overrides of the current release (0.3.x, Python config registry + ``--section.field`` flags).
+
+Key names: torchtitan 0.2.2 ``torchtitan/config/job_config.py`` (``[parallelism]``, ``[training]``,
+``[activation_checkpoint]``) and 0.3.0 ``ParallelismConfig`` / ``TrainingConfig`` (formulas.md Sec. 7.3,
+validators.md Sec. 4).
+
+Mapping (each choice documented by torchtitan):
+
+* Data parallelism is FSDP2 (``data_parallel_shard_degree = dp``, replicate 1): torchtitan's DDP path refuses
+  to combine with any other parallel dimension ("DDP has not supported > 1D parallelism",
+  ``models/llama3/infra/parallelize.py``). ZeRO-3 plans reshard after forward (``fsdp_reshard_after_forward =
+  "always"``); ZeRO 0-2 plans keep parameters gathered between forward and backward (``"never"``, which
+  torchtitan's help text describes as ZeRO-2-like), so memory is at most the plan's.
+* Batch: torchtitan counts micro-batches per DP rank: with pp > 1 ``local_batch_size = GBS / dp`` split into
+  micro-batches of ``pipeline_parallel_microbatch_size = micro_batch_size``; with pp == 1 ``local_batch_size =
+  micro_batch_size`` and torchtitan accumulates ``GBS / (local_batch_size * dp)`` gradients.
+* Pipeline split: torchtitan's ``generate_llm_fqn_per_model_part`` spreads ``num_layers + first_less +
+  last_less`` over ``ceil(that / layers_per_stage)`` virtual stages, the first (last) stage carrying
+  ``first_less`` (``last_less``) fewer layers. The plan's split is reproduced exactly: layers per virtual stage =
+  the plan's middle-stage layers / vpp, and ``first_less = last_less =`` (middle - end stage layers) / vpp.
+* Schedule: ``1F1B`` (one stage per rank), ``Interleaved1F1B`` (vpp > 1), ``GPipe``; zero-bubble plans use
+  ``InterleavedZeroBubble`` (PyTorch ``get_schedule_class`` names).
+"""
+from __future__ import annotations
+
+from cost_models.config import ParallelConfig, TrainingJob
+from model_zoo.spec import ModelSpec
+
+from .megatron import EmitError
+
+#: plan3d model name -> (torchtitan model name, flavor) for models with a torchtitan definition (torchtitan
+#: ``models/llama3/__init__.py`` llama3_configs "8B"/"70B"/"405B"; ``models/deepseek_v3`` "671B").
+TORCHTITAN_MODELS: dict[str, tuple[str, str]] = {
+    "llama3.1-8b": ("llama3", "8B"),
+    "llama3.1-70b": ("llama3", "70B"),
+    "llama3.1-405b": ("llama3", "405B"),
+    "deepseek-v3": ("deepseek_v3", "671B"),
+}
+#: 0.3.x config-registry functions of the same models (``--module M --config C``).
+TORCHTITAN_REGISTRY: dict[str, tuple[str, str]] = {
+    "llama3.1-8b": ("llama3", "llama3_8b"),
+    "llama3.1-70b": ("llama3", "llama3_70b"),
+    "llama3.1-405b": ("llama3", "llama3_405b"),
+}
+
+_SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "gpipe": "GPipe", "zb-h1": "InterleavedZeroBubble"}
+_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16"}
+
+
+def _stage_layers(model: ModelSpec, par: ParallelConfig) -> tuple[int, int, int]:
+    """(layers per middle stage, first stage layers, last stage layers) of the plan."""
+    L, pp = model.num_layers, par.pp
+    if par.first_stage_layers is None and par.last_stage_layers is None:
+        return L // pp, L // pp, L // pp
+    f = par.first_stage_layers or 0
+    la = par.last_stage_layers or 0
+    n_mid = pp - (par.first_stage_layers is not None) - (par.last_stage_layers is not None)
+    mid = (L - f - la) // n_mid if n_mid else max(f, la)
+    return mid, (f if par.first_stage_layers is not None else mid), (la if par.last_stage_layers is not None else mid)
+
+
+def torchtitan_settings(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> dict[str, dict]:
+    """Section -> {key: value} of the 0.2.x JobConfig (insertion order is the output order)."""
+    if par.vpp > 1 and par.pipeline_schedule == "1f1b":
+        raise EmitError("vpp > 1 needs a multi-stage schedule")
+    if par.ep > 1 and par.expert_tp not in (1, par.tp):
+        raise EmitError(f"etp {par.expert_tp}: torchtitan allows expert tensor parallel 1 or = tp ({par.tp})")
+    name, flavor = TORCHTITAN_MODELS.get(model.name, ("llama3", model.name))
+    pl: dict = {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": par.dp,
+                "fsdp_reshard_after_forward": "always" if par.zero_stage == 3 else "never",
+                "tensor_parallel_degree": par.tp, "context_parallel_degree": par.cp,
+                "pipeline_parallel_degree": par.pp}
+    if par.pp > 1:
+        mid, first, last = _stage_layers(model, par)
+        v = par.vpp
+        if mid % v or (mid - first) % v or (mid - last) % v:
+            raise EmitError(f"vpp {v}: stage layers (first {first}, middle {mid}, last {last}) do not split into "
+                            f"{v} torchtitan virtual stages")
+        per = mid // v
+        fl, ll = (mid - first) // v, (mid - last) // v
+        if per - fl < 1 or per - ll < 1:
+            raise EmitError(f"vpp {v}: the first/last torchtitan virtual stage would hold no layer")
+        pl.update({"pipeline_parallel_schedule": _SCHEDULES[par.pipeline_schedule],
+                   "pipeline_parallel_microbatch_size": par.micro_batch_size,
+                   "pipeline_parallel_layers_per_stage": per,
+                   "pipeline_parallel_first_stage_less_layers": fl,
+                   "pipeline_parallel_last_stage_less_layers": ll})
+    if model.moe is not None:
+        pl["expert_parallel_degree"] = par.ep
+        pl["expert_tensor_parallel_degree"] = par.expert_tp if par.ep > 1 else par.tp
+    local = job.global_batch_size // par.dp if par.pp > 1 else par.micro_batch_size
+    training = {"local_batch_size": local, "global_batch_size": job.global_batch_size, "seq_len": job.seq_length,
+                "mixed_precision_param": _DTYPE[job.precision], "mixed_precision_reduce": "float32"}
+    ac: dict = {"mode": par.recompute}
+    if par.recompute == "selective":
+        ac["selective_ac_option"] = "op"
+    return {"model": {"name": name, "flavor": flavor}, "training": training, "parallelism": pl,
+            "activation_checkpoint": ac}
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    raise TypeError(f"unsupported TOML value {v!r}")
+
+
+def torchtitan_toml(model: ModelSpec, job: TrainingJob, par: ParallelConfig, header: str = "") -> str:
+    """TOML text for torchtitan 0.2.x (``--job.config_file FILE``)."""
+    out = [f"# {line}" for line in header.splitlines()] if header else []
+    if model.name not in TORCHTITAN_MODELS:
+        out.append(f"# torchtitan has no built-in flavor for {model.name}: register one with its dims first")
+    if job.precision == "fp8":
+        out.append('# fp8: add model.converters = ["float8"] with the [float8] section of your torchtitan version')
+    for section, kv in torchtitan_settings(model, job, par).items():
+        if out:
+            out.append("")
+        out.append(f"[{section}]")
+        out += [f"{k} = {_toml_value(v)}" for k, v in kv.items()]
+    return "\n".join(out) + "\n"
+
+
+def torchtitan_overrides(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> list[str]:
+    """Command-line overrides for torchtitan 0.3.x (``--module M --config C`` then ``--section.field value``).
+    0.3.0 has no ``expert_tensor_parallel_degree``, ``selective_ac_option`` or ``mixed_precision_*`` in
+    the same place as 0.2.x, so only parallelism degrees, schedule, batch and sequence length are set; PP
+    needs ``--training.disable_cuda_graphs`` ("CUDA graphs do not support pipeline parallelism yet")."""
+    s = torchtitan_settings(model, job, par)
+    module, config = TORCHTITAN_REGISTRY.get(model.name, ("llama3", "llama3_debugmodel"))
+    a = ["--module", module, "--config", config]
+    pl = dict(s["parallelism"])
+    pl.pop("expert_tensor_parallel_degree", None)  # 0.3.x: expert TP follows tp
+    for k, v in pl.items():
+        a += [f"--parallelism.{k}", str(v)]
+    t = s["training"]
+    for k in ("local_batch_size", "global_batch_size", "seq_len"):
+        a += [f"--training.{k}", str(t[k])]
+    if par.pp > 1:
+        a.append("--training.disable_cuda_graphs")
+    return a
