@@ -1,0 +1,88 @@
+"""Pipeline schedule simulator against the closed forms of the papers (formulas.md Sec. 5)."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cost_models.pipeline import bubble_fraction, bubble_ratio, simulate
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (8, 16), (4, 3)])
+def test_gpipe_and_1f1b_bubble_is_p_minus_1_over_m(schedule, p, m):
+    # Narayanan et al. SC21 Sec. 2.2.1: bubble time (p-1)(tF+tB), ideal m(tF+tB)
+    sim = simulate(schedule, p, m, [1.0] * p, [2.0] * p)
+    assert sim.makespan == pytest.approx((m + p - 1) * 3.0)
+    assert sim.bubble_s / max(sim.busy) == pytest.approx((p - 1) / m)
+    assert sim.bubble_s / max(sim.busy) == pytest.approx(bubble_ratio(schedule, p, m))
+
+
+@pytest.mark.parametrize("p,v,m", [(4, 2, 8), (4, 4, 8), (8, 2, 16), (2, 3, 4)])
+def test_interleaved_bubble_is_p_minus_1_over_vm(p, v, m):
+    # SC21 Sec. 2.2.2: each of the v chunks takes 1/v of the stage time; bubble (p-1)/(v m)
+    f, b = 1.0 / v, 2.0 / v
+    sim = simulate("interleaved", p, m, [f] * (p * v), [b] * (p * v), vpp=v)
+    assert sim.bubble_s / max(sim.busy) == pytest.approx((p - 1) / (v * m))
+
+
+@pytest.mark.parametrize("p,m", [(4, 8), (4, 12), (8, 24)])
+def test_zb_h1_bubble_is_a_third_of_1f1b(p, m):
+    # Qi et al. 2024 Table 1: ZB-H1 bubble (p-1)(tF + tB - tW) = (p-1) tF when tF = tB = tW (backward = B + W)
+    sim = simulate("zb-h1", p, m, [1.0] * p, [2.0] * p)
+    assert sim.bubble_s == pytest.approx((p - 1) * 1.0)
+    assert sim.bubble_s / max(sim.busy) == pytest.approx(bubble_ratio("zb-h1", p, m))
+
+
+def test_p2p_latency_adds_to_the_critical_path():
+    p, m, lat = 4, 8, 0.1
+    plain = simulate("1f1b", p, m, [1.0] * p, [2.0] * p).makespan
+    with_p2p = simulate("1f1b", p, m, [1.0] * p, [2.0] * p, p2p_s=lat).makespan
+    # warm-up (p-1 forward hops) and cool-down (p-1 backward hops) each pay the latency at least once; the
+    # steady state can pay it again, but never more than once per hop per micro-batch
+    assert plain + 2 * (p - 1) * lat - 1e-9 <= with_p2p <= plain + 2 * (m + p - 1) * lat + 1e-9
+
+
+def test_slow_last_stage_sets_the_pace():
+    # an output layer making the last stage 50% slower: the steady state runs at the slowest stage
+    p, m = 4, 32
+    f = [1.0, 1.0, 1.0, 1.5]
+    b = [2.0, 2.0, 2.0, 3.0]
+    sim = simulate("1f1b", p, m, f, b)
+    assert sim.makespan >= m * 4.5
+    assert sim.makespan == pytest.approx(m * 4.5 + 3 * 3.0, rel=0.02)
+
+
+def test_extrapolation_matches_full_simulation():
+    p, m = 8, 400
+    f = [1.0] * 7 + [1.3]
+    b = [2.0] * 7 + [2.6]
+    full = simulate("1f1b", p, m, f, b, max_ops=10**9)
+    fast = simulate("1f1b", p, m, f, b, max_ops=100)
+    assert fast.extrapolated and not full.extrapolated
+    assert fast.makespan == pytest.approx(full.makespan, rel=1e-9)
+
+
+def test_record_gives_every_op_once():
+    p, v, m = 4, 2, 8
+    sim = simulate("interleaved", p, m, [0.5] * 8, [1.0] * 8, vpp=v, record=True)
+    assert len(sim.ops) == 2 * p * v * m
+    keys = {(o.rank, o.kind, o.microbatch, o.chunk) for o in sim.ops}
+    assert len(keys) == len(sim.ops)
+    for r in range(p):  # ops on one rank never overlap
+        ops = sorted((o for o in sim.ops if o.rank == r), key=lambda o: o.start)
+        assert all(a.end <= b.start + 1e-12 for a, b in zip(ops, ops[1:]))
+
+
+def test_bad_stage_count_is_rejected():
+    with pytest.raises(ValueError, match="pp\\*vpp"):
+        simulate("1f1b", 4, 8, [1.0] * 3, [2.0] * 3)
+
+
+@settings(max_examples=30, deadline=None)
+@given(p=st.integers(1, 6), m=st.integers(1, 12), sched=st.sampled_from(["gpipe", "1f1b", "zb-h1"]))
+def test_makespan_bounds(p, m, sched):
+    sim = simulate(sched, p, m, [1.0] * p, [2.0] * p)
+    assert sim.makespan >= m * 3.0 - 1e-9  # never faster than the ideal
+    assert sim.makespan <= (m + p - 1) * 3.0 + 1e-9  # never slower than GPipe/1F1B
+    assert 0 <= bubble_fraction(sched, p, m) < 1
