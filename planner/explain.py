@@ -50,3 +50,106 @@ def format_slack(c: Constraint) -> str:
 def explanation_rows(ex: Explanation) -> list[dict]:
     """JSON-ready rows, one per constraint (stable order)."""
     return [{"name": c.name, "ok": c.ok, "slack": c.slack, "unit": c.unit, "detail": c.detail} for c in ex.constraints]
+
+
+def _plan_str(e: Evaluation) -> str:
+    p = e.parallel
+    s = f"tp {p.tp} pp {p.pp} dp {p.dp}"
+    if p.cp > 1:
+        s += f" cp {p.cp}"
+    if p.ep > 1:
+        s += f" ep {p.ep}"
+    s += f" mbs {p.micro_batch_size} zero {p.zero_stage} recompute {p.recompute}"
+    if e.step is not None:
+        s += f": {e.step.tokens_per_s:,.0f} tokens/s, step {e.step.step_s:.2f} s"
+    if e.memory is not None:
+        s += f", peak {e.memory.peak_bytes / 2**30:.1f} GiB"
+    return s
+
+
+def nearest_changes(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int, space=None,
+                    memory_headroom: float = DEFAULT_MEMORY_HEADROOM, framework: str = "megatron",
+                    closest: Evaluation | None = None) -> list[str]:
+    """The nearest changes that make the job feasible, each with its predicted best plan (or memory).
+
+    Tried in order: the closest layout with ZeRO-3 / full recompute / micro-batch 1 (predicted peak memory),
+    lifting a pinned ZeRO stage / recompute / micro-batch, a shorter sequence (halved up to 4 times), and more
+    GPUs (doubled up to 6 times).
+    """
+    from dataclasses import replace
+
+    from .search import run_search
+    from .space import SearchSpace
+    space = space or SearchSpace()
+    out: list[str] = []
+    usable = cluster.gpu.memory_bytes * (1 - memory_headroom)
+    if closest is not None and closest.memory is not None:
+        p = closest.parallel
+        tries = []
+        if p.zero_stage < 3 and p.dp * p.cp > 1 and not (framework == "deepspeed" and p.pp > 1):
+            tries.append(("ZeRO-3", p.model_copy(update={"zero_stage": 3})))
+        if p.recompute != "full":
+            tries.append(("full recompute", p.model_copy(update={"recompute": "full", "recompute_num_layers": None})))
+        if p.micro_batch_size > 1:
+            tries.append(("micro-batch 1", p.model_copy(update={"micro_batch_size": 1})))
+        for what, q in tries:
+            ev = evaluate(model, cluster, job, q, num_gpus, memory_headroom, framework)
+            if ev.memory is not None:
+                verdict = "fits" if ev.feasible else f"still over by {(ev.memory.peak_bytes - usable) / 2**30:.1f} GiB"
+                out.append(f"{what} on the closest layout: peak {ev.memory.peak_bytes / 2**30:.1f} GiB ({verdict})")
+
+    def best(sp=space, jb=job, n=num_gpus):
+        r = run_search(model, cluster, jb, n, 1, sp, memory_headroom, framework)
+        return r.plans[0] if r.plans else None
+
+    for field, full in (("zero_stage", (0, 1, 2, 3)), ("recompute", ("none", "selective", "full")),
+                        ("micro_batch_size", (1, 2, 4, 8))):
+        if tuple(getattr(space, field)) != full:
+            e = best(replace(space, **{field: full}))
+            if e is not None:
+                out.append(f"unpin {field.replace('_', '-')}: {_plan_str(e)}")
+    s = job.seq_length
+    for _ in range(4):
+        s //= 2
+        if s < 128:
+            break
+        e = best(jb=job.model_copy(update={"seq_length": s}))
+        if e is not None:
+            out.append(f"--seq-length {s}: {_plan_str(e)}")
+            break
+    n = num_gpus
+    for _ in range(6):
+        n *= 2
+        e = best(n=n)
+        if e is not None:
+            out.append(f"--gpus {n}: {_plan_str(e)}")
+            break
+    return out
+
+
+def why_infeasible(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int, res, space=None,
+                   memory_headroom: float = DEFAULT_MEMORY_HEADROOM, framework: str = "megatron",
+                   target_step_s: float | None = None, target_tokens_per_day: float | None = None) -> str:
+    """One line: which constraint binds, by how much, and the nearest changes with their predicted result."""
+    head = f"no feasible plan for {model.name} on {num_gpus} x {cluster.gpu.name}"
+    if target_step_s is not None or target_tokens_per_day is not None:
+        tgt = (f"step <= {target_step_s:g} s" if target_step_s is not None
+               else f">= {target_tokens_per_day:.3g} tokens/day")
+        return f"{head}: no GPU count up to {num_gpus} meets the target {tgt}; raise --gpus or relax the target"
+    if not res.nearest_infeasible:
+        return (f"{head}: no layout satisfies the divisibility rules (heads {model.num_attention_heads}, kv heads "
+                f"{model.num_kv_heads}, layers {model.num_layers}, global batch {job.global_batch_size}, seq "
+                f"{job.seq_length}) within the pinned options; try another GPU count, global batch size or pins")
+    ev = res.nearest_infeasible[0]
+    mem = [v for v in ev.violations if v.name == "memory"]
+    other = [v for v in ev.violations if v.name != "memory"]
+    if mem:
+        binding = (f"memory binds by {mem[0].excess / 2**30:.1f} GiB on the closest layout ({_plan_str(ev)}; "
+                   f"{mem[0].message})")
+    elif other:
+        binding = f"{other[0].name} binds on the closest layout ({other[0].message})"
+    else:
+        binding = "no candidate passes the checks"
+    changes = nearest_changes(model, cluster, job, num_gpus, space, memory_headroom, framework, ev)
+    tail = "; ".join(changes) if changes else "no change tried (GPUs x64, ZeRO-3, full recompute, micro-batch 1, seq/16) fits"
+    return f"{head}: {binding}. Nearest changes: {tail}"

@@ -49,12 +49,10 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, nu
     near: list[tuple[float, Evaluation]] = []
     n = 0
     limit = cluster.gpu.memory_bytes * (1 - memory_headroom)
-    for par in candidates(model, cluster, job, num_gpus, space):
+    for par in candidates(model, cluster, job, num_gpus, space, framework):
         n += 1
         if progress and n % 256 == 0:
             progress(n)
-        if framework == "deepspeed" and par.pp > 1 and par.zero_stage >= 2:
-            continue
         mem = estimate_memory(model, cluster, job, par)
         if mem.peak_bytes > limit:
             near.append((mem.peak_bytes - limit, par))
@@ -67,3 +65,59 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, nu
     nearest = [evaluate(model, cluster, job, p, num_gpus, memory_headroom, framework, convention)
                for _, p in near[:3]]
     return SearchResult(feasible[:top_k], n, len(feasible), nearest)
+
+
+def run_search(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int, top_k: int = 5,
+               space: SearchSpace = SearchSpace(), memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
+               framework: str = "megatron", solver: str = "cpsat", objective: str = "throughput",
+               within: float = 0.05) -> SearchResult:
+    """Dispatch to the CP-SAT solver (default) or the enumerator; both return a ``SearchResult``.
+
+    ``objective`` ``headroom``: among plans within ``within`` (fraction) of the best step time, most memory
+    headroom first.
+    """
+    if solver == "enumerate":
+        if objective == "headroom":
+            res = enumerate_plans(model, cluster, job, num_gpus, 10**9, space, memory_headroom, framework)
+            if res.plans:
+                best = res.plans[0].step.step_s
+                keep = [e for e in res.plans if e.step.step_s <= best * (1 + within)]
+                keep.sort(key=lambda e: (round(e.memory.peak_bytes), rank_key(e)))
+                res.plans = keep[:top_k]
+            return res
+        return enumerate_plans(model, cluster, job, num_gpus, top_k, space, memory_headroom, framework)
+    from .solver import solve
+    r = solve(model, cluster, job, num_gpus, top_k, space, memory_headroom, framework, objective=objective,
+              within=within)
+    return SearchResult(r.plans, r.num_candidates, r.num_feasible, r.nearest_infeasible)
+
+
+def gpu_counts(cluster: ClusterSpec, max_gpus: int) -> list[int]:
+    """Candidate world sizes up to ``max_gpus``: the node size times 1, 2, 4, ... (and ``max_gpus`` itself)."""
+    gpn = cluster.node.gpus_per_node
+    out, n = [], gpn
+    while n < max_gpus:
+        out.append(n)
+        n *= 2
+    out.append(max_gpus)
+    return out
+
+
+def fewest_gpus(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, max_gpus: int, top_k: int = 5,
+                space: SearchSpace = SearchSpace(), memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
+                framework: str = "megatron", solver: str = "cpsat", target_step_s: float | None = None,
+                target_tokens_per_day: float | None = None) -> tuple[SearchResult, int]:
+    """Fewest GPUs among ``gpu_counts`` (node size x powers of two, up to ``max_gpus``) whose best plan meets
+    the target (step seconds, or tokens per day = tokens/s x 86,400). Returns the plans that meet it."""
+    last = None
+    for n in gpu_counts(cluster, max_gpus):
+        res = run_search(model, cluster, job, n, top_k, space, memory_headroom, framework, solver)
+        ok = [e for e in res.plans if (target_step_s is None or e.step.step_s <= target_step_s) and
+              (target_tokens_per_day is None or e.step.tokens_per_s * 86400 >= target_tokens_per_day)]
+        if ok:
+            res.plans = ok
+            return res, n
+        last = (res, n)
+    res, n = last
+    res.plans = []
+    return res, n

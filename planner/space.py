@@ -1,9 +1,15 @@
-"""The search space: candidate values of each knob and the divisibility rules used to prune it.
+"""The search space: candidate domains per knob and the cheap divisibility / framework rules.
 
-The pruning here is the search's own; emitted plans are re-checked by ``planner.checks`` independently.
-Heuristic bounds (documented, and what a practitioner would try): tp within one NVLink domain and a divisor
-of the attention heads; micro-batch sizes 1, 2, 4, 8; cp only while each rank keeps >= 2048 tokens of the
-sequence; vpp up to 8 chunks per rank.
+Both searches draw their candidates from here: the enumerator (``planner.search``) walks ``candidates``, the
+CP-SAT solver (``planner.solver``) takes the ``structures`` (tp, pp, cp, dp, ep, layer split) and the per-knob
+domains (``micro_batch_options``, ``vpp_options``, ``sp_options``, ``zero_options``) as its variables' domains.
+The independent checker (``planner.checks``) re-checks every emitted plan without using this module.
+
+Rules (sources in ``planner.checks``): heads and KV heads by tp, tp within the NVLink domain, layers by pp (or a
+Megatron first/last uneven split), sequence by 2*cp (and by cp*tp under SP), experts by ep and the expert grid
+``ep*etp`` dividing ``dp*cp*tp``, global batch by ``mbs*dp``, interleaving only with ``m % pp == 0`` and stage
+layer counts divisible by vpp, SP forced when tp > 1 and ep > 1 (Megatron), DeepSpeed pipeline with ZeRO <= 1,
+torchtitan with ZeRO 0 or 3 (FSDP2) and no interleaving over an uneven split.
 """
 from __future__ import annotations
 
@@ -19,7 +25,9 @@ MICRO_BATCH_SIZES = (1, 2, 4, 8)
 ZERO_STAGES = (0, 1, 2, 3)
 RECOMPUTE = ("none", "selective", "full")
 MAX_VPP = 8
-#: Smallest per-rank sequence chunk considered for context parallelism (tokens).
+#: Smallest per-rank sequence chunk considered for context parallelism (tokens). Below ~2k tokens per rank the
+#: ring-attention KV exchange cannot hide behind attention compute (Megatron-LM docs, context_parallel.md
+#: recommends CP only for long sequences); a search-space bound, not a hard rule.
 MIN_TOKENS_PER_CP_RANK = 2048
 
 
@@ -51,6 +59,26 @@ class SearchSpace:
     vpp: tuple[int, ...] | None = None
 
 
+@dataclass(frozen=True)
+class Structure:
+    """The integer grid of one layout: tp x pp x cp x dp = world, ep carved from dp*cp*tp, the layer split."""
+
+    tp: int
+    pp: int
+    cp: int
+    dp: int
+    ep: int
+    etp: int | None
+    first: int | None
+    last: int | None
+
+    def per_stage_layers(self, num_layers: int) -> list[int]:
+        """Distinct layer counts per stage (vpp must divide each)."""
+        if self.first is None:
+            return [num_layers // self.pp]
+        return [self.first, (num_layers - 2 * self.first) // (self.pp - 2)]
+
+
 def layer_split(model: ModelSpec, pp: int) -> tuple[int | None, int | None] | None:
     """Even split if possible, else Megatron first/last stage counts, else None (pp impossible)."""
     if model.num_layers % pp == 0:
@@ -60,12 +88,12 @@ def layer_split(model: ModelSpec, pp: int) -> tuple[int | None, int | None] | No
     return uneven_split(model.num_layers, pp)
 
 
-def candidates(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int,
-               space: SearchSpace = SearchSpace()) -> Iterator[ParallelConfig]:
-    """Every configuration of ``space`` that passes the cheap divisibility rules (no memory, no time)."""
+def structures(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int,
+               space: SearchSpace = SearchSpace()) -> Iterator[Structure]:
+    """Every (tp, pp, cp, dp, ep, split) with exact products that passes the divisibility rules."""
     a, g = model.num_attention_heads, model.num_kv_heads
     dom = cluster.node.nvlink_domain_size
-    gbs, s = job.global_batch_size, job.seq_length
+    s = job.seq_length
     for tp in divisors(num_gpus):
         if space.tp is not None and tp not in space.tp:
             continue
@@ -89,26 +117,65 @@ def candidates(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpu
                 for ep in eps:
                     if space.ep is not None and ep not in space.ep:
                         continue
-                    etp = 1 if ep > 1 else None
-                    for mbs in space.micro_batch_size:
-                        if gbs % (mbs * dp):
-                            continue
-                        m = gbs // (mbs * dp)
-                        per_stage = [model.num_layers // pp] if split == (None, None) else [split[0], (model.num_layers - 2 * split[0]) // (pp - 2)]
-                        vpps = [1]
-                        if pp > 1 and m % pp == 0:
-                            vpps += [v for v in range(2, MAX_VPP + 1) if all(c % v == 0 for c in per_stage)]
-                        if space.vpp is not None:
-                            vpps = [v for v in vpps if v in space.vpp]
-                        for vpp in vpps:
-                            for zero in space.zero_stage:
-                                if zero >= 1 and dp * cp == 1:
-                                    continue  # nothing to shard over
-                                for rc in space.recompute:
-                                    for sp in space.sequence_parallel:
-                                        if sp and (tp == 1 or (s // cp) % tp):
-                                            continue
-                                        yield ParallelConfig(
-                                            tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp,
-                                            micro_batch_size=mbs, zero_stage=zero, sequence_parallel=sp,
-                                            recompute=rc, first_stage_layers=split[0], last_stage_layers=split[1])
+                    yield Structure(tp, pp, cp, dp, ep, 1 if ep > 1 else None, split[0], split[1])
+
+
+def micro_batch_options(st: Structure, job: TrainingJob, space: SearchSpace = SearchSpace()) -> list[int]:
+    """Micro-batch sizes that divide the per-replica batch (global batch by mbs*dp)."""
+    return [b for b in space.micro_batch_size if job.global_batch_size % (b * st.dp) == 0]
+
+
+def vpp_options(model: ModelSpec, st: Structure, num_microbatches: int, framework: str = "megatron",
+                space: SearchSpace = SearchSpace()) -> list[int]:
+    """Virtual pipeline sizes: 1, or v > 1 with pp > 1, m % pp == 0 and every stage's layers divisible by v."""
+    out = [1]
+    if st.pp > 1 and num_microbatches % st.pp == 0 and framework != "deepspeed" and not (
+            framework == "torchtitan" and st.first is not None):
+        per_stage = st.per_stage_layers(model.num_layers)
+        out += [v for v in range(2, MAX_VPP + 1) if all(c % v == 0 for c in per_stage)]
+    if space.vpp is not None:
+        out = [v for v in out if v in space.vpp]
+    return out
+
+
+def sp_options(st: Structure, job: TrainingJob, framework: str = "megatron",
+               space: SearchSpace = SearchSpace()) -> list[bool]:
+    """Sequence parallel on/off: needs tp > 1 and (s/cp) % tp == 0; forced on for tp > 1 with ep > 1 (Megatron)."""
+    ok_on = st.tp > 1 and (job.seq_length // st.cp) % st.tp == 0
+    opts = [sp for sp in space.sequence_parallel if (not sp) or ok_on]
+    if framework == "megatron" and st.tp > 1 and st.ep > 1:
+        opts = [sp for sp in opts if sp]
+    return opts
+
+
+def zero_options(st: Structure, framework: str = "megatron", space: SearchSpace = SearchSpace()) -> list[int]:
+    """ZeRO stages: sharding needs dp*cp > 1; DeepSpeed's pipeline engine <= 1; torchtitan FSDP2 0 or 3."""
+    out = []
+    for z in space.zero_stage:
+        if z >= 1 and st.dp * st.cp == 1:
+            continue  # nothing to shard over
+        if framework == "deepspeed" and st.pp > 1 and z >= 2:
+            continue
+        if framework == "torchtitan" and z in (1, 2):
+            continue
+        out.append(z)
+    return out
+
+
+def to_parallel(st: Structure, mbs: int, vpp: int, zero: int, sp: bool, rc: str) -> ParallelConfig:
+    return ParallelConfig(tp=st.tp, pp=st.pp, dp=st.dp, cp=st.cp, ep=st.ep, etp=st.etp, vpp=vpp,
+                          micro_batch_size=mbs, zero_stage=zero, sequence_parallel=sp, recompute=rc,
+                          first_stage_layers=st.first, last_stage_layers=st.last)
+
+
+def candidates(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int,
+               space: SearchSpace = SearchSpace(), framework: str = "megatron") -> Iterator[ParallelConfig]:
+    """Every configuration of ``space`` that passes the cheap divisibility rules (no memory, no time)."""
+    for st in structures(model, cluster, job, num_gpus, space):
+        for mbs in micro_batch_options(st, job, space):
+            m = job.global_batch_size // (mbs * st.dp)
+            for vpp in vpp_options(model, st, m, framework, space):
+                for zero in zero_options(st, framework, space):
+                    for rc in space.recompute:
+                        for sp in sp_options(st, job, framework, space):
+                            yield to_parallel(st, mbs, vpp, zero, sp, rc)
