@@ -135,7 +135,8 @@ class StageMemory:
     in_flight_microbatches: float
     transient: float = 0.0
     phase: str = "backward"
-    phases: dict[str, float] = field(default_factory=dict)
+    phases: dict[str, float] = field(default_factory=dict)  # phase -> total bytes (incl. states and reserve)
+    phase_terms: dict[str, dict[str, float]] = field(default_factory=dict)  # phase -> non-state term -> bytes
 
     @property
     def total(self) -> float:
@@ -306,6 +307,11 @@ def activation_bytes_per_layer(model: ModelSpec, job: TrainingJob, par: Parallel
     outside = sb * h * (2 * BYTES_16BIT + 2 * gemm_in + 2 * drop)
     if par.sequence_parallel:
         outside /= t
+        if framework == "torchtitan":
+            # DTensor SP: the QKV and fc1 linears save their all-gathered (Replicate) input, full size; Megatron
+            # re-gathers it in backward instead (torchtitan parallelize_llama.py apply_tp: PrepareModuleInput
+            # desired_input_layouts=Replicate() before attention and feed_forward).
+            outside += sb * h * 2 * gemm_in * (1 - 1 / t)
     # Attention inside TP: Q, K, V and the attention output O (kept for the attention backward; O is also the
     # output-projection GEMM input).
     ctx_w = v_w if model.mla is not None else q_w  # attention output = output-projection input
@@ -436,10 +442,12 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
                 buf_f = buf_b = 4 * sp.largest_module  # estimator: 16-bit params + grads of the largest module
             elif fw == "torchtitan" and par.pp > 1:
                 # FSDP + PP: torchtitan does not reshard after forward (reshard_after_forward = not pp_enabled), so
-                # the stage's bf16 parameters stay gathered and its bf16 gradients accumulate unsharded over the
-                # micro-batches (torchtitan/models/llama/parallelize_llama.py, apply_fsdp).
+                # the stage's bf16 parameters stay gathered, and with gradient sync off between micro-batches the
+                # unsharded gradients accumulate in the fp32 reduce dtype (torchtitan parallelize_llama.py
+                # apply_fsdp; torch/distributed/pipelining/stage.py _backward_maybe_with_nosync;
+                # torch/distributed/fsdp/_fully_shard/_fsdp_param.py to_accumulated_grad_if_needed).
                 buf_f = BYTES_16BIT * sp.total
-                buf_b = 2 * BYTES_16BIT * sp.total
+                buf_b = (BYTES_16BIT + BYTES_FP32) * sp.total
             elif fw == "torchtitan":
                 buf_f = 2 * BYTES_16BIT * sp.largest_layer  # running + prefetched block, bf16
                 buf_b = buf_f + (BYTES_16BIT + BYTES_FP32) * sp.largest_layer  # + unsharded grads, fp32 for RS
@@ -470,5 +478,5 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
             stage=stage, num_layers=len(layers), num_parameters=sp.total, weights=weights, gradients=grads,
             optimizer_states=opt, activations=pt["activations"], logits=pt["logits"], buffers=pt["buffers"],
             reserve=reserve, in_flight_microbatches=n_inflight, transient=pt["transient"], phase=peak_phase,
-            phases=phases))
+            phases=phases, phase_terms=phase_terms))
     return MemoryEstimate(stages=out, capacity_bytes=cluster.gpu.memory_bytes)
