@@ -129,6 +129,7 @@ class StepEstimate:
     stage_forward_s: list[float] = field(default_factory=list)
     stage_backward_s: list[float] = field(default_factory=list)
     p2p_s: float = 0.0
+    pp: int = 1
     schedule: str = "1f1b"
     framework: str = "megatron"
     #: seconds per step of each compute kind on the busiest rank (gemm, attention, memory_bound)
@@ -404,5 +405,5 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
         tokens_per_s=job.tokens_per_step / step, model_flops=mf, hardware_flops=hf,
         tflops_per_gpu=mf / step / n_gpus / 1e12, mfu=mf / (step * n_gpus * peak),
         hfu=hf / (step * n_gpus * peak), peak_flops_per_gpu=peak, flops_convention=convention,
-        stage_forward_s=fwd_v, stage_backward_s=bwd_v, p2p_s=p2p, schedule=par.pipeline_schedule,
+        stage_forward_s=fwd_v, stage_backward_s=bwd_v, p2p_s=p2p, pp=par.pp, schedule=par.pipeline_schedule,
         framework=framework, compute_breakdown_s=kinds)

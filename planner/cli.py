@@ -353,6 +353,8 @@ def explain(
         "--memory-headroom", min=0.0, max=0.5, help="fraction of GPU memory kept free (default 0.05)")] = None,
     framework: FrameworkOpt = Framework.megatron,
     fmt: FmtOpt = Fmt.table, output: OutOpt = None,
+    timeline: Annotated[Optional[Path], typer.Option(
+        "--timeline", help="draw the simulated pipeline schedule to FILE.svg or FILE.png")] = None,
 ) -> None:
     """List every constraint of one given configuration with its slack (same options as ``evaluate``).
 
@@ -366,6 +368,12 @@ def explain(
     from .explain import explain_config, explanation_rows, format_slack
     headroom = DEFAULT_MEMORY_HEADROOM if memory_headroom is None else memory_headroom
     ex = explain_config(m, c, job, par, n, headroom, framework.value)
+    if timeline is not None:
+        from .timeline import draw_timeline
+        if ex.evaluation.step is None:
+            from .errors import PlanInputError
+            raise PlanInputError(f"--timeline {timeline}: the configuration has no step estimate (invalid layout)")
+        draw_timeline(ex.evaluation.step, timeline, f"{m.name} on {n} x {c.gpu.name} ({c.name})")
     if fmt == Fmt.json:
         import json
         st = ex.evaluation.step
