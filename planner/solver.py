@@ -327,9 +327,10 @@ class SolveResult:
     solver_status: str
     table_best_step_s: float | None
     nearest_infeasible: list[Evaluation] = field(default_factory=list)
+    timings_s: dict[str, float] = field(default_factory=dict)
 
 
-def _cpsat_optimum(A, P, E, W, X, valid_mem_limit: float, time_limit_s: float = 10.0):
+def _cpsat_optimum(A, P, E, W, X, valid_mem_limit: float, time_limit_s: float = 10.0, hint=None, fits=None):
     """CP-SAT: choose (k, vpp, sp, zero) minimising A + P + E subject to every slot's W + X <= limit.
 
     Returns (status name, optimum in seconds or None, chosen indices or None). Integer units: seconds are
@@ -357,24 +358,32 @@ def _cpsat_optimum(A, P, E, W, X, valid_mem_limit: float, time_limit_s: float = 
     yz = [mdl.NewBoolVar(f"z{i}") for i in range(4)]
     for grp in (xk, yv, ys, yz):
         mdl.AddExactlyOne(grp)
+    # cells that can appear in a solution: some completion of them fits in memory (``fits``: (k, sp, v, z))
+    if fits is None:
+        fits = np.ones((n, 2, V, 4), dtype=bool)
+    fa, fp, fe = fits.any(axis=(1, 3)), fits.any(axis=3), fits.any(axis=(1, 2))
     ua, up, ue = {}, {}, {}
     for i in range(n):
         for vi in range(V):
-            if qa[i * V + vi] < big:
+            if qa[i * V + vi] < big and fa[i, vi]:
                 ua[i, vi] = mdl.NewBoolVar("")
             for si in range(2):
-                if qp[(i * 2 + si) * V + vi] < big and qa[i * V + vi] < big:
+                if qp[(i * 2 + si) * V + vi] < big and qa[i * V + vi] < big and fp[i, si, vi]:
                     up[i, si, vi] = mdl.NewBoolVar("")
         for zi in range(4):
-            if qe[i * 4 + zi] < big:
+            if qe[i * 4 + zi] < big and fe[i, zi]:
                 ue[i, zi] = mdl.NewBoolVar("")
 
     def link(cells, dims):
-        # sum of the cells = 1; each cell implies its coordinates' choices
+        # marginal consistency: for every dimension and value, the cells with that value sum to its choice
+        # (a tight LP relaxation; each cell also implies its coordinates)
         mdl.AddExactlyOne(cells.values())
-        for key, b in cells.items():
-            for d, var in zip(key, dims):
-                mdl.AddImplication(b, var[d])
+        for d, var in enumerate(dims):
+            by: dict[int, list] = {}
+            for key, b in cells.items():
+                by.setdefault(key[d], []).append(b)
+            for val, lit in enumerate(var):
+                mdl.Add(sum(by.get(val, [])) == lit)
     link(ua, (xk, yv))
     link(up, (xk, ys, yv))
     link(ue, (xk, yz))
@@ -386,8 +395,17 @@ def _cpsat_optimum(A, P, E, W, X, valid_mem_limit: float, time_limit_s: float = 
         mdl.Add(sum(int(round(W[i, j, zi] / MIB)) * b for (i, zi), b in ue.items())
                 + sum(int(round(X[i, j, si, vi] / MIB)) * b for (i, si, vi), b in up.items()) <= lim)
     mdl.Minimize(obj)
+    if hint is not None:  # a feasible start (the best cell of the same tables); CP-SAT proves or improves it
+        hk, hsp, hv, hz = hint
+        for grp, val in ((xk, hk), (ys, hsp), (yv, hv), (yz, hz)):
+            for i, b in enumerate(grp):
+                mdl.AddHint(b, i == val)
+        for cells, key in ((ua, (hk, hv)), (up, (hk, hsp, hv)), (ue, (hk, hz))):
+            for kk, b in cells.items():
+                mdl.AddHint(b, kk == key)
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
+    solver.parameters.linearization_level = 2  # full LP relaxation: fastest on these one-hot models (measured)
     solver.parameters.max_time_in_seconds = time_limit_s
     st = solver.Solve(mdl)
     name = solver.StatusName(st)
@@ -408,12 +426,14 @@ def solve(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: in
     """
     from .search import rank_key
 
+    import time
+    tm: dict[str, float] = {}
+    t0 = time.perf_counter()
     T = build_tables(model, cluster, job, num_gpus, space, framework)
     if not T.keys:
         return SolveResult([], 0, 0, 0, "NO_CANDIDATES", None)
     A, P, E, W, X = T.arrays()
     limit = cluster.gpu.memory_bytes * (1 - memory_headroom)
-    status, opt, _ = _cpsat_optimum(A, P, E, W, X, limit * (1 + MEM_MARGIN))
     # the full (k, sp, v, z) grid of table values: step seconds and per-slot memory (bytes)
     step = A[:, None, :, None] + P[:, :, :, None] + E[:, None, None, :]          # (k, sp, v, z)
     mem = W[:, :, None, None, :] + X[:, :, :, :, None]                              # (k, j, sp, v, z)
@@ -422,10 +442,20 @@ def solve(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: in
     n_cand = int(valid.sum())
     fits = valid & (peak <= limit * (1 + MEM_MARGIN))
     n_fit = int(fits.sum())
+    tm["tables"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    hint = None
+    if n_fit:
+        hint = tuple(int(x) for x in np.unravel_index(np.argmin(np.where(fits, step, np.inf)), step.shape))
+    status, opt, _ = (_cpsat_optimum(A, P, E, W, X, limit * (1 + MEM_MARGIN), hint=hint, fits=fits) if n_fit
+                      else ("INFEASIBLE", None, None))
+    tm["cpsat"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
     if opt is None or n_fit == 0:
         near = _nearest(model, cluster, job, num_gpus, T, step, peak, valid, limit, memory_headroom, framework,
                         convention)
-        return SolveResult([], n_cand, 0, 0, status, None, near)
+        tm["rescore"] = time.perf_counter() - t0
+        return SolveResult([], n_cand, 0, 0, status, None, near, tm)
     # Disposal: re-score in increasing proxy step time until no unscored candidate can beat the K-th best.
     ratio_lo = None  # min over re-scored candidates of scalar step / table step
     mem_margin = MEM_MARGIN
@@ -473,7 +503,8 @@ def solve(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: in
         feas.sort(key=rank_key)
     near = [] if feas else _nearest(model, cluster, job, num_gpus, T, step, peak, valid, limit, memory_headroom,
                                     framework, convention)
-    return SolveResult(feas[:top_k], n_cand, n_fit, len(seen), status, opt, near)
+    tm["rescore"] = time.perf_counter() - t0
+    return SolveResult(feas[:top_k], n_cand, n_fit, len(seen), status, opt, near, tm)
 
 
 def _nearest(model, cluster, job, num_gpus, T, step, peak, valid, limit, headroom, framework, convention,
