@@ -312,6 +312,71 @@ def evaluate(
     _render(doc, fmt, output, emit, f"plan3d evaluate: {m.name} on {n} x {c.gpu.name} ({c.name})")
 
 
+@app.command()
+def memory(
+    model: ModelOpt = None, cluster: ClusterOpt = None, gpus: GpusOpt = None, nodes: NodesOpt = None,
+    global_batch_size: GbsOpt = 1024, seq_length: SeqOpt = 4096, precision: PrecOpt = Precision.bf16,
+    tp: Annotated[int, typer.Option("--tp", min=1)] = 1,
+    pp: Annotated[int, typer.Option("--pp", min=1)] = 1,
+    cp: Annotated[int, typer.Option("--cp", min=1)] = 1,
+    ep: Annotated[int, typer.Option("--ep", min=1)] = 1,
+    etp: Annotated[Optional[int], typer.Option("--etp", min=1, help="expert tensor parallel (default: tp)")] = None,
+    vpp: Annotated[int, typer.Option("--vpp", min=1, help="model chunks per pipeline rank")] = 1,
+    micro_batch_size: Annotated[int, typer.Option("--micro-batch-size", min=1)] = 1,
+    zero_stage: Annotated[int, typer.Option("--zero-stage", min=0, max=3, help="1 = Megatron distributed optimizer")] = 0,
+    recompute: Annotated[RecomputeOpt, typer.Option("--recompute")] = RecomputeOpt.none,
+    recompute_num_layers: Annotated[Optional[int], typer.Option("--recompute-num-layers", min=1)] = None,
+    sequence_parallel: Annotated[bool, typer.Option("--sequence-parallel/--no-sequence-parallel")] = False,
+    first_stage_layers: Annotated[Optional[int], typer.Option("--first-stage-layers", min=1)] = None,
+    last_stage_layers: Annotated[Optional[int], typer.Option("--last-stage-layers", min=1)] = None,
+    flash_attention: Annotated[bool, typer.Option("--flash-attention/--no-flash-attention")] = True,
+    dropout: Annotated[bool, typer.Option("--dropout/--no-dropout", help="dropout layers present")] = False,
+    memory_headroom: HeadroomOpt = 0.0, framework: FrameworkOpt = Framework.megatron,
+    fmt: FmtOpt = Fmt.table, output: OutOpt = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="draw the per-stage breakdown to FILE.png|svg")] = None,
+) -> None:
+    """Per-stage memory breakdown of one configuration (largest terms first, with capacity and headroom).
+
+    Same options as evaluate. Exit 1 when the peak stage does not fit; the report is printed either way.
+    """
+    par, m, c, n, job = _parallel_from_options(
+        model, cluster, gpus, nodes, global_batch_size, seq_length, precision, tp, pp, cp, ep, etp, vpp,
+        micro_batch_size, zero_stage, recompute, recompute_num_layers, sequence_parallel, first_stage_layers,
+        last_stage_layers)
+    job = job.model_copy(update={"framework": framework.value, "flash_attention": flash_attention,
+                                 "dropout": dropout})
+    from .document import build_document, to_json
+    from .errors import NoFeasiblePlan, PlanInputError
+    from .evaluate import evaluate as run_eval
+    from .memory_report import memory_table, plot_memory, status
+    ev = run_eval(m, c, job, par, n, memory_headroom, framework.value)
+    if ev.memory is None:
+        raise PlanInputError("; ".join(v.message for v in ev.violations) or "no memory estimate for this layout")
+    est = ev.memory
+    title = (f"plan3d memory: {m.name} on {n} x {c.gpu.name} ({c.name}), {framework.value}, tp {par.tp} pp {par.pp} "
+             f"dp {par.dp} cp {par.cp} ep {par.ep} vpp {par.vpp}, mbs {par.micro_batch_size}, zero "
+             f"{par.zero_stage}, recompute {par.recompute}, seq {job.seq_length}")
+    if plot is not None:
+        plot_memory(est, plot, title)
+    if fmt == Fmt.json:
+        _write(to_json(build_document(m, c, job, n, [ev])), output)
+    else:
+        from rich.console import Console
+        if output is not None:
+            with output.open("w") as fh:
+                con = Console(file=fh, width=200)
+                con.print(title, highlight=False)
+                con.print(memory_table(est, ""))
+        else:
+            con = Console(width=max(160, Console().width))
+            con.print(title, highlight=False)
+            con.print(memory_table(est, ""))
+    if status(est) == "OOM":
+        pk = est.peak_stage
+        raise NoFeasiblePlan(f"out of memory: stage {pk.stage} peaks at {pk.total / 2**30:.1f} GiB in {pk.phase} "
+                             f"> {est.capacity_bytes / 2**30:.1f} GiB capacity")
+
+
 def _parallel_from_options(model, cluster, gpus, nodes, gbs, seq, precision, tp, pp, cp, ep, etp, vpp, mbs,
                            zero_stage, recompute, recompute_num_layers, sequence_parallel, first, last):
     from cost_models.config import ParallelConfig

@@ -95,6 +95,9 @@ class StageMemoryInfo(_Strict):
     total_bytes: int
     in_flight_microbatches: float
     breakdown: dict[str, int] = Field(description="term -> bytes, largest first")
+    peak_phase: str | None = Field(None, description="phase of the step at which this stage peaks "
+                                                     "(forward, backward or optimizer)")
+    phases: dict[str, int] | None = Field(None, description="phase -> total bytes of this stage in that phase")
 
 
 class MemoryInfo(_Strict):
@@ -188,7 +191,8 @@ def plan_info(rank: int, ev: Evaluation, model: ModelSpec, cluster: ClusterSpec,
         pk = ev.memory.peak_stage
         stages = [StageMemoryInfo(stage=s.stage, num_layers=s.num_layers, total_bytes=round(s.total),
                                   in_flight_microbatches=_r(s.in_flight_microbatches),
-                                  breakdown={k: round(v) for k, v in s.terms().items()})
+                                  breakdown={k: round(v) for k, v in s.terms().items()},
+                                  peak_phase=s.phase, phases={k: round(v) for k, v in s.phases.items()})
                   for s in ev.memory.stages]
         cap = ev.memory.capacity_bytes
         mem = MemoryInfo(peak_bytes=round(pk.total), capacity_bytes=cap, headroom_bytes=round(cap - pk.total),
