@@ -65,14 +65,14 @@ ADAM_HBM_BYTES_PER_PARAM = 34
 #: GEMM operand-streaming weight (dimensionless): a GEMM costs its MAMF-rate compute time plus ``KAPPA`` times
 #: the time to read A and B and write C once from HBM. Fitted on the dev rows (plan3d validate): it sets how much
 #: slower small per-GPU GEMMs (Qwen3-30B-A3B's 768-wide experts, h=2048 at TP) run than large ones.
-KAPPA = 1.0
+KAPPA = 3.0
 
 #: HBM passes over the 16-bit hidden state per layer forward (norms: read+write x2, residual adds: 2 reads +
 #: 1 write x2, bias/dropout/rotary, MoE-free), by framework: Megatron-LM/NeMo with Transformer Engine's fused
 #: kernels; torchtitan eager PyTorch, and with torch.compile fusing elementwise chains. Fitted on the dev rows;
 #: the op count above gives ~10-14 unfused.
-ELEMENTWISE_PASSES = {"megatron": 10.0, "nemo": 10.0, "deepspeed": 14.0, "torchtitan": 16.0,
-                      "torchtitan_compile": 10.0}
+ELEMENTWISE_PASSES = {"megatron": 4.0, "nemo": 4.0, "deepspeed": 32.0, "torchtitan": 64.0,
+                      "torchtitan_compile": 32.0}
 
 #: Backward / forward time of the fused attention kernel (FlashAttention-2: 5 backward matmuls vs 2 forward,
 #: Dao 2023 Sec. 3.1, i.e. 2.5x the FLOPs at a similar rate).
@@ -86,20 +86,20 @@ UNFUSED_SCORE_PASSES = 4.0
 #: Share of TP communication left exposed when TP communication overlap is on (Megatron ``--tp-comm-overlap``,
 #: torchtitan async TP): userbuffers pipeline the collectives with the GEMM chunks but the first/last chunk and
 #: the ones next to non-GEMM work stay exposed. Fitted on the dev rows.
-TP_OVERLAP_EXPOSED = 0.3
+TP_OVERLAP_EXPOSED = 0.0
 #: Passes over the top_k token copies in MoE permute/unpermute (write + read at dispatch and at combine).
 MOE_PERMUTE_PASSES = 4.0
 #: HBM bytes per element of one FP8 cast (read 16-bit, write 8-bit).
 FP8_CAST_BYTES = 3.0
 #: Share of EP all-to-all left exposed when the framework overlaps it with another micro-batch's compute
 #: (Megatron-LM ``--overlap-moe-expert-parallel-comm``, DeepSeek-V3 Sec. 3.2.1 "DualPipe"-style overlap).
-EP_OVERLAP_EXPOSED = 0.3
+EP_OVERLAP_EXPOSED = 0.0
 #: Fixed seconds per MoE layer per micro-batch (forward + backward; 1/3 forward): dropless routing syncs the
 #: per-expert token counts to the host before the grouped GEMM and launches many small kernels (router, top-k,
 #: permute, grouped GEMM, unpermute). Fitted on the dev rows: Megatron-Bridge 25.11 Qwen3-30B-A3B runs at
 #: 9299 tokens/s/GPU with micro-batch 1 on B200 and 23766 with micro-batch 4 on GB200, i.e. ~7.5 ms of fixed
 #: time per layer per micro-batch on top of ~0.42 us per token.
-MOE_LAYER_OVERHEAD_S = 2.0e-3
+MOE_LAYER_OVERHEAD_S = 6.0e-3
 #: Fixed seconds per dense decoder layer per micro-batch (forward + backward): kernel launches.
 LAYER_OVERHEAD_S = 1.0e-4
 #: Bytes per element of the fp32 cross-entropy logits, and passes over them (softmax read/write, grad write).
@@ -258,18 +258,22 @@ def _layer_cost(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: P
 def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
                   convention: FlopsConvention = "megatron", framework: str = "megatron",
                   tp_comm_overlap: bool | None = None, overlap_dp: bool | None = None,
-                  ep_overlap: bool = False) -> StepEstimate:
+                  ep_overlap: bool = False, full_cuda_graph: bool = False) -> StepEstimate:
     """Step time of ``par`` on ``cluster`` (see module docstring). Raises ``LayoutError`` on an impossible split.
 
     ``framework`` selects the kernel set (``ELEMENTWISE_PASSES``: megatron, nemo, deepspeed, torchtitan,
     torchtitan_compile). ``tp_comm_overlap`` / ``overlap_dp``: None = the framework default (Megatron-LM: off /
-    off, NeMo and torchtitan: on / on; DeepSpeed: off / on).
+    off, NeMo and torchtitan: on / on; DeepSpeed: off / on without pipeline parallelism, off with it: its
+    ``PipelineEngine`` reduces gradients after the whole schedule, ``runtime/pipe/schedule.py`` ``ReduceGrads``).
+    ``ep_overlap``: EP all-to-all overlapped with another micro-batch's compute. ``full_cuda_graph``: the whole
+    step is captured in CUDA graphs (Megatron ``--cuda-graph-scope full``), removing the MoE per-layer host
+    overhead (``MOE_LAYER_OVERHEAD_S``).
     """
     fw_base = framework.split("_")[0]
     if tp_comm_overlap is None:
         tp_comm_overlap = fw_base in ("nemo",)
     if overlap_dp is None:
-        overlap_dp = fw_base in ("nemo", "torchtitan", "deepspeed")
+        overlap_dp = fw_base in ("nemo", "torchtitan") or (fw_base == "deepspeed" and par.pp == 1)
     b, s, h = par.micro_batch_size, job.seq_length, model.hidden_size
     m = max(1, par.num_microbatches(job.global_batch_size))
     dom = cluster.node.nvlink_domain_size
@@ -309,7 +313,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
                 comm_f = x.tp * tp_exp + x.cp + x.ep * ep_exp
                 comm_b = x.tp * tp_exp + 2 * x.cp + x.ep * ep_exp
                 ovh = LAYER_OVERHEAD_S
-                if model.moe is not None and model.is_moe_layer(i):
+                if model.moe is not None and model.is_moe_layer(i) and not full_cuda_graph:
                     ovh += MOE_LAYER_OVERHEAD_S
                 comp_f += ovh / 3
                 comp_b += 2 * ovh / 3
@@ -364,6 +368,11 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     if shard > 1:
         if par.zero_stage == 0:
             rs_t = collective_time("all_reduce", BYTES_FP32 * sp_max.dense, dp_group, cluster)
+        elif fw_base == "deepspeed" and par.zero_stage == 1:
+            # DeepSpeed's BF16_Optimizer (runtime/bf16_optimizer.py): all-reduce of the fp32 gradient buffer, each
+            # rank updates its partition, then all-gathers the 16-bit weights
+            rs_t = collective_time("all_reduce", BYTES_FP32 * sp_max.dense, dp_group, cluster)
+            ag_t = collective_time("all_gather", BYTES_16BIT * sp_max.dense, dp_group, cluster)
         else:
             rs_t = collective_time("reduce_scatter", BYTES_FP32 * sp_max.dense, dp_group, cluster)
             ag_t = collective_time("all_gather", BYTES_16BIT * sp_max.dense, dp_group, cluster)
@@ -373,6 +382,11 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
                                 BYTES_FP32 * sp_max.expert, edp, cluster)
         if par.zero_stage:
             ag_t += collective_time("all_gather", BYTES_16BIT * sp_max.expert, edp, cluster)
+    if model.tie_word_embeddings and par.pp > 1:
+        # first and last stage all-reduce the shared embedding's fp32 gradient after the pipeline drains
+        # (Megatron-LM ``finalize_model_grads._allreduce_word_embedding_grads``; DeepSpeed ``ReduceTiedGrads``)
+        emb_g = GroupPlacement(2, 2 if par.world_size // par.pp * (par.pp - 1) < dom else 1)
+        rs_t += collective_time("all_reduce", BYTES_FP32 * vocab * h / par.tp, emb_g, cluster)
     last_bwd = sum(bwd_v[c * par.pp + busiest] for c in range(v))
     first_fwd = sum(fwd_v[c * par.pp + busiest] for c in range(v))
     if par.zero_stage >= 3 and shard > 1:

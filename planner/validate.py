@@ -118,8 +118,12 @@ _FRAMEWORK_DEFAULTS: dict[str, dict[str, Any]] = {
     "deepspeed": {"mbs": 1, "recompute": "none", "sp_with_tp": False, "zero": 1, "seq": None},
 }
 
+#: The Megatron-LM Llama example table lists the layouts of NeMo's performance recipes (Llama 3 8B tp1 cp2 dp4,
+#: 405B tp8 pp8 cp2 vpp8, as in the NeMo/Megatron-Bridge summaries) and counts FLOPs as NeMo 24.07 does, so NeMo's
+#: recipe defaults (TP communication overlap, distributed optimizer) are assumed for it.
 _GROUP_FRAMEWORK = {
     "torchtitan": "torchtitan", "bloom": "deepspeed", "nemo_2407_perf_summary": "nemo",
+    "megatron_llama_example": "nemo",
     "nemo_long_sequence_cp": "nemo", "nemo_bridge_perf_summary": "nemo",
 }
 
@@ -270,7 +274,7 @@ def _model_for(row: dict[str, Any], notes: list[str]) -> ModelSpec | str:
 #: limit)") relative to a 700 W DGX H100, applied to its GEMM and attention rates. Fitted on the torchtitan dev
 #: rows; cross-check: the same torchtitan recipe (Llama 3.1 8B, FSDP, compile, float8, 8k) gives 8532 tokens/s/GPU
 #: on these GPUs and 10938 on 700 W H200s (trainy rows), a ratio of 0.78.
-H100_500W_FACTOR = 0.8
+H100_500W_FACTOR = 0.7
 
 
 def _power_capped_h100(notes: list[str]) -> ClusterSpec:
@@ -284,9 +288,23 @@ def _power_capped_h100(notes: list[str]) -> ClusterSpec:
         update={"gemm_efficiency": ge, "attention_efficiency": ae})})
 
 
+#: Jean Zay (BLOOM): "Omni-Path (4 links/node)" per the row; Intel Omni-Path 100 series links run at 100 Gb/s,
+#: so 4 x 12.5e9 bytes/s per 8-GPU node = 6.25e9 bytes/s per GPU per direction.
+JEAN_ZAY_NIC_BYTES_PER_S_PER_GPU = 4 * 12.5e9 / 8
+
+
+def _jean_zay(notes: list[str]) -> ClusterSpec:
+    c = get_cluster("dgx-a100-80g")
+    notes.append("Jean Zay network: 4 x 100 Gb/s Omni-Path per node = 6.25 GB/s per GPU")
+    return c.model_copy(update={"name": "jean-zay-a100", "network": c.network.model_copy(
+        update={"nic_bandwidth_bytes_per_s": JEAN_ZAY_NIC_BYTES_PER_S_PER_GPU})})
+
+
 def _cluster_for(row: dict[str, Any], notes: list[str] | None = None) -> ClusterSpec | str:
     hw = row.get("hardware") or {}
     gpu = str(hw.get("gpu") or "").lower()
+    if "omni-path" in str(hw.get("interconnect") or "").lower() and gpu.startswith("a100"):
+        return _jean_zay(notes if notes is not None else [])
     if gpu.startswith("h100") and "500w" in gpu.replace(" ", ""):
         return _power_capped_h100(notes if notes is not None else [])
     if gpu.startswith("a100"):
@@ -360,9 +378,10 @@ def build_inputs(row: dict[str, Any]) -> tuple[ModelSpec, ClusterSpec, TrainingJ
     tp, pp, cp = int(p["tp"]), int(p["pp"]), int(p.get("cp") or 1)
     n = int(hw["num_gpus"])
     dp = int(p.get("dp") or n // (tp * pp * cp))
-    if tp * pp * dp * cp != n and n % (tp * pp * cp) == 0:
-        notes.append(f"dp {n // (tp * pp * cp)} = num_gpus/(tp*pp*cp) (row's dp {dp} does not multiply out)")
-        dp = n // (tp * pp * cp)
+    if tp * pp * dp * cp != n:
+        # the row's layout and batch are kept (per-GPU throughput depends on them, not on the GPU count)
+        notes.append(f"num_gpus {n} != tp*pp*dp*cp = {tp * pp * dp * cp} as printed; the layout is used")
+        n = tp * pp * dp * cp
     mbs = p.get("micro_batch_size")
     if mbs is None:
         mbs = d["mbs"]
@@ -407,8 +426,6 @@ def build_inputs(row: dict[str, Any]) -> tuple[ModelSpec, ClusterSpec, TrainingJ
     flash = group not in ("megatron_sc21_table1", "bloom")
     job = TrainingJob(global_batch_size=int(p["global_batch_size"]), seq_length=int(seq), precision=prec,
                       flash_attention=flash)
-    if par.world_size != n:
-        return f"tp*pp*dp*cp = {par.world_size} != num_gpus {n}"
     return model, cluster, job, par, fw, notes
 
 
@@ -445,9 +462,10 @@ def validate_row(row: dict[str, Any]) -> RowResult:
     if "tp-comm-overlap" in str(other.get("comm_overlap", "")) or other.get("async_tp"):
         tp_overlap = True
     overlap_dp = True if "overlap-grad-reduce" in str(other.get("comm_overlap", "")) else None
-    ep_overlap = "ep overlap" in str(other.get("features", "")).lower()
+    features = str(other.get("features", "")).lower()
+    ep_overlap = "ep overlap" in features
     st = estimate_step(model, cluster, job, par, framework=fw, tp_comm_overlap=tp_overlap, overlap_dp=overlap_dp,
-                       ep_overlap=ep_overlap)
+                       ep_overlap=ep_overlap, full_cuda_graph="full cuda graph" in features)
     res.step = st
     conv = ROW_CONVENTIONS.get(group, "causal")
     res.convention = conv
