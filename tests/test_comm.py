@@ -1,0 +1,61 @@
+"""Collective times (alpha-beta, NCCL bus-bandwidth convention) on real topologies."""
+from __future__ import annotations
+
+import pytest
+
+from cluster_specs import get_cluster
+from cost_models.comm import collective_time
+from cost_models.config import ParallelConfig
+from cost_models.layout import GroupPlacement, group_placement
+
+H100 = get_cluster("dgx-h100")
+GB = 1e9
+
+
+def test_intra_node_all_reduce_runs_at_measured_busbw():
+    # 8x H100, ring: busbw ~370 GB/s (nccl-tests issues 212/290; hardware.yaml) -> algbw = busbw * n / (2(n-1))
+    t = collective_time("all_reduce", 8 * GB, GroupPlacement(8, 8), H100)
+    busbw = 2 * 7 / 8 * 8 * GB / t
+    assert busbw == pytest.approx(370e9, rel=0.01)
+
+
+def test_reduce_scatter_is_half_an_all_reduce():
+    g = GroupPlacement(8, 8)
+    ar = collective_time("all_reduce", 4 * GB, g, H100)
+    rs = collective_time("reduce_scatter", 4 * GB, g, H100)
+    ag = collective_time("all_gather", 4 * GB, g, H100)
+    assert rs == pytest.approx(ag) and ar == pytest.approx(2 * rs, rel=1e-6)
+
+
+def test_cross_node_all_reduce_is_bound_by_the_nic():
+    # 2 nodes x 8 GPUs, 1 GPU per node in the group (tp=8 fills the node): pure network ring at 47 GB/s busbw
+    # (NDR 400G, nccl-tests issue 290)
+    t = collective_time("all_reduce", 8 * GB, GroupPlacement(2, 1), H100)
+    assert 2 * 1 / 2 * 8 * GB / t == pytest.approx(47e9, rel=0.01)
+
+
+def test_hierarchical_group_moves_only_a_shard_across_nodes():
+    # 16 ranks, 8 per node: NVLink reduce-scatter + all-gather around an inter-node all-reduce of S/8
+    s = 8 * GB
+    t = collective_time("all_reduce", s, GroupPlacement(16, 8), H100)
+    nvl = 2 * collective_time("reduce_scatter", s, GroupPlacement(8, 8), H100)
+    net = collective_time("all_reduce", s / 8, GroupPlacement(2, 1), H100)
+    assert t == pytest.approx(nvl + net)
+    assert t < collective_time("all_reduce", s, GroupPlacement(16, 1), H100)
+
+
+def test_megatron_rank_order_places_groups():
+    # tp innermost: tp=8 fills a DGX node, so each dp group has one rank per node
+    par = ParallelConfig(tp=8, pp=2, dp=4)
+    assert group_placement("tp", par, 8) == GroupPlacement(8, 8)
+    assert group_placement("dp", par, 8).ranks_per_domain == 1
+    # on an NVL72 domain the same dp group stays on NVLink
+    assert group_placement("dp", par, 72).intra_domain
+
+
+def test_p2p_and_empty_groups():
+    assert collective_time("all_reduce", GB, GroupPlacement(1, 1), H100) == 0.0
+    intra = collective_time("p2p", GB, GroupPlacement(2, 2), H100)
+    inter = collective_time("p2p", GB, GroupPlacement(2, 1), H100)
+    assert intra < inter
+    assert inter == pytest.approx(H100.network.latency_s + GB / (50e9 * 0.94))
