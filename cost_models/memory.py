@@ -247,10 +247,13 @@ def stage_params(model: ModelSpec, par: ParallelConfig, stage: int, layers: rang
     if model.moe is not None:
         f_max = max(model.moe.dense_ffn_hidden_size or model.ffn_hidden_size, model.moe.expert_ffn_hidden_size)
     largest_module = float(h * f_max / tp)
+    by_kind: dict[bool, tuple[float, float]] = {}  # layer params depend on i only through is_moe_layer(i)
     for i in layers:
-        lp = model.layer_params(i)
-        d = lp.tp_sharded / tp + lp.replicated
-        e = lp.expert / ets
+        kind = model.is_moe_layer(i)
+        if kind not in by_kind:
+            lp = model.layer_params(i)
+            by_kind[kind] = (lp.tp_sharded / tp + lp.replicated, lp.expert / ets)
+        d, e = by_kind[kind]
         dense += d
         expert += e
         largest = max(largest, d + e)
@@ -374,6 +377,16 @@ def in_flight_microbatches(par: ParallelConfig, stage: int, num_microbatches: in
     return float(min(p - stage, m))
 
 
+def _kind_representatives(model: ModelSpec) -> list[int]:
+    """One layer index of each kind (dense, MoE) present in the model."""
+    reps: dict[bool, int] = {}
+    for i in range(model.num_layers):
+        reps.setdefault(model.is_moe_layer(i), i)
+        if len(reps) == 2:
+            break
+    return list(reps.values())
+
+
 def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, *,
                     framework: str | None = None, capacity_factor: float | None = None,
                     reserve_bytes: float | None = None) -> MemoryEstimate:
@@ -401,6 +414,9 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
     layer_in = layer_input_bytes(model, job, par)
     reserve = float(cluster.calibration.memory_reserve_bytes if reserve_bytes is None else reserve_bytes)
     tokens = job.seq_length / par.cp * par.micro_batch_size
+    # activations depend on the layer only through is_moe_layer (dense or MoE MLP)
+    act_by_kind = {model.is_moe_layer(i): activation_bytes_per_layer(model, job, par, i, fw, capacity_factor)
+                   for i in _kind_representatives(model)}
     out: list[StageMemory] = []
     for stage, layers in enumerate(ranges):
         sp = stage_params(model, par, stage, layers, vocab)
@@ -413,7 +429,7 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
         idx = list(layers)
         if stage == par.pp - 1 and model.num_mtp_layers:
             idx += [model.num_layers - 1] * model.num_mtp_layers
-        per_layer = [activation_bytes_per_layer(model, job, par, i, fw, capacity_factor) for i in idx]
+        per_layer = [act_by_kind[model.is_moe_layer(i)] for i in idx]
         biggest = max(per_layer, default=0.0)
         if par.recompute == "full":
             n_rc = len(per_layer) if par.recompute_num_layers is None else min(par.recompute_num_layers, len(per_layer))

@@ -406,3 +406,69 @@ def test_unknown_framework_is_rejected():
     with pytest.raises(ValueError, match="allowed values are megatron, deepspeed, torchtitan"):
         estimate_memory(get_model("llama2-7b"), get_cluster("dgx-h100"), TrainingJob(), ParallelConfig(),
                         framework="jax")
+
+
+# ---------------------------------------------------------------- K22 Table 2 per-layer activations (GPT, f = 4h)
+
+def _gpt_layer(tp=1, sp=False, recompute="none", flash=False):
+    m = get_model("gpt3-175b")  # MHA, LayerNorm, f = 4h: K22's assumptions
+    job = TrainingJob(global_batch_size=8, seq_length=2048, dropout=True, flash_attention=flash)
+    par = ParallelConfig(tp=tp, dp=1, micro_batch_size=1, sequence_parallel=sp, recompute=recompute)
+    return m, job, activation_bytes_per_layer(m, job, par, 0)
+
+
+def test_k22_table2_rows_exactly():
+    m, job, none = _gpt_layer()
+    s, b, h, a = job.seq_length, 1, m.hidden_size, m.num_attention_heads
+    assert none == s * b * h * (34 + 5 * a * s / h)                          # no parallelism
+    assert _gpt_layer(tp=8)[2] == s * b * h * (10 + 24 / 8 + 5 * a * s / (h * 8))  # TP
+    assert _gpt_layer(tp=8, sp=True)[2] == s * b * h / 8 * (34 + 5 * a * s / h)    # TP + SP
+    assert _gpt_layer(tp=8, recompute="selective")[2] == s * b * h * (10 + 24 / 8)  # TP + selective
+    assert _gpt_layer(tp=8, sp=True, recompute="selective")[2] == 34 * s * b * h / 8  # TP + SP + selective
+
+
+def test_gqa_and_swiglu_widths():
+    # Llama-3.1-8B: K and V are g*d_h = 1024 wide, SwiGLU fc1 output 2f; flash: only the fp32 LSE per head
+    m = get_model("llama3.1-8b")
+    job = TrainingJob(global_batch_size=1, seq_length=4096)
+    par = ParallelConfig()
+    h, f, kv, a = m.hidden_size, m.ffn_hidden_size, m.num_kv_heads * m.head_dim, m.num_attention_heads
+    per_token = 8 * h + 2 * (h + kv + kv) + 2 * h + 4 * a + 2 * 2 * f + 2 * f
+    assert activation_bytes_per_layer(m, job, par, 0) == 4096 * per_token
+
+
+def test_expert_states_use_expert_data_parallel_size():
+    # Megatron: expert params sharded by ep x etp, their optimizer states over world / (etp x ep x pp)
+    m = get_model("mixtral-8x7b")
+    par = ParallelConfig(tp=2, pp=1, dp=32, ep=8, etp=1, zero_stage=1)
+    st = estimate_memory(m, get_cluster("dgx-h100"), TrainingJob(global_batch_size=256, seq_length=4096), par).stages[0]
+    lp = m.layer_params(0)
+    expert_local = m.num_layers * lp.expert / 8
+    dense_local = st.num_parameters - expert_local
+    assert par.expert_dp == 8
+    expected = dense_local * (6 + 12 / 32) + expert_local * (6 + 12 / 8)
+    assert st.model_states == pytest.approx(expected)
+
+
+def test_fp32_logits_on_last_stage_only():
+    m = get_model("llama3.1-8b")
+    job = TrainingJob(global_batch_size=64, seq_length=8192)
+    par = ParallelConfig(tp=4, pp=4, dp=2, sequence_parallel=True, zero_stage=1)
+    est = estimate_memory(m, get_cluster("dgx-h100"), job, par)
+    v = m.padded_vocab_size(4)
+    assert [s.logits for s in est.stages[:-1]] == [0, 0, 0]
+    assert est.stages[-1].logits == 8192 * v / 4 * (2 + 4)  # bf16 output + fp32 copy in the fused CE
+
+
+def test_at_risk_marking():
+    from planner.memory_report import status
+    m = get_model("llama2-7b")
+    c = get_cluster("dgx-h100")
+    job = TrainingJob(global_batch_size=2048, seq_length=2048)
+    par = ParallelConfig(dp=8, micro_batch_size=2, zero_stage=1)
+    alloc = estimate_memory(m, c, job, par).peak_allocated_bytes
+    # a reserve that puts the peak at 98% of capacity: fits, but within 5% of it -> at risk, not silently accepted
+    est = estimate_memory(m, c, job, par, reserve_bytes=0.98 * c.gpu.memory_bytes - alloc)
+    assert est.fits and est.at_risk() and status(est) == "at risk"
+    assert status(estimate_memory(m, c, job, ParallelConfig(dp=8, micro_batch_size=1, zero_stage=1))) == "fits"
+    assert status(estimate_memory(m, c, job, ParallelConfig(dp=8, micro_batch_size=4, zero_stage=1))) == "OOM"
