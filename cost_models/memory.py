@@ -406,6 +406,8 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
     m = par.num_microbatches(job.global_batch_size)
     vocab = model.padded_vocab_size(par.tp)
     hsdp = getattr(par, "hsdp_shard_size", None)
+    if hsdp and (par.dp * par.cp) % hsdp:
+        raise ValueError(f"hsdp_shard_size {hsdp} must divide dp x cp = {par.dp * par.cp}")
     dense_shard = hsdp if hsdp else par.dp * par.cp
     expert_shard = par.expert_dp
     z = par.zero_stage

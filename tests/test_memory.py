@@ -390,6 +390,8 @@ def test_hsdp_shards_within_group():
     hsdp = estimate_memory(m, c, job, ParallelConfig(dp=64, zero_stage=3, hsdp_shard_size=8)).stages[0]
     assert hsdp.model_states == pytest.approx(16 * m.num_parameters() / 8)
     assert full.model_states == pytest.approx(16 * m.num_parameters() / 64)
+    with pytest.raises(ValueError, match="hsdp_shard_size 3 must divide dp x cp = 64"):
+        estimate_memory(m, c, job, ParallelConfig(dp=64, zero_stage=3, hsdp_shard_size=3))
 
 
 def test_deterministic():
