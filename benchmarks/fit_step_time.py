@@ -25,17 +25,17 @@ def _attn(cluster):
 st._attn_eff = _attn
 
 PARAMS = {
-    "KAPPA": (lambda v: setattr(st, "KAPPA", v), [1, 2, 3, 4, 5, 6, 8, 10]),
-    "PASS_MEG": (lambda v: st.ELEMENTWISE_PASSES.update(megatron=v, nemo=v), [4, 8, 12, 16, 24, 32]),
+    "KAPPA": (lambda v: setattr(st, "KAPPA", v), [1.5, 2, 2.5, 3, 3.5, 4, 5]),
+    "PASS_MEG": (lambda v: st.ELEMENTWISE_PASSES.update(megatron=v, nemo=v), [2, 4, 6, 8, 12]),
     "PASS_DS": (lambda v: st.ELEMENTWISE_PASSES.update(deepspeed=v), [8, 12, 16, 24, 32]),
     "PASS_TT": (lambda v: st.ELEMENTWISE_PASSES.update(torchtitan=v), [16, 24, 32, 48, 64]),
-    "PASS_TTC": (lambda v: st.ELEMENTWISE_PASSES.update(torchtitan_compile=v), [4, 8, 12, 16, 24, 32]),
+    "PASS_TTC": (lambda v: st.ELEMENTWISE_PASSES.update(torchtitan_compile=v), [2, 4, 6, 8, 12]),
     "TP_OVL": (lambda v: setattr(st, "TP_OVERLAP_EXPOSED", v), [0.0, 0.15, 0.3, 0.5, 0.7, 1.0]),
     "EP_OVL": (lambda v: setattr(st, "EP_OVERLAP_EXPOSED", v), [0.0, 0.2, 0.4, 0.6, 1.0]),
     "MOE_OVH": (lambda v: setattr(st, "MOE_LAYER_OVERHEAD_S", v), [0, 2e-3, 4e-3, 6e-3, 8e-3, 1e-2, 1.5e-2]),
-    "ATT_H100": (lambda v: ATTN.update(H100=v), [0.25, 0.3, 0.35, 0.4, 0.5, 0.6]),
-    "ATT_B200": (lambda v: ATTN.update(B200=v, GB200=v), [0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6]),
-    "TT500": (lambda v: setattr(pv, "H100_500W_FACTOR", v), [0.5, 0.6, 0.7, 0.8, 0.9]),
+    "ATT_H100": (lambda v: ATTN.update(H100=v), [0.26, 0.28, 0.3, 0.32, 0.34, 0.37, 0.4]),
+    "ATT_B200": (lambda v: ATTN.update(B200=v, GB200=v), [0.28, 0.3, 0.32, 0.35, 0.38, 0.42, 0.46]),
+    "TT500": (lambda v: setattr(pv, "H100_500W_FACTOR", v), [0.6, 0.65, 0.7, 0.75, 0.8]),
 }
 
 
@@ -47,8 +47,8 @@ def score() -> tuple[float, float, dict]:
 
 if __name__ == "__main__":
     import sys
-    cur = {"KAPPA": 4, "PASS_MEG": 8, "PASS_DS": 16, "PASS_TT": 64, "PASS_TTC": 24, "TP_OVL": 0.15, "EP_OVL": 0.4,
-           "MOE_OVH": 6e-3, "ATT_H100": 0.3, "ATT_B200": 0.4, "TT500": 0.7}
+    cur = {"KAPPA": 3, "PASS_MEG": 4, "PASS_DS": 32, "PASS_TT": 64, "PASS_TTC": 32, "TP_OVL": 0.0, "EP_OVL": 0.0,
+           "MOE_OVH": 6e-3, "ATT_H100": 0.3, "ATT_B200": 0.35, "TT500": 0.7}
     for k, v in cur.items():
         PARAMS[k][0](v)
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 2

@@ -65,13 +65,13 @@ ADAM_HBM_BYTES_PER_PARAM = 34
 #: GEMM operand-streaming weight (dimensionless): a GEMM costs its MAMF-rate compute time plus ``KAPPA`` times
 #: the time to read A and B and write C once from HBM. Fitted on the dev rows (plan3d validate): it sets how much
 #: slower small per-GPU GEMMs (Qwen3-30B-A3B's 768-wide experts, h=2048 at TP) run than large ones.
-KAPPA = 3.0
+KAPPA = 2.5
 
 #: HBM passes over the 16-bit hidden state per layer forward (norms: read+write x2, residual adds: 2 reads +
 #: 1 write x2, bias/dropout/rotary, MoE-free), by framework: Megatron-LM/NeMo with Transformer Engine's fused
 #: kernels; torchtitan eager PyTorch, and with torch.compile fusing elementwise chains. Fitted on the dev rows;
 #: the op count above gives ~10-14 unfused.
-ELEMENTWISE_PASSES = {"megatron": 4.0, "nemo": 4.0, "deepspeed": 32.0, "torchtitan": 64.0,
+ELEMENTWISE_PASSES = {"megatron": 12.0, "nemo": 12.0, "deepspeed": 32.0, "torchtitan": 64.0,
                       "torchtitan_compile": 32.0}
 
 #: Backward / forward time of the fused attention kernel (FlashAttention-2: 5 backward matmuls vs 2 forward,
@@ -93,7 +93,7 @@ MOE_PERMUTE_PASSES = 4.0
 FP8_CAST_BYTES = 3.0
 #: Share of EP all-to-all left exposed when the framework overlaps it with another micro-batch's compute
 #: (Megatron-LM ``--overlap-moe-expert-parallel-comm``, DeepSeek-V3 Sec. 3.2.1 "DualPipe"-style overlap).
-EP_OVERLAP_EXPOSED = 0.0
+EP_OVERLAP_EXPOSED = 0.2
 #: Fixed seconds per MoE layer per micro-batch (forward + backward; 1/3 forward): dropless routing syncs the
 #: per-expert token counts to the host before the grouped GEMM and launches many small kernels (router, top-k,
 #: permute, grouped GEMM, unpermute). Fitted on the dev rows: Megatron-Bridge 25.11 Qwen3-30B-A3B runs at

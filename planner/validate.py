@@ -274,7 +274,7 @@ def _model_for(row: dict[str, Any], notes: list[str]) -> ModelSpec | str:
 #: limit)") relative to a 700 W DGX H100, applied to its GEMM and attention rates. Fitted on the torchtitan dev
 #: rows; cross-check: the same torchtitan recipe (Llama 3.1 8B, FSDP, compile, float8, 8k) gives 8532 tokens/s/GPU
 #: on these GPUs and 10938 on 700 W H200s (trainy rows), a ratio of 0.78.
-H100_500W_FACTOR = 0.7
+H100_500W_FACTOR = 0.65
 
 
 def _power_capped_h100(notes: list[str]) -> ClusterSpec:
