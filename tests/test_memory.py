@@ -474,3 +474,15 @@ def test_at_risk_marking():
     assert est.fits and est.at_risk() and status(est) == "at risk"
     assert status(estimate_memory(m, c, job, ParallelConfig(dp=8, micro_batch_size=1, zero_stage=1))) == "fits"
     assert status(estimate_memory(m, c, job, ParallelConfig(dp=8, micro_batch_size=4, zero_stage=1))) == "OOM"
+
+
+def test_bytes_per_param_tables():
+    # Megatron docs dist_optimizer.md (formulas.md Sec. 1.3): fp16 param + fp16 grad 20 / 4 + 16/d (DeepSpeed's
+    # 16-bit-grad layout), bf16 param + fp32 grad 18 / 6 + 12/d; torchtitan FSDP2 fp32 sharded states 16/N.
+    def bpp(fw, z, d):
+        return sum(model_state_terms(fw, z, 1.0, d))
+    assert bpp("deepspeed", 0, 8) == 20 and bpp("deepspeed", 1, 8) == pytest.approx(4 + 16 / 8)
+    assert bpp("deepspeed", 2, 8) == pytest.approx(2 + 18 / 8) and bpp("deepspeed", 3, 8) == pytest.approx(18 / 8)
+    assert bpp("megatron", 0, 8) == 18 and bpp("megatron", 1, 8) == pytest.approx(6 + 12 / 8)
+    assert sum(model_state_terms("megatron", 0, 1.0, 8, grad_reduce_in_bf16=True)) == 16
+    assert bpp("torchtitan", 3, 8) == pytest.approx(16 / 8) and bpp("torchtitan", 0, 8) == 16
