@@ -486,3 +486,13 @@ def test_bytes_per_param_tables():
     assert bpp("megatron", 0, 8) == 18 and bpp("megatron", 1, 8) == pytest.approx(6 + 12 / 8)
     assert sum(model_state_terms("megatron", 0, 1.0, 8, grad_reduce_in_bf16=True)) == 16
     assert bpp("torchtitan", 3, 8) == pytest.approx(16 / 8) and bpp("torchtitan", 0, 8) == 16
+
+
+def test_fp8_keeps_gemm_inputs_in_one_byte():
+    # Transformer Engine FP8: the saved inputs of the QKV, output-projection, fc1 and fc2 GEMMs are FP8 (1 byte)
+    m = get_model("llama3.1-8b")
+    par = ParallelConfig()
+    bf16 = activation_bytes_per_layer(m, TrainingJob(global_batch_size=1, seq_length=4096), par, 0)
+    fp8 = activation_bytes_per_layer(m, TrainingJob(global_batch_size=1, seq_length=4096, precision="fp8"), par, 0)
+    h, f, q = m.hidden_size, m.ffn_hidden_size, m.num_attention_heads * m.head_dim
+    assert bf16 - fp8 == 4096 * (2 * h + q + f)
