@@ -334,6 +334,8 @@ def memory(
     memory_headroom: HeadroomOpt = 0.0, framework: FrameworkOpt = Framework.megatron,
     fmt: FmtOpt = Fmt.table, output: OutOpt = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="draw the per-stage breakdown to FILE.png|svg")] = None,
+    capacity_factor: Annotated[Optional[float], typer.Option(
+        "--capacity-factor", min=1.0, help="MoE expert capacity factor (pads expert buffers; default: dropless)")] = None,
 ) -> None:
     """Per-stage memory breakdown of one configuration (largest terms first, with capacity and headroom).
 
@@ -352,6 +354,11 @@ def memory(
     ev = run_eval(m, c, job, par, n, memory_headroom, framework.value)
     if ev.memory is None:
         raise PlanInputError("; ".join(v.message for v in ev.violations) or "no memory estimate for this layout")
+    if capacity_factor is not None:
+        if m.moe is None:
+            raise PlanInputError(f"--capacity-factor applies to MoE models; {m.name} has no experts")
+        from cost_models.memory import estimate_memory
+        ev.memory = estimate_memory(m, c, job, par, capacity_factor=capacity_factor)
     est = ev.memory
     title = (f"plan3d memory: {m.name} on {n} x {c.gpu.name} ({c.name}), {framework.value}, tp {par.tp} pp {par.pp} "
              f"dp {par.dp} cp {par.cp} ep {par.ep} vpp {par.vpp}, mbs {par.micro_batch_size}, zero "

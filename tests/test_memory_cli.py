@@ -91,3 +91,13 @@ def test_plot_bad_suffix_and_missing_matplotlib(run_cli, tmp_path, monkeypatch):
     r = run_cli(*F06_DP4_PP2, "--plot", str(tmp_path / "m.png"))
     assert r.exit_code == 2
     assert r.stderr == "plan3d: error: --plot needs matplotlib: pip install 'plan3d[plot]'\n"
+
+
+def test_capacity_factor_pads_moe_buffers(run_cli):
+    base = ("memory", "-m", "mixtral-8x7b", "--gpus", "64", "--tp", "2", "--pp", "4", "--ep", "4",
+            "--global-batch-size", "256", "--zero-stage", "1", "--sequence-parallel", "--format", "json")
+    a = run_cli(*base).json()["plans"][0]["memory"]["stages"][0]["breakdown"]["activations"]
+    b = run_cli(*base, "--capacity-factor", "1.25").json()["plans"][0]["memory"]["stages"][0]["breakdown"]["activations"]
+    assert b > a
+    r = run_cli("memory", "-m", "llama2-7b", "--capacity-factor", "1.25")
+    assert r.exit_code == 2 and "applies to MoE models" in r.stderr
