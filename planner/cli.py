@@ -358,7 +358,10 @@ def memory(
         if m.moe is None:
             raise PlanInputError(f"--capacity-factor applies to MoE models; {m.name} has no experts")
         from cost_models.memory import estimate_memory
+        from .checks import check_config
         ev.memory = estimate_memory(m, c, job, par, capacity_factor=capacity_factor)
+        ev.violations = check_config(m, c, job, par, n, memory=ev.memory, memory_headroom=memory_headroom,
+                                     framework=framework.value)
     est = ev.memory
     title = (f"plan3d memory: {m.name} on {n} x {c.gpu.name} ({c.name}), {framework.value}, tp {par.tp} pp {par.pp} "
              f"dp {par.dp} cp {par.cp} ep {par.ep} vpp {par.vpp}, mbs {par.micro_batch_size}, zero "
