@@ -40,11 +40,9 @@ from cost_models.comm import collective_time
 from cost_models.config import BYTES_16BIT, BYTES_FP32, FlopsConvention, TrainingJob
 from cost_models.flops import attention_core_flops_per_token, layer_gemm_flops_per_token, logits_flops_per_token
 from cost_models.layout import GroupPlacement, group_placement, stage_layer_ranges
-from cost_models.memory import (GRAD_BYTES_PER_PARAM, OPTIMIZER_BYTES_PER_PARAM, TOKEN_ID_BYTES,
-                                WEIGHT_BYTES_PER_PARAM, activation_bytes_per_layer, in_flight_microbatches,
-                                layer_input_bytes)
+from cost_models.memory import (TOKEN_ID_BYTES, activation_bytes_per_layer, in_flight_microbatches,
+                                layer_input_bytes, model_state_terms, stage_params)
 from cost_models.pipeline import bubble_ratio
-from cost_models.step_time import ADAM_HBM_BYTES_PER_PARAM
 from model_zoo.spec import ModelSpec
 
 from .checks import DEFAULT_MEMORY_HEADROOM
@@ -56,13 +54,10 @@ RECOMPUTES = ("none", "selective", "full")
 ZEROS = (0, 1, 2, 3)
 V = MAX_VPP
 MIB = 2**20
-#: The tables are a proxy of the scalar model (same terms, per layer type, closed-form pipeline bubble); these
-#: margins keep the proxy conservative: candidates whose proxy memory is up to MEM_MARGIN over the limit are
-#: re-scored, and re-scoring stops only when proxy step x (lowest observed scalar/proxy ratio) x STEP_SAFETY
-#: exceeds the K-th best scalar step. Both are widened automatically when re-scored candidates show a larger gap.
-MEM_MARGIN = 0.15
-MEM_SAFETY = 0.97
-STEP_SAFETY = 0.97
+#: The tables are lower bounds of the scalar model. MEM_MARGIN: relative slack of the memory filter (rounding);
+#: BOUND_FALLBACK: if a re-scored value is ever below its bound, bounds are scaled by the ratio seen x this.
+MEM_MARGIN = 1e-6
+BOUND_FALLBACK = 0.9
 #: Sentinel for an invalid table cell (seconds or bytes); any value at or above it is excluded.
 INVALID = float("inf")
 
@@ -128,184 +123,206 @@ class Tables:
         return A, P, E, W, X
 
 
+def _layer_lb(model, cluster, job, par, layer, groups, exposed_comm: bool = False):
+    """Lower bounds of one layer's forward and backward seconds per micro-batch (no recompute) and its
+    recompute seconds under (selective, full), from ``cost_models.step_time``'s per-layer costs with every
+    overlappable communication at its smallest exposed share and the framework with the fewest elementwise
+    passes (Megatron). ``exposed_comm``: TP and EP communication fully exposed (Megatron-LM's defaults, no
+    ``--tp-comm-overlap``, no EP overlap: the step model's defaults for framework megatron). Falls back to zeros (a trivially valid bound) if the step model's internals change."""
+    try:
+        from cost_models import step_time as stm
+        x = stm._layer_cost(model, cluster, job, par, layer, "megatron", groups)
+        tp_exp = 1.0 if exposed_comm else min(1.0, float(getattr(stm, "TP_OVERLAP_EXPOSED", 0.0)))
+        ep_exp = 1.0 if exposed_comm else min(1.0, float(getattr(stm, "EP_OVERLAP_EXPOSED", 0.0)))
+    except Exception:  # pragma: no cover - depends on another module's private API
+        return 0.0, 0.0, 0.0, 0.0
+    comp_f = x.gemm + x.attn_f + x.mem
+    comp_b = 2 * x.gemm + x.attn_b + 2 * x.mem
+    comm_f = x.tp * tp_exp + x.cp + x.ep * ep_exp
+    comm_b = x.tp * tp_exp + 2 * x.cp + x.ep * ep_exp
+    return comp_f + comm_f, comp_b + comm_b, x.attn_f, comp_f + comm_f
+
+
 def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int,
                  space: SearchSpace = SearchSpace(), framework: str = "megatron") -> Tables:
-    """Tabulate the factorized cost terms of every structure (mirrors ``cost_models`` term by term)."""
+    """Tabulate the factorized lower bounds of every structure (see the module docstring).
+
+    Step-time bound = pipeline bound ``P[k, sp, v]`` + optimizer step ``E[k, z]``; memory bound of stage slot j =
+    ``W[k, j, z] + X[k, j, sp, v]``. Both are <= the scalar model's values (``planner.evaluate``), which is
+    what makes the re-scoring loop exact.
+    """
+    from cost_models import memory as mm
+    from cost_models import step_time as stm
     ty = _layer_types(model)
-    gemm_rate, half_rate = _rates(cluster, job.precision)
     dom = cluster.node.nvlink_domain_size
     s, h, L = job.seq_length, model.hidden_size, model.num_layers
-    attn_fwd = attention_core_flops_per_token(model, s, causal_halved=True)
-    kv_w = (model.num_kv_heads * model.head_dim if model.mla is None
-            else model.num_attention_heads * (model.mla.qk_nope_head_dim + model.mla.qk_rope_head_dim))
     reserve = float(cluster.calibration.memory_reserve_bytes)
     hbm = cluster.gpu.hbm_bandwidth_bytes_per_s
+    try:
+        hbm = stm._hbm(cluster)
+        rate = stm._gemm_rate(cluster, job.precision)
+    except Exception:  # pragma: no cover
+        rate = math.inf
+    el = 1.0 if job.precision == "fp8" else float(BYTES_16BIT)
+    ce_passes = float(getattr(stm, "CE_PASSES", 0.0))
+    fws = getattr(mm, "FRAMEWORKS", ("megatron",))
+    logit_bpe = min(getattr(mm, "LOGITS_BYTES_PER_ELEMENT", {"megatron": 6}).values())
+    adam = float(getattr(stm, "ADAM_HBM_BYTES_PER_PARAM", 0.0))
     T = Tables()
     for st in structures(model, cluster, job, num_gpus, space):
         mbss = micro_batch_options(st, job, space)
-        if not mbss:
-            continue
         zs = zero_options(st, framework, space)
         sps = sp_options(st, job, framework, space)
-        if not zs or not sps:
+        if not mbss or not zs or not sps:
             continue
         par0 = to_parallel(st, 1, 1, 0, False, "none")
         tp, cp, pp = st.tp, st.cp, st.pp
-        ets = st.ep * par0.expert_tp
         vocab = model.padded_vocab_size(tp)
         ranges = stage_layer_ranges(L, par0)
-        # distinct stages: (n layers, n moe layers, first?, last?) -> first stage index with that signature
-        groups: list[tuple[int, int, int]] = []  # (stage, n_dense, n_moe)
-        seen = set()
+        # distinct stages: (n layers, n moe layers, first?, last?) -> first stage index with that signature; the
+        # lowest index of a signature holds the most in-flight micro-batches, so it bounds the others' memory
+        sig_of, groups = [], []  # groups: (stage, n_dense, n_moe, range)
+        seen_sig: dict[tuple, int] = {}
         for i, r in enumerate(ranges):
             nm = ty.moe_prefix[r.stop] - ty.moe_prefix[r.start]
             sig = (len(r), nm, i == 0, i == pp - 1)
-            if sig not in seen:
-                seen.add(sig)
-                groups.append((i, len(r) - nm, nm))
+            if sig not in seen_sig:
+                seen_sig[sig] = len(groups)
+                groups.append((i, len(r) - nm, nm, r))
+            sig_of.append(seen_sig[sig])
         T.slots = max(T.slots, len(groups))
-        # parameters per GPU of each distinct stage (memory.stage_params, by layer type)
-        d_t = {t: lp.tp_sharded / tp + lp.replicated for t, lp in ty.lp.items()}
-        e_t = {t: lp.expert / ets for t, lp in ty.lp.items()}
-        emb_table = vocab * h / tp
-        sparams = []
-        for stage, nd, nm in groups:
-            dense = nd * d_t.get(0, 0.0) + nm * d_t.get(1, 0.0)
-            expert = nd * e_t.get(0, 0.0) + nm * e_t.get(1, 0.0)
-            largest = max([d_t[t] + e_t[t] for t, n in ((0, nd), (1, nm)) if n], default=0.0)
-            if stage == 0:
-                dense += emb_table + model.embedding_params() - model.vocab_size * h
-            if stage == pp - 1:
-                out = model.output_params()
-                dense += out - (0 if model.tie_word_embeddings else model.vocab_size * h)
-                if not model.tie_word_embeddings or pp > 1:
-                    dense += emb_table
-            sparams.append((dense, expert, largest))
-        shard = st.dp * cp
-        edp = par0.expert_dp
-        # model states (+ ZeRO-3 buffers) per slot per zero stage
-        states = []
-        for dense, expert, largest in sparams:
+        sparams = [stage_params(model, par0, stage, r, vocab) for stage, _, _, r in groups]
+        shard, edp = st.dp * cp, par0.expert_dp
+        states = []  # [slot][z]: min over frameworks of weights + gradients + optimizer (memory.model_state_terms)
+        for sp_ in sparams:
             row = []
             for z in ZEROS:
-                wd, we = (shard, edp) if z >= 3 else (1, 1)
-                gd, ge = (shard, edp) if z >= 2 else (1, 1)
-                od, oe = (shard, edp) if z >= 1 else (1, 1)
-                v = (WEIGHT_BYTES_PER_PARAM * (dense / wd + expert / we) + GRAD_BYTES_PER_PARAM * (dense / gd + expert / ge)
-                     + OPTIMIZER_BYTES_PER_PARAM * (dense / od + expert / oe))
-                if z >= 3:
-                    v += 2 * BYTES_16BIT * largest
-                row.append(v)
+                best = math.inf
+                for fw in fws:
+                    try:
+                        a = sum(model_state_terms(fw, z, sp_.dense, shard)) + sum(model_state_terms(fw, z, sp_.expert, edp))
+                    except Exception:  # pragma: no cover
+                        a = 0.0
+                    best = min(best, a)
+                row.append(best)
             states.append(row)
-        # data-parallel time, optimizer (step_time.estimate_step)
-        tp_g = group_placement("tp", par0, dom)
-        cp_g = group_placement("cp", par0, dom)
-        ep_g = group_placement("ep", par0, dom)
-        dp_g = group_placement("dp", par0, dom)
-        pp_g = group_placement("pp", par0, dom)
-        imax = max(range(len(sparams)), key=lambda i: sparams[i][0] + sparams[i][1])
-        smax_d, smax_e, _ = sparams[imax]
-        dp_group = GroupPlacement(shard, dp_g.ranks_per_domain * (cp_g.size if cp_g.intra_domain else 1)) \
-            if shard > 1 else GroupPlacement(1, 1)
-        dp_time = {}
-        for zc in (0, 1):
-            t = 0.0
-            if shard > 1:
-                gb = BYTES_FP32 * smax_d
-                if zc == 0:
-                    t = collective_time("all_reduce", gb, dp_group, cluster)
-                else:
-                    t = collective_time("reduce_scatter", gb, dp_group, cluster)
-                    t += collective_time("all_gather", BYTES_16BIT * smax_d, dp_group, cluster)
-            if edp > 1 and smax_e > 0:
-                eg = GroupPlacement(edp, max(1, min(edp, dom // (par0.expert_tp * st.ep))))
-                t += collective_time("reduce_scatter" if zc else "all_reduce", BYTES_FP32 * smax_e, eg, cluster)
-            dp_time[zc] = t
-        ag3 = collective_time("all_gather", BYTES_16BIT * smax_d, dp_group, cluster) if shard > 1 else 0.0
-        opt = {zc: ADAM_HBM_BYTES_PER_PARAM * (smax_d / (shard if zc else 1) + smax_e / (edp if zc else 1)) / hbm
+        # optimizer step (step_time: memory-bound Adam over the most loaded stage's local parameters)
+        smax = max(sparams, key=lambda x: x.total)
+        opt = {zc: adam * (smax.dense / (shard if zc else 1) + smax.expert / (edp if zc else 1)) / hbm
                for zc in (0, 1)}
-        L0 = max(1, len(ranges[0]))
+        groups_pl = {d: group_placement(d, par0, dom) for d in ("tp", "cp", "ep", "dp", "pp")}
+        # data-parallel gradient reduction (+ parameter all-gather under ZeRO 1/2), fully exposed in Megatron-LM
+        # without --overlap-grad-reduce (the step model's default for framework megatron); bounded by 0 for the
+        # frameworks that overlap it and for ZeRO-3 (per-micro-batch gathers hidden behind compute)
+        dp_exp = {0: 0.0, 1: 0.0}
+        if framework == "megatron":
+            cp_g, dp_g = groups_pl["cp"], groups_pl["dp"]
+            dpg = GroupPlacement(shard, dp_g.ranks_per_domain * (cp_g.size if cp_g.intra_domain else 1)) \
+                if shard > 1 else GroupPlacement(1, 1)
+            for zc in (0, 1):
+                t = 0.0
+                if shard > 1:
+                    if zc == 0:
+                        t = collective_time("all_reduce", BYTES_FP32 * smax.dense, dpg, cluster)
+                    else:
+                        t = collective_time("reduce_scatter", BYTES_FP32 * smax.dense, dpg, cluster)
+                        t += collective_time("all_gather", BYTES_16BIT * smax.dense, dpg, cluster)
+                if edp > 1 and smax.expert > 0:
+                    eg = GroupPlacement(edp, max(1, min(edp, dom // max(1, par0.expert_tp * st.ep))))
+                    t += collective_time("reduce_scatter" if zc else "all_reduce", BYTES_FP32 * smax.expert, eg,
+                                         cluster)
+                    if zc:
+                        t += collective_time("all_gather", BYTES_16BIT * smax.expert, eg, cluster)
+                dp_exp[zc] = t
         for mbs in mbss:
             m = job.global_batch_size // (mbs * st.dp)
             vpps = vpp_options(model, st, m, framework, space)
-            tokens_mb = mbs * s
-            act_bytes = BYTES_16BIT * tokens_mb * h / cp
-            tp_pl = 4 * collective_time("all_reduce", act_bytes, tp_g, cluster) if tp > 1 else 0.0
-            cp_pl = 0.0
-            if cp > 1:
-                kvb = 2 * BYTES_16BIT * tokens_mb / cp * kv_w / tp
-                cp_pl = max(0.0, 3 * (cp - 1) * collective_time("p2p", kvb, cp_g, cluster)
-                            - 3 * attn_fwd * tokens_mb / cp / tp / half_rate)
-            a2a_t = 0.0
-            if st.ep > 1 and model.moe is not None:
-                a2a = BYTES_16BIT * tokens_mb / cp * model.moe.top_k * h / tp
-                a2a_t = 4 * collective_time("all_to_all", a2a, ep_g, cluster)
-            p2p1 = {}
-            for sp in (False, True):
-                p2p1[sp] = collective_time("p2p", act_bytes / (tp if sp else 1), pp_g, cluster) if pp > 1 else 0.0
-            tokens_loc = s / cp * mbs
-            logits_b = tokens_loc * vocab / tp * (BYTES_16BIT + BYTES_FP32)
+            tok = mbs * s / cp
+            lg = stm.gemm_time(tok, h, vocab / tp, rate, hbm, el) if hasattr(stm, "gemm_time") else 0.0
+            ce = ce_passes * tok * vocab / tp / hbm
+            emb = 2 * BYTES_16BIT * tok * h / hbm
+            logits_b = tok * vocab / tp * logit_bpe
             inflight = {}
             for v in vpps:
                 pv = to_parallel(st, mbs, v, 0, False, "none")
-                inflight[v] = [in_flight_microbatches(pv, stage, m) for stage, _, _ in groups]
-            # activations per layer type for (sp, rc): one call per type (memory.activation_bytes_per_layer)
-            acts = {}
-            for sp in (False, True):
-                if sp not in sps:
-                    continue
+                inflight[v] = [in_flight_microbatches(pv, stage, m) for stage, _, _, _ in groups]
+            lay = {}   # sp -> type -> (f, b, rc_sel, rc_full)
+            acts = {}  # (sp, rc) -> (type -> min bytes, layer input bytes)
+            for sp in sps:
+                pr = to_parallel(st, mbs, 1, 0, sp, "none")
+                lay[sp] = {t: _layer_lb(model, cluster, job, pr, i, groups_pl, framework == "megatron")
+                           for t, i in ty.rep.items()}
                 for rc in space.recompute:
-                    key_rc = rc if (not job.flash_attention) else ("x" if rc != "full" else "full")
-                    pr = to_parallel(st, mbs, 1, 0, sp, rc)
-                    per_t = {t: activation_bytes_per_layer(model, job, pr, i) for t, i in ty.rep.items()}
-                    acts[(sp, rc)] = (per_t, layer_input_bytes(model, job, pr), key_rc)
+                    prc = to_parallel(st, mbs, 1, 0, sp, rc)
+                    per_t = {}
+                    for t, i in ty.rep.items():
+                        vals = []
+                        for fw in fws:
+                            try:
+                                vals.append(activation_bytes_per_layer(model, job, prc, i, fw))
+                            except TypeError:  # pragma: no cover - older signature
+                                vals.append(activation_bytes_per_layer(model, job, prc, i))
+                        per_t[t] = min(vals)
+                    acts[(sp, rc)] = (per_t, layer_input_bytes(model, job, prc))
             for rc in space.recompute:
-                # stage times (identical for stages of one signature)
-                t_mb = 0.0
-                for stage, nd, nm in groups:
-                    n = nd + nm
-                    gemm = (nd * ty.gemm.get(0, 0.0) + nm * ty.gemm.get(1, 0.0)) * tokens_mb / (tp * cp)
-                    attn = n * attn_fwd * tokens_mb / (tp * cp)
-                    if stage == pp - 1:
-                        gemm += logits_flops_per_token(model, vocab) * tokens_mb / (tp * cp)
-                    fwd = gemm / gemm_rate + attn / half_rate
-                    rct = attn / half_rate if rc == "selective" else (fwd if rc == "full" else 0.0)
-                    t = 3 * fwd + rct + n * tp_pl + n * cp_pl + (nm * a2a_t if st.ep > 1 else 0.0)
-                    t_mb = max(t_mb, t)
-                compute = m * t_mb
                 A = [INVALID] * V
                 for v in vpps:
-                    sched = "interleaved" if v > 1 else "1f1b"
-                    A[v - 1] = compute + bubble_ratio(sched, pp, m, v) * compute
+                    A[v - 1] = 0.0
                 P = [[INVALID] * V for _ in range(2)]
                 for sp in sps:
+                    lt = lay[sp]
+
+                    def fb(nd, nm):
+                        f = b = 0.0
+                        for t, n in ((0, nd), (1, nm)):
+                            if n and t in lt:
+                                lf, lb, sel, full = lt[t]
+                                f += n * lf
+                                b += n * (lb + (sel if rc == "selective" else full if rc == "full" else 0.0))
+                        return f, b
                     for v in vpps:
-                        P[int(sp)][v - 1] = 2 * (pp - 1) * v * p2p1[sp] if pp > 1 else 0.0
+                        # per rank: whole-stage (f, b) per micro-batch and its first chunk's (f, b)
+                        best = 0.0
+                        pre = 0.0
+                        for r in range(pp):
+                            stage, nd, nm, rg = groups[sig_of[r]]
+                            f, b = fb(nd, nm)
+                            if r == pp - 1:
+                                f += lg + ce
+                                b += 2 * lg + ce
+                            if r == 0:
+                                f += emb
+                                b += 2 * emb
+                            best = max(best, pre + m * (f + b))
+                            # first chunk of rank r: its layers' share (v chunks of equal layer count)
+                            c0 = list(ranges[r])[: len(ranges[r]) // v]
+                            n_m0 = ty.moe_prefix[c0[-1] + 1] - ty.moe_prefix[c0[0]] if c0 else 0
+                            f0, b0 = fb(len(c0) - n_m0, n_m0)
+                            if r == 0:
+                                f0 += emb
+                                b0 += 2 * emb
+                            pre += f0 + b0
+                        P[int(sp)][v - 1] = best
                 E = [INVALID] * 4
                 for z in zs:
-                    zc = 1 if z else 0
-                    dpx = max(dp_time[zc] / L0, dp_time[zc] - 2 * t_mb / 3)
-                    z3 = max(0.0, m * 2 * ag3 - compute) if (z >= 3 and shard > 1) else 0.0
-                    E[z] = dpx + z3 + opt[zc]
+                    E[z] = opt[1 if z else 0] + (dp_exp[1 if z else 0] if z < 3 else 0.0)
                 Wk, Xk = [], []
-                for j, (stage, nd, nm) in enumerate(groups):
+                for j, (stage, nd, nm, rg) in enumerate(groups):
                     w = [states[j][z] + reserve + (logits_b if stage == pp - 1 else 0.0) for z in ZEROS]
                     Wk.append(w)
                     xs = [[0.0] * V for _ in range(2)]
                     for sp in sps:
-                        per_t, lin, _ = acts[(sp, rc)]
-                        n = nd + nm
+                        per_t, lin = acts[(sp, rc)]
+                        present = [per_t[t] for t, c in ((0, nd), (1, nm)) if c and t in per_t]
+                        biggest = max(present, default=0.0)
                         if rc == "full":
-                            stored = lin * n
-                            working = max([per_t[t] for t, c in ((0, nd), (1, nm)) if c], default=0.0)
+                            stored = lin * (nd + nm)
                         else:
                             stored = nd * per_t.get(0, 0.0) + nm * per_t.get(1, 0.0)
-                            working = 0.0
                         if stage == 0:
-                            stored += TOKEN_ID_BYTES * tokens_loc + (tokens_loc * h if job.dropout else 0) / (
-                                tp if sp else 1)
+                            stored += TOKEN_ID_BYTES * tok
                         for v in vpps:
-                            xs[int(sp)][v - 1] = stored * inflight[v][j] + working
+                            xs[int(sp)][v - 1] = stored * inflight[v][j] + biggest
                     Xk.append(xs)
                 T.keys.append((st, mbs, rc))
                 T.A.append(A)
@@ -456,10 +473,14 @@ def solve(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: in
                         convention)
         tm["rescore"] = time.perf_counter() - t0
         return SolveResult([], n_cand, 0, 0, status, None, near, tm)
-    # Disposal: re-score in increasing proxy step time until no unscored candidate can beat the K-th best.
-    ratio_lo = None  # min over re-scored candidates of scalar step / table step
+    # Disposal: re-score candidates in increasing order of their step-time lower bound until the next bound
+    # exceeds the K-th best scalar step time (``headroom``: the best x (1 + within)). The tables are lower bounds
+    # of the scalar model, so this returns exactly the enumerator's top K. Should a re-scored value ever fall below
+    # its bound (the cost models changed under the tables), the bounds are scaled down by the worst ratio seen
+    # x BOUND_FALLBACK and the loop continues, and the memory filter is widened the same way.
     mem_margin = MEM_MARGIN
     seen: dict[tuple, Evaluation] = {}
+    corr = 1.0
     while True:
         cand = valid & (peak <= limit * (1 + mem_margin))
         idx = np.argwhere(cand)
@@ -467,34 +488,42 @@ def solve(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: in
         order = np.argsort(prox, kind="stable")
         feas: list[Evaluation] = []
         mem_ratio_lo = math.inf
-        for o in order:
+        pos = 0
+        restart = False
+        while pos < len(order):
+            o = order[pos]
+            pos += 1
+            bound = float(prox[o]) * corr * (1 - 1e-9)
+            if len(feas) >= top_k:
+                steps = sorted(e.step.step_s for e in feas)
+                thr = steps[0] * (1 + within) if objective == "headroom" else steps[top_k - 1]
+                if bound > thr:
+                    break
             ki, spi, vi, zi = (int(x) for x in idx[o])
             key = (ki, spi, vi, zi)
-            ps = float(prox[o])
-            if len(feas) >= top_k and ratio_lo is not None:
-                kth = sorted(e.step.step_s for e in feas)[top_k - 1]
-                if objective == "headroom":
-                    if ps * ratio_lo * STEP_SAFETY > kth * (1 + within):
-                        break
-                elif ps * ratio_lo * STEP_SAFETY > kth:
-                    break
             ev = seen.get(key)
             if ev is None:
                 st, mbs, rc = T.keys[ki]
                 par = to_parallel(st, mbs, vi + 1, zi, bool(spi), rc)
                 ev = evaluate(model, cluster, job, par, num_gpus, memory_headroom, framework, convention)
                 seen[key] = ev
-            if ev.step is not None and ps > 0:
-                r = ev.step.step_s / ps
-                ratio_lo = r if ratio_lo is None else min(ratio_lo, r)
+            if ev.step is not None and prox[o] > 0:
+                r = ev.step.step_s / float(prox[o])
+                if r * (1 + 1e-9) < corr:
+                    corr = r * BOUND_FALLBACK
+                    restart = True
             if ev.memory is not None and peak[ki, spi, vi, zi] > 0:
                 mem_ratio_lo = min(mem_ratio_lo, ev.memory.peak_bytes / peak[ki, spi, vi, zi])
             if ev.feasible:
                 feas.append(ev)
-        # the proxy memory filter is safe if no re-scored candidate's scalar memory fell below proxy/(1+margin)
-        if mem_ratio_lo * (1 + mem_margin) >= 1 / MEM_SAFETY or mem_margin >= 4:
+            if restart:
+                break
+        if restart:
+            continue
+        # the memory filter is safe while no re-scored candidate's scalar memory fell below its bound
+        if mem_ratio_lo * (1 + mem_margin) >= 1 - 1e-9 or mem_margin >= 4:
             break
-        mem_margin = max(mem_margin * 2, 1 / (mem_ratio_lo * MEM_SAFETY) - 1)
+        mem_margin = max(mem_margin * 2, 1 / (mem_ratio_lo * BOUND_FALLBACK) - 1)
     if objective == "headroom" and feas:
         best = min(e.step.step_s for e in feas)
         feas = [e for e in feas if e.step.step_s <= best * (1 + within)]
