@@ -77,6 +77,9 @@ ELEMENTWISE_PASSES = {"megatron": 12.0, "nemo": 12.0, "deepspeed": 32.0, "torcht
 #: Backward / forward time of the fused attention kernel (FlashAttention-2: 5 backward matmuls vs 2 forward,
 #: Dao 2023 Sec. 3.1, i.e. 2.5x the FLOPs at a similar rate).
 ATTN_BWD_FACTOR = 2.5
+#: Key length (tokens) at which the fused attention kernel reaches half its asymptotic efficiency. Fitted on the
+#: dev rows (the NeMo long-sequence rows run 16k to 1M tokens).
+ATTN_HALF_SEQ = 0.0
 #: Fallback attention efficiency (fraction of the 16-bit dense peak) when the cluster has none calibrated.
 DEFAULT_ATTENTION_EFFICIENCY = 0.5
 #: HBM passes of the s x s score tensor per unfused attention forward (QK^T write, scale/mask/softmax read + write,
@@ -94,14 +97,15 @@ FP8_CAST_BYTES = 3.0
 #: Share of EP all-to-all left exposed when the framework overlaps it with another micro-batch's compute
 #: (Megatron-LM ``--overlap-moe-expert-parallel-comm``, DeepSeek-V3 Sec. 3.2.1 "DualPipe"-style overlap).
 EP_OVERLAP_EXPOSED = 0.2
-#: Fixed seconds per MoE layer per micro-batch (forward + backward; 1/3 forward): dropless routing syncs the
-#: per-expert token counts to the host before the grouped GEMM and launches many small kernels (router, top-k,
-#: permute, grouped GEMM, unpermute). Fitted on the dev rows: Megatron-Bridge 25.11 Qwen3-30B-A3B runs at
-#: 9299 tokens/s/GPU with micro-batch 1 on B200 and 23766 with micro-batch 4 on GB200, i.e. ~7.5 ms of fixed
-#: time per layer per micro-batch on top of ~0.42 us per token.
-MOE_LAYER_OVERHEAD_S = 6.0e-3
-#: Fixed seconds per dense decoder layer per micro-batch (forward + backward): kernel launches.
-LAYER_OVERHEAD_S = 1.0e-4
+#: Host (CPU) seconds to issue one MoE layer's kernels for one micro-batch, forward + backward (1/3 forward).
+#: Dropless routing syncs the per-expert token counts to the host before the grouped GEMM, so the CPU cannot run
+#: ahead of the GPU and a layer takes max(GPU time, host time): small-token MoE layers become host-bound. Fitted on
+#: the dev rows: Qwen3-30B-A3B at micro-batch 1 runs at ~8-9 ms per layer per micro-batch whatever the GPU
+#: (9299 tokens/s/GPU on B200, Megatron-Bridge 25.11; ~10.6k on H100 BF16, Megatron MoE recipe), while at
+#: micro-batch 4 on GB200 it is GPU-bound (23766 tokens/s/GPU). A full-step CUDA graph removes it.
+MOE_LAYER_HOST_S = 8.0e-3
+#: Host seconds per dense decoder layer per micro-batch (kernel launches, ~60 kernels x ~10 us, fwd + bwd).
+LAYER_HOST_S = 0.6e-3
 #: Bytes per element of the fp32 cross-entropy logits, and passes over them (softmax read/write, grad write).
 CE_PASSES = 3 * BYTES_FP32
 
@@ -200,7 +204,9 @@ def _layer_cost(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: P
     heads_frac = 1.0 / par.tp
     if job.flash_attention:
         fl = attention_core_flops_per_token(model, s, causal_halved=True) * tok * heads_frac
-        eff = _attn_eff(cluster)
+        # the kernel's rate rises with the key length it streams per query block (fixed per-block setup, tail tiles
+        # of the causal triangle): eff(s) = eff_inf * s / (s + ATTN_HALF_SEQ)
+        eff = _attn_eff(cluster) * s / (s + ATTN_HALF_SEQ)
         c.attn_f = fl / (half_peak * eff)
         c.attn_b = ATTN_BWD_FACTOR * c.attn_f
     else:
@@ -267,7 +273,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     ``PipelineEngine`` reduces gradients after the whole schedule, ``runtime/pipe/schedule.py`` ``ReduceGrads``).
     ``ep_overlap``: EP all-to-all overlapped with another micro-batch's compute. ``full_cuda_graph``: the whole
     step is captured in CUDA graphs (Megatron ``--cuda-graph-scope full``), removing the MoE per-layer host
-    overhead (``MOE_LAYER_OVERHEAD_S``).
+    host time (``MOE_LAYER_HOST_S``).
     """
     fw_base = framework.split("_")[0]
     if tp_comm_overlap is None:
@@ -312,11 +318,11 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
                 comp_b = 2 * x.gemm + x.attn_b + 2 * x.mem
                 comm_f = x.tp * tp_exp + x.cp + x.ep * ep_exp
                 comm_b = x.tp * tp_exp + 2 * x.cp + x.ep * ep_exp
-                ovh = LAYER_OVERHEAD_S
+                host = 0.0 if full_cuda_graph else LAYER_HOST_S
                 if model.moe is not None and model.is_moe_layer(i) and not full_cuda_graph:
-                    ovh += MOE_LAYER_OVERHEAD_S
-                comp_f += ovh / 3
-                comp_b += 2 * ovh / 3
+                    host = MOE_LAYER_HOST_S
+                comp_f = max(comp_f, host / 3)
+                comp_b = max(comp_b, 2 * host / 3)
                 rc = 0.0
                 if par.recompute == "full":
                     rc = comp_f + comm_f
@@ -328,11 +334,19 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
                 exposed_mb["cp"][r] += 3 * x.cp
                 exposed_mb["ep"][r] += ep_exp * (2 * x.ep + (x.ep if par.recompute == "full" else 0))
             if r == par.pp - 1 and c == v - 1:
-                # output layer: logits GEMM + fused cross-entropy over V/tp fp32 logits
+                # output layer: logits GEMM + fused cross-entropy over V/tp fp32 logits; each multi-token-prediction
+                # module (DeepSeek-V3 Sec. 2.2: projection 2h -> h, one more decoder layer, its own logits) runs
+                # on the last stage too (Megatron-LM ``mtp_num_layers``)
                 lg = gemm_time(tok, h, vocab / par.tp, rate, hbm, el)
                 ce = CE_PASSES * tok * vocab / par.tp / hbm
-                f += lg + ce
-                bw += 2 * lg + ce
+                n_heads = 1 + model.num_mtp_layers
+                f += n_heads * (lg + ce)
+                bw += n_heads * (2 * lg + ce)
+                for _ in range(model.num_mtp_layers):
+                    x = lc(model.num_layers - 1)
+                    proj = gemm_time(tok, 2 * h, h / par.tp, rate, hbm, el)
+                    f += x.gemm + x.attn_f + x.mem + proj + x.tp * tp_exp + x.ep * ep_exp
+                    bw += 2 * (x.gemm + x.mem + proj) + x.attn_b + x.tp * tp_exp + x.ep * ep_exp
             if r == 0 and c == 0:
                 emb = 2 * BYTES_16BIT * tok * h / hbm  # embedding gather + write
                 f += emb
@@ -409,6 +423,8 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     exposed["pp"] = min(bubble, 2 * (par.pp - 1) * v * p2p) if par.pp > 1 else 0.0
     step = pipeline_s + dp_exposed + optimizer
     compute = busy - exposed["tp"] - exposed["cp"] - exposed["ep"]
+    # embedding, output layer, cross-entropy, MTP and host-bound time are the rest of the busiest rank's compute
+    kinds["other"] = max(0.0, compute - sum(kinds.values()))
     n_gpus = par.world_size
     mf = step_model_flops(model, job, convention)
     hf = step_hardware_flops(model, job, par)

@@ -117,6 +117,11 @@ class TimeInfo(_Strict):
     bubble_fraction: float
     optimizer_s: float
     exposed_comm_s: dict[str, float]
+    #: seconds per step of GEMMs, attention core and memory-bound kernels on the busiest pipeline rank
+    compute_breakdown_s: dict[str, float] = {}
+    #: pipeline schedule simulated (1f1b, interleaved, gpipe, zb-h1) and micro-batches per step
+    schedule: str = ""
+    num_microbatches: int = 0
 
 
 class ThroughputInfo(_Strict):
@@ -202,7 +207,9 @@ def plan_info(rank: int, ev: Evaluation, model: ModelSpec, cluster: ClusterSpec,
         st = ev.step
         tim = TimeInfo(step_s=_r(st.step_s), compute_s=_r(st.compute_s), bubble_s=_r(st.bubble_s),
                        bubble_fraction=_r(st.bubble_fraction), optimizer_s=_r(st.optimizer_s),
-                       exposed_comm_s={k: _r(v) for k, v in st.exposed_comm_s.items()})
+                       exposed_comm_s={k: _r(v) for k, v in st.exposed_comm_s.items()},
+                       compute_breakdown_s={k: _r(v) for k, v in getattr(st, "compute_breakdown_s", {}).items()},
+                       schedule=getattr(st, "schedule", ""), num_microbatches=st.num_microbatches)
         thr = ThroughputInfo(tokens_per_s=_r(st.tokens_per_s), tokens_per_s_per_gpu=_r(st.tokens_per_s / par.world_size),
                              tflops_per_gpu=_r(st.tflops_per_gpu), mfu=_r(st.mfu), hfu=_r(st.hfu),
                              flops_convention=st.flops_convention, peak_flops_per_gpu=_r(st.peak_flops_per_gpu))
