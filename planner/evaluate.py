@@ -30,7 +30,13 @@ class Evaluation:
 def evaluate(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, num_gpus: int,
              memory_headroom: float = DEFAULT_MEMORY_HEADROOM, framework: str = "megatron",
              convention: FlopsConvention = "megatron") -> Evaluation:
-    """Full evaluation of ``par``; never raises for an invalid config (it is reported as violations)."""
+    """Full evaluation of ``par``; never raises for an invalid config (it is reported as violations).
+
+    ``framework`` decides both the rules checked and the model-state bytes of the memory model
+    (``job.framework`` is overridden by it, so the two can never disagree).
+    """
+    if job.framework != framework:
+        job = job.model_copy(update={"framework": framework})
     structural = check_config(model, cluster, job, par, num_gpus, framework=framework)
     hard = {"layers_pp", "world_size", "precision"}
     if any(v.name in hard for v in structural) or par.num_microbatches(job.global_batch_size) < 1:
