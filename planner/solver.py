@@ -143,6 +143,29 @@ def _layer_lb(model, cluster, job, par, layer, groups, exposed_comm: bool = Fals
     return comp_f + comm_f, comp_b + comm_b, x.attn_f, comp_f + comm_f
 
 
+def _layer_ub(model, cluster, job, par, layer, groups, framework: str = "megatron"):
+    """Upper bounds of one layer's forward and backward seconds per micro-batch under ``par.recompute``
+    (communication fully exposed, host time added rather than overlapped, the elementwise passes of the slower
+    of Megatron and ``framework``), for bounding the ZeRO-3 gathers hidden behind compute. Returns (inf, inf)
+    (no bound) if the step model's internals change."""
+    try:
+        from cost_models import step_time as stm
+        x = stm._layer_cost(model, cluster, job, par, layer, "megatron", groups)
+        moe = model.moe is not None and model.is_moe_layer(layer)
+        host = float(getattr(stm, "MOE_LAYER_HOST_S" if moe else "LAYER_HOST_S"))
+        ep = stm.ELEMENTWISE_PASSES
+        passes = max(1.0, ep.get(framework, ep["megatron"]) / ep["megatron"])
+    except Exception:  # pragma: no cover - depends on another module's private API
+        return math.inf, math.inf
+    mem = x.mem * passes
+    comp_f = x.gemm + x.attn_f + mem + host / 3
+    comp_b = 2 * x.gemm + x.attn_b + 2 * mem + 2 * host / 3
+    comm_f = x.tp + x.cp + x.ep
+    comm_b = x.tp + 2 * x.cp + x.ep
+    rc = comp_f + comm_f if par.recompute == "full" else (x.attn_f if par.recompute == "selective" else 0.0)
+    return comp_f + comm_f, comp_b + comm_b + rc
+
+
 def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int,
                  space: SearchSpace = SearchSpace(), framework: str = "megatron") -> Tables:
     """Tabulate the factorized lower bounds of every structure (see the module docstring).
@@ -165,8 +188,12 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
         rate = math.inf
     el = 1.0 if job.precision == "fp8" else float(BYTES_16BIT)
     ce_passes = float(getattr(stm, "CE_PASSES", 0.0))
-    fws = getattr(mm, "FRAMEWORKS", ("megatron",))
-    logit_bpe = min(getattr(mm, "LOGITS_BYTES_PER_ELEMENT", {"megatron": 6}).values())
+    # the memory model's framework is the job's (``TrainingJob.framework``); the planner's framework too, in case
+    # the evaluation passes it: the bound takes the smaller of the two
+    fws = sorted({getattr(job, "framework", None) or "megatron", framework} & set(getattr(mm, "FRAMEWORKS", ("megatron",))))
+    fws = fws or ["megatron"]
+    lbpe = getattr(mm, "LOGITS_BYTES_PER_ELEMENT", {})
+    logit_bpe = min([lbpe.get(fw, 0) for fw in getattr(mm, "FRAMEWORKS", ("megatron",)) if fw in fws] or [0])
     adam = float(getattr(stm, "ADAM_HBM_BYTES_PER_PARAM", 0.0))
     T = Tables()
     for st in structures(model, cluster, job, num_gpus, space):
@@ -215,10 +242,18 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
         # without --overlap-grad-reduce (the step model's default for framework megatron); bounded by 0 for the
         # frameworks that overlap it and for ZeRO-3 (per-micro-batch gathers hidden behind compute)
         dp_exp = {0: 0.0, 1: 0.0}
+        cp_g, dp_g = groups_pl["cp"], groups_pl["dp"]
+        dpg = GroupPlacement(shard, dp_g.ranks_per_domain * (cp_g.size if cp_g.intra_domain else 1)) \
+            if shard > 1 else GroupPlacement(1, 1)
+        ag3 = rs3 = 0.0
+        if shard > 1:
+            rs3 = collective_time("reduce_scatter", BYTES_FP32 * smax.dense, dpg, cluster)
+            ag3 = collective_time("all_gather", BYTES_16BIT * smax.dense, dpg, cluster)
+        if edp > 1 and smax.expert > 0:
+            eg = GroupPlacement(edp, max(1, min(edp, dom // max(1, par0.expert_tp * st.ep))))
+            rs3 += collective_time("reduce_scatter", BYTES_FP32 * smax.expert, eg, cluster)
+            ag3 += collective_time("all_gather", BYTES_16BIT * smax.expert, eg, cluster)
         if framework == "megatron":
-            cp_g, dp_g = groups_pl["cp"], groups_pl["dp"]
-            dpg = GroupPlacement(shard, dp_g.ranks_per_domain * (cp_g.size if cp_g.intra_domain else 1)) \
-                if shard > 1 else GroupPlacement(1, 1)
             for zc in (0, 1):
                 t = 0.0
                 if shard > 1:
@@ -247,11 +282,27 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
                 pv = to_parallel(st, mbs, v, 0, False, "none")
                 inflight[v] = [in_flight_microbatches(pv, stage, m) for stage, _, _, _ in groups]
             lay = {}   # sp -> type -> (f, b, rc_sel, rc_full)
+            ub = {}    # sp -> (max over ranks of an upper bound of forward, of backward seconds per micro-batch)
             acts = {}  # (sp, rc) -> (type -> min bytes, layer input bytes)
             for sp in sps:
                 pr = to_parallel(st, mbs, 1, 0, sp, "none")
                 lay[sp] = {t: _layer_lb(model, cluster, job, pr, i, groups_pl, framework == "megatron")
                            for t, i in ty.rep.items()}
+                for rc in space.recompute:
+                    prc = to_parallel(st, mbs, 1, 0, sp, rc)
+                    lub = {t: _layer_ub(model, cluster, job, prc, i, groups_pl, framework) for t, i in ty.rep.items()}
+                    uf = ub_b = 0.0
+                    for stage, nd, nm, rg in groups:
+                        f = sum(n * lub[t][0] for t, n in ((0, nd), (1, nm)) if n and t in lub)
+                        b = sum(n * lub[t][1] for t, n in ((0, nd), (1, nm)) if n and t in lub)
+                        if stage == pp - 1:
+                            f += lg + ce
+                            b += 2 * lg + ce
+                        if stage == 0:
+                            f += emb
+                            b += 2 * emb
+                        uf, ub_b = max(uf, f), max(ub_b, b)
+                    ub[(sp, rc)] = (uf, ub_b)
                 for rc in space.recompute:
                     prc = to_parallel(st, mbs, 1, 0, sp, rc)
                     per_t = {}
@@ -306,6 +357,11 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
                 E = [INVALID] * 4
                 for z in zs:
                     E[z] = opt[1 if z else 0] + (dp_exp[1 if z else 0] if z < 3 else 0.0)
+                    if z >= 3 and shard > 1:
+                        # ZeRO-3 (step_time): m x (gather not hidden by the forward + gather and reduce-scatter
+                        # not hidden by the backward), with upper bounds of the busiest rank's compute
+                        E[z] += min(m * (max(0.0, ag3 - ub[(sp, rc)][0]) + max(0.0, ag3 + rs3 - ub[(sp, rc)][1]))
+                                    for sp in sps)
                 Wk, Xk = [], []
                 for j, (stage, nd, nm, rg) in enumerate(groups):
                     w = [states[j][z] + reserve + (logits_b if stage == pp - 1 else 0.0) for z in ZEROS]
