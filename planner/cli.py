@@ -529,7 +529,7 @@ def validate(
     fails = rep.failures(max_mape, max_group_mape)
     if fails:
         sys.stderr.write("plan3d: validate: " + "; ".join(fails) + "\n")
-        raise typer.Exit(1)
+        sys.exit(1)
 
 
 @app.command()
