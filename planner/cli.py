@@ -228,6 +228,7 @@ def plan(
     from .errors import NoFeasiblePlan, PlanInputError
 
     m, c, n, job = _load(model, cluster, gpus, nodes, global_batch_size, seq_length, precision.value)
+    job = job.model_copy(update={"framework": framework.value})  # the memory model uses the framework's states
     from .space import SearchSpace
     one = lambda x: None if x is None else (x,)  # noqa: E731
     sp_kw = {"tp": one(pin_tp), "pp": one(pin_pp), "cp": one(pin_cp), "ep": one(pin_ep), "vpp": one(pin_vpp)}
