@@ -1,0 +1,77 @@
+"""Infeasible jobs and ``plan3d explain`` (issue 5): which constraint binds, by how much, the nearest changes that
+make the job feasible with their predicted result, and every constraint of a given config with its slack."""
+from __future__ import annotations
+
+import re
+
+from cluster_specs import get_cluster
+from cost_models.config import TrainingJob
+from model_zoo import get_model
+from planner.explain import why_infeasible
+from planner.search import run_search
+
+GiB = 2**30
+
+
+def test_405b_on_8_h100_is_infeasible_memory_binds_and_128_gpus_fit(run_cli):
+    """Llama-3.1-405B (405.85e9 params) on 8 H100: model states alone are 18 B/param (Megatron mixed-precision
+    Adam) / 8 GPUs = 913 GB per GPU, so memory binds by far more than 700 GiB. Fully sharded (ZeRO-3) states are
+    18P/N: 114 GB at N = 64 (> 80 GB), 57 GB at N = 128, so the first power-of-two GPU count that fits is 128."""
+    r = run_cli("plan", "--model", "llama3.1-405b", "--gpus", "8")
+    assert r.exit_code == 1 and r.stdout == ""
+    line = r.stderr.strip()
+    assert "\n" not in line
+    assert "memory binds by" in line
+    excess = float(re.search(r"memory binds by ([\d.]+) GiB", line).group(1))
+    assert excess > 700
+    assert "--gpus 128:" in line and "tokens/s" in line
+
+
+def test_llama2_7b_on_one_a100_needs_two_gpus_with_zero():
+    """Field case F03 (MPT-7B on one A100-80GB: infeasible for any batch; 16-18 B/param > 80 GB) with Llama-2-7B
+    (6.74e9 params x 18 B = 121 GB): infeasible on 1 GPU, and the nearest change is 2 GPUs with sharded states
+    (ZeRO-3: 61 GB of states per GPU)."""
+    m, c = get_model("llama2-7b"), get_cluster("dgx-a100-80g")
+    job = TrainingJob(global_batch_size=8, seq_length=2048)
+    res = run_search(m, c, job, 1, 5)
+    assert res.plans == []
+    ev = res.nearest_infeasible[0]
+    assert ev.memory.peak_bytes > 6.74e9 * 18  # the model states alone exceed the GPU
+    msg = why_infeasible(m, c, job, 1, res)
+    assert "memory binds" in msg
+    assert re.search(r"--gpus 2: tp 1 pp 1 dp 2 mbs \d zero [123]", msg)
+
+
+def test_pinned_zero_reports_zero3_and_unpinning_as_changes(run_cli):
+    """Llama-3.1-8B (8.03e9 params) on 8 H100 with ZeRO 0, tp 1, pp 1 pinned: every GPU holds the full model
+    states, 18 B x 8.03e9 = 134.6 GiB > 75.7 GiB usable, so memory binds by > 59 GiB. The nearest changes: ZeRO-3
+    on the same layout shards them 8 ways (16.8 GiB of states: fits), and unpinning the ZeRO stage gives a plan."""
+    r = run_cli("plan", "--model", "llama3.1-8b", "--gpus", "8", "--zero-stage", "0", "--tp", "1", "--pp", "1")
+    assert r.exit_code == 1
+    excess = float(re.search(r"memory binds by ([\d.]+) GiB", r.stderr).group(1))
+    assert excess > 134.6 - 75.7
+    assert re.search(r"ZeRO-3 on the closest layout: peak [\d.]+ GiB \(fits\)", r.stderr)
+    assert re.search(r"unpin zero-stage: tp 1 pp 1 dp \d+ .*zero [123]", r.stderr)
+
+
+def test_explain_lists_every_constraint_with_slack(run_cli):
+    r = run_cli("explain", "--model", "llama3.1-8b", "--gpus", "8", "--tp", "8", "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    doc = r.json()
+    cons = {c["name"]: c for c in doc["constraints"]}
+    for name in ("world_size", "heads_tp", "kv_heads_tp", "tp_nvlink", "layers_pp", "batch", "vocab_padding",
+                 "memory_stage_0"):
+        assert cons[name]["ok"], name
+    assert cons["tp_nvlink"]["slack"] == 0  # tp 8 fills the 8-GPU NVLink domain exactly
+    # Megatron pads the vocabulary to a multiple of 128 * tp = 1024: 128256 -> 129024 (768 padding tokens)
+    assert cons["vocab_padding"]["slack"] == 768
+    assert cons["memory_stage_0"]["unit"] == "bytes" and cons["memory_stage_0"]["slack"] > 0
+    assert doc["feasible"] is True
+
+
+def test_explain_infeasible_config_exits_1_and_names_the_binding_constraint(run_cli):
+    """Llama-3.1-405B with tp 8 on 8 GPUs: every structural rule holds, stage 0's memory does not."""
+    r = run_cli("explain", "--model", "llama3.1-405b", "--gpus", "8", "--tp", "8")
+    assert r.exit_code == 1
+    assert "memory_stage_0 binds" in r.stderr
+    assert "memory_stage_0" in r.stdout and "NO" in r.stdout
