@@ -1,0 +1,71 @@
+"""The ``plan`` command's search options (issue 5): ``--solver cpsat|enumerate`` give the same answer,
+``--objective headroom|min-gpus``, pins, deterministic output, and ortools only imported when the solver runs."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from cluster_specs import get_cluster
+from cost_models.config import TrainingJob
+from model_zoo import get_model
+from planner.search import enumerate_plans, fewest_gpus, run_search
+from planner.space import SearchSpace
+
+
+def test_cpsat_and_enumerate_give_byte_identical_json(run_cli):
+    args = ("plan", "--model", "llama2-7b", "--gpus", "8", "--micro-batch-size", "1", "--format", "json")
+    a = run_cli(*args, "--solver", "cpsat")
+    b = run_cli(*args, "--solver", "enumerate")
+    assert a.exit_code == 0 and b.exit_code == 0, a.stderr + b.stderr
+    assert a.stdout == b.stdout
+    assert run_cli(*args).stdout == a.stdout  # cpsat is the default, and the output is deterministic
+
+
+def test_pins_are_respected(run_cli):
+    r = run_cli("plan", "--model", "llama3.1-8b", "--gpus", "16", "--tp", "2", "--pp", "2", "--zero-stage", "1",
+                "--recompute", "selective", "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    for p in r.json()["plans"]:
+        q = p["parallel"]
+        assert (q["tp"], q["pp"], q["zero_stage"], q["recompute"]) == (2, 2, 1, "selective")
+
+
+def test_headroom_objective_matches_the_enumerator():
+    """Most headroom among plans within 5% of the best step time: same set from both searches, sorted by peak."""
+    m, c = get_model("llama2-7b"), get_cluster("dgx-h100")
+    job = TrainingJob(global_batch_size=256, seq_length=4096)
+    space = SearchSpace(micro_batch_size=(1, 2), recompute=("none", "full"))
+    a = run_search(m, c, job, 8, 5, space, 0.05, "megatron", "cpsat", "headroom", 0.05)
+    b = run_search(m, c, job, 8, 5, space, 0.05, "megatron", "enumerate", "headroom", 0.05)
+    assert [e.parallel for e in a.plans] == [e.parallel for e in b.plans]
+    peaks = [e.memory.peak_bytes for e in a.plans]
+    assert peaks == sorted(peaks)
+    best = enumerate_plans(m, c, job, 8, 1, space, 0.05).plans[0].step.step_s
+    assert all(e.step.step_s <= best * 1.05 for e in a.plans)
+
+
+def test_min_gpus_objective_returns_the_fewest_gpus_meeting_the_target():
+    """The fewest GPUs of 8, 16, 32, 64 whose best plan reaches the target; one count fewer must miss it."""
+    m, c = get_model("llama3.1-8b"), get_cluster("dgx-h100")
+    job = TrainingJob(global_batch_size=256, seq_length=4096)
+    space = SearchSpace(micro_batch_size=(1, 2), recompute=("none",))
+    best = {n: run_search(m, c, job, n, 1, space).plans[0].step.tokens_per_s for n in (8, 16, 32)}
+    target = (best[16] + best[32]) / 2 * 86400  # tokens/day between what 16 and 32 GPUs reach
+    res, n = fewest_gpus(m, c, job, 64, 3, space, target_tokens_per_day=target)
+    assert n == 32 and res.plans and all(e.step.tokens_per_s * 86400 >= target for e in res.plans)
+
+
+def test_min_gpus_needs_a_target(run_cli):
+    r = run_cli("plan", "--objective", "min-gpus")
+    assert r.exit_code == 2 and "--target-step-s" in r.stderr
+
+
+def test_cli_startup_does_not_import_ortools():
+    code = ("import sys; from planner.cli import main; sys.argv=['plan3d','models','--format','json'];\n"
+            "import contextlib, io\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    try: main()\n"
+            "    except SystemExit: pass\n"
+            "print('ortools' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
