@@ -222,7 +222,7 @@ def launch_script(kind: str, entry: str, args: list[str], nodes: int, gpus_per_n
     lines += [f"NNODES={nodes}", f"GPUS_PER_NODE={gpus_per_node}"]
     if kind == "slurm":
         lines += ['CONFIG_DIR=${CONFIG_DIR:-${SLURM_SUBMIT_DIR:-.}}',
-                  'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)']
+                  'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)']
     else:
         lines += ['CONFIG_DIR=${CONFIG_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}',
                   "NODE_RANK=${NODE_RANK:-0}", "MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}"]

@@ -1,0 +1,268 @@
+"""Launch-config emitters without the frameworks installed: argument names against Megatron-LM's parser list,
+values from the frameworks' documented rules and published layouts, files and scripts from the CLI.
+
+The frameworks' own validators run in tests/test_emit_validators.py (``validators`` extra)."""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from cost_models.config import ParallelConfig, TrainingJob
+from model_zoo import get_model
+from planner.emit import EmitError, deepspeed_config, launch_fields, megatron_args, torchtitan_toml
+from planner.emit.megatron import launch_script
+from test_emit_support import megatron_arg_names, parse_argv
+
+JOB = TrainingJob(global_batch_size=1024, seq_length=4096)
+
+#: Plans that reach every branch of the emitters: (model, parallel config, precision).
+BRANCH_CASES = [
+    # Llama 3 405B layout (Llama 3 paper Sec. 3.3.2: 126 layers on 16 stages as 7 + 14 x 8 + 7), TP 8, ZeRO-1
+    ("llama3.1-405b", ParallelConfig(tp=8, pp=16, dp=8, first_stage_layers=7, last_stage_layers=7,
+                                     sequence_parallel=True, zero_stage=1, recompute="full"), "bf16"),
+    # even split with interleaving: 80 layers, pp 4, vpp 5 -> 4 layers per virtual stage
+    ("llama2-70b", ParallelConfig(tp=4, pp=4, dp=8, vpp=5, sequence_parallel=True, zero_stage=1,
+                                  recompute="selective"), "fp8"),
+    # MLA + MoE (dense prefix, shared expert, router bias, MTP), CP, EP, ZeRO-3 (Megatron-FSDP)
+    ("deepseek-v3", ParallelConfig(tp=2, pp=1, dp=512, cp=2, ep=256, etp=1, sequence_parallel=True,
+                                   zero_stage=3), "bf16"),
+    # MoE with pp, vpp, ZeRO-2 (Megatron-FSDP optim_grads), fp16
+    ("mixtral-8x7b", ParallelConfig(tp=2, pp=4, dp=16, ep=8, etp=1, vpp=8, sequence_parallel=True,
+                                    zero_stage=2), "fp16"),
+    # even split with interleaving: 96 layers / pp 16 = 6 per stage, vpp 3; full recompute of 2 layers (block)
+    ("gpt3-175b", ParallelConfig(tp=8, pp=16, dp=4, vpp=3, sequence_parallel=True, zero_stage=0,
+                                 recompute="full", recompute_num_layers=2), "bf16"),
+    # BLOOM: ALiBi, biases, tied embeddings; plain DP, no sharding
+    ("bloom-176b", ParallelConfig(tp=8, pp=7, dp=2, first_stage_layers=None, zero_stage=0), "bf16"),
+    ("qwen2.5-7b", ParallelConfig(tp=4, pp=1, dp=2, zero_stage=1, sequence_parallel=True), "bf16"),
+]
+
+
+def _job(precision: str) -> TrainingJob:
+    return TrainingJob(global_batch_size=1024, seq_length=4096, precision=precision)
+
+
+def _case_id(c) -> str:
+    return f"{c[0]}-{c[2]}"
+
+
+@pytest.mark.parametrize("case", BRANCH_CASES, ids=_case_id)
+def test_every_megatron_argument_exists_in_megatron_lm_parser(case):
+    name, par, prec = case
+    header, names = megatron_arg_names()
+    assert "NVIDIA/Megatron-LM commit d98e8a64ddf3" in header  # where the list was read from
+    args = megatron_args(get_model(name), _job(prec), par)
+    flags = [a for a in args if a.startswith("--")]
+    assert [f for f in flags if f not in names] == []
+    assert len(flags) == len(set(flags)), "a flag is given twice"
+
+
+def test_script_arguments_exist_in_megatron_lm_parser():
+    from planner.emit.megatron import SCRIPT_DATA_ARGS, SCRIPT_TRAIN_ARGS
+    _, names = megatron_arg_names()
+    flags = [a for a in SCRIPT_DATA_ARGS + SCRIPT_TRAIN_ARGS if a.startswith("--")]
+    assert flags and [f for f in flags if f not in names] == []
+
+
+def test_llama3_405b_pipeline_layout_flags():
+    # Llama 3 paper Sec. 3.3.2: first and last stage hold one layer fewer (7 + 14 x 8 + 7 = 126)
+    a = parse_argv(megatron_args(get_model("llama3.1-405b"), JOB, BRANCH_CASES[0][1]))
+    assert (a["decoder_first_pipeline_num_layers"], a["decoder_last_pipeline_num_layers"]) == (7, 7)
+    assert a["num_layers"] == 126 and a["pipeline_model_parallel_size"] == 16
+    assert a["tensor_model_parallel_size"] == 8 and a["sequence_parallel"] is True
+    assert a["num_query_groups"] == 8 and a["group_query_attention"] is True
+    # full recompute: Megatron needs a method and a layer count ("uniform", 1 = every layer)
+    assert (a["recompute_granularity"], a["recompute_method"], a["recompute_num_layers"]) == ("full", "uniform", 1)
+    assert a["use_distributed_optimizer"] and a["overlap_grad_reduce"] and a["overlap_param_gather"]
+
+
+def test_virtual_pipeline_flag_follows_megatron_rules():
+    # even split: --num-layers-per-virtual-pipeline-stage; Megatron derives vpp = (80 / 4) / 4 = 5
+    a = parse_argv(megatron_args(get_model("llama2-70b"), JOB, BRANCH_CASES[1][1]))
+    assert a["num_layers_per_virtual_pipeline_stage"] == 4
+    assert "num_virtual_stages_per_pipeline_rank" not in a
+    # uneven split: validate_args refuses the per-stage form, so the per-rank count is used
+    par = ParallelConfig(tp=8, pp=16, dp=8, vpp=7, first_stage_layers=7, last_stage_layers=7, zero_stage=1)
+    a = parse_argv(megatron_args(get_model("llama3.1-405b"), JOB, par))
+    assert a["num_virtual_stages_per_pipeline_rank"] == 7 and "num_layers_per_virtual_pipeline_stage" not in a
+
+
+def test_moe_and_mla_arguments_deepseek_v3():
+    a = parse_argv(megatron_args(get_model("deepseek-v3"), JOB, BRANCH_CASES[2][1]))
+    # DeepSeek-V3 config.json: 256 routed experts, top-8, expert FFN 2048, 1 shared expert, first 3 layers dense,
+    # q_lora_rank 1536, kv_lora_rank 512, qk_nope 128, qk_rope 64, v 128, dense FFN 18432, sigmoid router + bias
+    assert (a["num_experts"], a["moe_router_topk"], a["moe_ffn_hidden_size"]) == (256, 8, 2048)
+    assert a["moe_shared_expert_intermediate_size"] == 2048 and a["ffn_hidden_size"] == 18432
+    assert a["moe_layer_freq"] == "([0]*3+[1]*58)"
+    assert (a["q_lora_rank"], a["kv_lora_rank"], a["qk_head_dim"], a["qk_pos_emb_head_dim"], a["v_head_dim"]) == \
+        (1536, 512, 128, 64, 128)
+    assert a["moe_router_score_function"] == "sigmoid" and a["moe_router_enable_expert_bias"] is True
+    assert (a["expert_model_parallel_size"], a["expert_tensor_parallel_size"], a["context_parallel_size"]) == (256, 1, 2)
+    # ZeRO-3 = Megatron-FSDP, which validate_args requires with the fsdp_dtensor checkpoint format
+    assert (a["use_megatron_fsdp"], a["data_parallel_sharding_strategy"], a["ckpt_format"]) == \
+        (True, "optim_grads_params", "fsdp_dtensor")
+    assert "use_distributed_optimizer" not in a
+
+
+def test_fp8_and_fp16_flags():
+    a = parse_argv(megatron_args(get_model("llama2-70b"), _job("fp8"), BRANCH_CASES[1][1]))
+    assert a["fp8_format"] == "hybrid" and a["bf16"] is True and "fp16" not in a
+    a = parse_argv(megatron_args(get_model("mixtral-8x7b"), _job("fp16"), BRANCH_CASES[3][1]))
+    assert a["fp16"] is True and "bf16" not in a and a["data_parallel_sharding_strategy"] == "optim_grads"
+
+
+def test_no_overlap_param_gather_without_sharded_optimizer():
+    a = parse_argv(megatron_args(get_model("bloom-176b"), JOB, BRANCH_CASES[5][1]))
+    assert a["overlap_grad_reduce"] is True and "overlap_param_gather" not in a
+    assert "disable_bias_linear" not in a and "untie_embeddings_and_output_weights" not in a  # BLOOM: biases, tied
+    assert a["position_embedding_type"] == "none"  # ALiBi has no parameters; Megatron-core has no ALiBi
+
+
+def test_deepspeed_batch_arithmetic():
+    par = ParallelConfig(tp=4, pp=2, dp=16, micro_batch_size=2, zero_stage=1)
+    cfg = deepspeed_config(JOB, par)
+    # train_batch_size = micro x GAS x dp: 2 x 32 x 16 = 1024
+    assert (cfg["train_batch_size"], cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"]) == \
+        (1024, 2, 32)
+    assert cfg["zero_optimization"]["stage"] == 1 and cfg["bf16"] == {"enabled": True}
+    assert cfg["pipeline"]["stages"] == 2
+
+
+def test_deepspeed_refuses_pipeline_with_zero2():
+    par = ParallelConfig(tp=2, pp=4, dp=16, ep=8, etp=1, zero_stage=2)
+    with pytest.raises(EmitError, match="pipeline engine supports ZeRO stage 0 or 1"):
+        deepspeed_config(JOB, par)
+    lf = launch_fields(get_model("mixtral-8x7b"), JOB, par, 8)
+    assert lf["deepspeed"] is None and "ZeRO stage 0 or 1" in lf["unsupported"]["deepspeed"]
+    assert lf["megatron"] is not None  # Megatron runs it (Megatron-FSDP)
+
+
+def test_megatron_deepspeed_args():
+    par = ParallelConfig(tp=8, pp=1, dp=4, cp=2, zero_stage=3, recompute="full")
+    a = parse_argv(launch_fields(get_model("llama3.1-70b"), JOB, par, 8)["megatron_deepspeed"])
+    assert a["no_pipeline_parallel"] is True  # non-pipeline engine: ZeRO-3 allowed
+    assert a["ds_sequence_parallel_size"] == 2 and a["zero_stage"] == 3 and a["deepspeed_config"] == "ds_config.json"
+    assert a["num_key_value_heads"] == 8
+
+
+def test_torchtitan_toml_reproduces_the_plan_split():
+    # torchtitan spreads num_layers + first_less + last_less over ceil(./layers_per_stage) stages:
+    # (126 + 1 + 1) / 8 = 16 stages; first stage 8 - 1 = 7 layers -> the Llama 3 405B layout 7 + 14 x 8 + 7
+    t = tomllib.loads(torchtitan_toml(get_model("llama3.1-405b"), JOB, BRANCH_CASES[0][1]))
+    p = t["parallelism"]
+    assert (p["pipeline_parallel_layers_per_stage"], p["pipeline_parallel_first_stage_less_layers"],
+            p["pipeline_parallel_last_stage_less_layers"]) == (8, 1, 1)
+    assert (126 + 1 + 1) // 8 == p["pipeline_parallel_degree"] == 16
+    assert (p["tensor_parallel_degree"], p["data_parallel_shard_degree"], p["pipeline_parallel_schedule"]) == \
+        (8, 8, "1F1B")
+    assert t["model"] == {"name": "llama3", "flavor": "405B"}
+    # pp > 1: the per-DP-rank batch is split into micro-batches of the plan's size
+    assert (t["training"]["local_batch_size"], t["training"]["global_batch_size"], t["training"]["seq_len"]) == \
+        (128, 1024, 4096)
+    assert p["pipeline_parallel_microbatch_size"] == 1 and t["activation_checkpoint"]["mode"] == "full"
+
+
+def test_torchtitan_interleaved_even_split():
+    t = tomllib.loads(torchtitan_toml(get_model("llama2-70b"), JOB, BRANCH_CASES[1][1]))
+    p = t["parallelism"]
+    # 80 layers, pp 4, vpp 5: 4 layers per virtual stage, 20 stages = 4 ranks x 5
+    assert (p["pipeline_parallel_schedule"], p["pipeline_parallel_layers_per_stage"]) == ("Interleaved1F1B", 4)
+    assert p["pipeline_parallel_first_stage_less_layers"] == 0 and 80 // 4 == 4 * 5
+
+
+# ------------------------------------------------------------------------------------------------------- CLI
+PLAN = ["plan", "-m", "llama3.1-70b", "-c", "dgx-h100", "--gpus", "64", "--top-k", "3"]
+
+
+def test_emit_writes_files_and_is_byte_identical(run_cli, tmp_path):
+    outs = []
+    for d in ("a", "b"):
+        r = run_cli(*PLAN, "--emit", "megatron", "--output", str(tmp_path / d))
+        assert r.exit_code == 0, r.stderr
+        outs.append({p.name: p.read_bytes() for p in sorted((tmp_path / d).iterdir())})
+    assert outs[0] == outs[1]
+    assert set(outs[0]) == {"megatron_args.txt", "launch_torchrun.sh", "launch_slurm.sbatch"}
+    assert os.access(tmp_path / "a" / "launch_torchrun.sh", os.X_OK)
+    r = run_cli(*PLAN, "--format", "json")
+    launch = r.json()["plans"][0]["launch"]
+    args_txt = (tmp_path / "a" / "megatron_args.txt").read_text()
+    assert shlex.split(args_txt) == launch["megatron"]
+    slurm = (tmp_path / "a" / "launch_slurm.sbatch").read_text()
+    assert f"#SBATCH --nodes={launch['nodes']}" in slurm and "#SBATCH --gpus-per-node=8" in slurm
+    assert launch["nodes"] * launch["gpus_per_node"] == launch["world_size"] == 64
+
+
+@pytest.mark.parametrize("framework,files", [
+    ("deepspeed", {"ds_config.json", "megatron_deepspeed_args.txt", "launch_torchrun.sh", "launch_slurm.sbatch"}),
+    ("torchtitan", {"torchtitan.toml", "torchtitan_overrides.txt", "launch_torchrun.sh", "launch_slurm.sbatch"}),
+])
+def test_emit_other_frameworks(run_cli, tmp_path, framework, files):
+    r = run_cli(*PLAN, "--framework", framework, "--emit", framework, "--output", str(tmp_path))
+    assert r.exit_code == 0, r.stderr
+    assert {p.name for p in tmp_path.iterdir()} == files
+    r2 = run_cli(*PLAN, "--framework", framework, "--emit", framework)  # no --output: stdout
+    main = "ds_config.json" if framework == "deepspeed" else "torchtitan.toml"
+    assert r2.stdout == (tmp_path / main).read_text()
+
+
+def test_emit_rank_selects_the_plan(run_cli, tmp_path):
+    doc = run_cli(*PLAN, "--format", "json").json()
+    r = run_cli(*PLAN, "--emit", "megatron", "--rank", "2", "--output", str(tmp_path))
+    assert r.exit_code == 0, r.stderr
+    assert shlex.split((tmp_path / "megatron_args.txt").read_text()) == doc["plans"][1]["launch"]["megatron"]
+
+
+def test_emit_bad_rank_is_one_line_error(run_cli):
+    r = run_cli("plan", "--top-k", "1", "--emit", "megatron", "--rank", "0")
+    assert r.exit_code == 2 and "--rank" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_emit_stdout_megatron_keeps_command_line(run_cli):
+    r = run_cli("plan", "--top-k", "1", "--emit", "megatron")
+    assert r.exit_code == 0 and r.stdout.startswith("pretrain_gpt.py \\\n  --num-layers 32")
+
+
+# ---------------------------------------------------------------------------------------------------- scripts
+def _fake_bin(tmp: Path) -> Path:
+    """A PATH folder whose torchrun/srun/scontrol print what they were given (one argument per line)."""
+    b = tmp / "bin"
+    b.mkdir()
+    (b / "torchrun").write_text('#!/usr/bin/env bash\necho "CDMC=${CUDA_DEVICE_MAX_CONNECTIONS:-unset}"\n'
+                                'printf "%s\\n" "$@"\n')
+    (b / "srun").write_text('#!/usr/bin/env bash\nexec "$@"\n')
+    (b / "scontrol").write_text('#!/usr/bin/env bash\necho node-a; echo node-b\n')
+    for f in b.iterdir():
+        f.chmod(0o755)
+    return b
+
+
+@pytest.mark.parametrize("kind", ["torchrun", "slurm"])
+def test_launch_script_runs_torchrun_with_the_plan_arguments(tmp_path, kind):
+    args = megatron_args(get_model("llama3.1-405b"), JOB, BRANCH_CASES[0][1])
+    text = launch_script(kind, "pretrain_gpt.py", args, 16, 8, "test", {"CUDA_DEVICE_MAX_CONNECTIONS": "1"},
+                         ["--mock-data"], ["--train-iters", "5"])
+    script = tmp_path / "s.sh"
+    script.write_text(text)
+    env = {"PATH": f"{_fake_bin(tmp_path)}:{os.environ['PATH']}", "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "x"}
+    out = subprocess.run(["bash", str(script), "--extra"], capture_output=True, text=True, env=env, timeout=30)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "CDMC=1"
+    i = lines.index("pretrain_gpt.py")
+    assert lines[i + 1:] == args + ["--mock-data", "--train-iters", "5", "--extra"]
+    head = lines[1:i]
+    assert head[head.index("--nnodes") + 1] == "16" and head[head.index("--nproc-per-node") + 1] == "8"
+    if kind == "slurm":
+        assert head[head.index("--rdzv-endpoint") + 1] == "node-a:29500"
+
+
+def test_schema_command_is_valid_json(run_cli):
+    r = run_cli("schema")
+    assert r.exit_code == 0
+    assert json.loads(r.stdout)["title"] == "PlanDocument"
