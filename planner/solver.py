@@ -57,6 +57,11 @@ MIB = 2**20
 #: The tables are lower bounds of the scalar model. MEM_MARGIN: relative slack of the memory filter (rounding);
 #: BOUND_FALLBACK: if a re-scored value is ever below its bound, bounds are scaled by the ratio seen x this.
 MEM_MARGIN = 1e-6
+#: CP-SAT parameters: one worker (the speed goals are per core); full LP relaxation, no presolve and no probing
+#: were fastest on these small one-hot models with a feasible hint (measured: 405B on 16,384 GPUs 0.44 -> 0.09 s,
+#: Llama-3.1-8B on 8,192 GPUs 1.1 -> 0.22 s; benchmarks/bench_search.py).
+CPSAT_PARAMS: dict = {"num_workers": 1, "linearization_level": 2, "cp_model_probing_level": 0,
+                      "cp_model_presolve": False}
 BOUND_FALLBACK = 0.9
 #: Sentinel for an invalid table cell (seconds or bytes); any value at or above it is excluded.
 INVALID = float("inf")
@@ -477,8 +482,8 @@ def _cpsat_optimum(A, P, E, W, X, valid_mem_limit: float, time_limit_s: float = 
             for kk, b in cells.items():
                 mdl.AddHint(b, kk == key)
     solver = cp_model.CpSolver()
-    solver.parameters.num_workers = 1
-    solver.parameters.linearization_level = 2  # full LP relaxation: fastest on these one-hot models (measured)
+    for k, v in CPSAT_PARAMS.items():
+        setattr(solver.parameters, k, v)
     solver.parameters.max_time_in_seconds = time_limit_s
     st = solver.Solve(mdl)
     name = solver.StatusName(st)
