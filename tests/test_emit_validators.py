@@ -1,0 +1,206 @@
+"""The frameworks' own validators accept plan3d's emitted configs (``validators`` extra: torch CPU, deepspeed
+0.19.8, megatron-core 0.16.1; torchtitan 0.2.2 where installed). Skipped with the reason when absent.
+
+* Megatron: megatron-core's ``TransformerConfig``/``MLATransformerConfig`` and ``DistributedDataParallelConfig``
+  built from the emitted arguments the way Megatron-LM does, ``get_num_layers_to_build`` for every pipeline rank
+  and virtual stage (= the plan's layers per stage), ``ConstantNumMicroBatchesCalculator`` (= the plan's
+  micro-batch count), plus the parallelism rules of Megatron-LM's ``validate_args`` (not in the wheel).
+* DeepSpeed: ``DeepSpeedConfig(ds_config, mpu)`` with the planned data-parallel size.
+* torchtitan: ``ConfigManager`` parses the TOML; ``ParallelDims`` accepts the degrees for the world size.
+"""
+from __future__ import annotations
+
+import importlib.util
+import warnings
+
+import pytest
+
+from cluster_specs import get_cluster
+from cost_models.config import ParallelConfig, TrainingJob
+from cost_models.layout import stage_layer_counts
+from model_zoo import get_model, list_models
+from planner.emit import launch_fields
+from test_emit import BRANCH_CASES, _case_id, _job
+from test_emit_support import (deepspeed_validate, megatron_core_config, megatron_ddp_config, megatron_layers_per_rank,
+                               megatron_num_microbatches, megatron_rank_groups, megatron_validate_args, parse_argv,
+                               torchtitan_parse_toml)
+
+REASON = ("validators extra not installed: pip install torch==2.13.0 && DS_BUILD_OPS=0 pip install -e "
+          "'.[test,validators]'")
+TT_REASON = ("torchtitan not installed (2.4 GB with triton, kept out of CI): pip install torchtitan==0.2.2 triton "
+             "after torch==2.13.0")
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+HAS_MCORE = HAS_TORCH and importlib.util.find_spec("megatron") is not None \
+    and importlib.util.find_spec("megatron.core") is not None
+HAS_DS = HAS_TORCH and importlib.util.find_spec("deepspeed") is not None
+HAS_TT = HAS_TORCH and importlib.util.find_spec("torchtitan") is not None
+
+needs_mcore = pytest.mark.skipif(not HAS_MCORE, reason=REASON)
+needs_ds = pytest.mark.skipif(not HAS_DS, reason=REASON)
+needs_tt = pytest.mark.skipif(not HAS_TT, reason=TT_REASON)
+
+JOB = TrainingJob(global_batch_size=1024, seq_length=4096)
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def check_megatron(model, job: TrainingJob, par: ParallelConfig, args: list[str]) -> None:
+    """Every Megatron check of the module docstring (raises the framework's error on rejection)."""
+    a = parse_argv(args)
+    vpp = megatron_validate_args(a, par.world_size)
+    assert (vpp or 1) == par.vpp
+    cfg = megatron_core_config(a, vpp)  # TransformerConfig.__post_init__ (and ModelParallelConfig's)
+    layers = megatron_layers_per_rank(cfg)
+    assert [sum(x) for x in layers] == stage_layer_counts(model.num_layers, par)
+    assert megatron_num_microbatches(job.global_batch_size, par.micro_batch_size, par.dp) == \
+        par.num_microbatches(job.global_batch_size)
+    ddp = megatron_ddp_config(a)
+    assert ddp.use_distributed_optimizer == (par.zero_stage == 1)
+    assert bool(ddp.use_megatron_fsdp) == (par.zero_stage >= 2)
+
+
+def check_deepspeed(job: TrainingJob, par: ParallelConfig, cfg: dict) -> None:
+    ds = deepspeed_validate(cfg, par.dp)
+    assert ds.train_batch_size == job.global_batch_size
+    assert ds.train_micro_batch_size_per_gpu == par.micro_batch_size
+    assert ds.gradient_accumulation_steps == par.num_microbatches(job.global_batch_size)
+    assert ds.zero_optimization_stage == par.zero_stage
+    assert not (par.pp > 1 and ds.zero_optimization_stage >= 2)  # DeepSpeed's pipeline engine: ZeRO <= 1
+
+
+def check_torchtitan(par: ParallelConfig, toml_text: str, tmp_path) -> None:
+    from torchtitan.distributed.parallel_dims import ParallelDims
+    jc = torchtitan_parse_toml(toml_text, tmp_path)
+    p = jc.parallelism
+    assert (p.tensor_parallel_degree, p.pipeline_parallel_degree, p.context_parallel_degree,
+            p.data_parallel_shard_degree) == (par.tp, par.pp, par.cp, par.dp)
+    ParallelDims(dp_replicate=p.data_parallel_replicate_degree, dp_shard=p.data_parallel_shard_degree,
+                 cp=p.context_parallel_degree, tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree,
+                 ep=p.expert_parallel_degree, etp=p.expert_tensor_parallel_degree, world_size=par.world_size)
+
+
+# ------------------------------------------------------------------------------------ constructed plans
+@needs_mcore
+@pytest.mark.parametrize("case", BRANCH_CASES, ids=_case_id)
+def test_megatron_core_accepts_every_branch(case):
+    name, par, prec = case
+    m = get_model(name)
+    check_megatron(m, _job(prec), par, launch_fields(m, _job(prec), par, 8)["megatron"])
+
+
+@needs_ds
+@pytest.mark.parametrize("case", [c for c in BRANCH_CASES if not (c[1].pp > 1 and c[1].zero_stage >= 2)], ids=_case_id)
+def test_deepspeed_accepts_every_branch(case):
+    name, par, prec = case
+    m = get_model(name)
+    check_deepspeed(_job(prec), par, launch_fields(m, _job(prec), par, 8)["deepspeed"])
+
+
+@needs_mcore
+def test_megatron_rank_layout_matches_plan3d():
+    # Megatron's RankGenerator (order tp-cp-ep-dp-pp), the order cost_models.layout assumes: tp innermost,
+    # so a tp 8 group is one 8-GPU node; pp outermost (stride tp*cp*dp = 32 for tp 8, dp 4)
+    g = megatron_rank_groups(tp=8, pp=4, dp=4, cp=1, ep=1)
+    assert g["tp"][0] == list(range(8)) and g["dp"][0] == [0, 8, 16, 24] and g["pp"][0] == [0, 32, 64, 96]
+
+
+@needs_mcore
+def test_validators_catch_broken_megatron_configs():
+    m = get_model("llama2-70b")
+    good = parse_argv(launch_fields(m, JOB, ParallelConfig(tp=8, pp=4, dp=4, zero_stage=1), 8)["megatron"])
+    with pytest.raises(ValueError, match="num_attention_heads .* must be a multiple of tensor_model_parallel_size"):
+        megatron_core_config({**good, "tensor_model_parallel_size": 6}, None)
+    with pytest.raises(ValueError, match="sequence parallelism without tensor parallelism"):
+        megatron_core_config({**good, "tensor_model_parallel_size": 1, "sequence_parallel": True}, None)
+    with pytest.raises(AssertionError, match="divisible by pipeline_model_parallel_size"):
+        megatron_layers_per_rank(megatron_core_config({**good, "pipeline_model_parallel_size": 3}, None))
+    with pytest.raises(AssertionError, match="should be divisible by vp_size"):
+        megatron_layers_per_rank(megatron_core_config(good, 3))  # 20 layers per rank, vpp 3
+    with pytest.raises(Exception, match="not divisible by micro batch size"):
+        megatron_num_microbatches(1000, 3, 4)
+    with pytest.raises(AssertionError, match="num-virtual-stages-per-pipeline-rank"):
+        megatron_validate_args({**good, "num_layers_per_virtual_pipeline_stage": 2,
+                                "decoder_first_pipeline_num_layers": 18, "decoder_last_pipeline_num_layers": 18},
+                               128)
+
+
+@needs_ds
+def test_validators_catch_broken_deepspeed_configs():
+    par = ParallelConfig(tp=8, pp=1, dp=16, micro_batch_size=2, zero_stage=2)
+    cfg = launch_fields(get_model("llama3.1-70b"), JOB, par, 8)["deepspeed"]
+    check_deepspeed(JOB, par, cfg)
+    with pytest.raises(AssertionError, match="Check batch related parameters"):
+        deepspeed_validate(cfg, 8)  # the wrong data-parallel size breaks micro x GAS x dp
+    bad = {**cfg, "zero_optimization": {**cfg["zero_optimization"], "reduce_bucket_sise": 1}}
+    with pytest.raises(Exception, match="reduce_bucket_sise"):
+        deepspeed_validate(bad, 16)
+
+
+# ------------------------------------------------------------------------------------ every candidate
+@needs_mcore
+@pytest.mark.parametrize("model,gpus", [("llama3.1-405b", 1024), ("mixtral-8x22b", 256), ("deepseek-v3", 1024),
+                                        ("gpt3-175b", 512)])
+def test_every_megatron_candidate_is_accepted(model, gpus):
+    """Not just the top plan: every configuration the search space can produce passes megatron-core."""
+    from planner.space import candidates
+    m, c = get_model(model), get_cluster("dgx-h100")
+    from planner.emit import megatron_args
+    n = 0
+    for par in candidates(m, c, JOB, gpus):
+        check_megatron(m, JOB, par, megatron_args(m, JOB, par))
+        n += 1
+    assert n > 50
+
+
+# ------------------------------------------------------------------------------------ top plans (Done means)
+def cluster_sizes(model) -> tuple[int, int, int]:
+    """Three cluster sizes per model: the smallest power-of-two GPU count (>= one 8-GPU node) holding 18 bytes per
+    parameter (bf16 weights and grads, fp32 master and Adam moments, formulas.md Sec. 4) in half of an 80 GB
+    H100, then 4x and 16x that."""
+    n = 8
+    while 18 * model.num_parameters() / n > 0.5 * 80e9:
+        n *= 2
+    return n, 4 * n, 16 * n
+
+
+MATRIX = [(name, i) for name in list_models() for i in range(3)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,size", MATRIX, ids=[f"{n}-{i}" for n, i in MATRIX])
+def test_top_plan_configs_pass_the_frameworks_validators(name, size, tmp_path):
+    if not (HAS_MCORE and HAS_DS):
+        pytest.skip(REASON)
+    from planner.search import run_search
+    m, c = get_model(name), get_cluster("dgx-h100")
+    n = cluster_sizes(m)[size]
+    for framework in ("megatron", "deepspeed", "torchtitan"):
+        if framework == "torchtitan" and not HAS_TT:
+            continue  # its own skip reason is reported by the torchtitan tests
+        res = run_search(m, c, JOB, n, top_k=1, framework=framework)
+        assert res.plans, f"no plan for {name} on {n} GPUs ({framework})"
+        par = res.plans[0].parallel
+        lf = launch_fields(m, JOB, par, c.node.gpus_per_node)
+        assert framework not in lf["unsupported"], lf["unsupported"]
+        if framework == "megatron":
+            check_megatron(m, JOB, par, lf["megatron"])
+        elif framework == "deepspeed":
+            check_deepspeed(JOB, par, lf["deepspeed"])
+        else:
+            check_torchtitan(par, lf["torchtitan_toml"], tmp_path)
+
+
+@needs_tt
+@pytest.mark.parametrize("case", BRANCH_CASES, ids=_case_id)
+def test_torchtitan_parses_every_branch(case, tmp_path):
+    name, par, prec = case
+    m = get_model(name)
+    lf = launch_fields(m, _job(prec), par, 8)
+    if "torchtitan" in lf["unsupported"]:
+        pytest.skip(lf["unsupported"]["torchtitan"])
+    check_torchtitan(par, lf["torchtitan_toml"], tmp_path)
