@@ -80,6 +80,10 @@ ATTN_BWD_FACTOR = 2.5
 #: Key length (tokens) at which the fused attention kernel reaches half its asymptotic efficiency. Fitted on the
 #: dev rows (the NeMo long-sequence rows run 16k to 1M tokens).
 ATTN_HALF_SEQ = 0.0
+#: Achieved fraction of the cluster's calibrated GEMM and attention rates by framework (kernel choice, eager
+#: PyTorch dispatch, FSDP2 hooks): torchtitan's matmuls go through torch.compile/cuBLAS without Transformer
+#: Engine's fused kernels. Fitted on the torchtitan dev rows (including the two H200 rows, which have no power cap).
+FRAMEWORK_COMPUTE_EFFICIENCY = {"torchtitan": 0.8, "torchtitan_compile": 0.8}
 #: Fallback attention efficiency (fraction of the 16-bit dense peak) when the cluster has none calibrated.
 DEFAULT_ATTENTION_EFFICIENCY = 0.5
 #: HBM passes of the s x s score tensor per unfused attention forward (QK^T write, scale/mask/softmax read + write,
@@ -89,7 +93,7 @@ UNFUSED_SCORE_PASSES = 4.0
 #: Share of TP communication left exposed when TP communication overlap is on (Megatron ``--tp-comm-overlap``,
 #: torchtitan async TP): userbuffers pipeline the collectives with the GEMM chunks but the first/last chunk and
 #: the ones next to non-GEMM work stay exposed. Fitted on the dev rows.
-TP_OVERLAP_EXPOSED = 0.0
+TP_OVERLAP_EXPOSED = {"megatron": 0.0, "nemo": 0.0, "torchtitan": 0.0}
 #: Passes over the top_k token copies in MoE permute/unpermute (write + read at dispatch and at combine).
 MOE_PERMUTE_PASSES = 4.0
 #: HBM bytes per element of one FP8 cast (read 16-bit, write 8-bit).
@@ -189,8 +193,9 @@ class _LayerCost:
 def _layer_cost(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, layer: int,
                 framework: str, groups: dict[str, GroupPlacement]) -> _LayerCost:
     """Forward costs of one decoder layer for one micro-batch on one GPU (seconds)."""
-    rate = _gemm_rate(cluster, job.precision)
-    half_peak = cluster.gpu.peak_flops[_half(cluster)]
+    fe = FRAMEWORK_COMPUTE_EFFICIENCY.get(framework, 1.0)
+    rate = _gemm_rate(cluster, job.precision) * fe
+    half_peak = cluster.gpu.peak_flops[_half(cluster)] * fe
     hbm = _hbm(cluster)
     el = 1.0 if job.precision == "fp8" else float(BYTES_16BIT)
     b, s, h = par.micro_batch_size, job.seq_length, model.hidden_size
@@ -218,7 +223,7 @@ def _layer_cost(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: P
     else:
         fl = attention_core_flops_per_token(model, s, causal_halved=False) * tok * heads_frac
         scores = BYTES_16BIT * b * model.num_attention_heads * heads_frac * s * s / par.cp
-        c.attn_f = fl / _gemm_rate(cluster, _half(cluster)) + UNFUSED_SCORE_PASSES * scores / hbm
+        c.attn_f = fl / (fe * _gemm_rate(cluster, _half(cluster))) + UNFUSED_SCORE_PASSES * scores / hbm
         c.attn_b = 2.0 * c.attn_f
     # memory-bound elementwise work
     passes = ELEMENTWISE_PASSES.get(framework, ELEMENTWISE_PASSES["megatron"])
@@ -292,7 +297,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     groups = {d: group_placement(d, par, dom) for d in ("tp", "cp", "ep", "dp", "pp")}
     vocab = model.padded_vocab_size(par.tp)
     hbm = _hbm(cluster)
-    rate = _gemm_rate(cluster, job.precision)
+    rate = _gemm_rate(cluster, job.precision) * FRAMEWORK_COMPUTE_EFFICIENCY.get(framework, 1.0)
     el = 1.0 if job.precision == "fp8" else float(BYTES_16BIT)
     tok = b * s / par.cp
 
@@ -304,7 +309,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
             cache[key] = _layer_cost(model, cluster, job, par, i, framework, groups)
         return cache[key]
 
-    tp_exp = 1.0 if not tp_comm_overlap else TP_OVERLAP_EXPOSED
+    tp_exp = 1.0 if not tp_comm_overlap else TP_OVERLAP_EXPOSED.get(fw_base, TP_OVERLAP_EXPOSED["megatron"])
     ep_exp = EP_OVERLAP_EXPOSED if ep_overlap else 1.0
     ranges = stage_layer_ranges(model.num_layers, par)
     v = par.vpp if par.pipeline_schedule == "interleaved" else 1

@@ -527,6 +527,10 @@ def validate(
         con.print(g)
         skipped = len(rep.rows) - len(rep.evaluated)
         con.print(f"{len(rep.evaluated)} rows evaluated, {skipped} skipped (reason in the table)")
+        if rep.infeasible:
+            con.print(f"{len(rep.infeasible)} published configurations are predicted infeasible (they all ran):")
+            for r in rep.infeasible:
+                con.print(f"  {r.id}: {'; '.join(r.violations)}")
     fails = rep.failures(max_mape, max_group_mape)
     if fails:
         sys.stderr.write("plan3d: validate: " + "; ".join(fails) + "\n")

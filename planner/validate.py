@@ -149,12 +149,14 @@ class RowResult:
     assumptions: list[str] = field(default_factory=list)
     skipped: str | None = None
     step: StepEstimate | None = None
+    #: constraint violations ``planner.checks`` finds for this published (hence feasible) configuration
+    violations: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in ("id", "group", "gpu", "num_gpus", "config", "metric", "convention",
                                            "measured", "predicted", "error", "predicted_tokens_per_s_per_gpu",
                                            "measured_tokens_per_s_per_gpu", "predicted_tflops_per_gpu",
-                                           "measured_tflops_per_gpu", "assumptions", "skipped")}
+                                           "measured_tflops_per_gpu", "assumptions", "skipped", "violations")}
         if self.step is not None:
             d["breakdown"] = {"step_s": self.step.step_s, "compute_s": self.step.compute_s,
                               "bubble_s": self.step.bubble_s, "optimizer_s": self.step.optimizer_s,
@@ -179,6 +181,11 @@ class ValidationReport:
     @property
     def evaluated(self) -> list[RowResult]:
         return [r for r in self.rows if r.error is not None]
+
+    @property
+    def infeasible(self) -> list[RowResult]:
+        """Evaluated published rows that ``planner.checks`` calls infeasible (they all ran, so each is a model gap)."""
+        return [r for r in self.evaluated if r.violations]
 
     @property
     def mape(self) -> float:
@@ -207,6 +214,7 @@ class ValidationReport:
             "mape_percent": self.mape,
             "evaluated": len(self.evaluated),
             "skipped": len(self.rows) - len(self.evaluated),
+            "predicted_infeasible": [r.id for r in self.infeasible],
             "groups": {g: {"rows": n, "mape_percent": m} for g, (n, m) in self.group_mape().items()},
             "rows": [r.to_dict() for r in self.rows],
         })
@@ -274,7 +282,7 @@ def _model_for(row: dict[str, Any], notes: list[str]) -> ModelSpec | str:
 #: limit)") relative to a 700 W DGX H100, applied to its GEMM and attention rates. Fitted on the torchtitan dev
 #: rows; cross-check: the same torchtitan recipe (Llama 3.1 8B, FSDP, compile, float8, 8k) gives 8532 tokens/s/GPU
 #: on these GPUs and 10938 on 700 W H200s (trainy rows), a ratio of 0.78.
-H100_500W_FACTOR = 0.65
+H100_500W_FACTOR = 0.8
 
 
 def _power_capped_h100(notes: list[str]) -> ClusterSpec:
@@ -450,7 +458,7 @@ def implied_flops_per_token(row: dict[str, Any]) -> float | None:
     return None
 
 
-def validate_row(row: dict[str, Any]) -> RowResult:
+def validate_row(row: dict[str, Any], check_feasibility: bool = True) -> RowResult:
     group = str((row.get("source") or {}).get("group", ""))
     hw = row.get("hardware") or {}
     res = RowResult(id=str(row["id"]), group=group, gpu=str(hw.get("gpu") or "?").split(" (")[0],
@@ -501,6 +509,11 @@ def validate_row(row: dict[str, Any]) -> RowResult:
         return res
     if res.error is None:
         res.error = res.predicted / res.measured - 1
+    if check_feasibility:
+        from .evaluate import evaluate
+        ev = evaluate(model, cluster, job, par, par.world_size,
+                      framework={"torchtitan": "torchtitan", "deepspeed": "deepspeed"}.get(fw.split("_")[0], "megatron"))
+        res.violations = [v.message for v in ev.violations]
     return res
 
 
