@@ -31,7 +31,10 @@ def draw_timeline(step: StepEstimate, path: str | Path, title: str = "") -> Path
     m = min(step.num_microbatches, MAX_DRAWN_MICROBATCHES)
     sim = simulate(step.schedule, pp, m, step.stage_forward_s, step.stage_backward_s, vpp=vpp, p2p_s=step.p2p_s,
                    record=True)
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise PlanInputError(f"--timeline {p}: needs matplotlib (pip install 'plan3d[plot]')") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
