@@ -74,6 +74,10 @@ def torchtitan_settings(model: ModelSpec, job: TrainingJob, par: ParallelConfig)
     if par.pp > 1:
         mid, first, last = _stage_layers(model, par)
         v = par.vpp
+        if v > 1 and (first != mid or last != mid):
+            # torchtitan lightens only the first/last virtual stage, Megatron every chunk of the end ranks
+            raise EmitError(f"vpp {v} with first/last stage layers {first}/{last}: torchtitan has no Megatron-style "
+                            f"uneven split with interleaving")
         if mid % v or (mid - first) % v or (mid - last) % v:
             raise EmitError(f"vpp {v}: stage layers (first {first}, middle {mid}, last {last}) do not split into "
                             f"{v} torchtitan virtual stages")
