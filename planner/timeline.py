@@ -36,6 +36,7 @@ def draw_timeline(step: StepEstimate, path: str | Path, title: str = "") -> Path
     except ImportError:
         raise PlanInputError(f"--timeline {p}: needs matplotlib (pip install 'plan3d[plot]')") from None
     matplotlib.use("Agg")
+    matplotlib.rcParams["svg.hashsalt"] = "plan3d"  # deterministic SVG element ids: same input, same bytes
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 

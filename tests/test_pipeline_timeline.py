@@ -1,0 +1,27 @@
+"""``plan3d explain --timeline``: the simulated schedule picture."""
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("matplotlib")
+
+
+def test_explain_timeline_svg_is_written_and_deterministic(run_cli, tmp_path):
+    args = ["explain", "--model", "llama3.1-70b", "--gpus", "64", "--tp", "8", "--pp", "4", "--vpp", "2",
+            "--global-batch-size", "32", "--seq-length", "4096", "--zero-stage", "1", "--sequence-parallel"]
+    a, b = tmp_path / "a.svg", tmp_path / "b.svg"
+    r1 = run_cli(*args, "--timeline", str(a))
+    r2 = run_cli(*args, "--timeline", str(b))
+    assert r1.exit_code in (0, 1) and a.exists() and a.read_text().startswith("<?xml")
+    assert "interleaved, 4 stages x 2 chunks" in a.read_text()
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_timeline_png_and_bad_suffix(run_cli, tmp_path):
+    base = ["explain", "--model", "llama3.1-8b", "--gpus", "8", "--pp", "4", "--global-batch-size", "16",
+            "--seq-length", "2048"]
+    png = tmp_path / "t.png"
+    r = run_cli(*base, "--timeline", str(png))
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    bad = run_cli(*base, "--timeline", str(tmp_path / "t.pdf"))
+    assert bad.exit_code == 2 and "--timeline" in bad.stderr and ".svg or .png" in bad.stderr
