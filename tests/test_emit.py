@@ -266,3 +266,12 @@ def test_schema_command_is_valid_json(run_cli):
     r = run_cli("schema")
     assert r.exit_code == 0
     assert json.loads(r.stdout)["title"] == "PlanDocument"
+
+
+def test_emit_deepspeed_refuses_pipeline_zero2_plan(run_cli, tmp_path):
+    r = run_cli("evaluate", "-m", "mixtral-8x7b", "-c", "dgx-h100", "--gpus", "128", "--tp", "2", "--pp", "4",
+                "--ep", "8", "--etp", "1", "--zero-stage", "2", "--sequence-parallel", "--emit", "deepspeed",
+                "--output", str(tmp_path / "ds"))
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and "ZeRO stage 0 or 1" in r.stderr and "--framework deepspeed" in r.stderr
+    assert not (tmp_path / "ds").exists()

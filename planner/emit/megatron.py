@@ -21,8 +21,8 @@ Choices (each the framework's documented behaviour):
   recomputes only some layers per stage, then ``block`` with that count (``TransformerConfig`` requires a
   method and a layer count with granularity ``full``).
 * FP8: ``--fp8-format hybrid`` (E4M3 forward, E5M2 backward) with ``--fp8-recipe delayed``, ``--fp8-amax-
-  history-len 1024 --fp8-amax-compute-algo max`` (the values of NVIDIA's Megatron-LM ``examples/llama``
-  FP8 scripts).
+  history-len 1024 --fp8-amax-compute-algo max`` (the values of NVIDIA's Megatron-LM
+  ``examples/llama/train_llama3_8b_h100_fp8.sh``).
 """
 from __future__ import annotations
 
