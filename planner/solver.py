@@ -408,6 +408,30 @@ class SolveResult:
     timings_s: dict[str, float] = field(default_factory=dict)
 
 
+def _import_cp_model():
+    """``ortools.sat.python.cp_model`` without loading pandas (~0.3 s of start-up; the CLI's speed goal).
+
+    cp_model imports pandas only to annotate and type-check its pandas-based helpers (``pd.Index``, ``pd.Series``;
+    OR-Tools 9.15), which the solver never calls. If pandas is not loaded yet, a stub module with those two names
+    stands in during the import and is removed right after, so a later ``import pandas`` gets the real package.
+    """
+    import sys
+    import types
+    if "pandas" in sys.modules or "ortools.sat.python.cp_model" in sys.modules:
+        from ortools.sat.python import cp_model
+        return cp_model
+    stub = types.ModuleType("pandas")
+    stub.Index = type("Index", (), {})
+    stub.Series = type("Series", (), {})
+    sys.modules["pandas"] = stub
+    try:
+        from ortools.sat.python import cp_model
+    finally:
+        if sys.modules.get("pandas") is stub:
+            del sys.modules["pandas"]
+    return cp_model
+
+
 def _cpsat_optimum(A, P, E, W, X, valid_mem_limit: float, time_limit_s: float = 10.0, hint=None, fits=None):
     """CP-SAT: choose (k, vpp, sp, zero) minimising A + P + E subject to every slot's W + X <= limit.
 
@@ -415,7 +439,7 @@ def _cpsat_optimum(A, P, E, W, X, valid_mem_limit: float, time_limit_s: float = 
     scaled by ``scale`` so the largest finite table value is 1e6 (relative rounding 1e-6 of the largest; the
     result is only a proposal, re-scored by the scalar model); bytes are rounded to MiB.
     """
-    from ortools.sat.python import cp_model
+    cp_model = _import_cp_model()
 
     n, J = W.shape[0], W.shape[1]
     fin = np.concatenate([A[np.isfinite(A)], P[np.isfinite(P)], E[np.isfinite(E)]])

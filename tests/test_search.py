@@ -69,3 +69,12 @@ def test_cli_startup_does_not_import_ortools():
             "print('ortools' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_cp_model_import_leaves_pandas_untouched():
+    """The solver imports cp_model without pandas; a later ``import pandas`` must get the real package."""
+    code = ("import sys; from planner.solver import _import_cp_model; cm = _import_cp_model();\n"
+            "print('pandas' in sys.modules); import pandas; print(hasattr(pandas, 'DataFrame'));\n"
+            "print(cm.CpModel is not None)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "True", "True"]
