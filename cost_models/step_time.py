@@ -71,8 +71,8 @@ KAPPA = 2.0
 #: 1 write x2, bias/dropout/rotary, MoE-free), by framework: Megatron-LM/NeMo with Transformer Engine's fused
 #: kernels; torchtitan eager PyTorch, and with torch.compile fusing elementwise chains. Fitted on the dev rows;
 #: the op count above gives ~10-14 unfused.
-ELEMENTWISE_PASSES = {"megatron": 12.0, "nemo": 12.0, "deepspeed": 32.0, "torchtitan": 64.0,
-                      "torchtitan_compile": 12.0}
+ELEMENTWISE_PASSES = {"megatron": 12.0, "nemo": 12.0, "deepspeed": 24.0, "torchtitan": 64.0,
+                      "torchtitan_compile": 4.0}
 
 #: Backward / forward time of the fused attention kernel (FlashAttention-2: 5 backward matmuls vs 2 forward,
 #: Dao 2023 Sec. 3.1, i.e. 2.5x the FLOPs at a similar rate).
@@ -101,24 +101,17 @@ FP8_CAST_BYTES = 3.0
 #: Share of EP all-to-all left exposed when the framework overlaps it with another micro-batch's compute
 #: (Megatron-LM ``--overlap-moe-expert-parallel-comm``, DeepSeek-V3 Sec. 3.2.1 "DualPipe"-style overlap).
 EP_OVERLAP_EXPOSED = 0.6
-#: Host (CPU) seconds to issue one MoE layer's kernels for one micro-batch, forward + backward (1/3 forward).
-#: Dropless routing syncs the per-expert token counts to the host before the grouped GEMM, so the CPU cannot run
-#: ahead of the GPU and a layer takes max(GPU time, host time): small-token MoE layers become host-bound. Fitted on
-#: the dev rows: Qwen3-30B-A3B at micro-batch 1 runs at ~8-9 ms per layer per micro-batch whatever the GPU
-#: (9299 tokens/s/GPU on B200, Megatron-Bridge 25.11; ~10.6k on H100 BF16, Megatron MoE recipe), while at
-#: micro-batch 4 on GB200 it is GPU-bound (23766 tokens/s/GPU). A full-step CUDA graph removes it.
-MOE_LAYER_HOST_S = 2.0e-3
-#: Host seconds per local expert per MoE layer per micro-batch (forward + backward): the grouped GEMM of
-#: Transformer Engine issues one GEMM per local expert (fc1, fc2, their backward), plus per-expert permutation.
-MOE_EXPERT_HOST_S = 0.3e-3
+#: Seconds per *local* expert per MoE layer per micro-batch (forward + backward; 1/3 forward) on top of the
+#: GPU work, unless the step is captured in a CUDA graph. Dropless routing syncs the per-expert token counts to the
+#: host before the expert GEMMs, so the GPU waits while the CPU issues the per-expert kernels (Transformer Engine's
+#: grouped GEMM runs one GEMM per local expert for fc1, fc2 and their backward, plus per-expert permutation).
+#: Fitted on the dev rows (benchmarks/fit_step_time.py): 0.4 ms, so Qwen3-30B-A3B with 16 local experts (EP 8)
+#: pays ~6.4 ms per layer per micro-batch: Megatron-Bridge 25.11 measures ~9.2 ms per layer per micro-batch
+#: at micro-batch 1 on B200 (9299 tokens/s/GPU), where the GPU work alone is ~3 ms.
+MOE_EXPERT_HOST_S = 0.4e-3
 #: Seconds per routed token copy per MoE layer (forward + backward) of routing bookkeeping that is neither GEMM
-#: nor bandwidth-bound (top-k, sort by expert, index computation). Fitted on the dev rows.
-MOE_TOKEN_COPY_S = 10e-9
-#: True: host time adds to GPU time (the dropless sync stalls the GPU while the CPU issues the next kernels);
-#: False: a layer takes max(GPU, host) time. Chosen by the fit.
-HOST_ADDITIVE = True
-#: Host seconds per dense decoder layer per micro-batch (kernel launches, ~60 kernels x ~10 us, fwd + bwd).
-LAYER_HOST_S = 0.0
+#: nor HBM-bandwidth bound (top-k, sort by expert, index computation, scatter). Fitted on the dev rows.
+MOE_TOKEN_COPY_S = 2.0e-8
 #: Bytes per element of the fp32 cross-entropy logits, and passes over them (softmax read/write, grad write).
 CE_PASSES = 3 * BYTES_FP32
 
@@ -287,7 +280,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     ``PipelineEngine`` reduces gradients after the whole schedule, ``runtime/pipe/schedule.py`` ``ReduceGrads``).
     ``ep_overlap``: EP all-to-all overlapped with another micro-batch's compute. ``full_cuda_graph``: the whole
     step is captured in CUDA graphs (Megatron ``--cuda-graph-scope full``), removing the MoE per-layer host
-    host time (``MOE_LAYER_HOST_S``).
+    per-expert host time (``MOE_EXPERT_HOST_S``).
     """
     fw_base = framework.split("_")[0]
     if tp_comm_overlap is None:
@@ -332,20 +325,13 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
                 comp_b = 2 * x.gemm + x.attn_b + 2 * x.mem
                 comm_f = x.tp * tp_exp + x.cp + x.ep * ep_exp
                 comm_b = x.tp * tp_exp + 2 * x.cp + x.ep * ep_exp
-                host = 0.0 if full_cuda_graph else LAYER_HOST_S
                 if model.moe is not None and model.is_moe_layer(i):
-                    # routing work per token copy (top-k, sort, index and scatter kernels), GPU-side
-                    per_copy = MOE_TOKEN_COPY_S * tok * model.moe.top_k / par.tp
-                    comp_f += per_copy / 3
-                    comp_b += 2 * per_copy / 3
+                    # routing bookkeeping per token copy (top-k, sort by expert, index/scatter kernels)
+                    extra = MOE_TOKEN_COPY_S * tok * model.moe.top_k / par.tp
                     if not full_cuda_graph:
-                        host = MOE_LAYER_HOST_S + MOE_EXPERT_HOST_S * model.moe.num_experts / par.ep
-                if HOST_ADDITIVE:
-                    comp_f += host / 3
-                    comp_b += 2 * host / 3
-                else:
-                    comp_f = max(comp_f, host / 3)
-                    comp_b = max(comp_b, 2 * host / 3)
+                        extra += MOE_EXPERT_HOST_S * model.moe.num_experts / par.ep
+                    comp_f += extra / 3
+                    comp_b += 2 * extra / 3
                 rc = 0.0
                 if par.recompute == "full":
                     rc = comp_f + comm_f
