@@ -105,9 +105,10 @@ def test_moe_and_mla_arguments_deepseek_v3():
     assert a["moe_router_score_function"] == "sigmoid" and a["moe_router_enable_expert_bias"] is True
     assert (a["expert_model_parallel_size"], a["expert_tensor_parallel_size"], a["context_parallel_size"]) == (256, 1, 2)
     # ZeRO-3 = Megatron-FSDP, which validate_args requires with the fsdp_dtensor checkpoint format
+    # (flags of the Megatron-FSDP user guide)
     assert (a["use_megatron_fsdp"], a["data_parallel_sharding_strategy"], a["ckpt_format"]) == \
         (True, "optim_grads_params", "fsdp_dtensor")
-    assert "use_distributed_optimizer" not in a
+    assert a["use_distributed_optimizer"] is True and a["no_gradient_accumulation_fusion"] is True
 
 
 def test_fp8_and_fp16_flags():

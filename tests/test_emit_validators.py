@@ -60,7 +60,7 @@ def check_megatron(model, job: TrainingJob, par: ParallelConfig, args: list[str]
     assert megatron_num_microbatches(job.global_batch_size, par.micro_batch_size, par.dp) == \
         par.num_microbatches(job.global_batch_size)
     ddp = megatron_ddp_config(a)
-    assert ddp.use_distributed_optimizer == (par.zero_stage == 1)
+    assert ddp.use_distributed_optimizer == (par.zero_stage >= 1)
     assert bool(ddp.use_megatron_fsdp) == (par.zero_stage >= 2)
 
 

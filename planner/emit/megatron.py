@@ -13,8 +13,10 @@ Choices (each the framework's documented behaviour):
   --num-virtual-stages-per-pipeline-rank ... when enable uneven pipeline parallelism", ``validate_args``), so
   ``--num-virtual-stages-per-pipeline-rank`` is used there.
 * ZeRO stage 1 is Megatron's distributed optimizer (``--use-distributed-optimizer``); stages 2 and 3 are
-  Megatron-FSDP (``--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads|optim_grads_params``, which
-  ``validate_args`` requires to use ``--ckpt-format fsdp_dtensor``).
+  Megatron-FSDP with the flags its user guide requires (docs/discussions/megatron-fsdp-user-guide:
+  ``--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads|optim_grads_params
+  --no-gradient-accumulation-fusion --use-distributed-optimizer --ckpt-format fsdp_dtensor``; ``validate_args``
+  asserts the checkpoint format).
 * ``--overlap-param-gather`` needs the distributed optimizer (or Megatron-FSDP) and ``--overlap-grad-reduce``
   (``validate_args``), so it is only emitted with both.
 * Full recompute: ``--recompute-method uniform --recompute-num-layers 1`` (every layer) unless the plan
@@ -155,11 +157,12 @@ def parallel_args(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> li
             add(["--recompute-granularity", "full", "--recompute-method", "block",
                  "--recompute-num-layers", str(par.recompute_num_layers)])
     sharded_dp = par.dp * par.cp > 1
-    if par.zero_stage == 1:
+    if par.zero_stage >= 1:
         a.append("--use-distributed-optimizer")
-    elif par.zero_stage >= 2:
+    if par.zero_stage >= 2:
         add(["--use-megatron-fsdp", "--data-parallel-sharding-strategy",
-             "optim_grads" if par.zero_stage == 2 else "optim_grads_params", "--ckpt-format", "fsdp_dtensor"])
+             "optim_grads" if par.zero_stage == 2 else "optim_grads_params", "--no-gradient-accumulation-fusion",
+             "--ckpt-format", "fsdp_dtensor"])
     if sharded_dp:
         a.append("--overlap-grad-reduce")
         if par.zero_stage >= 1:
