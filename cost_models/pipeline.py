@@ -256,6 +256,20 @@ def simulate(schedule: Schedule, pp: int, m: int, fwd_s: list[float], bwd_s: lis
         raise ValueError(f"fwd_s/bwd_s need pp*vpp = {pp * v} entries, got {len(fwd_s)}/{len(bwd_s)}")
     if m < 1:
         raise ValueError(f"num_microbatches must be >= 1, got {m}")
+    if schedule == "interleaved" and v > 1 and m % pp:
+        # Megatron's interleaved order runs micro-batches in groups of pp; with a partial last group run the
+        # largest whole number of groups and add the rest at the steady-state rate (busiest rank's F+B per
+        # micro-batch); with fewer micro-batches than stages, no interleaving (chunks of a rank run back to back)
+        whole = m - m % pp
+        per_mb = [sum(fwd_s[c * pp + r] + bwd_s[c * pp + r] for c in range(v)) for r in range(pp)]
+        if whole == 0:
+            f1 = [sum(fwd_s[c * pp + r] for c in range(v)) for r in range(pp)]
+            b1 = [sum(bwd_s[c * pp + r] for c in range(v)) for r in range(pp)]
+            return simulate("1f1b", pp, m, f1, b1, 1, p2p_s, record, w_fraction, max_ops)
+        base = simulate(schedule, pp, whole, fwd_s, bwd_s, vpp, p2p_s, record, w_fraction, max_ops)
+        extra = m - whole
+        return Simulation(base.makespan + extra * max(per_mb), [b + extra * x for b, x in zip(base.busy, per_mb)],
+                          base.ops, extrapolated=True)
     n_ops = (3 if schedule == "zb-h1" else 2) * m * pp * v
     if record or n_ops <= max_ops or m <= 4 * pp:
         return _simulate_once(schedule, pp, m, v, fwd_s, bwd_s, p2p_s, record, w_fraction)
