@@ -246,7 +246,6 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
         # data-parallel gradient reduction (+ parameter all-gather under ZeRO 1/2), fully exposed in Megatron-LM
         # without --overlap-grad-reduce (the step model's default for framework megatron); bounded by 0 for the
         # frameworks that overlap it and for ZeRO-3 (per-micro-batch gathers hidden behind compute)
-        dp_exp = {0: 0.0, 1: 0.0}
         cp_g, dp_g = groups_pl["cp"], groups_pl["dp"]
         dpg = GroupPlacement(shard, dp_g.ranks_per_domain * (cp_g.size if cp_g.intra_domain else 1)) \
             if shard > 1 else GroupPlacement(1, 1)
@@ -258,22 +257,25 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
             eg = GroupPlacement(edp, max(1, min(edp, dom // max(1, par0.expert_tp * st.ep))))
             rs3 += collective_time("reduce_scatter", BYTES_FP32 * smax.expert, eg, cluster)
             ag3 += collective_time("all_gather", BYTES_16BIT * smax.expert, eg, cluster)
-        if framework == "megatron":
-            for zc in (0, 1):
-                t = 0.0
-                if shard > 1:
-                    if zc == 0:
-                        t = collective_time("all_reduce", BYTES_FP32 * smax.dense, dpg, cluster)
-                    else:
-                        t = collective_time("reduce_scatter", BYTES_FP32 * smax.dense, dpg, cluster)
-                        t += collective_time("all_gather", BYTES_16BIT * smax.dense, dpg, cluster)
-                if edp > 1 and smax.expert > 0:
-                    eg = GroupPlacement(edp, max(1, min(edp, dom // max(1, par0.expert_tp * st.ep))))
-                    t += collective_time("reduce_scatter" if zc else "all_reduce", BYTES_FP32 * smax.expert, eg,
-                                         cluster)
-                    if zc:
-                        t += collective_time("all_gather", BYTES_16BIT * smax.expert, eg, cluster)
-                dp_exp[zc] = t
+        # gradient reduction (rs) and parameter gather (ag) seconds by ZeRO class (0: all-reduce; 1, 2: distributed
+        # optimizer reduce-scatter + all-gather), dense and expert groups (step_time)
+        rs_t, ag_t = {0: 0.0, 1: 0.0}, {0: 0.0, 1: 0.0}
+        for zc in (0, 1):
+            if shard > 1:
+                if zc == 0:
+                    rs_t[zc] = collective_time("all_reduce", BYTES_FP32 * smax.dense, dpg, cluster)
+                else:
+                    rs_t[zc] = collective_time("reduce_scatter", BYTES_FP32 * smax.dense, dpg, cluster)
+                    ag_t[zc] = collective_time("all_gather", BYTES_16BIT * smax.dense, dpg, cluster)
+            if edp > 1 and smax.expert > 0:
+                eg = GroupPlacement(edp, max(1, min(edp, dom // max(1, par0.expert_tp * st.ep))))
+                rs_t[zc] += collective_time("reduce_scatter" if zc else "all_reduce", BYTES_FP32 * smax.expert, eg,
+                                            cluster)
+                if zc:
+                    ag_t[zc] += collective_time("all_gather", BYTES_16BIT * smax.expert, eg, cluster)
+        # exposed in full without overlap (Megatron-LM's default; DeepSpeed's pipeline engine); otherwise only what
+        # the busiest rank's backward / forward cannot hide (bounded with the compute upper bounds below)
+        dp_full = framework == "megatron" or (framework == "deepspeed" and pp > 1)
         for mbs in mbss:
             m = job.global_batch_size // (mbs * st.dp)
             vpps = vpp_options(model, st, m, framework, space)
@@ -291,8 +293,7 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
             acts = {}  # (sp, rc) -> (type -> min bytes, layer input bytes)
             for sp in sps:
                 pr = to_parallel(st, mbs, 1, 0, sp, "none")
-                lay[sp] = {t: _layer_lb(model, cluster, job, pr, i, groups_pl, framework == "megatron")
-                           for t, i in ty.rep.items()}
+                lay[sp] = {t: _layer_lb(model, cluster, job, pr, i, groups_pl, True) for t, i in ty.rep.items()}
                 for rc in space.recompute:
                     prc = to_parallel(st, mbs, 1, 0, sp, rc)
                     lub = {t: _layer_ub(model, cluster, job, prc, i, groups_pl, framework) for t, i in ty.rep.items()}
@@ -361,7 +362,13 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
                         P[int(sp)][v - 1] = best
                 E = [INVALID] * 4
                 for z in zs:
-                    E[z] = opt[1 if z else 0] + (dp_exp[1 if z else 0] if z < 3 else 0.0)
+                    zc = 1 if z else 0
+                    E[z] = opt[zc]
+                    if z < 3 and dp_full:
+                        E[z] += rs_t[zc] + ag_t[zc]
+                    elif z < 3:
+                        E[z] += min(max(0.0, rs_t[zc] - ub[(sp, rc)][1]) + max(0.0, ag_t[zc] - ub[(sp, rc)][0])
+                                    for sp in sps)
                     if z >= 3 and shard > 1:
                         # ZeRO-3 (step_time): m x (gather not hidden by the forward + gather and reduce-scatter
                         # not hidden by the backward), with upper bounds of the busiest rank's compute
