@@ -2,31 +2,38 @@
 
 How it works (DESIGN.md "The solver proposes, the scalar model disposes"):
 
-1. **Structures** (``planner.space.structures``): every (tp, pp, cp, dp, ep, layer split) with exact products
-   and the divisibility rules. A few hundred at most, even at a million GPUs.
-2. **Factorized cost tables**, built per structure from the scalar cost models' own functions
-   (``cost_models.memory.stage_params`` terms, ``activation_bytes_per_layer``, ``in_flight_microbatches``,
-   ``cost_models.comm.collective_time``, ``cost_models.pipeline.bubble_ratio``, ...) evaluated once per layer
-   *type* (dense / MoE) instead of once per layer, and once per distinct pipeline stage (stages with the same
-   layer mix share their terms; the one with the lowest index holds the most in-flight micro-batches). With
-   ``k = (structure, micro-batch, recompute)``:
+1. **Structures** (``planner.space.structures``): every (tp, pp, cp, dp, ep, layer split) with exact products and
+   the divisibility rules; the other knobs (micro-batch, recompute, vpp, sequence parallel, ZeRO stage) range over
+   ``planner.space``'s domains with its framework rules. A few hundred structures at most, even at 1M GPUs.
+2. **Factorized tables of lower bounds**, built per structure from the cost models' own functions, evaluated once
+   per layer *type* (dense / MoE) and once per distinct pipeline stage (stages with the same layer mix share their
+   terms; the lowest index holds the most in-flight micro-batches). With ``k = (structure, micro-batch,
+   recompute)``:
 
-   * step seconds = ``A[k, vpp] + P[k, sp, vpp] + E[k, zero]`` where ``A`` is compute plus bubble
-     (``m * t_mb * (1 + bubble_ratio)``), ``P`` the pipeline point-to-point transfers and ``E`` the exposed
-     data-parallel reduction, ZeRO-3 gathers and the optimizer step (``cost_models.step_time``, term by term);
-   * memory of stage slot ``j`` = ``W_j[k, zero] + X_j[k, sp, vpp]`` bytes: model states, ZeRO-3 buffers,
-     logits and reserve, plus stored activations x in-flight micro-batches (``cost_models.memory``).
+   * step seconds >= ``P[k, sp, vpp] + E[k, zero]``: ``P`` bounds the pipeline makespan from the per-layer costs of
+     ``cost_models.step_time`` (``_layer_cost``): the busiest rank's ``m x (forward + backward)`` plus the
+     forward and backward of the first micro-batch through the ranks before it (no schedule can start rank r
+     earlier or let rank 0 finish sooner); ``E`` is the optimizer step plus the data-parallel reduction (in full
+     where the framework does not overlap it; otherwise what an upper bound of the compute cannot hide) and the
+     ZeRO-3 per-micro-batch gathers (same upper-bound argument);
+   * memory of stage slot ``j`` >= ``W[k, j, zero] + X[k, j, sp, vpp]`` bytes: model states
+     (``memory.model_state_terms``), reserve and logits, plus stored activations x in-flight micro-batches and the
+     largest layer's working set (``memory.activation_bytes_per_layer``, ``in_flight_microbatches``); buffers and
+     transients are left out, so the bound stays below every phase's peak.
 
-3. **CP-SAT** (OR-Tools) chooses ``k``, vpp, sp and zero with element constraints on these tables, every stage's
-   memory <= capacity x (1 - headroom), and minimises the step time (integer units, ``UNIT`` below).
-4. **Re-scoring**: every configuration whose table step time lies within the top-K band (plus a rounding
-   tolerance) is re-evaluated by the scalar model (``planner.evaluate.evaluate``) and re-checked by the
-   independent checker; plans are ranked by the scalar result with ``search.rank_key`` (deterministic). If a
-   re-scored step time differs from its table value by more than the tolerance, the band is widened, so a
-   mismatch between tables and scalar model cannot silently drop the optimum.
+3. **CP-SAT** (OR-Tools) chooses ``k``, vpp, sp and zero (one-hot variables, one boolean per table cell, tied by
+   marginal-consistency constraints), with every stage's memory bound <= capacity x (1 - headroom), minimising the
+   step-time bound (integer units of 1e-6 of the largest table value). Its optimum, and a hint from the same
+   tables, start the re-scoring.
+4. **Re-scoring**: candidates are evaluated by the scalar model (``planner.evaluate.evaluate``, which also runs the
+   independent checker) in increasing order of their bound until the next bound exceeds the K-th best scalar step
+   time. Because the tables are lower bounds, the result is exactly the enumerator's top K (ties broken by
+   ``search.rank_key``). If a re-scored value ever falls below its bound (the cost models changed under the
+   tables), the bounds are scaled down by the ratio seen and the loop goes on, so correctness does not hinge on
+   the bounds; only speed does.
 
 The enumerator (``planner.search.enumerate_plans``) is the oracle: on every space small enough to enumerate both
-return the same optimum (tests/test_solver_property.py). ``ortools`` is imported only inside ``solve``.
+return the same top K (tests/test_solver_property.py). ``ortools`` is imported only inside ``solve``.
 """
 from __future__ import annotations
 
