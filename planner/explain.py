@@ -127,6 +127,37 @@ def nearest_changes(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, nu
     return out
 
 
+def closest_structural_violations(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int,
+                                  space=None, framework: str = "megatron") -> str:
+    """The rules broken by the layout (tp, pp, cp over the divisors of the GPU count, or the pinned values) that
+    breaks the fewest of them (ties: smaller tp, pp, cp), as ``name (message); ...``."""
+    from cost_models.config import ParallelConfig
+
+    from .checks import check_config
+    from .space import SearchSpace, divisors, layer_split
+    space = space or SearchSpace()
+    best = None
+    for tp in space.tp or divisors(num_gpus):
+        for pp in space.pp or divisors(num_gpus):
+            for cp in space.cp or [1]:
+                split = layer_split(model, pp) or (None, None)
+                dp = max(1, num_gpus // (tp * pp * cp))
+                par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=(space.ep or (1,))[0],
+                                     micro_batch_size=space.micro_batch_size[0], zero_stage=space.zero_stage[0],
+                                     recompute=space.recompute[0], vpp=(space.vpp or (1,))[0],
+                                     first_stage_layers=split[0], last_stage_layers=split[1],
+                                     sequence_parallel=tp > 1 and (space.ep or (1,))[0] > 1)
+                v = check_config(model, cluster, job, par, num_gpus, framework=framework)
+                key = (len(v), tp, pp, cp)
+                if best is None or key < best[0]:
+                    best = (key, par, v)
+    if best is None:
+        return "nothing (no candidate layout)"
+    _, par, v = best
+    rules = "; ".join(f"{x.name} ({x.message})" for x in v) or "no structural rule (memory or the search bounds)"
+    return f"tp {par.tp} pp {par.pp} cp {par.cp}: {rules}"
+
+
 def why_infeasible(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int, res, space=None,
                    memory_headroom: float = DEFAULT_MEMORY_HEADROOM, framework: str = "megatron",
                    target_step_s: float | None = None, target_tokens_per_day: float | None = None) -> str:
@@ -137,9 +168,9 @@ def why_infeasible(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num
                else f">= {target_tokens_per_day:.3g} tokens/day")
         return f"{head}: no GPU count up to {num_gpus} meets the target {tgt}; raise --gpus or relax the target"
     if not res.nearest_infeasible:
-        return (f"{head}: no layout satisfies the divisibility rules (heads {model.num_attention_heads}, kv heads "
-                f"{model.num_kv_heads}, layers {model.num_layers}, global batch {job.global_batch_size}, seq "
-                f"{job.seq_length}) within the pinned options; try another GPU count, global batch size or pins")
+        why = closest_structural_violations(model, cluster, job, num_gpus, space, framework)
+        return (f"{head}: no layout satisfies the divisibility and framework rules; the closest breaks {why}; "
+                f"try another GPU count, global batch size, sequence length or pins")
     ev = res.nearest_infeasible[0]
     mem = [v for v in ev.violations if v.name == "memory"]
     other = [v for v in ev.violations if v.name != "memory"]
