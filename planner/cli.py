@@ -443,6 +443,7 @@ def explain(
     from .checks import DEFAULT_MEMORY_HEADROOM
     from .explain import explain_config, explanation_rows, format_slack
     headroom = DEFAULT_MEMORY_HEADROOM if memory_headroom is None else memory_headroom
+    job = job.model_copy(update={"framework": framework.value})  # the memory model uses the framework's states
     ex = explain_config(m, c, job, par, n, headroom, framework.value)
     if timeline is not None:
         from .timeline import draw_timeline
