@@ -49,6 +49,8 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, nu
     near: list[tuple[float, Evaluation]] = []
     n = 0
     limit = cluster.gpu.memory_bytes * (1 - memory_headroom)
+    if getattr(job, "framework", framework) != framework:  # the memory model of ``evaluate`` uses ``framework``
+        job = job.model_copy(update={"framework": framework})
     for par in candidates(model, cluster, job, num_gpus, space, framework):
         n += 1
         if progress and n % 256 == 0:
