@@ -190,7 +190,7 @@ def pair_args(args: list[str]) -> list[str]:
     out: list[str] = []
     for x in args:
         q = f'"{x}"' if x.startswith("$CONFIG_DIR/") else shlex.quote(x)
-        if x.startswith("--") or not out:
+        if x.startswith("--") or not out or ":" in x and not x.startswith(("$", "(")):  # tyro subcommand
             out.append(q)
         else:
             out[-1] += " " + q

@@ -130,9 +130,10 @@ def torchtitan_toml(model: ModelSpec, job: TrainingJob, par: ParallelConfig, hea
 
 def torchtitan_overrides(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> list[str]:
     """Command-line overrides for torchtitan 0.3.x (``--module M --config C`` then ``--section.field value``).
-    0.3.0 has no ``expert_tensor_parallel_degree``, ``selective_ac_option`` or ``mixed_precision_*`` in
-    the same place as 0.2.x, so only parallelism degrees, schedule, batch and sequence length are set; PP
-    needs ``--training.disable_cuda_graphs`` ("CUDA graphs do not support pipeline parallelism yet")."""
+    0.3.0 has no ``expert_tensor_parallel_degree`` or ``selective_ac_option``, so parallelism degrees,
+    schedule, batch and sequence length are set as flags and the activation-checkpoint mode as the subcommand
+    ``activation-checkpoint:none|selective|full`` (last); PP needs ``--training.disable_cuda_graphs`` ("CUDA
+    graphs do not support pipeline parallelism yet"). Checked with torchtitan 0.3.0's ``ConfigManager``."""
     s = torchtitan_settings(model, job, par)
     module, config = TORCHTITAN_REGISTRY.get(model.name, ("llama3", "llama3_debugmodel"))
     a = ["--module", module, "--config", config]
@@ -145,4 +146,6 @@ def torchtitan_overrides(model: ModelSpec, job: TrainingJob, par: ParallelConfig
         a += [f"--training.{k}", str(t[k])]
     if par.pp > 1:
         a.append("--training.disable_cuda_graphs")
+    # activation checkpointing is a tyro subcommand (tagged union) given after the options
+    a.append(f"activation-checkpoint:{par.recompute}")
     return a
