@@ -73,6 +73,12 @@ class ParallelConfig(BaseModel):
     schedule: Schedule | None = Field(None, description="None = 1f1b, or interleaved when vpp > 1")
     first_stage_layers: int | None = Field(None, gt=0)
     last_stage_layers: int | None = Field(None, gt=0)
+    account_for_embedding_in_pipeline_split: bool = Field(
+        False, description="Megatron --account-for-embedding-in-pipeline-split: the embedding counts as one layer of "
+                           "the first stage's first model chunk")
+    account_for_loss_in_pipeline_split: bool = Field(
+        False, description="Megatron --account-for-loss-in-pipeline-split: the output layer + loss count as one layer "
+                           "of the last stage's last model chunk")
     hsdp_shard_size: int | None = Field(
         None, gt=0, description="HSDP: ZeRO-3/FSDP shards within groups of this many DP x CP ranks and replicates "
                                 "across them (torchtitan data_parallel_shard_degree; None = shard over all)")

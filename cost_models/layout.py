@@ -43,36 +43,77 @@ def uneven_split(num_layers: int, pp: int) -> tuple[int, int] | None:
 def stage_layer_counts(num_layers: int, par: ParallelConfig) -> list[int]:
     """Decoder layers held by each pipeline stage (length ``pp``; sums to ``num_layers``).
 
+    Three ways, as Megatron-LM (``get_transformer_layer_offset`` in
+    ``megatron/core/transformer/transformer_layer.py``, ``get_num_layers_to_build``):
+
+    * even: ``num_layers / pp`` each;
+    * ``first_stage_layers`` / ``last_stage_layers`` (``--decoder-first/last-pipeline-num-layers``): the rest
+      split evenly over the middle stages;
+    * ``account_for_embedding/loss_in_pipeline_split``: the embedding and/or the loss count as one layer each,
+      ``L' = L + e + l`` is split evenly, and the first (last) stage holds one decoder layer fewer.
+
     Raises:
-        LayoutError: the split is impossible (layers not divisible by pp, or by the middle stages).
+        LayoutError: the split is impossible (layers not divisible by pp, or by the middle stages), or the two
+            uneven mechanisms are combined (Megatron rejects that in ``arguments.py``).
+    """
+    counts = chunk_layer_counts(num_layers, par, vpp=1)
+    return [c[0] for c in counts]
+
+
+def chunk_layer_counts(num_layers: int, par: ParallelConfig, vpp: int | None = None) -> list[list[int]]:
+    """Decoder layers of each model chunk of each stage: ``out[stage][chunk]`` (``vpp`` chunks per stage,
+    default ``par.vpp``). Interleaving needs every stage's layers to split evenly over its chunks, except that
+    under ``account_for_*`` the embedding/loss pseudo-layer takes one slot of the first/last chunk
+    (``L'`` divisible by ``pp * vpp``; formulas.md Sec. 7.1 items 6 and 8).
+
+    Raises:
+        LayoutError: the split is impossible; the message names the rule.
     """
     pp = par.pp
+    v = par.vpp if vpp is None else vpp
+    emb, loss = int(par.account_for_embedding_in_pipeline_split), int(par.account_for_loss_in_pipeline_split)
     first, last = par.first_stage_layers, par.last_stage_layers
+    if (emb or loss) and (first is not None or last is not None):
+        raise LayoutError("account_for_*_in_pipeline_split cannot be combined with first/last stage layer counts")
+    if emb or loss:
+        total = num_layers + emb + loss
+        if total % (pp * v):
+            what = "+1 embedding " * emb + "+1 loss " * loss
+            raise LayoutError(f"num_layers {num_layers} {what}= {total} is not divisible by pp*vpp = {pp}*{v}")
+        per_chunk = total // (pp * v)
+        out = [[per_chunk] * v for _ in range(pp)]
+        out[0][0] -= emb
+        out[-1][-1] -= loss
+        if min(min(c) for c in out) < 0 or sum(map(sum, out)) != num_layers:
+            raise LayoutError(f"num_layers {num_layers} is too small for pp*vpp = {pp}*{v} with account_for_*")
+        return out
     if first is None and last is None:
         if num_layers % pp:
             raise LayoutError(
                 f"num_layers {num_layers} is not divisible by pp {pp}; give first/last stage layer counts")
-        return [num_layers // pp] * pp
-    if pp == 1:
-        raise LayoutError("first/last stage layer counts need pp > 1")
-    first = first if first is not None else 0
-    last = last if last is not None else 0
-    n_mid = pp - (1 if par.first_stage_layers is not None else 0) - (1 if par.last_stage_layers is not None else 0)
-    rest = num_layers - first - last
-    if n_mid == 0:
-        if rest != 0:
-            raise LayoutError(f"first + last stage layers ({first}+{last}) must equal num_layers {num_layers} when pp=2")
-        return [first, last]
-    if rest <= 0 or rest % n_mid:
-        raise LayoutError(
-            f"remaining {rest} layers are not divisible by the {n_mid} middle pipeline stages")
-    mid = rest // n_mid
-    counts = [mid] * pp
-    if par.first_stage_layers is not None:
-        counts[0] = first
-    if par.last_stage_layers is not None:
-        counts[-1] = last
-    return counts
+        per_stage = [num_layers // pp] * pp
+    else:
+        if pp == 1:
+            raise LayoutError("first/last stage layer counts need pp > 1")
+        n_mid = pp - (first is not None) - (last is not None)
+        rest = num_layers - (first or 0) - (last or 0)
+        if n_mid == 0:
+            if rest != 0:
+                raise LayoutError(
+                    f"first + last stage layers ({first}+{last}) must equal num_layers {num_layers} when pp=2")
+            per_stage = [first, last]
+        else:
+            if rest <= 0 or rest % n_mid:
+                raise LayoutError(f"remaining {rest} layers are not divisible by the {n_mid} middle pipeline stages")
+            per_stage = [rest // n_mid] * pp
+            if first is not None:
+                per_stage[0] = first
+            if last is not None:
+                per_stage[-1] = last
+    bad = sorted({c for c in per_stage if c % v})
+    if bad:
+        raise LayoutError(f"stage layer counts {bad} are not divisible by vpp {v}")
+    return [[c // v] * v for c in per_stage]
 
 
 def stage_layer_ranges(num_layers: int, par: ParallelConfig) -> list[range]:

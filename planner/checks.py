@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from cluster_specs.spec import ClusterSpec
 from cost_models.config import ParallelConfig, TrainingJob
-from cost_models.layout import LayoutError, stage_layer_counts
+from cost_models.layout import LayoutError, chunk_layer_counts, stage_layer_counts
 from cost_models.memory import MemoryEstimate
 from model_zoo.spec import ModelSpec
 
@@ -99,7 +99,7 @@ def constraint_report(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, 
                    + (f"{rate / 1e12:.0f} TFLOP/s" if rate else "missing")))
     try:
         counts = stage_layer_counts(model.num_layers, par)
-        split = "even" if par.first_stage_layers is None and par.last_stage_layers is None else "uneven"
+        split = "even" if counts == [counts[0]] * len(counts) else "uneven"
         add(Constraint("layers_pp", True, 0.0, "remainder",
                        f"{model.num_layers} layers over pp {par.pp} ({split}): {_counts_str(counts)}"))
     except LayoutError as e:
@@ -107,10 +107,19 @@ def constraint_report(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, 
         add(Constraint("layers_pp", False, -1.0, "remainder", str(e)))
     if par.vpp > 1:
         add(Constraint("vpp_pp", par.pp > 1, float(par.pp - 2), "stages", f"vpp {par.vpp} needs pp > 1 (pp {par.pp})"))
-        bad = sorted({c for c in counts if c % par.vpp})
-        add(Constraint("layers_vpp", not bad, -float(max((c % par.vpp for c in bad), default=0)), "remainder",
-                       f"stage layer counts {sorted(set(counts))} by vpp {par.vpp}"
-                       + (f": {bad} not divisible" if bad else "")))
+        if par.account_for_embedding_in_pipeline_split or par.account_for_loss_in_pipeline_split:
+            # the embedding/loss pseudo-layer takes a slot of the first/last chunk: L' % (pp*vpp) == 0
+            try:
+                chunk_layer_counts(model.num_layers, par)
+                add(Constraint("layers_vpp", True, 0.0, "remainder",
+                               f"num_layers + embedding/loss by pp*vpp = {par.pp}*{par.vpp}"))
+            except LayoutError as e:
+                add(Constraint("layers_vpp", False, -1.0, "remainder", str(e)))
+        else:
+            bad = sorted({c for c in counts if c % par.vpp})
+            add(Constraint("layers_vpp", not bad, -float(max((c % par.vpp for c in bad), default=0)), "remainder",
+                           f"stage layer counts {sorted(set(counts))} by vpp {par.vpp}"
+                           + (f": {bad} not divisible" if bad else "")))
     mb = par.micro_batch_size * par.dp
     add(_div("batch", job.global_batch_size, mb, "global_batch_size % (micro_batch_size*dp)"))
     m = job.global_batch_size // mb if mb else 0

@@ -40,3 +40,25 @@ def test_megatron_rank_order_placement():
 def test_sequence_parallel_off_without_tp():
     # Megatron turns SP off when tp == 1 (arguments.py)
     assert ParallelConfig(tp=1, sequence_parallel=True).sequence_parallel is False
+
+
+def test_account_for_embedding_and_loss_split():
+    # Megatron get_transformer_layer_offset: L' = 126 + 1 + 1 = 128 over pp 8 x vpp 8 -> 2 per chunk; the first
+    # chunk of stage 0 and the last chunk of stage 7 hold one decoder layer (Llama 3.1 405B recipes).
+    from cost_models.layout import chunk_layer_counts
+    par = ParallelConfig(pp=8, vpp=8, account_for_embedding_in_pipeline_split=True,
+                         account_for_loss_in_pipeline_split=True)
+    chunks = chunk_layer_counts(126, par)
+    assert chunks[0] == [1] + [2] * 7 and chunks[-1] == [2] * 7 + [1] and chunks[3] == [2] * 8
+    assert stage_layer_counts(126, par) == [15] + [16] * 6 + [15]
+    with pytest.raises(LayoutError, match="not divisible by pp\\*vpp"):
+        chunk_layer_counts(126, ParallelConfig(pp=8, vpp=3, account_for_embedding_in_pipeline_split=True))
+    with pytest.raises(LayoutError, match="cannot be combined"):
+        stage_layer_counts(126, ParallelConfig(pp=8, first_stage_layers=15, account_for_loss_in_pipeline_split=True))
+
+
+def test_interleaved_chunks_need_divisible_stages():
+    from cost_models.layout import chunk_layer_counts
+    assert chunk_layer_counts(32, ParallelConfig(pp=4, vpp=2)) == [[4, 4]] * 4
+    with pytest.raises(LayoutError, match="not divisible by vpp 3"):
+        chunk_layer_counts(32, ParallelConfig(pp=4, vpp=3))
