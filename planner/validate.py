@@ -424,8 +424,17 @@ def build_inputs(row: dict[str, Any]) -> tuple[ModelSpec, ClusterSpec, TrainingJ
     elif "interleaved" in sched and vpp == 1:
         vpp = 2
         notes.append("interleaved 1F1B with 2 stages per rank (torchtitan's default for the named schedule)")
+    account = {}
+    if (vpp > 1 and fw != "torchtitan" and model.num_layers % (pp * vpp)
+            and (model.num_layers + 2) % (pp * vpp) == 0):
+        # Megatron-Bridge/NeMo recipes interleave such models with the embedding and the loss counted as one
+        # layer each (--account-for-embedding/loss-in-pipeline-split; e.g. Llama 3.1 405B: 126 + 2 over 8 x 8)
+        account = {"account_for_embedding_in_pipeline_split": True, "account_for_loss_in_pipeline_split": True}
+        notes.append("uneven interleaved split: embedding and loss counted as pipeline layers (Megatron-Bridge)")
     first, last = _layer_split(model.num_layers, pp * vpp, 1) if vpp > 1 else _layer_split(model.num_layers, pp, 1)
-    if vpp > 1 and (first is not None or last is not None):
+    if account:
+        first = last = None
+    elif vpp > 1 and (first is not None or last is not None):
         # interleaving needs layers % (pp*vpp) == 0 unless first/last stages are shortened; model the imbalance
         # with the plain split over pp
         first, last = _layer_split(model.num_layers, pp, 1)
@@ -437,7 +446,7 @@ def build_inputs(row: dict[str, Any]) -> tuple[ModelSpec, ClusterSpec, TrainingJ
     recompute = _recompute(p.get("recompute"), fw, notes)
     par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, micro_batch_size=int(mbs),
                          zero_stage=zero, sequence_parallel=bool(sp), recompute=recompute,
-                         first_stage_layers=first, last_stage_layers=last)
+                         first_stage_layers=first, last_stage_layers=last, **account)
     # SC21 (2021) and BLOOM (2022) predate fused flash attention: Megatron's fused masked softmax over s x s scores
     flash = group not in ("megatron_sc21_table1", "bloom")
     job = TrainingJob(global_batch_size=int(p["global_batch_size"]), seq_length=int(seq), precision=prec,
