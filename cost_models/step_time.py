@@ -25,8 +25,10 @@ Per micro-batch and per pipeline (virtual) stage, on one GPU (seconds):
   it is exposed.
 * **Context parallel**: ring attention passes K/V ``cp-1`` times forward and K/V + their gradients backward,
   overlapped with the attention of each ring step; only the excess is exposed.
-* **Expert parallel**: dispatch + combine all-to-all per MoE layer forward and backward (``top_k`` copies of each
-  token's hidden state), not overlapped.
+* **Expert parallel**: dispatch (FP8 when the GEMMs are FP8) + combine all-to-all per MoE layer forward and
+  backward; a token routed to several experts of one NVLink domain crosses the network once. With EP overlap
+  (``ep_overlap``) ``EP_OVERLAP_EXPOSED`` of it is exposed. MoE layers also pay routing bookkeeping per token copy
+  and host time per local expert (dropless routing syncs with the host), unless the step is CUDA-graphed.
 * **Pipeline**: the schedule is simulated op by op with these per-stage times (``pipeline.simulate``: GPipe, 1F1B,
   interleaved, ZB-H1), P2P activation sends on the critical path; the bubble is the idle time of the busiest rank.
 * **Data parallel**: gradient reduce-scatter (fp32 gradient buffers, Megatron's default for bf16) + parameter
@@ -39,9 +41,30 @@ Per micro-batch and per pipeline (virtual) stage, on one GPU (seconds):
 MFU = model FLOPs per step / (step seconds x GPUs x dense peak of the 16-bit dtype); HFU adds recompute
 (PaLM App. B). The peak used is named in ``StepEstimate.peak_flops_per_gpu``.
 
-Calibration (``CALIBRATION_NOTE``): ``gemm_efficiency`` per GPU is a measurement (MAMF); ``kappa``,
-``ELEMENTWISE_PASSES`` and the per-GPU ``attention_efficiency`` were fitted, a handful of physically meaningful
-numbers for all rows, on the development rows of ``planner/data/published_runs_dev.yaml`` (``plan3d validate``).
+Calibration. Measured, per GPU (cluster YAML): ``gemm_efficiency`` (MAMF large-GEMM rate), NCCL bus
+efficiencies, HBM bandwidth. Fitted on the dev rows of ``planner/data/published_runs_dev.yaml`` by
+``benchmarks/fit_step_time.py`` (coordinate descent on mean group MAPE + half the overall MAPE; 87 rows, 9 source
+groups, A100/H100/H200/B200/GB200), each a physical quantity shared by all rows it applies to:
+
+=============================  =======  ===========================================================================
+parameter                      value    mainly constrained by
+=============================  =======  ===========================================================================
+``KAPPA``                      2.0      small models / high TP (SC21 1.7-18B, H100 weak scaling 1.7-16B)
+``ELEMENTWISE_PASSES``         12 / 24  Megatron+NeMo / DeepSpeed (BLOOM); torchtitan eager 64, compiled 4
+``attention_efficiency``       0.30     H100/H200 (cluster YAML; NeMo long-sequence CP rows, 4k-1M tokens)
+                               0.38     B200/GB200 (NeMo long-sequence B200 rows, Megatron-Bridge Llama 3 8B)
+``ATTN_HALF_SEQ``              512      short vs long sequences on the same GPU
+``UNFUSED_SCORE_PASSES``       8        SC21 (A100, 2021, unfused softmax + attention dropout)
+``TP_OVERLAP_EXPOSED``         0 / .15  NeMo recipes, Megatron --tp-comm-overlap / torchtitan async TP
+``EP_OVERLAP_EXPOSED``         0.4      Megatron MoE recipes marked "EP overlap"
+``MOE_EXPERT_HOST_S``          0.4 ms   Qwen3-30B-A3B rows (16 local experts, micro-batch 1 vs 4)
+``MOE_TOKEN_COPY_S``           20 ns    MoE rows (Qwen3, DeepSeek-V3)
+``FRAMEWORK_COMPUTE_EFF.``     0.8      torchtitan rows (incl. two H200 rows without a power cap)
+validate: H100 500 W factor    0.8      torchtitan rows on power-capped H100 (cross-check: H200/H100 ratio 0.78)
+validate: Jean Zay Omni-Path   0.4      the three BLOOM rows (bus efficiency of NCCL over Omni-Path)
+=============================  =======  ===========================================================================
+
+Result on the dev rows (``plan3d validate``): MAPE 7.6% overall; see the issue's closing note for the table.
 """
 from __future__ import annotations
 
@@ -63,14 +86,16 @@ from .pipeline import simulate
 ADAM_HBM_BYTES_PER_PARAM = 34
 
 #: GEMM operand-streaming weight (dimensionless): a GEMM costs its MAMF-rate compute time plus ``KAPPA`` times
-#: the time to read A and B and write C once from HBM. Fitted on the dev rows (plan3d validate): it sets how much
-#: slower small per-GPU GEMMs (Qwen3-30B-A3B's 768-wide experts, h=2048 at TP) run than large ones.
+#: the time to read A and B and write C once from HBM (a GEMM at the roofline ridge point runs at 1/3 of its MAMF
+#: rate). Fitted on the dev rows (plan3d validate): it sets how much slower small per-GPU GEMMs (Qwen3-30B-A3B's
+#: 768-wide experts, h=2048 at TP 8) run than large ones.
 KAPPA = 2.0
 
 #: HBM passes over the 16-bit hidden state per layer forward (norms: read+write x2, residual adds: 2 reads +
 #: 1 write x2, bias/dropout/rotary, MoE-free), by framework: Megatron-LM/NeMo with Transformer Engine's fused
-#: kernels; torchtitan eager PyTorch, and with torch.compile fusing elementwise chains. Fitted on the dev rows;
-#: the op count above gives ~10-14 unfused.
+#: kernels; DeepSpeed (Megatron-DeepSpeed, BLOOM era); torchtitan eager PyTorch (RMSNorm and rotary as several
+#: kernels each), and with torch.compile fusing elementwise chains. Fitted on the dev rows; the op count above gives
+#: ~10-14 for fused kernels and several times that for eager ones.
 ELEMENTWISE_PASSES = {"megatron": 12.0, "nemo": 12.0, "deepspeed": 24.0, "torchtitan": 64.0,
                       "torchtitan_compile": 4.0}
 
@@ -87,12 +112,12 @@ FRAMEWORK_COMPUTE_EFFICIENCY = {"torchtitan": 0.8, "torchtitan_compile": 0.8}
 #: Fallback attention efficiency (fraction of the 16-bit dense peak) when the cluster has none calibrated.
 DEFAULT_ATTENTION_EFFICIENCY = 0.5
 #: HBM passes of the s x s score tensor per unfused attention forward (QK^T write, scale/mask/softmax read + write,
-#: dropout, score x V read): Megatron-LM's fused masked softmax keeps it at ~4 (Korthikanti et al. 2022 Sec. 4.1
-#: counts 5·a·s² bytes of stored scores per layer).
+#: dropout mask write + apply, score x V read), ~4-8 depending on dropout (Korthikanti et al. 2022 Sec. 4.1 counts
+#: 5·a·s² bytes of stored scores per layer with dropout). Fitted (8) on the SC21 rows, which ran attention dropout.
 UNFUSED_SCORE_PASSES = 8.0
 #: Share of TP communication left exposed when TP communication overlap is on (Megatron ``--tp-comm-overlap``,
-#: torchtitan async TP): userbuffers pipeline the collectives with the GEMM chunks but the first/last chunk and
-#: the ones next to non-GEMM work stay exposed. Fitted on the dev rows.
+#: torchtitan async TP): Transformer Engine's userbuffers pipeline the collectives with the GEMM chunks; the fit
+#: finds them fully hidden in NeMo/Megatron and 15% exposed with torchtitan's async TP.
 TP_OVERLAP_EXPOSED = {"megatron": 0.0, "nemo": 0.0, "torchtitan": 0.15}
 #: Passes over the top_k token copies in MoE permute/unpermute (write + read at dispatch and at combine).
 MOE_PERMUTE_PASSES = 4.0
@@ -100,7 +125,8 @@ MOE_PERMUTE_PASSES = 4.0
 FP8_CAST_BYTES = 3.0
 #: Share of EP all-to-all left exposed when the framework overlaps it with another micro-batch's compute
 #: (Megatron-LM ``--overlap-moe-expert-parallel-comm``, DeepSeek-V3 Sec. 3.2.1 "DualPipe"-style overlap).
-EP_OVERLAP_EXPOSED = 0.6
+#: Fitted on the Megatron MoE recipe rows marked "EP overlap".
+EP_OVERLAP_EXPOSED = 0.4
 #: Seconds per *local* expert per MoE layer per micro-batch (forward + backward; 1/3 forward) on top of the
 #: GPU work, unless the step is captured in a CUDA graph. Dropless routing syncs the per-expert token counts to the
 #: host before the expert GEMMs, so the GPU waits while the CPU issues the per-expert kernels (Transformer Engine's
