@@ -109,7 +109,9 @@ ATTN_HALF_SEQ = 512.0
 #: PyTorch dispatch, FSDP2 hooks): torchtitan's matmuls go through torch.compile/cuBLAS without Transformer
 #: Engine's fused kernels. Fitted on the torchtitan dev rows (including the two H200 rows, which have no power cap).
 FRAMEWORK_COMPUTE_EFFICIENCY = {"torchtitan": 0.8, "torchtitan_compile": 0.8}
-#: Fallback attention efficiency (fraction of the 16-bit dense peak) when the cluster has none calibrated.
+#: Fallback attention efficiency (fraction of the 16-bit dense peak) when the cluster has none calibrated
+#: (A100, MI300X): FlashAttention-2 reaches 50-73% of A100 peak forward and somewhat less backward (Dao 2023,
+#: Sec. 4.1); 0.5 is the low end.
 DEFAULT_ATTENTION_EFFICIENCY = 0.5
 #: HBM passes of the s x s score tensor per unfused attention forward (QK^T write, scale/mask/softmax read + write,
 #: dropout mask write + apply, score x V read), ~4-8 depending on dropout (Korthikanti et al. 2022 Sec. 4.1 counts
@@ -462,7 +464,8 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     kinds["other"] = max(0.0, compute - sum(kinds.values()))
     n_gpus = par.world_size
     mf = step_model_flops(model, job, convention)
-    hf = step_hardware_flops(model, job, par)
+    # HFU in the same convention: model FLOPs plus what recompute re-executes (PaLM App. B)
+    hf = mf + step_hardware_flops(model, job, par) - step_model_flops(model, job, "megatron")
     peak = cluster.gpu.peak_flops.get("bf16", cluster.gpu.peak_flops.get("fp16"))
     return StepEstimate(
         step_s=step, compute_s=compute, bubble_s=bubble, optimizer_s=optimizer, exposed_comm_s=exposed,

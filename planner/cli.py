@@ -56,6 +56,11 @@ class Framework(str, Enum):
     torchtitan = "torchtitan"
 
 
+class FlopsConv(str, Enum):
+    megatron = "megatron"
+    palm = "palm"
+
+
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="built-in name, our YAML, or a HF config.json path")]
 ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="built-in name or YAML path")]
 GpusOpt = Annotated[Optional[int], typer.Option("--gpus", min=1, help="number of GPUs (multiple of the node size)")]
@@ -296,6 +301,9 @@ def evaluate(
     memory_headroom: HeadroomOpt = 0.0, framework: FrameworkOpt = Framework.megatron,
     fmt: FmtOpt = Fmt.table, output: OutOpt = None,
     emit: Annotated[Optional[Emit], typer.Option("--emit")] = None,
+    flops_convention: Annotated[FlopsConv, typer.Option(
+        "--flops-convention", help="model FLOPs behind TFLOP/s and MFU: megatron (causal attention halved, "
+                                   "Megatron-LM's logger) or palm (6N + 12LHQT, torchtitan)")] = None,
 ) -> None:
     """Evaluate one given configuration (feasible or not). Options left out take Megatron-LM's defaults.
 
@@ -308,7 +316,8 @@ def evaluate(
         last_stage_layers)
     from .document import build_document
     from .evaluate import evaluate as run_eval
-    ev = run_eval(m, c, job, par, n, memory_headroom, framework.value)
+    conv = (flops_convention or FlopsConv.megatron).value
+    ev = run_eval(m, c, job, par, n, memory_headroom, framework.value, conv)
     doc = build_document(m, c, job, n, [ev])
     _render(doc, fmt, output, emit, f"plan3d evaluate: {m.name} on {n} x {c.gpu.name} ({c.name})")
 

@@ -79,3 +79,15 @@ def test_deterministic():
     a = _step(dp=8, zero_stage=1)
     b = _step(dp=8, zero_stage=1)
     assert a == b
+
+
+def test_flops_convention_changes_mfu_not_time():
+    job = TrainingJob(global_batch_size=64, seq_length=32768)
+    par = ParallelConfig(dp=4, cp=2, zero_stage=1, recompute="full")
+    meg = estimate_step(L8, H100, job, par, "megatron")
+    palm = estimate_step(L8, H100, job, par, "palm")
+    assert meg.step_s == palm.step_s and meg.tokens_per_s == palm.tokens_per_s
+    # at 32k tokens PaLM's full attention counts much more than Megatron's causal half
+    assert palm.mfu > 1.2 * meg.mfu
+    assert palm.hfu > palm.mfu and meg.hfu > meg.mfu
+    assert palm.flops_convention == "palm" and palm.peak_flops_per_gpu == 989.4e12
