@@ -7,7 +7,8 @@ all-to-all ``(n-1)/n * S``. Latency ``(n-1)`` steps of ``alpha`` for RS/AG, ``2(
 A group that spans NVLink domains runs hierarchically (NCCL's intra-node/inter-node split): reduce-scatter
 inside the domain on NVLink, the cross-domain collective on ``S/r`` bytes over each GPU's own NIC
 (rail-optimised fabric, every GPU has a NIC), then all-gather inside the domain. Achievable bandwidth is the
-link rate times the cluster's calibrated bus efficiency (measured NCCL busbw over line rate).
+link rate times the cluster's calibrated bus efficiency (measured NCCL busbw over line rate). Inside an NVLink
+domain with NVLink SHARP (``node.nvls``) all-reduce runs in the switch at the measured NVLS bus bandwidth.
 """
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ from typing import Literal
 from cluster_specs.spec import ClusterSpec
 
 from .layout import GroupPlacement
+
+#: NVLS all-reduce bus bandwidth over the NVLink per-direction line rate: 480 / 450 on 8x H100 (hardware.yaml
+#: measured.intra_node_all_reduce_busbw_gb_s.H100_8gpu_NVLink4_NVLS expected_peak 480, measured 476); the same
+#: ratio is assumed for the NVLink 5 switches of B200/GB200 (no measurement in hardware.yaml).
+NVLS_BUSBW_OVER_LINE_RATE = 480 / 450
 
 Collective = Literal["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "p2p"]
 
@@ -50,6 +56,11 @@ def collective_time(kind: Collective, size_bytes: float, group: GroupPlacement, 
     if n <= 1:
         return 0.0
     if group.intra_domain:
+        if kind == "all_reduce" and cluster.node.nvls and n > 2:
+            # NVLink SHARP: the switch reduces, busbw ~480 GB/s on 8x H100 vs 370 for rings (hardware.yaml
+            # measured.intra_node_all_reduce_busbw_gb_s H100_8gpu_NVLink4_NVLS; sjeaugey, nccl-tests issue 212)
+            return 2 * (n - 1) * a_nvl + 2 * (n - 1) / n * size_bytes / (
+                cluster.node.nvlink_bandwidth_bytes_per_s * NVLS_BUSBW_OVER_LINE_RATE)
         return _ring(kind, n, size_bytes, nvl_bw, a_nvl)
     domains = group.num_domains
     if kind == "all_to_all":
