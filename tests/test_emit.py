@@ -41,6 +41,9 @@ BRANCH_CASES = [
     # BLOOM: ALiBi, biases, tied embeddings; plain DP, no sharding
     ("bloom-176b", ParallelConfig(tp=8, pp=7, dp=2, first_stage_layers=None, zero_stage=0), "bf16"),
     ("qwen2.5-7b", ParallelConfig(tp=4, pp=1, dp=2, zero_stage=1, sequence_parallel=True), "bf16"),
+    # HSDP (shard within 8 ranks, 8 replicas) and bf16 gradient reduction
+    ("llama3.1-8b", ParallelConfig(tp=1, pp=1, dp=64, zero_stage=3, hsdp_shard_size=8, grad_reduce_in_bf16=True),
+     "bf16"),
 ]
 
 
@@ -276,3 +279,14 @@ def test_emit_deepspeed_refuses_pipeline_zero2_plan(run_cli, tmp_path):
     assert r.exit_code == 2 and r.stdout == ""
     assert r.stderr.count("\n") == 1 and "ZeRO stage 0 or 1" in r.stderr and "--framework deepspeed" in r.stderr
     assert not (tmp_path / "ds").exists()
+
+
+def test_hsdp_and_bf16_grad_reduce():
+    par = ParallelConfig(tp=1, pp=1, dp=64, zero_stage=3, hsdp_shard_size=8, grad_reduce_in_bf16=True)
+    lf = launch_fields(get_model("llama3.1-8b"), JOB, par, 8)
+    a = parse_argv(lf["megatron"])
+    assert a["num_distributed_optimizer_instances"] == 8 and a["grad_reduce_in_bf16"] is True  # 64 / 8 groups
+    # DeepSpeed 0.19.8's own DeepSpeedConfig rejects MiCS (mics_shard_size): no hybrid sharding to emit
+    assert lf["deepspeed"] is None and "MiCS was removed" in lf["unsupported"]["deepspeed"]
+    p = tomllib.loads(lf["torchtitan_toml"])["parallelism"]
+    assert (p["data_parallel_shard_degree"], p["data_parallel_replicate_degree"]) == (8, 8)

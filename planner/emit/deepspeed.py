@@ -38,6 +38,12 @@ def check_deepspeed(model: ModelSpec | None, job: TrainingJob, par: ParallelConf
     if job.global_batch_size % (par.micro_batch_size * par.dp):
         raise EmitError(f"global_batch_size {job.global_batch_size} is not divisible by micro_batch_size*dp = "
                         f"{par.micro_batch_size}*{par.dp}")
+    hsdp = getattr(par, "hsdp_shard_size", None)
+    if hsdp is not None and hsdp < par.dp * par.cp:
+        # DeepSpeed's hybrid sharding (MiCS, zero_optimization.mics_shard_size) was removed; DeepSpeedConfig 0.19.8
+        # rejects the key ("MiCS ZeRO-3 sharding has been removed", deepspeedai/DeepSpeed issue 8489)
+        raise EmitError(f"hsdp_shard_size {hsdp}: DeepSpeed has no hybrid sharding since MiCS was removed; "
+                        f"use full ZeRO-3 sharding or Megatron/torchtitan")
     if model is not None and par.cp > 1 and (model.num_attention_heads // par.tp) % par.cp:
         raise EmitError(f"cp {par.cp}: DeepSpeed-Ulysses needs heads per tensor-parallel rank "
                         f"({model.num_attention_heads}/{par.tp}) divisible by the sequence-parallel size")

@@ -163,6 +163,15 @@ def parallel_args(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> li
         add(["--use-megatron-fsdp", "--data-parallel-sharding-strategy",
              "optim_grads" if par.zero_stage == 2 else "optim_grads_params", "--no-gradient-accumulation-fusion",
              "--ckpt-format", "fsdp_dtensor"])
+    hsdp = getattr(par, "hsdp_shard_size", None)
+    if hsdp is not None and hsdp < par.dp * par.cp:
+        if par.zero_stage == 0 or (par.dp * par.cp) % hsdp:
+            raise EmitError(f"hsdp_shard_size {hsdp}: needs ZeRO >= 1 and must divide dp*cp = {par.dp * par.cp}")
+        # shard within groups of hsdp ranks, replicate across (dp*cp)/hsdp instances (Megatron-LM
+        # --num-distributed-optimizer-instances; Megatron-FSDP uses the same flag for HSDP)
+        add(["--num-distributed-optimizer-instances", str(par.dp * par.cp // hsdp)])
+    if getattr(par, "grad_reduce_in_bf16", False):
+        a.append("--grad-reduce-in-bf16")
     if sharded_dp:
         a.append("--overlap-grad-reduce")
         if par.zero_stage >= 1:

@@ -67,7 +67,15 @@ def torchtitan_settings(model: ModelSpec, job: TrainingJob, par: ParallelConfig)
     if par.ep > 1 and par.expert_tp not in (1, par.tp):
         raise EmitError(f"etp {par.expert_tp}: torchtitan allows expert tensor parallel 1 or = tp ({par.tp})")
     name, flavor = TORCHTITAN_MODELS.get(model.name, ("llama3", model.name))
-    pl: dict = {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": par.dp,
+    shard, replicate = par.dp, 1
+    hsdp = getattr(par, "hsdp_shard_size", None)
+    if hsdp is not None and hsdp < par.dp * par.cp:
+        # HSDP: torchtitan shards over data_parallel_shard_degree x cp and replicates across
+        # data_parallel_replicate_degree (ParallelDims: dp_replicate * dp_shard * cp * tp * pp = world)
+        if hsdp % par.cp or (par.dp * par.cp) % hsdp:
+            raise EmitError(f"hsdp_shard_size {hsdp}: must be a multiple of cp {par.cp} dividing dp*cp")
+        shard, replicate = hsdp // par.cp, par.dp * par.cp // hsdp
+    pl: dict = {"data_parallel_replicate_degree": replicate, "data_parallel_shard_degree": shard,
                 "fsdp_reshard_after_forward": "always" if par.zero_stage == 3 else "never",
                 "tensor_parallel_degree": par.tp, "context_parallel_degree": par.cp,
                 "pipeline_parallel_degree": par.pp}
