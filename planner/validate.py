@@ -98,6 +98,13 @@ _HF_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
         "decoder_sparse_step": 1, "mlp_only_layers": [], "attention_bias": False, "max_position_embeddings": 40960}),
 }
 
+#: NeMo GPT-3 architectures (NeMo-Framework-Launcher launcher_scripts/conf/training/gpt3/{5b,20b}.yaml at commit
+#: f4761e62315b9b1b991f101fc2be34a872cda708): GPT-2 BPE vocabulary (50257), ffn 4h, LayerNorm, biases, learned
+#: positions, seq 2048. (layers, hidden, heads).
+_NEMO_GPT3: dict[str, tuple[int, int, int]] = {"gpt3-5b": (24, 4096, 32), "gpt3-20b": (44, 6144, 48)}
+_NEMO_GPT3_SOURCE = ("https://github.com/NVIDIA/NeMo-Framework-Launcher/blob/f4761e62315b9b1b991f101fc2be34a872cda708/"
+                     "launcher_scripts/conf/training/gpt3/{}.yaml")
+
 #: GPU label in a row -> built-in cluster. GB300 has no cluster spec (hardware.yaml lists no GB300 peak).
 _CLUSTER_BY_GPU: list[tuple[str, str]] = [
     (r"^gb200", "gb200-nvl72"),
@@ -254,6 +261,14 @@ def _model_for(row: dict[str, Any], notes: list[str]) -> ModelSpec | str:
         if key == k:
             notes.append(f"architecture: {src}")
             return from_hf_config(cfg, name=k, source=src)
+    if key in _NEMO_GPT3:
+        L, h, a = _NEMO_GPT3[key]
+        src = _NEMO_GPT3_SOURCE.format(key.split("-")[1])
+        notes.append(f"architecture: {src}")
+        return ModelSpec(name=key, source=src, family="gpt", num_layers=L, hidden_size=h, num_attention_heads=a,
+                         num_kv_heads=a, head_dim=h // a, ffn_hidden_size=4 * h, gated_mlp=False, activation="gelu",
+                         normalization="layernorm", qkv_bias=True, linear_bias=True, vocab_size=50257,
+                         tie_word_embeddings=True, position_embedding="learned", max_position_embeddings=2048)
     for pat, zoo in _ZOO_BY_NAME:
         if re.search(pat, name):
             m = get_model(zoo)
