@@ -105,6 +105,19 @@ _NEMO_GPT3: dict[str, tuple[int, int, int]] = {"gpt3-5b": (24, 4096, 32), "gpt3-
 _NEMO_GPT3_SOURCE = ("https://github.com/NVIDIA/NeMo-Framework-Launcher/blob/f4761e62315b9b1b991f101fc2be34a872cda708/"
                      "launcher_scripts/conf/training/gpt3/{}.yaml")
 
+#: Nemotron-3 architectures (NeMo-Framework-Launcher launcher_scripts/conf/training/nemotron/nemotron_{8b,22b}.yaml,
+#: commits 329df4af / 3dd35614): squared-ReLU MLP (not gated), LayerNorm1p, no biases, RoPE, untied embeddings.
+#: (layers, hidden, heads, ffn). Vocabulary 256000: the YAML leaves it to the tokenizer; 256k is the NeMo
+#: sentencepiece vocabulary of the Nemotron family (model zoo nemotron-4-340b) - an assumption, named per row.
+_NEMOTRON3: dict[str, tuple[int, int, int, int]] = {"nemotron-8b": (32, 4096, 32, 16384),
+                                                    "nemotron-22b": (40, 6144, 48, 24576)}
+_NEMOTRON3_SOURCE = {"nemotron-8b": "https://github.com/NVIDIA/NeMo-Framework-Launcher/blob/"
+                                    "329df4afe20d7456105cd2b7727bfd2fc6d4f087/launcher_scripts/conf/training/nemotron/"
+                                    "nemotron_8b.yaml",
+                     "nemotron-22b": "https://github.com/NVIDIA/NeMo-Framework-Launcher/blob/"
+                                     "3dd35614cf43b06711ad0eccaace3b6af0fc6a08/launcher_scripts/conf/training/nemotron/"
+                                     "nemotron_22b.yaml"}
+
 #: GPU label in a row -> built-in cluster. GB300 has no cluster spec (hardware.yaml lists no GB300 peak).
 _CLUSTER_BY_GPU: list[tuple[str, str]] = [
     (r"^gb200", "gb200-nvl72"),
@@ -261,6 +274,14 @@ def _model_for(row: dict[str, Any], notes: list[str]) -> ModelSpec | str:
         if key == k:
             notes.append(f"architecture: {src}")
             return from_hf_config(cfg, name=k, source=src)
+    if key in _NEMOTRON3:
+        L, h, a, f = _NEMOTRON3[key]
+        src = _NEMOTRON3_SOURCE[key]
+        notes.append(f"architecture: {src}; vocab 256000 assumed (Nemotron sentencepiece)")
+        return ModelSpec(name=key, source=src, family="nemotron", num_layers=L, hidden_size=h,
+                         num_attention_heads=a, num_kv_heads=a, head_dim=h // a, ffn_hidden_size=f, gated_mlp=False,
+                         activation="relu2", normalization="layernorm", vocab_size=256000,
+                         tie_word_embeddings=False, position_embedding="rope", max_position_embeddings=4096)
     if key in _NEMO_GPT3:
         L, h, a = _NEMO_GPT3[key]
         src = _NEMO_GPT3_SOURCE.format(key.split("-")[1])
