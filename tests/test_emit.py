@@ -290,3 +290,10 @@ def test_hsdp_and_bf16_grad_reduce():
     assert lf["deepspeed"] is None and "MiCS was removed" in lf["unsupported"]["deepspeed"]
     p = tomllib.loads(lf["torchtitan_toml"])["parallelism"]
     assert (p["data_parallel_shard_degree"], p["data_parallel_replicate_degree"]) == (8, 8)
+
+
+def test_megatron_deepspeed_refuses_ulysses_with_megatron_sp():
+    par = ParallelConfig(tp=4, pp=8, dp=2, cp=2, sequence_parallel=True, zero_stage=1)
+    lf = launch_fields(get_model("llama3.1-70b"), JOB, par, 8)
+    assert lf["deepspeed"] is not None  # the JSON itself is fine
+    assert lf["megatron_deepspeed"] is None and "Ulysses" in lf["unsupported"]["megatron_deepspeed"]

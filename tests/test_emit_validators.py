@@ -236,6 +236,9 @@ def test_top_plan_configs_pass_the_frameworks_validators(name, size, framework, 
         check_megatron(m, JOB, par, lf["megatron"])
     elif framework == "deepspeed":
         check_deepspeed(JOB, par, lf["deepspeed"])
+        if "megatron_deepspeed" in lf["unsupported"]:
+            # ds_config.json passes DeepSpeed; the Megatron-DeepSpeed launch cannot run this plan
+            pytest.xfail(f"planner's deepspeed space allows it: {lf['unsupported']['megatron_deepspeed']}")
     else:
         check_torchtitan(par, lf, tmp_path, m.num_layers)
 

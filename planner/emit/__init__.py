@@ -39,7 +39,7 @@ def launch_fields(model: ModelSpec, job: TrainingJob, par: ParallelConfig, gpus_
 
     attempt("megatron", "megatron", lambda: megatron_args(model, job, par))
     attempt("deepspeed", "deepspeed", lambda: deepspeed_config(job, par, model))
-    attempt("megatron_deepspeed", "deepspeed", lambda: megatron_deepspeed_args(model, job, par))
+    attempt("megatron_deepspeed", "megatron_deepspeed", lambda: megatron_deepspeed_args(model, job, par))
     attempt("torchtitan_toml", "torchtitan", lambda: torchtitan_toml(model, job, par))
     attempt("torchtitan_overrides", "torchtitan", lambda: torchtitan_overrides(model, job, par))
     out["unsupported"] = unsupported
@@ -65,8 +65,9 @@ def emit_files(doc, framework: str, rank: int = 1) -> dict[str, str]:
         raise EmitError(f"--rank {rank}: the document has plans {ranks[0]}..{ranks[-1]}" if ranks
                         else f"--rank {rank}: the document has no plans")
     launch = plan.launch
-    if framework in launch.unsupported:
-        raise EmitError(f"plan #{rank} cannot run on {framework}: {launch.unsupported[framework]}")
+    for key in (framework, "megatron_deepspeed") if framework == "deepspeed" else (framework,):
+        if key in launch.unsupported:
+            raise EmitError(f"plan #{rank} cannot run on {framework}: {launch.unsupported[key]}")
     name = doc.input.model.name
     header = _header(framework, name, rank, launch)
 

@@ -11,7 +11,8 @@ Rules enforced here (raising ``EmitError`` with a one-line reason):
 * DeepSpeed's pipeline engine asserts ZeRO stage < 2 ("ZeRO-2 and ZeRO-3 are incompatible with pipeline
   parallelism", ``runtime/pipe/engine.py``), so pp > 1 with ZeRO >= 2 is refused.
 * Context parallelism is mapped to DeepSpeed-Ulysses (``--ds-sequence-parallel-size``), which splits the
-  heads of each tensor-parallel rank over the sequence-parallel group: heads / tp must divide by cp.
+  heads of each tensor-parallel rank over the sequence-parallel group: heads / tp must divide by cp; and
+  Megatron-DeepSpeed refuses it together with Megatron's ``--sequence-parallel`` (megatron/initialize.py).
 """
 from __future__ import annotations
 
@@ -123,6 +124,11 @@ def megatron_deepspeed_args(model: ModelSpec, job: TrainingJob, par: ParallelCon
     if par.sequence_parallel:
         a.append("--sequence-parallel")
     if par.cp > 1:
+        if par.sequence_parallel:
+            # megatron/initialize.py (Megatron-DeepSpeed): "sequence_parallel_size > 1 enables DeepSpeed's sequence
+            # parallel, which is not compatible with Megatron-LM's sequence parallel" (RuntimeError)
+            raise EmitError(f"cp {par.cp} with sequence_parallel: Megatron-DeepSpeed's sequence parallelism "
+                            f"(DeepSpeed-Ulysses) cannot be combined with Megatron-LM's sequence parallel")
         add(["--ds-sequence-parallel-size", str(par.cp)])
     add(["--micro-batch-size", str(par.micro_batch_size), "--global-batch-size", str(job.global_batch_size)])
     if par.recompute == "selective":
