@@ -207,12 +207,34 @@ def gemm_time(m: float, k: float, n: float, rate: float, hbm: float, bytes_per_e
 @dataclass
 class _LayerCost:
     gemm: float = 0.0
+    gemm_mlp: float = 0.0  # the MLP / MoE block's GEMMs (router, experts, shared experts) within ``gemm``
+    gemm_up: float = 0.0  # MLA up-projections (q_b, kv_b) within ``gemm``
+    mem_mlp: float = 0.0  # the MLP activation's memory-bound share within ``mem``
     attn_f: float = 0.0
     attn_b: float = 0.0
     mem: float = 0.0
     tp: float = 0.0
     cp: float = 0.0
     ep: float = 0.0
+
+
+def _selective_recompute_s(x: "_LayerCost", par: ParallelConfig) -> float:
+    """Forward seconds that selective recompute re-runs in backward, by Megatron ``--recompute-modules``
+    (``TransformerConfig.recompute_modules``; default ``core_attn``, Korthikanti et al. 2022 Sec. 5):
+    ``core_attn`` the attention core, ``mlp``/``moe`` the MLP or MoE block's GEMMs and activation,
+    ``mla_up_proj`` MLA's up-projections, ``moe_act`` the expert activation; ``layernorm`` and ``shared_experts``
+    are small and counted as the MLP's memory-bound share."""
+    mods = set(getattr(par, "recompute_modules", None) or ("core_attn",))
+    t = 0.0
+    if "core_attn" in mods:
+        t += x.attn_f
+    if mods & {"mlp", "moe"}:
+        t += x.gemm_mlp + x.mem_mlp
+    elif mods & {"moe_act", "layernorm", "shared_experts"}:
+        t += x.mem_mlp
+    if "mla_up_proj" in mods:
+        t += x.gemm_up
+    return t
 
 
 def _layer_cost(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, layer: int,
@@ -227,7 +249,13 @@ def _layer_cost(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: P
     tok = b * s / par.cp  # tokens through this rank's layer (sequence split by CP)
     c = _LayerCost()
     etp = par.expert_tp
-    for k, n, share, shard, count in layer_gemm_shapes(model, layer):
+    shapes = layer_gemm_shapes(model, layer)
+    if model.mla is not None:
+        n_attn = (1 if model.mla.q_lora_rank is None else 2) + 3
+        up_idx = {n_attn - 2} | ({1} if model.mla.q_lora_rank is not None else set())
+    else:
+        n_attn, up_idx = 2, set()
+    for idx, (k, n, share, shard, count) in enumerate(shapes):
         if shard == "tp":
             kk, nn, m, cnt = k, n / par.tp, tok, count
         elif shard == "etp":
@@ -235,7 +263,12 @@ def _layer_cost(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: P
             kk, nn, m, cnt = k, n / etp, tok * share * par.ep * etp / par.tp, count / par.ep
         else:
             kk, nn, m, cnt = k, n, tok, count
-        c.gemm += cnt * gemm_time(m, kk, nn, rate, hbm, el)
+        g = cnt * gemm_time(m, kk, nn, rate, hbm, el)
+        c.gemm += g
+        if idx >= n_attn:
+            c.gemm_mlp += g
+        elif idx in up_idx:
+            c.gemm_up += g
     # attention core
     heads_frac = 1.0 / par.tp
     if job.flash_attention:
@@ -263,6 +296,7 @@ def _layer_cost(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: P
         ffn_act = model.ffn_hidden_size / par.tp
     act = (3 if model.gated_mlp else 2) * tok * ffn_act
     c.mem = BYTES_16BIT * (passes * hid + act + extra) / hbm
+    c.mem_mlp = BYTES_16BIT * (act + extra) / hbm
     if job.precision == "fp8":
         # FP8 quantisation of each GEMM's activation input (read 16-bit, write 8-bit) and of its weight
         # (Transformer Engine casts per micro-batch): 3 bytes per element, backward casts the output gradient too
@@ -365,7 +399,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
                 if par.recompute == "full":
                     rc = comp_f + comm_f
                 elif par.recompute == "selective":
-                    rc = x.attn_f
+                    rc = _selective_recompute_s(x, par)
                 f += comp_f + comm_f
                 bw += comp_b + comm_b + rc
                 exposed_mb["tp"][r] += 2 * x.tp * tp_exp + (x.tp * tp_exp if par.recompute == "full" else 0)
@@ -395,10 +429,15 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     busiest = max(range(par.pp), key=lambda r: sum(fwd_v[c * par.pp + r] + bwd_v[c * par.pp + r] for c in range(v)))
     for i in ranges[busiest]:
         x = lc(i)
-        rcg = (x.gemm if par.recompute == "full" else 0.0)
+        full = par.recompute == "full"
+        mods = set(getattr(par, "recompute_modules", None) or ("core_attn",)) if par.recompute == "selective" else set()
+        rcg = x.gemm if full else (x.gemm_mlp if mods & {"mlp", "moe"} else 0.0) + (
+            x.gemm_up if "mla_up_proj" in mods else 0.0)
+        rca = x.attn_f if full or "core_attn" in mods else 0.0
+        rcm = x.mem if full else (x.mem_mlp if mods & {"mlp", "moe", "moe_act", "layernorm", "shared_experts"} else 0.0)
         kinds["gemm"] += m * (3 * x.gemm + rcg)
-        kinds["attention"] += m * (x.attn_f + x.attn_b + (x.attn_f if par.recompute != "none" else 0.0))
-        kinds["memory_bound"] += m * (3 * x.mem + (x.mem if par.recompute == "full" else 0.0))
+        kinds["attention"] += m * (x.attn_f + x.attn_b + rca)
+        kinds["memory_bound"] += m * (3 * x.mem + rcm)
 
     p2p = 0.0
     if par.pp > 1:

@@ -91,3 +91,17 @@ def test_flops_convention_changes_mfu_not_time():
     assert palm.mfu > 1.2 * meg.mfu
     assert palm.hfu > palm.mfu and meg.hfu > meg.mfu
     assert palm.flops_convention == "palm" and palm.peak_flops_per_gpu == 989.4e12
+
+
+def test_selective_recompute_modules_cost_what_they_rerun():
+    # Megatron --recompute-modules: core_attn (default) re-runs the attention core; mlp the MLP block as well
+    job = TrainingJob(global_batch_size=16, seq_length=8192)
+    base = estimate_step(L8, H100, job, ParallelConfig(dp=8, zero_stage=1))
+    attn = estimate_step(L8, H100, job, ParallelConfig(dp=8, zero_stage=1, recompute="selective"))
+    full = estimate_step(L8, H100, job, ParallelConfig(dp=8, zero_stage=1, recompute="full"))
+    assert base.step_s < attn.step_s < full.step_s
+    fields = ParallelConfig.model_fields
+    if "recompute_modules" in fields:
+        mlp = estimate_step(L8, H100, job, ParallelConfig(dp=8, zero_stage=1, recompute="selective",
+                                                          recompute_modules=("core_attn", "mlp")))
+        assert attn.step_s < mlp.step_s < full.step_s
