@@ -14,6 +14,11 @@ Precision = Literal["bf16", "fp16", "fp8"]
 Recompute = Literal["none", "selective", "full"]
 Schedule = Literal["1f1b", "interleaved", "gpipe", "zb-h1"]
 FlopsConvention = Literal["megatron", "palm"]
+#: Megatron-LM ``--recompute-modules`` choices (megatron/training/arguments.py; megatron-core
+#: ``TransformerConfig.recompute_modules``).
+RecomputeModule = Literal["core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"]
+#: Megatron-LM ``--exp-avg-dtype`` / ``--exp-avg-sq-dtype`` choices (precision-aware optimizer).
+OptimizerStateDtype = Literal["fp32", "fp16", "bf16", "fp8"]
 
 #: Bytes per element of the 16-bit activation/parameter dtype (bf16/fp16).
 BYTES_16BIT = 2
@@ -83,6 +88,20 @@ class ParallelConfig(BaseModel):
         None, gt=0, description="HSDP: ZeRO-3/FSDP shards within groups of this many DP x CP ranks and replicates "
                                 "across them (torchtitan data_parallel_shard_degree; None = shard over all)")
     grad_reduce_in_bf16: bool = Field(False, description="Megatron --grad-reduce-in-bf16: 2-byte main gradients")
+    # --- memory knobs of published recipes (cost_models/memory.py; defaults = Megatron-LM's defaults) ---
+    recompute_modules: tuple[RecomputeModule, ...] | None = Field(
+        None, description="Megatron --recompute-modules, used when recompute == 'selective' (None = Megatron's "
+                          "default ('core_attn',)); see cost_models/memory.py for what each module drops")
+    fp8_param_gather: bool = Field(
+        False, description="Megatron --fp8-param-gather with a per-tensor FP8 recipe (delayed / current scaling): the "
+                           "model weights are Transformer Engine Float8Tensors, 1 byte per parameter instead of 2")
+    exp_avg_dtype: OptimizerStateDtype = Field(
+        "fp32", description="Megatron --exp-avg-dtype (with --use-precision-aware-optimizer): Adam first moment")
+    exp_avg_sq_dtype: OptimizerStateDtype = Field(
+        "fp32", description="Megatron --exp-avg-sq-dtype (with --use-precision-aware-optimizer): Adam second moment")
+    optimizer_cpu_offload_fraction: float = Field(
+        0.0, ge=0.0, le=1.0, description="Megatron --optimizer-cpu-offload --optimizer-offload-fraction: share of the "
+                                         "fp32 master weights and Adam moments kept in host memory (0 = none)")
 
     @model_validator(mode="after")
     def _sp_needs_tp(self) -> "ParallelConfig":

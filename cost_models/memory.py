@@ -81,6 +81,16 @@ OPTIMIZER_BYTES_PER_PARAM = 12
 GRAD_BYTES_PER_PARAM = BYTES_FP32
 #: 16-bit parameters.
 WEIGHT_BYTES_PER_PARAM = BYTES_16BIT
+#: FP8 primary weights (``--fp8-param-gather`` with a per-tensor recipe): Transformer Engine ``Float8Tensor`` holds
+#: 1-byte data (+ one fp32 scale per tensor, negligible). Not used for MXFP8, whose ``MXFP8Tensor`` keeps rowwise and
+#: columnwise 1-byte copies (2 bytes + 1/32-byte scales each), no less than bf16.
+FP8_PARAM_BYTES = 1
+#: fp32 master weights kept by Megatron's (distributed) optimizer (``main_params_dtype`` fp32).
+MASTER_WEIGHT_BYTES_PER_PARAM = BYTES_FP32
+#: Adam first + second moments in fp32 (Megatron default ``--exp-avg-dtype`` / ``--exp-avg-sq-dtype`` fp32).
+ADAM_MOMENT_BYTES_PER_PARAM = 2 * BYTES_FP32
+#: Bytes per element of the optimizer-state dtypes (``OptimizerStateDtype``).
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 #: Token ids + position ids held for the first stage's embedding, 8 bytes/token (Megatron estimator, Sec. 1.4).
 TOKEN_ID_BYTES = 8
 #: DeepSpeed ZeRO-1/2 ``reduce_bucket_size`` default, elements (deepspeed/runtime/zero/config.py, 0.19.8).
@@ -192,11 +202,18 @@ class MemoryEstimate:
         return self.peak_bytes <= self.capacity_bytes
 
 
-def state_bytes(framework: str, grad_reduce_in_bf16: bool = False) -> StateBytes:
-    """Bytes per parameter of the model states before sharding (module docstring gives the sources)."""
+def state_bytes(framework: str, grad_reduce_in_bf16: bool = False, *, fp8_params: bool = False,
+                moment_bytes: float = ADAM_MOMENT_BYTES_PER_PARAM, optimizer_offload_fraction: float = 0.0) -> StateBytes:
+    """Bytes per parameter of the model states before sharding (module docstring gives the sources).
+
+    Megatron only: ``fp8_params`` (``--fp8-param-gather``, per-tensor recipe) stores 1-byte weights;
+    ``moment_bytes`` is the Adam first + second moment bytes (8 in fp32, 4 with ``--use-precision-aware-optimizer
+    --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``); ``optimizer_offload_fraction`` of the fp32 master weights and
+    moments lives in host memory (``--optimizer-cpu-offload --optimizer-offload-fraction``)."""
     if framework == "megatron":
-        return StateBytes(WEIGHT_BYTES_PER_PARAM, BYTES_16BIT if grad_reduce_in_bf16 else GRAD_BYTES_PER_PARAM,
-                          OPTIMIZER_BYTES_PER_PARAM)
+        opt = (MASTER_WEIGHT_BYTES_PER_PARAM + moment_bytes) * (1.0 - optimizer_offload_fraction)
+        return StateBytes(FP8_PARAM_BYTES if fp8_params else WEIGHT_BYTES_PER_PARAM,
+                          BYTES_16BIT if grad_reduce_in_bf16 else GRAD_BYTES_PER_PARAM, opt)
     if framework == "deepspeed":
         # 16-bit grads (2) + fp32 grads (4); the 16-bit grads stay replicated under ZeRO-1.
         return StateBytes(BYTES_16BIT, BYTES_16BIT + BYTES_FP32, OPTIMIZER_BYTES_PER_PARAM,
@@ -207,11 +224,12 @@ def state_bytes(framework: str, grad_reduce_in_bf16: bool = False) -> StateBytes
 
 
 def model_state_terms(framework: str, zero_stage: int, params: float, shard: int,
-                      grad_reduce_in_bf16: bool = False) -> tuple[float, float, float]:
+                      grad_reduce_in_bf16: bool = False, **state_options: float) -> tuple[float, float, float]:
     """(weights, gradients, optimizer) bytes on one GPU for ``params`` parameters whose states may be sharded
     over ``shard`` ranks at ZeRO stage ``zero_stage``. DeepSpeed ZeRO-3's 16-bit gradients live in the gather
-    buffer (its estimator's ``18*P/N`` has no 16-bit gradient term)."""
-    b = state_bytes(framework, grad_reduce_in_bf16)
+    buffer (its estimator's ``18*P/N`` has no 16-bit gradient term). ``state_options`` are ``state_bytes``'s
+    keyword options (``state_options_of(par)``)."""
+    b = state_bytes(framework, grad_reduce_in_bf16, **state_options)
     z = zero_stage
     w = b.weights / (shard if z >= 3 else 1)
     o = b.optimizer / (shard if z >= 1 else 1)
@@ -228,6 +246,23 @@ def model_state_terms(framework: str, zero_stage: int, params: float, shard: int
     else:
         g = b.gradients / (shard if z >= 2 else 1)
     return w * params, g * params, o * params
+
+
+def state_options_of(par: ParallelConfig) -> dict[str, float]:
+    """``state_bytes`` keyword options set by ``par``'s recipe knobs (all default to Megatron-LM's defaults)."""
+    return {"fp8_params": bool(getattr(par, "fp8_param_gather", False)),
+            "moment_bytes": float(DTYPE_BYTES[getattr(par, "exp_avg_dtype", "fp32")]
+                                  + DTYPE_BYTES[getattr(par, "exp_avg_sq_dtype", "fp32")]),
+            "optimizer_offload_fraction": float(getattr(par, "optimizer_cpu_offload_fraction", 0.0))}
+
+
+def recompute_modules_of(par: ParallelConfig) -> frozenset[str]:
+    """Modules whose activations selective recompute drops: ``par.recompute_modules``, or Megatron's default
+    ``core_attn`` (``--recompute-activations``); empty unless ``par.recompute == 'selective'``."""
+    if par.recompute != "selective":
+        return frozenset()
+    mods = getattr(par, "recompute_modules", None)
+    return frozenset(mods) if mods is not None else frozenset({"core_attn"})
 
 
 def stage_params(model: ModelSpec, par: ParallelConfig, stage: int, layers: range, tp_vocab: int) -> StageParams:
@@ -306,8 +341,12 @@ def activation_bytes_per_layer(model: ModelSpec, job: TrainingJob, par: Parallel
             saved += _moe_bytes(model, par, sb, gemm_in, mult, capacity_factor) * 0.5
         return saved
 
+    mods = recompute_modules_of(par)
     # Outside the TP region (split only under SP): 2 norm inputs (2+2), QKV and fc1 GEMM inputs, 2 dropout masks.
-    outside = sb * h * (2 * BYTES_16BIT + 2 * gemm_in + 2 * drop)
+    # ``layernorm`` recompute discards the norm outputs (output-discarding checkpoint); in FP8 the GEMMs keep their
+    # own 1-byte copies of them, so only 16-bit GEMM inputs go.
+    norm_out = 0 if ("layernorm" in mods and gemm_in == BYTES_16BIT) else 2 * gemm_in
+    outside = sb * h * (2 * BYTES_16BIT + norm_out + 2 * drop)
     if par.sequence_parallel:
         outside /= t
         if framework == "torchtitan":
@@ -318,15 +357,20 @@ def activation_bytes_per_layer(model: ModelSpec, job: TrainingJob, par: Parallel
     # Attention inside TP: Q, K, V and the attention output O (kept for the attention backward; O is also the
     # output-projection GEMM input).
     ctx_w = v_w if model.mla is not None else q_w  # attention output = output-projection input
-    attn = sb * (BYTES_16BIT * (q_w + kv_w + v_w) + gemm_in * ctx_w) / t
+    # ``mla_up_proj`` recompute (MLA only) discards Q, K, V after the attention forward and recomputes them from
+    # the stored latents before its backward (output-discarding checkpoint).
+    qkv = 0 if ("mla_up_proj" in mods and model.mla is not None) else q_w + kv_w + v_w
+    attn = sb * (BYTES_16BIT * qkv + gemm_in * ctx_w) / t
     attn += sb * BYTES_16BIT * latent
     if job.flash_attention:
         attn += 4 * a * sb / t  # fp32 log-sum-exp per head and token
-    elif par.recompute != "selective":
+    elif "core_attn" not in mods:
         # K22: softmax output 2as^2b, dropout mask as^2b, dropout output 2as^2b (queries local s/cp, keys all s).
         attn += (2 + 3 * drop) * a * s * job.seq_length * b / t
     if is_moe:
-        mlp = _moe_bytes(model, par, sb, gemm_in, mult, capacity_factor)
+        mlp = 0.0 if "moe" in mods else _moe_bytes(model, par, sb, gemm_in, mult, capacity_factor, mods)
+    elif "mlp" in mods:
+        mlp = 0.0  # the dense MLP is checkpointed: only its input (counted above) is kept
     else:
         # fc1 output (mult*f, the activation's input) and fc2 input (f, a GEMM input).
         mlp = sb * (BYTES_16BIT * mult * f + gemm_in * f) / t
@@ -334,22 +378,30 @@ def activation_bytes_per_layer(model: ModelSpec, job: TrainingJob, par: Parallel
 
 
 def _moe_bytes(model: ModelSpec, par: ParallelConfig, sb: float, gemm_in: int, mult: int,
-               capacity_factor: float | None) -> float:
+               capacity_factor: float | None, mods: frozenset[str] = frozenset()) -> float:
     """MoE layer activations: ``k`` routed copies of every token (uniform routing; with a capacity factor the
-    expert buffers are padded to ``capacity_factor`` times that), each through the permutation (dispatched input,
-    2h), the expert fc1 output (mult*f_e), the fc2 input (f_e) and the un-permutation (combine input, 2h); shared
-    experts as a dense MLP; fp32 router logits and probabilities (Megatron ``moe_utils.permute``/``unpermute``,
-    ``router.py``)."""
+    expert buffers are padded to ``capacity_factor`` times that), each stored as the expert fc1 GEMM input (the
+    dispatched token, h, kept by the grouped GEMM in its input dtype: 1 byte in FP8; the fused permutation's backward
+    needs only the routing map), the expert fc1 output (mult*f_e), the fc2 input (f_e) and the un-permutation input
+    (the fc2 output, 2h bytes, kept for the gradient of the routing probabilities); shared experts as a dense MLP;
+    fp32 router logits and probabilities (Megatron ``moe_utils.permute``/``unpermute``, ``router.py``,
+    ``experts.py`` TEGroupedMLP). Tokens per GPU: under sequence parallelism each TP rank routes its own ``s/tp``
+    tokens and the expert-TP group all-gathers them, ``s*b*etp/tp`` (Megatron ``token_dispatcher.py``: all-to-all
+    over the TP x EP group with etp 1, all-gather over ETP otherwise; etp = tp gives the whole ``s*b``). Selective recompute ``mods``: ``moe_act`` discards the expert (and shared-expert) activation
+    outputs, the fc2 inputs (output-discarding checkpoint); ``shared_experts`` checkpoints the shared experts."""
     moe = model.moe
     assert moe is not None
     h, k = model.hidden_size, moe.top_k
     fe = moe.expert_ffn_hidden_size / par.expert_tp
     cf = capacity_factor or 1.0
-    mlp = sb * k * cf * (BYTES_16BIT * h * 2 + BYTES_16BIT * mult * fe + gemm_in * fe)
-    if moe.shared_expert_ffn_hidden_size:
+    fc2_in = 0 if "moe_act" in mods else gemm_in
+    local = sb / par.tp if par.sequence_parallel else sb  # tokens this rank routes
+    routed = min(sb, local * par.expert_tp)  # tokens whose copies reach this rank's experts
+    mlp = routed * k * cf * ((gemm_in + BYTES_16BIT) * h + BYTES_16BIT * mult * fe + fc2_in * fe)
+    if moe.shared_expert_ffn_hidden_size and "shared_experts" not in mods:
         fs = moe.shared_expert_ffn_hidden_size / par.tp
-        mlp += sb * (BYTES_16BIT * mult * fs + gemm_in * fs)
-    mlp += sb * 2 * BYTES_FP32 * moe.num_experts  # fp32 router logits + probabilities
+        mlp += sb * (BYTES_16BIT * mult * fs + fc2_in * fs)
+    mlp += local * 2 * BYTES_FP32 * moe.num_experts  # fp32 router logits + probabilities
     return mlp
 
 
@@ -412,6 +464,7 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
     expert_shard = par.expert_dp
     z = par.zero_stage
     bf16_grads = bool(getattr(par, "grad_reduce_in_bf16", False))
+    state_opts = state_options_of(par)
     ranges = stage_layer_ranges(model.num_layers, par)
     layer_in = layer_input_bytes(model, job, par)
     reserve = float(cluster.calibration.memory_reserve_bytes if reserve_bytes is None else reserve_bytes)
@@ -422,8 +475,8 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
     out: list[StageMemory] = []
     for stage, layers in enumerate(ranges):
         sp = stage_params(model, par, stage, layers, vocab)
-        wd, gd, od = model_state_terms(fw, z, sp.dense, dense_shard, bf16_grads)
-        we, ge, oe = model_state_terms(fw, z, sp.expert, expert_shard, bf16_grads)
+        wd, gd, od = model_state_terms(fw, z, sp.dense, dense_shard, bf16_grads, **state_opts)
+        we, ge, oe = model_state_terms(fw, z, sp.expert, expert_shard, bf16_grads, **state_opts)
         weights, grads, opt = wd + we, gd + ge, od + oe
         local_opt_params = sp.dense / (dense_shard if z >= 1 else 1) + sp.expert / (expert_shard if z >= 1 else 1)
 

@@ -41,6 +41,7 @@ from model_zoo.loaders import from_hf_config
 from model_zoo.spec import ModelSpec
 
 from .errors import PlanInputError
+from .row_options import apply_row_options
 
 #: Project thresholds (issue "Step-time and MFU model ..."): overall MAPE and per source group with >= 3 rows.
 DEFAULT_MAX_MAPE = 7.0
@@ -487,6 +488,7 @@ def build_inputs(row: dict[str, Any]) -> tuple[ModelSpec, ClusterSpec, TrainingJ
     flash = group not in ("megatron_sc21_table1", "bloom")
     job = TrainingJob(global_batch_size=int(p["global_batch_size"]), seq_length=int(seq), precision=prec,
                       flash_attention=flash)
+    cluster, job, par = apply_row_options(row, cluster, job, par, notes)  # recipe memory settings (row_options.py)
     return model, cluster, job, par, fw, notes
 
 
