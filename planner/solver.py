@@ -155,29 +155,6 @@ def _layer_lb(model, cluster, job, par, layer, groups, exposed_comm: bool = Fals
     return comp_f + comm_f, comp_b + comm_b, x.attn_f, comp_f + comm_f
 
 
-def _layer_ub(model, cluster, job, par, layer, groups, framework: str = "megatron"):
-    """Upper bounds of one layer's forward and backward seconds per micro-batch under ``par.recompute``
-    (communication fully exposed, host time added rather than overlapped, the elementwise passes of the slower
-    of Megatron and ``framework``), for bounding the ZeRO-3 gathers hidden behind compute. Returns (inf, inf)
-    (no bound) if the step model's internals change."""
-    try:
-        from cost_models import step_time as stm
-        x = stm._layer_cost(model, cluster, job, par, layer, "megatron", groups)
-        moe = model.moe is not None and model.is_moe_layer(layer)
-        host = float(getattr(stm, "MOE_LAYER_HOST_S" if moe else "LAYER_HOST_S"))
-        ep = stm.ELEMENTWISE_PASSES
-        passes = max(1.0, ep.get(framework, ep["megatron"]) / ep["megatron"])
-    except Exception:  # pragma: no cover - depends on another module's private API
-        return math.inf, math.inf
-    mem = x.mem * passes
-    comp_f = x.gemm + x.attn_f + mem + host / 3
-    comp_b = 2 * x.gemm + x.attn_b + 2 * mem + 2 * host / 3
-    comm_f = x.tp + x.cp + x.ep
-    comm_b = x.tp + 2 * x.cp + x.ep
-    rc = comp_f + comm_f if par.recompute == "full" else (x.attn_f if par.recompute == "selective" else 0.0)
-    return comp_f + comm_f, comp_b + comm_b + rc
-
-
 def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int,
                  space: SearchSpace = SearchSpace(), framework: str = "megatron") -> Tables:
     """Tabulate the factorized lower bounds of every structure (see the module docstring).
@@ -296,26 +273,11 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
                 pv = to_parallel(st, mbs, v, 0, False, "none")
                 inflight[v] = [in_flight_microbatches(pv, stage, m) for stage, _, _, _ in groups]
             lay = {}   # sp -> type -> (f, b, rc_sel, rc_full)
-            ub = {}    # sp -> (max over ranks of an upper bound of forward, of backward seconds per micro-batch)
+            fb_min = {}  # (sp, rc) -> smallest per-rank forward and backward lower bounds per micro-batch
             acts = {}  # (sp, rc) -> (type -> min bytes, layer input bytes)
             for sp in sps:
                 pr = to_parallel(st, mbs, 1, 0, sp, "none")
                 lay[sp] = {t: _layer_lb(model, cluster, job, pr, i, groups_pl, True) for t, i in ty.rep.items()}
-                for rc in space.recompute:
-                    prc = to_parallel(st, mbs, 1, 0, sp, rc)
-                    lub = {t: _layer_ub(model, cluster, job, prc, i, groups_pl, framework) for t, i in ty.rep.items()}
-                    uf = ub_b = 0.0
-                    for stage, nd, nm, rg in groups:
-                        f = sum(n * lub[t][0] for t, n in ((0, nd), (1, nm)) if n and t in lub)
-                        b = sum(n * lub[t][1] for t, n in ((0, nd), (1, nm)) if n and t in lub)
-                        if stage == pp - 1:
-                            f += lg + ce
-                            b += 2 * lg + ce
-                        if stage == 0:
-                            f += emb
-                            b += 2 * emb
-                        uf, ub_b = max(uf, f), max(ub_b, b)
-                    ub[(sp, rc)] = (uf, ub_b)
                 for rc in space.recompute:
                     prc = to_parallel(st, mbs, 1, 0, sp, rc)
                     per_t = {}
@@ -344,6 +306,7 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
                                 f += n * lf
                                 b += n * (lb + (sel if rc == "selective" else full if rc == "full" else 0.0))
                         return f, b
+                    fmin = bmin = math.inf
                     for v in vpps:
                         # per rank: whole-stage (f, b) per micro-batch and its first chunk's (f, b)
                         best = 0.0
@@ -357,6 +320,7 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
                             if r == 0:
                                 f += emb
                                 b += 2 * emb
+                            fmin, bmin = min(fmin, f), min(bmin, b)
                             best = max(best, pre + m * (f + b))
                             # first chunk of rank r: its layers' share (v chunks of equal layer count)
                             c0 = list(ranges[r])[: len(ranges[r]) // v]
@@ -367,20 +331,27 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
                                 b0 += 2 * emb
                             pre += f0 + b0
                         P[int(sp)][v - 1] = best
+                    fb_min[sp] = (fmin, bmin)
+                # DP / ZeRO-3 terms. The step model adds to the pipeline makespan (>= m x (f_B + b_B) on the busiest
+                # rank B) the gathers and reductions that rank B's forward f_B / backward b_B cannot hide:
+                #   ZeRO-3: m x (max(0, ag - f_B) + max(0, ag + rs - b_B))  =>  step >= m (max(f_B, ag) + max(b_B, ag + rs))
+                #   overlapped DP: max(0, rs - b_B) + max(0, ag - f_B)  =>  step >= (m-1)(f_B + b_B) + max(f_B, ag) + max(b_B, rs)
+                # with f_B, b_B >= the smallest per-rank lower bounds. E adds what exceeds the largest P of this k, so
+                # P + E stays below the step time for every (sp, vpp).
+                pmax = max(x for row in P for x in row if x != INVALID)
                 E = [INVALID] * 4
                 for z in zs:
                     zc = 1 if z else 0
                     E[z] = opt[zc]
                     if z < 3 and dp_full:
                         E[z] += rs_t[zc] + ag_t[zc]
-                    elif z < 3:
-                        E[z] += min(max(0.0, rs_t[zc] - ub[(sp, rc)][1]) + max(0.0, ag_t[zc] - ub[(sp, rc)][0])
-                                    for sp in sps)
-                    if z >= 3 and shard > 1:
-                        # ZeRO-3 (step_time): m x (gather not hidden by the forward + gather and reduce-scatter
-                        # not hidden by the backward), with upper bounds of the busiest rank's compute
-                        E[z] += min(m * (max(0.0, ag3 - ub[(sp, rc)][0]) + max(0.0, ag3 + rs3 - ub[(sp, rc)][1]))
-                                    for sp in sps)
+                    elif z < 3 and shard * edp > 1:
+                        zz = min((m - 1) * (fb_min[sp][0] + fb_min[sp][1]) + max(fb_min[sp][0], ag_t[zc])
+                                 + max(fb_min[sp][1], rs_t[zc]) for sp in sps)
+                        E[z] += max(0.0, zz - pmax)
+                    elif z >= 3 and (shard > 1 or edp > 1):
+                        zz = min(m * (max(fb_min[sp][0], ag3) + max(fb_min[sp][1], ag3 + rs3)) for sp in sps)
+                        E[z] += max(0.0, zz - pmax)
                 Wk, Xk = [], []
                 for j, (stage, nd, nm, rg) in enumerate(groups):
                     w = [states[j][z] + reserve + (logits_b if stage == pp - 1 else 0.0) for z in ZEROS]
