@@ -44,6 +44,10 @@ class TrainingJob(BaseModel):
     framework: Literal["megatron", "deepspeed", "torchtitan"] = Field(
         "megatron", description="training framework whose model-state bytes, loss and buffers the memory model uses "
                                 "(cost_models/memory.py)")
+    cross_entropy_fusion_impl: Literal["native", "te"] = Field(
+        "native", description="Megatron --cross-entropy-fusion-impl: 'native' (Megatron's fused vocab-parallel "
+                              "cross entropy, bf16 logits + fp32 copy kept) or 'te' (Transformer Engine "
+                              "parallel_cross_entropy: gradient written in place into the bf16 logits)")
 
     @property
     def tokens_per_step(self) -> int:

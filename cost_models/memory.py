@@ -100,6 +100,12 @@ DEEPSPEED_SUB_GROUP_ELEMENTS = 1_000_000_000
 #: Logits bytes per element of ``s*b*V/tp`` at the loss, by framework (module docstring).
 LOGITS_BYTES_PER_ELEMENT = {"megatron": 6, "deepspeed": 12, "torchtitan": 12}
 
+#: Transformer Engine ``parallel_cross_entropy`` (Megatron ``--cross-entropy-fusion-impl te``): saves only its bf16
+#: input and per-row statistics, and its backward writes the gradient into that input in place
+#: (``transformer_engine/pytorch/cross_entropy.py`` ``CrossEntropyFunction``: ``save_for_backward(_input, ...)``,
+#: ``backward`` returns the ``_input`` that ``cross_entropy_backward`` overwrote): 2 bytes per logit.
+TE_CROSS_ENTROPY_BYTES_PER_ELEMENT = BYTES_16BIT
+
 PHASES = ("forward", "backward", "optimizer")
 
 
@@ -500,7 +506,10 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
         acts = stored * n_inflight
         logits = 0.0
         if stage == par.pp - 1:
-            logits = tokens * vocab / par.tp * LOGITS_BYTES_PER_ELEMENT[fw]
+            per_el = LOGITS_BYTES_PER_ELEMENT[fw]
+            if fw == "megatron" and getattr(job, "cross_entropy_fusion_impl", "native") == "te":
+                per_el = TE_CROSS_ENTROPY_BYTES_PER_ELEMENT
+            logits = tokens * vocab / par.tp * per_el
         fwd_transient = 0.0
         if not job.flash_attention and par.recompute != "full":
             # fp32 QK^T scores of the running layer (F07)

@@ -50,6 +50,18 @@ BRIDGE_DEEPSEEK_RECOMPUTE: dict[str, tuple[str, ...]] = {
 #: main grads fp32). Their ``fp8_param_gather: true`` is MXFP8 (no byte saved; ``cost_models.memory.FP8_PARAM_BYTES``).
 MOE_RECIPE_OPTIMIZER = {"exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16"}
 
+#: Transformer Engine cross entropy (``cross_entropy_fusion_impl: te``): the Megatron-LM MoE recipe YAMLs
+#: (``cross_entropy_loss_fusion: true``, ``cross_entropy_fusion_impl: te``) and Megatron-Bridge's pretrain recipes
+#: (``recipes/llama/llama3.py`` common pretrain config: ``model_cfg.cross_entropy_fusion_impl = "te"``;
+#: ``recipes/qwen/qwen3_moe`` kernel selections: ``cross_entropy_loss_fusion = True``,
+#: ``cross_entropy_fusion_impl = "te"``).
+TE_CROSS_ENTROPY_GROUPS = ("megatron_moe_recipes", "nemo_bridge_perf_summary")
+
+#: Megatron-Bridge perf configs set ``expert_tensor_parallel_size=1`` for DeepSeek-V3
+#: (``scripts/performance/configs/deepseek/parallelism_configs.py``, every preset) and Qwen3 MoE
+#: (``configs/qwen/qwen3_workload_base_configs.py``: ``BASE_QWEN3_*_CONFIG``).
+BRIDGE_ETP1_MODELS = ("deepseek", "qwen3")
+
 _MODULES: tuple[str, ...] = get_args(RecomputeModule)
 
 
@@ -116,6 +128,15 @@ def row_options(row: dict[str, Any]) -> RowOptions:
         # Megatron-Bridge bf16_with_fp8_current_scaling_mixed(): fp8_recipe tensorwise, fp8_param_gather True
         out.parallel["fp8_param_gather"] = True
         out.notes.append("FP8 primary weights (FP8-CS recipe: fp8_param_gather True, 1-byte weights)")
+
+    if group in TE_CROSS_ENTROPY_GROUPS:
+        out.job["cross_entropy_fusion_impl"] = "te"
+        out.notes.append("Transformer Engine cross entropy (recipe: cross_entropy_fusion_impl te)")
+
+    if (group == "nemo_bridge_perf_summary" and p.get("etp") is None and p.get("ep")
+            and any(m in name for m in BRIDGE_ETP1_MODELS)):
+        out.parallel["etp"] = 1
+        out.notes.append("expert tensor parallel 1 (Megatron-Bridge perf config)")
 
     if group == "megatron_moe_recipes":
         out.parallel.update(MOE_RECIPE_OPTIMIZER)
