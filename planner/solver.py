@@ -117,6 +117,8 @@ class Tables:
     E: list = field(default_factory=list)  # [k][z]   dp exposed + zero3 + optimizer (s)
     W: list = field(default_factory=list)  # [k][slot][z] states + buffers + logits + reserve (bytes)
     X: list = field(default_factory=list)  # [k][slot][sp][v] activations (bytes)
+    Z: list = field(default_factory=list)  # [k][sp][z] bound on pipeline + hidden-DP/ZeRO-3 terms (s), 0 if none
+    O: list = field(default_factory=list)  # [k][z] optimizer + fully exposed DP (s)
     slots: int = 1
 
     def arrays(self):
@@ -133,6 +135,14 @@ class Tables:
             for j, x in enumerate(self.X[i]):
                 X[i, j] = x
         return A, P, E, W, X
+
+    def tight(self, A, P):
+        """Per-cell step bound ``A + max(P, Z) + O`` over (k, sp, v, z): tighter than the additive ``A + P + E``
+        that CP-SAT minimises (it keeps the max of the pipeline and the DP/ZeRO-3 bounds per cell)."""
+        n = len(self.keys)
+        Z = np.array(self.Z, dtype=float).reshape(n, 2, 4)
+        O = np.array(self.O, dtype=float).reshape(n, 4)
+        return A[:, None, :, None] + np.maximum(P[:, :, :, None], Z[:, :, None, :]) + O[:, None, None, :]
 
 
 def _layer_lb(model, cluster, job, par, layer, groups, exposed_comm: bool = False):
@@ -340,18 +350,22 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
                 # P + E stays below the step time for every (sp, vpp).
                 pmax = max(x for row in P for x in row if x != INVALID)
                 E = [INVALID] * 4
+                O = [INVALID] * 4
+                Zk = [[0.0] * 4 for _ in range(2)]
                 for z in zs:
                     zc = 1 if z else 0
-                    E[z] = opt[zc]
-                    if z < 3 and dp_full:
-                        E[z] += rs_t[zc] + ag_t[zc]
-                    elif z < 3 and shard * edp > 1:
-                        zz = min((m - 1) * (fb_min[sp][0] + fb_min[sp][1]) + max(fb_min[sp][0], ag_t[zc])
-                                 + max(fb_min[sp][1], rs_t[zc]) for sp in sps)
-                        E[z] += max(0.0, zz - pmax)
-                    elif z >= 3 and (shard > 1 or edp > 1):
-                        zz = min(m * (max(fb_min[sp][0], ag3) + max(fb_min[sp][1], ag3 + rs3)) for sp in sps)
-                        E[z] += max(0.0, zz - pmax)
+                    O[z] = opt[zc] + (rs_t[zc] + ag_t[zc] if z < 3 and dp_full else 0.0)
+                    zz = {}
+                    for sp in sps:
+                        f0, b0 = fb_min[sp]
+                        if z < 3 and not dp_full and shard * edp > 1:
+                            zz[sp] = (m - 1) * (f0 + b0) + max(f0, ag_t[zc]) + max(b0, rs_t[zc])
+                        elif z >= 3 and (shard > 1 or edp > 1):
+                            zz[sp] = m * (max(f0, ag3) + max(b0, ag3 + rs3))
+                        else:
+                            zz[sp] = 0.0
+                        Zk[int(sp)][z] = zz[sp]
+                    E[z] = O[z] + max(0.0, min(zz.values()) - pmax)
                 Wk, Xk = [], []
                 for j, (stage, nd, nm, rg) in enumerate(groups):
                     w = [states[j][z] + reserve + (logits_b if stage == pp - 1 else 0.0) for z in ZEROS]
@@ -376,6 +390,8 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
                 T.E.append(E)
                 T.W.append(Wk)
                 T.X.append(Xk)
+                T.Z.append(Zk)
+                T.O.append(O)
     return T
 
 
@@ -526,6 +542,7 @@ def solve(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: in
     mem = W[:, :, None, None, :] + X[:, :, :, :, None]                              # (k, j, sp, v, z)
     peak = mem.max(axis=1)                                                          # (k, sp, v, z)
     valid = np.isfinite(step)
+    tight = np.where(valid, T.tight(A, P), np.inf)
     n_cand = int(valid.sum())
     fits = valid & (peak <= limit * (1 + MEM_MARGIN))
     n_fit = int(fits.sum())
@@ -554,7 +571,7 @@ def solve(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: in
     while True:
         cand = valid & (peak <= limit * (1 + mem_margin))
         idx = np.argwhere(cand)
-        prox = step[cand]
+        prox = tight[cand]
         order = np.argsort(prox, kind="stable")
         feas: list[Evaluation] = []
         mem_ratio_lo = math.inf
