@@ -270,6 +270,24 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
         # exposed in full without overlap (Megatron-LM's default; DeepSpeed's pipeline engine); otherwise only what
         # the busiest rank's backward / forward cannot hide (bounded with the compute upper bounds below)
         dp_full = framework == "megatron" or (framework == "deepspeed" and pp > 1)
+        run_cache: dict[int, list] = {}
+
+        def runs_of(v, ranges=ranges, sig_of=sig_of, pp=pp, run_cache=run_cache):
+            """Ranks grouped in runs of equal (signature, first-chunk dense/MoE counts); rank 0 and the last rank
+            are always runs of their own: (group, first-chunk dense, first-chunk MoE, ranks, first rank)."""
+            if v not in run_cache:
+                out: list[list] = []
+                for r in range(pp):
+                    c0 = ranges[r][: len(ranges[r]) // v]
+                    nm0 = ty.moe_prefix[c0.stop] - ty.moe_prefix[c0.start] if len(c0) else 0
+                    key = (sig_of[r], len(c0) - nm0, nm0)
+                    if out and tuple(out[-1][:3]) == key and r not in (1, pp - 1):
+                        out[-1][3] += 1
+                    else:
+                        out.append([*key, 1, r])
+                run_cache[v] = [tuple(x) for x in out]
+            return run_cache[v]
+
         for mbs in mbss:
             m = job.global_batch_size // (mbs * st.dp)
             vpps = vpp_options(model, st, m, framework, space)
@@ -316,30 +334,35 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
                                 f += n * lf
                                 b += n * (lb + (sel if rc == "selective" else full if rc == "full" else 0.0))
                         return f, b
+                    memo: dict[tuple, tuple[float, float]] = {}
+
+                    def fbm(nd, nm):
+                        key = (nd, nm)
+                        if key not in memo:
+                            memo[key] = fb(nd, nm)
+                        return memo[key]
                     fmin = bmin = math.inf
                     for v in vpps:
-                        # per rank: whole-stage (f, b) per micro-batch and its first chunk's (f, b)
+                        # ranks in runs of equal (stage signature, first-chunk mix): the bound pre_r + m (f_r + b_r)
+                        # grows along a run, so its last rank is the run's maximum
                         best = 0.0
                         pre = 0.0
-                        for r in range(pp):
-                            stage, nd, nm, rg = groups[sig_of[r]]
-                            f, b = fb(nd, nm)
-                            if r == pp - 1:
+                        for g, nd0, nm0, cnt, r0 in runs_of(v):
+                            stage, nd, nm, rg = groups[g]
+                            f, b = fbm(nd, nm)
+                            if r0 + cnt - 1 == pp - 1:
                                 f += lg + ce
                                 b += 2 * lg + ce
-                            if r == 0:
+                            if r0 == 0:
                                 f += emb
                                 b += 2 * emb
                             fmin, bmin = min(fmin, f), min(bmin, b)
-                            best = max(best, pre + m * (f + b))
-                            # first chunk of rank r: its layers' share (v chunks of equal layer count)
-                            c0 = list(ranges[r])[: len(ranges[r]) // v]
-                            n_m0 = ty.moe_prefix[c0[-1] + 1] - ty.moe_prefix[c0[0]] if c0 else 0
-                            f0, b0 = fb(len(c0) - n_m0, n_m0)
-                            if r == 0:
+                            f0, b0 = fbm(nd0, nm0)
+                            if r0 == 0:
                                 f0 += emb
                                 b0 += 2 * emb
-                            pre += f0 + b0
+                            best = max(best, pre + (cnt - 1) * (f0 + b0) + m * (f + b))
+                            pre += cnt * (f0 + b0)
                         P[int(sp)][v - 1] = best
                     fb_min[sp] = (fmin, bmin)
                 # DP / ZeRO-3 terms. The step model adds to the pipeline makespan (>= m x (f_B + b_B) on the busiest
