@@ -20,6 +20,12 @@ Model states (bytes per parameter, 16-bit training with Adam), by ``framework``:
   8 = 16 per parameter (formulas.md Sec. 4.4: ``mixed_precision_param`` bf16 is the *compute* copy, the sharded
   parameter stays fp32), sharded over ``dp x cp`` or over the HSDP shard group ``hsdp_shard_size``.
 
+Recipe knobs (``ParallelConfig``, Megatron only; defaults are Megatron-LM's): ``fp8_param_gather`` stores 1-byte
+weights (``FP8_PARAM_BYTES``); ``exp_avg_dtype`` / ``exp_avg_sq_dtype`` set the Adam moment bytes of the 12 (4 fp32
+master + 4 + 4; ``--use-precision-aware-optimizer``); ``optimizer_cpu_offload_fraction`` moves that share of the
+master weights and moments to the host (``--optimizer-cpu-offload``); ``TrainingJob.cross_entropy_fusion_impl`` 'te'
+keeps 2 bytes per logit (``TE_CROSS_ENTROPY_BYTES_PER_ELEMENT``).
+
 Expert parameters are sharded by ``ep x etp`` and their optimizer states over the expert data-parallel group
 ``world / (etp x ep x pp)`` (Megatron ``parallel_state``; formulas.md Sec. 1.3).
 
@@ -28,7 +34,11 @@ generalised to GQA/MLA projection widths, gated MLPs (SwiGLU's fc1 output is ``2
 ``5*a*s^2*b`` score term, only the fp32 log-sum-exp ``4*a*s*b``), dropout on/off (1-byte masks), context
 parallelism (each rank holds ``s/cp`` tokens), MoE (``top_k`` token copies dispatched and combined, the expert
 FFN width, fp32 router logits, capacity factor) and FP8 (GEMM inputs kept in 1-byte FP8 by Transformer Engine).
-Recompute: ``selective`` drops the attention core (K22; Megatron ``--recompute-activations``) or, for
+Recompute: ``selective`` drops what ``recompute_modules`` names (Megatron ``--recompute-modules``; default
+``core_attn``, the attention core of K22 / ``--recompute-activations``): ``layernorm`` the 16-bit norm outputs,
+``mla_up_proj`` MLA's Q, K, V, ``moe_act`` the expert fc2 inputs, ``mlp`` / ``moe`` / ``shared_experts`` the whole
+dense MLP / MoE layer / shared experts (checkpointed: only their input stays; megatron-core ``transformer_config.py``
+``recompute_modules``: output-discarding for moe_act, layernorm, mla_up_proj, normal checkpointing otherwise); for
 ``torchtitan``, follows its per-op SAC policy (every second matmul output recomputed; torchtitan
 ``torchtitan/distributed/activation_checkpoint.py`` ``_get_custom_policy``); ``full`` keeps only the layer input
 (K22 Table 2) for ``recompute_num_layers`` layers.
