@@ -70,6 +70,8 @@ GB300 spec, DeepSeek-V4 dims unpublished); MoE groups above 10%, see the issue's
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
+from itertools import combinations
 
 from cluster_specs.spec import ClusterSpec
 from model_zoo.spec import ModelSpec
@@ -129,7 +131,7 @@ FP8_CAST_BYTES = 3.0
 #: Share of EP all-to-all left exposed when the framework overlaps it with another micro-batch's compute
 #: (Megatron-LM ``--overlap-moe-expert-parallel-comm``, DeepSeek-V3 Sec. 3.2.1 "DualPipe"-style overlap).
 #: Fitted on the Megatron MoE recipe rows marked "EP overlap".
-EP_OVERLAP_EXPOSED = 0.4
+EP_OVERLAP_EXPOSED = 0.6
 #: Seconds per *local* expert per MoE layer per micro-batch (forward + backward; 1/3 forward) on top of the
 #: GPU work, unless the step is captured in a CUDA graph. Dropless routing syncs the per-expert token counts to the
 #: host before the expert GEMMs, so the GPU waits while the CPU issues the per-expert kernels (Transformer Engine's
@@ -137,10 +139,12 @@ EP_OVERLAP_EXPOSED = 0.4
 #: Fitted on the dev rows (benchmarks/fit_step_time.py): 0.4 ms, so Qwen3-30B-A3B with 16 local experts (EP 8)
 #: pays ~6.4 ms per layer per micro-batch: Megatron-Bridge 25.11 measures ~9.2 ms per layer per micro-batch
 #: at micro-batch 1 on B200 (9299 tokens/s/GPU), where the GPU work alone is ~3 ms.
-MOE_EXPERT_HOST_S = 0.4e-3
+MOE_EXPERT_HOST_S = {"bf16": 0.0, "mx": 0.4e-3, "cs": 1.2e-3}
 #: Seconds per routed token copy per MoE layer (forward + backward) of routing bookkeeping that is neither GEMM
 #: nor HBM-bandwidth bound (top-k, sort by expert, index computation, scatter). Fitted on the dev rows.
 MOE_TOKEN_COPY_S = 2.0e-8
+MOE_LAYER_HOST_S = 0.0
+HOST_OVERLAP = False
 #: Bytes per element of the fp32 cross-entropy logits, and passes over them (softmax read/write, grad write).
 CE_PASSES = 3 * BYTES_FP32
 
@@ -173,6 +177,41 @@ class StepEstimate:
     framework: str = "megatron"
     #: seconds per step of each compute kind on the busiest rank (gemm, attention, memory_bound)
     compute_breakdown_s: dict[str, float] = field(default_factory=dict)
+
+
+def _expert_host_s(job: TrainingJob, fp8_recipe: str) -> float:
+    key = "bf16" if job.precision != "fp8" else fp8_recipe
+    return MOE_EXPERT_HOST_S.get(key, MOE_EXPERT_HOST_S["mx"])
+
+
+@lru_cache(maxsize=256)
+def ep_domain_copies(num_experts: int, top_k: int, domains: int, n_group: int | None = None,
+                     topk_group: int | None = None) -> float:
+    """Expected NVLink domains one token's ``top_k`` routed copies reach when the EP group's experts are laid out
+    contiguously over ``domains`` domains (``E/domains`` experts each); with one domain, the ``top_k`` copies.
+
+    A token crosses the network once per distinct domain (DeepEP / HybridEP dedup at the node level, DeepSeek-V3
+    Sec. 3.2.2). Unrestricted routing, experts drawn independently: ``D(1 - (1 - 1/D)^k)``. Node-limited routing
+    (DeepSeek-V3 Sec. 2.1.2; HF ``n_group`` / ``topk_group``): the token first picks ``topk_group`` of the
+    ``n_group`` contiguous expert groups, then its ``k`` experts inside them; averaged over the equally likely
+    group choices, a domain is missed with probability ``(1 - |domain and chosen| / |chosen|)^k``. DeepSeek-V3 on
+    8 domains with 8 groups, 4 chosen: 3.60 domains per token instead of 5.25.
+    """
+    if domains <= 1:
+        return float(top_k)
+    if not n_group or not topk_group or topk_group >= n_group or num_experts % n_group or num_experts % domains:
+        return domains * (1 - (1 - 1 / domains) ** top_k)
+    per_g, per_d = num_experts // n_group, num_experts // domains
+    total, count = 0.0, 0
+    for chosen in combinations(range(n_group), topk_group):
+        experts = [e for g in chosen for e in range(g * per_g, (g + 1) * per_g)]
+        n = len(experts)
+        in_dom = [0] * domains
+        for e in experts:
+            in_dom[e // per_d] += 1
+        total += sum(1 - (1 - c / n) ** top_k for c in in_dom)
+        count += 1
+    return total / count
 
 
 def _half(cluster: ClusterSpec) -> str:
@@ -323,9 +362,8 @@ def _layer_cost(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: P
         # experts of one NVLink domain crosses the network once (DeepEP's node-level dedup): with D domains in the
         # group the expected distinct domains per token are D(1 - (1 - 1/D)^k)
         g = groups["ep"]
-        k = model.moe.top_k
-        d = g.num_domains
-        copies = k if d == 1 else d * (1 - (1 - 1 / d) ** k)
+        copies = ep_domain_copies(model.moe.num_experts, model.moe.top_k, g.num_domains,
+                                  model.moe.n_group, model.moe.topk_group)
         disp = (1.0 if job.precision == "fp8" else BYTES_16BIT) + BYTES_16BIT
         c.ep = collective_time("all_to_all", disp * tok * copies * h / par.tp, g, cluster)
     return c
@@ -334,7 +372,8 @@ def _layer_cost(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: P
 def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
                   convention: FlopsConvention = "megatron", framework: str = "megatron",
                   tp_comm_overlap: bool | None = None, overlap_dp: bool | None = None,
-                  ep_overlap: bool = False, full_cuda_graph: bool = False) -> StepEstimate:
+                  ep_overlap: bool = False, full_cuda_graph: bool = False,
+                  fp8_recipe: str = "mx", pipeline_layout: list[int] | None = None) -> StepEstimate:
     """Step time of ``par`` on ``cluster`` (see module docstring). Raises ``LayoutError`` on an impossible split.
 
     ``framework`` selects the kernel set (``ELEMENTWISE_PASSES``: megatron, nemo, deepspeed, torchtitan,
@@ -370,8 +409,20 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
 
     tp_exp = 1.0 if not tp_comm_overlap else TP_OVERLAP_EXPOSED.get(fw_base, TP_OVERLAP_EXPOSED["megatron"])
     ep_exp = EP_OVERLAP_EXPOSED if ep_overlap else 1.0
-    ranges = stage_layer_ranges(model.num_layers, par)
     v = par.vpp if par.pipeline_schedule == "interleaved" else 1
+    if pipeline_layout is not None:
+        # Megatron ``pipeline_model_parallel_layout``: decoder layers of virtual stage k = chunk k // pp of rank
+        # k % pp, consecutive in k
+        if len(pipeline_layout) != par.pp * v or sum(pipeline_layout) != model.num_layers:
+            raise ValueError(f"pipeline_layout {list(pipeline_layout)}: needs pp*vpp = {par.pp * v} virtual stages "
+                             f"holding {model.num_layers} layers")
+        starts = [sum(pipeline_layout[:k]) for k in range(len(pipeline_layout))]
+        chunk_lists = [[list(range(starts[c * par.pp + r], starts[c * par.pp + r] + pipeline_layout[c * par.pp + r]))
+                        for c in range(v)] for r in range(par.pp)]
+        ranges = [[i for ch in chunk_lists[r] for i in ch] for r in range(par.pp)]
+    else:
+        ranges = stage_layer_ranges(model.num_layers, par)
+        chunk_lists = None
     # virtual stage k = chunk c of rank r holds layers of chunk c of stage r's range (split evenly by chunks)
     fwd_v = [0.0] * (par.pp * v)
     bwd_v = [0.0] * (par.pp * v)
@@ -379,7 +430,8 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     exposed_mb = {"tp": [0.0] * par.pp, "cp": [0.0] * par.pp, "ep": [0.0] * par.pp}
     for r, layers in enumerate(ranges):
         lay = list(layers)
-        chunks = [lay[c * len(lay) // v:(c + 1) * len(lay) // v] for c in range(v)]
+        chunks = chunk_lists[r] if chunk_lists is not None else [
+            lay[c * len(lay) // v:(c + 1) * len(lay) // v] for c in range(v)]
         for c, chunk in enumerate(chunks):
             f = bw = 0.0
             for i in chunk:
@@ -391,10 +443,18 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
                 if model.moe is not None and model.is_moe_layer(i):
                     # routing bookkeeping per token copy (top-k, sort by expert, index/scatter kernels)
                     extra = MOE_TOKEN_COPY_S * tok * model.moe.top_k / par.tp
-                    if not full_cuda_graph:
-                        extra += MOE_EXPERT_HOST_S * model.moe.num_experts / par.ep
                     comp_f += extra / 3
                     comp_b += 2 * extra / 3
+                    if not full_cuda_graph:
+                        # the host issues the layer's kernels while the GPU runs them: the layer takes the longer
+                        # of its GPU time and its host time (host-bound at small micro-batches / fast GPUs)
+                        host = _expert_host_s(job, fp8_recipe) * model.moe.num_experts / par.ep + MOE_LAYER_HOST_S
+                        if HOST_OVERLAP:
+                            comp_f = max(comp_f, host / 3 - comm_f)
+                            comp_b = max(comp_b, 2 * host / 3 - comm_b)
+                        else:
+                            comp_f += host / 3
+                            comp_b += 2 * host / 3
                 rc = 0.0
                 if par.recompute == "full":
                     rc = comp_f + comm_f

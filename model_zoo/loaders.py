@@ -343,6 +343,8 @@ def _hf_deepseek_v3(c: _Cfg) -> dict[str, Any]:
             first_k_dense_layers=c.int_("first_k_dense_replace", default=0),
             moe_layer_freq=c.int_("moe_layer_freq", default=1),
             router_bias=c.get("topk_method", "noaux_tc") == "noaux_tc",
+            n_group=c.get("n_group", None),
+            topk_group=c.get("topk_group", None),
         ),
     )
 

@@ -26,6 +26,10 @@ class MoESpec(BaseModel):
     router_bias: bool = Field(False, description="per-expert router score bias parameter (DeepSeek-V3 e_score_correction_bias)")
     dense_ffn_hidden_size: int | None = Field(None, description="FFN width of the dense layers if different from ModelSpec.ffn_hidden_size")
     dense_layer_indices: tuple[int, ...] = Field((), description="layers forced dense (Qwen2/3-MoE mlp_only_layers)")
+    n_group: int | None = Field(None, gt=0, description="expert groups of node-limited routing (DeepSeek-V3 HF "
+                                "config n_group; the experts split into n_group equal, contiguous groups)")
+    topk_group: int | None = Field(None, gt=0, description="groups a token may be routed to (HF topk_group; "
+                                   "DeepSeek-V3 Sec. 2.1.2: at most 4 nodes per token); None = no limit")
 
 
 class MLASpec(BaseModel):

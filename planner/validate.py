@@ -407,6 +407,67 @@ def _layer_split(num_layers: int, pp: int, vpp: int) -> tuple[int | None, int | 
     return None, last
 
 
+#: Megatron-Bridge DeepSeek-V3 performance presets (``scripts/performance/configs/deepseek/
+#: deepseek_workload_base_configs.py`` at commit 042641823051, ``DEEPSEEK_V3_PRETRAIN_CONFIG_*``) by (GPU family,
+#: NeMo container of the row): pipeline layout (``pp_layout``; unset = the recipe's ``layout_map`` in
+#: ``src/megatron/bridge/recipes/deepseek/deepseek_v3.py``, (4, 4): ``Et*4|(t*4|)*14tmL``), EP all-to-all overlap
+#: (``moe_a2a_overlap``) and a full-iteration CUDA graph (``cuda_graph_impl="full_iteration"``). H100_V1: TP2 PP8
+#: VP4 EP64 GBS 8192, ``pp_layout="Et|(tt|)*30mL"``, no overlap (the 25.09 H100 row's layout). GB200_FP8_MX_V2:
+#: PP4 VP4 EP64 GBS 4096 (the 26.08 GB200 row's layout), ``moe_a2a_overlap=True``, full-iteration CUDA graph.
+BRIDGE_DEEPSEEK_PRESETS: dict[tuple[str, str], dict[str, Any]] = {
+    ("h100", ""): {"layout": "Et|(tt|)*30mL"},
+    ("gb200", "26.08"): {"layout": "Et*4|(t*4|)*14tmL", "ep_overlap": True, "full_cuda_graph": True},
+}
+
+
+def parse_pp_layout(text: str) -> list[str]:
+    """Stages of a Megatron ``pipeline_model_parallel_layout`` string (``E`` embedding, ``t`` decoder layer, ``m``
+    MTP, ``L`` loss, ``|`` stage boundary, ``x*n`` and ``(...)*n`` repeats; ``PipelineParallelLayerLayout``
+    in ``megatron/core/transformer/pipeline_parallel_layer_layout.py``), e.g. ``Et*4|(tttt|)*14tmL`` -> 16
+    stages."""
+    s = text.replace(" ", "")
+    while True:
+        t = re.sub(r"\(([^()]*)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), s)
+        t = re.sub(r"([EtmL])\*(\d+)", lambda m: m.group(1) * int(m.group(2)), t)
+        if t == s:
+            break
+        s = t
+    return s.split("|")
+
+
+def row_pipeline_layout(row: dict[str, Any]) -> tuple[list[int], str] | None:
+    """Decoder layers per virtual pipeline stage of a row whose recipe sets a custom pipeline layout, and where it
+    was read; None if the recipe uses Megatron's default split."""
+    group = str((row.get("source") or {}).get("group", ""))
+    other = (row.get("parallel") or {}).get("other") or {}
+    m = re.search(r"pp layout\s+(\S+)", str(other.get("features", "")), re.I)
+    text = src = None
+    if m:
+        text, src = m.group(1), "recipe YAML pipeline_model_parallel_layout"
+    elif group == "nemo_bridge_perf_summary" and "deepseek" in str((row.get("model") or {}).get("name", "")).lower():
+        gpu = str((row.get("hardware") or {}).get("gpu") or "").lower()
+        title = str((row.get("source") or {}).get("title", ""))
+        for (fam, ver), preset in BRIDGE_DEEPSEEK_PRESETS.items():
+            if gpu.startswith(fam) and ver in title and "layout" in preset:
+                text, src = preset["layout"], "Megatron-Bridge DeepSeek-V3 perf preset pp_layout"
+                break
+    if text is None:
+        return None
+    return [st.count("t") for st in parse_pp_layout(text)], f"pipeline layout {text} ({src})"
+
+
+def _bridge_deepseek_features(row: dict[str, Any]) -> dict[str, Any]:
+    if str((row.get("source") or {}).get("group", "")) != "nemo_bridge_perf_summary" or \
+            "deepseek" not in str((row.get("model") or {}).get("name", "")).lower():
+        return {}
+    gpu = str((row.get("hardware") or {}).get("gpu") or "").lower()
+    title = str((row.get("source") or {}).get("title", ""))
+    for (fam, ver), preset in BRIDGE_DEEPSEEK_PRESETS.items():
+        if gpu.startswith(fam) and ver in title:
+            return {k: v for k, v in preset.items() if k != "layout"}
+    return {}
+
+
 def build_inputs(row: dict[str, Any]) -> tuple[ModelSpec, ClusterSpec, TrainingJob, ParallelConfig, str, list[str]] | str:
     """(model, cluster, job, parallel config, framework, assumptions) for one row, or why it cannot be built."""
     notes: list[str] = []
@@ -461,15 +522,30 @@ def build_inputs(row: dict[str, Any]) -> tuple[ModelSpec, ClusterSpec, TrainingJ
     elif "interleaved" in sched and vpp == 1:
         vpp = 2
         notes.append("interleaved 1F1B with 2 stages per rank (torchtitan's default for the named schedule)")
+    layout = row_pipeline_layout(row)
+    if layout is not None and pp > 1 and len(layout[0]) % pp == 0 and sum(layout[0]) == model.num_layers:
+        vpp = len(layout[0]) // pp
+        notes.append(layout[1] + (f": {vpp} virtual stages per rank" if vpp > 1 else ""))
+    else:
+        layout = None
     account = {}
-    if (vpp > 1 and fw != "torchtitan" and model.num_layers % (pp * vpp)
+    if layout is None and (vpp > 1 and fw != "torchtitan" and model.num_layers % (pp * vpp)
             and (model.num_layers + 2) % (pp * vpp) == 0):
         # Megatron-Bridge/NeMo recipes interleave such models with the embedding and the loss counted as one
         # layer each (--account-for-embedding/loss-in-pipeline-split; e.g. Llama 3.1 405B: 126 + 2 over 8 x 8)
         account = {"account_for_embedding_in_pipeline_split": True, "account_for_loss_in_pipeline_split": True}
         notes.append("uneven interleaved split: embedding and loss counted as pipeline layers (Megatron-Bridge)")
     first, last = _layer_split(model.num_layers, pp * vpp, 1) if vpp > 1 else _layer_split(model.num_layers, pp, 1)
-    if account:
+    if layout is not None:
+        # per-rank totals of the layout as Megatron's first/last-stage counts (memory model, checker)
+        tot = [sum(layout[0][c * pp + r] for c in range(vpp)) for r in range(pp)]
+        mid = set(tot[1:-1]) or {tot[0]}
+        first = last = None
+        if len(mid) == 1:
+            mid_n = mid.pop()
+            first = tot[0] if tot[0] != mid_n else None
+            last = tot[-1] if tot[-1] != mid_n else None
+    elif account:
         first = last = None
     elif vpp > 1 and (first is not None or last is not None):
         # interleaving needs layers % (pp*vpp) == 0 unless first/last stages are shortened; model the imbalance
@@ -490,6 +566,13 @@ def build_inputs(row: dict[str, Any]) -> tuple[ModelSpec, ClusterSpec, TrainingJ
                       flash_attention=flash)
     cluster, job, par = apply_row_options(row, cluster, job, par, notes)  # recipe memory settings (row_options.py)
     return model, cluster, job, par, fw, notes
+
+
+def fp8_recipe(row: dict[str, Any]) -> str:
+    """FP8 scaling recipe named by a row's precision: ``mx`` (MXFP8, FP8-MX), ``cs`` (per-tensor: FP8-CS current
+    scaling, or plain "fp8" = Transformer Engine's default per-tensor delayed scaling)."""
+    s = str((row.get("parallel") or {}).get("precision") or "").lower()
+    return "mx" if "mx" in s else "cs"
 
 
 def row_flops_per_token(model: ModelSpec, job: TrainingJob, par: ParallelConfig, convention: str) -> float:
@@ -526,9 +609,18 @@ def validate_row(row: dict[str, Any], check_feasibility: bool = True) -> RowResu
         tp_overlap = True
     overlap_dp = True if "overlap-grad-reduce" in str(other.get("comm_overlap", "")) else None
     features = str(other.get("features", "")).lower()
-    ep_overlap = "ep overlap" in features
+    preset = _bridge_deepseek_features(row)
+    ep_overlap = "ep overlap" in features or bool(preset.get("ep_overlap"))
+    full_cg = "full cuda graph" in features or bool(preset.get("full_cuda_graph"))
+    if preset:
+        notes.append("Megatron-Bridge DeepSeek-V3 preset: " + ", ".join(
+            k for k, on in (("EP all-to-all overlap", preset.get("ep_overlap")),
+                            ("full-iteration CUDA graph", preset.get("full_cuda_graph"))) if on))
+    layout = row_pipeline_layout(row) if par.pp > 1 else None
     st = estimate_step(model, cluster, job, par, framework=fw, tp_comm_overlap=tp_overlap, overlap_dp=overlap_dp,
-                       ep_overlap=ep_overlap, full_cuda_graph="full cuda graph" in features)
+                       ep_overlap=ep_overlap, full_cuda_graph=full_cg, fp8_recipe=fp8_recipe(row),
+                       pipeline_layout=layout[0] if layout is not None and
+                       len(layout[0]) == par.pp * par.vpp else None)
     res.step = st
     conv = ROW_CONVENTIONS.get(group, "causal")
     res.convention = conv
