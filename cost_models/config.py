@@ -82,6 +82,10 @@ class ParallelConfig(BaseModel):
     schedule: Schedule | None = Field(None, description="None = 1f1b, or interleaved when vpp > 1")
     first_stage_layers: int | None = Field(None, gt=0)
     last_stage_layers: int | None = Field(None, gt=0)
+    pipeline_layout: str | None = Field(
+        None, description="Megatron --pipeline-model-parallel-layout, e.g. 'Et|(tt|)*30mL': model chunks separated by "
+                          "'|' holding E (embedding), t (decoder layer), m (MTP layer), L (loss); chunk i runs on "
+                          "pipeline rank i % pp as virtual stage i // pp")
     account_for_embedding_in_pipeline_split: bool = Field(
         False, description="Megatron --account-for-embedding-in-pipeline-split: the embedding counts as one layer of "
                            "the first stage's first model chunk")

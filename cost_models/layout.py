@@ -71,6 +71,8 @@ def chunk_layer_counts(num_layers: int, par: ParallelConfig, vpp: int | None = N
     """
     pp = par.pp
     v = par.vpp if vpp is None else vpp
+    if par.pipeline_layout is not None:
+        return _layout_chunk_counts(num_layers, par, v)
     emb, loss = int(par.account_for_embedding_in_pipeline_split), int(par.account_for_loss_in_pipeline_split)
     first, last = par.first_stage_layers, par.last_stage_layers
     if (emb or loss) and (first is not None or last is not None):
@@ -114,6 +116,101 @@ def chunk_layer_counts(num_layers: int, par: ParallelConfig, vpp: int | None = N
     if bad:
         raise LayoutError(f"stage layer counts {bad} are not divisible by vpp {v}")
     return [[c // v] * v for c in per_stage]
+
+
+def parse_pipeline_layout(layout: str) -> list[str]:
+    """Expand a Megatron ``--pipeline-model-parallel-layout`` string into its model chunks.
+
+    Grammar (megatron/core/transformer/pipeline_parallel_layer_layout.py): chunks separated by ``|``; symbols
+    ``E`` (embedding), ``t`` (decoder layer), ``m`` (MTP layer), ``L`` (loss); ``X*N`` repeats a symbol and
+    ``(...)*N`` a group (which may contain ``|``); commas and spaces are ignored.
+    ``"Et|(tt|)*30mL"`` -> ``["Et", "tt", ..., "tt", "mL"]`` (32 chunks).
+
+    Raises:
+        LayoutError: unknown symbol, unbalanced parentheses or a bad repeat count.
+    """
+    text = layout.replace(",", "").replace(" ", "")
+    pos = 0
+
+    def seq() -> str:
+        nonlocal pos
+        out = ""
+        while pos < len(text) and text[pos] != ")":
+            ch = text[pos]
+            if ch == "(":
+                pos += 1
+                item = seq()
+                if pos >= len(text) or text[pos] != ")":
+                    raise LayoutError(f"pipeline_layout {layout!r}: unbalanced parentheses")
+                pos += 1
+            elif ch in "Etm L|":
+                item = ch
+                pos += 1
+            else:
+                raise LayoutError(f"pipeline_layout {layout!r}: unknown symbol {ch!r} (allowed: E t m L | ( ) *N)")
+            if pos < len(text) and text[pos] == "*":
+                pos += 1
+                start = pos
+                while pos < len(text) and text[pos].isdigit():
+                    pos += 1
+                if start == pos:
+                    raise LayoutError(f"pipeline_layout {layout!r}: '*' needs a repeat count")
+                item = item * int(text[start:pos])
+            out += item
+        return out
+
+    flat = seq()
+    if pos != len(text):
+        raise LayoutError(f"pipeline_layout {layout!r}: unbalanced parentheses")
+    return flat.split("|")
+
+
+def _layout_chunk_counts(num_layers: int, par: ParallelConfig, vpp: int) -> list[list[int]]:
+    chunks = parse_pipeline_layout(par.pipeline_layout or "")
+    pp = par.pp
+    if len(chunks) % pp:
+        raise LayoutError(f"pipeline_layout has {len(chunks)} chunks, not a multiple of pp {pp}")
+    v = len(chunks) // pp
+    if par.vpp > 1 and v != par.vpp:
+        raise LayoutError(f"pipeline_layout has {v} chunks per pipeline rank but vpp is {par.vpp}")
+    n_t = sum(c.count("t") for c in chunks)
+    if n_t != num_layers:
+        raise LayoutError(f"pipeline_layout places {n_t} decoder layers, the model has {num_layers}")
+    if "E" not in chunks[0] or "L" not in chunks[-1]:
+        raise LayoutError("pipeline_layout must start with E (embedding) and end with L (loss)")
+    # chunk i runs on pipeline rank i % pp as its virtual stage i // pp
+    per = [[chunks[vs * pp + r].count("t") for vs in range(v)] for r in range(pp)]
+    if vpp == 1 and v > 1:
+        return [[sum(c)] for c in per]
+    return per
+
+
+def balanced_pipeline_layout(num_layers: int, pp: int, vpp: int, mtp_layers: int = 0) -> str:
+    """A Megatron layout string that spreads ``num_layers`` decoder layers over ``pp * vpp`` chunks, the
+    embedding first and the MTP layers and loss last, the way Megatron-Bridge's recipes do:
+
+    * the first chunk holds E + k layers, the middle ones k = ceil(L / chunks) and the last the rest + MTP +
+      loss (Megatron-Bridge ``_get_deepseek_v3_pipeline_layout``, e.g. pp 4 x vpp 4: E + 4, 14 x 4, 1 + m + L);
+    * when that leaves the last chunk negative, every chunk holds the same number of slots with E, m and L
+      taking one each (Megatron-LM's DeepSeek-V3 layout ``Et|(tt|)*30mL`` for 32 chunks).
+
+    Raises:
+        LayoutError: no such layout (more chunks than layers).
+    """
+    n = pp * vpp
+    tail = "m" * mtp_layers + "L"
+    if n == 1:
+        return "E" + "t" * num_layers + tail
+    k = -(-num_layers // n)
+    last = num_layers - k * (n - 1)
+    if last >= 0:
+        return "|".join(["E" + "t" * k] + ["t" * k] * (n - 2) + ["t" * last + tail])
+    slots = num_layers + 2 + mtp_layers
+    k = slots // n
+    if slots % n or k - 1 - mtp_layers < 0:
+        raise LayoutError(f"no balanced layout of {num_layers} layers over {n} pipeline chunks")
+    chunks = ["E" + "t" * (k - 1)] + ["t" * k] * (n - 2) + ["t" * (k - 1 - mtp_layers) + tail]
+    return "|".join(chunks)
 
 
 def stage_layer_ranges(num_layers: int, par: ParallelConfig) -> list[range]:

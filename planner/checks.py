@@ -107,7 +107,8 @@ def constraint_report(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, 
         add(Constraint("layers_pp", False, -1.0, "remainder", str(e)))
     if par.vpp > 1:
         add(Constraint("vpp_pp", par.pp > 1, float(par.pp - 2), "stages", f"vpp {par.vpp} needs pp > 1 (pp {par.pp})"))
-        if par.account_for_embedding_in_pipeline_split or par.account_for_loss_in_pipeline_split:
+        if (par.pipeline_layout is not None or par.account_for_embedding_in_pipeline_split
+                or par.account_for_loss_in_pipeline_split):
             # the embedding/loss pseudo-layer takes a slot of the first/last chunk: L' % (pp*vpp) == 0
             try:
                 chunk_layer_counts(model.num_layers, par)

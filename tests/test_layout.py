@@ -62,3 +62,24 @@ def test_interleaved_chunks_need_divisible_stages():
     assert chunk_layer_counts(32, ParallelConfig(pp=4, vpp=2)) == [[4, 4]] * 4
     with pytest.raises(LayoutError, match="not divisible by vpp 3"):
         chunk_layer_counts(32, ParallelConfig(pp=4, vpp=3))
+
+
+def test_megatron_pipeline_layout_strings():
+    from cost_models.layout import balanced_pipeline_layout, chunk_layer_counts, parse_pipeline_layout
+    # Megatron-LM's DeepSeek-V3 example for pp 8 x vpp 4: 61 layers + E + MTP + loss in 32 chunks of 2 slots
+    chunks = parse_pipeline_layout("Et|(tt|)*30mL")
+    assert len(chunks) == 32 and chunks[0] == "Et" and chunks[-1] == "mL"
+    par = ParallelConfig(pp=8, vpp=4, pipeline_layout="Et|(tt|)*30mL")
+    counts = stage_layer_counts(61, par)
+    # chunk i runs on rank i % 8: rank 0 holds chunks 0, 8, 16, 24 = 1 + 2 + 2 + 2; rank 7 ends with "mL"
+    assert counts == [7] + [8] * 6 + [6] and chunk_layer_counts(61, par)[0] == [1, 2, 2, 2]
+    # a published Megatron MoE recipe layout (shared/data/published_runs.yaml, DeepSeek-V3 on B200, pp 8)
+    par = ParallelConfig(pp=8, vpp=2, pipeline_layout="Et*4|(tttt|)*14tmL")
+    assert stage_layer_counts(61, par) == [8] * 7 + [5]
+    assert balanced_pipeline_layout(61, 8, 4, mtp_layers=1) == "Et|" + "tt|" * 30 + "mL"
+    # Megatron-Bridge _get_deepseek_v3_pipeline_layout (4, 4): E + 4, 14 x 4, 1 + mtp + loss
+    assert balanced_pipeline_layout(61, 4, 4, mtp_layers=1) == "Etttt|" + "tttt|" * 14 + "tmL"
+    with pytest.raises(LayoutError, match="places 60 decoder layers"):
+        stage_layer_counts(61, ParallelConfig(pp=8, vpp=4, pipeline_layout="Et|(tt|)*29|tmL"))
+    with pytest.raises(LayoutError, match="unknown symbol"):
+        parse_pipeline_layout("Ex|tL")
