@@ -45,11 +45,9 @@ import numpy as np
 from cluster_specs.spec import ClusterSpec
 from cost_models.comm import collective_time
 from cost_models.config import BYTES_16BIT, BYTES_FP32, FlopsConvention, TrainingJob
-from cost_models.flops import attention_core_flops_per_token, layer_gemm_flops_per_token, logits_flops_per_token
 from cost_models.layout import GroupPlacement, group_placement, stage_layer_ranges
 from cost_models.memory import (TOKEN_ID_BYTES, activation_bytes_per_layer, in_flight_microbatches,
                                 layer_input_bytes, model_state_terms, stage_params)
-from cost_models.pipeline import bubble_ratio
 from model_zoo.spec import ModelSpec
 
 from .checks import DEFAULT_MEMORY_HEADROOM
@@ -57,31 +55,29 @@ from .evaluate import Evaluation, evaluate
 from .space import (MAX_VPP, SearchSpace, Structure, micro_batch_options, sp_options, structures, to_parallel,
                     vpp_options, zero_options)
 
-RECOMPUTES = ("none", "selective", "full")
 ZEROS = (0, 1, 2, 3)
 V = MAX_VPP
 MIB = 2**20
 #: The tables are lower bounds of the scalar model. MEM_MARGIN: relative slack of the memory filter (rounding);
 #: BOUND_FALLBACK: if a re-scored value is ever below its bound, bounds are scaled by the ratio seen x this.
 MEM_MARGIN = 1e-6
+BOUND_FALLBACK = 0.9
 #: CP-SAT parameters: one worker (the speed goals are per core); full LP relaxation, no presolve and no probing
 #: were fastest on these small one-hot models with a feasible hint (measured: 405B on 16,384 GPUs 0.44 -> 0.09 s,
 #: Llama-3.1-8B on 8,192 GPUs 1.1 -> 0.22 s; benchmarks/bench_search.py).
 CPSAT_PARAMS: dict = {"num_workers": 1, "linearization_level": 2, "cp_model_probing_level": 0,
                       "cp_model_presolve": False}
-BOUND_FALLBACK = 0.9
 #: Sentinel for an invalid table cell (seconds or bytes); any value at or above it is excluded.
 INVALID = float("inf")
 
 
 @dataclass
 class _Types:
-    """Per-model facts by layer type (0 = dense MLP, 1 = MoE): a representative layer index and its params."""
+    """Per-model facts by layer type (0 = dense MLP, 1 = MoE): a representative layer index, and the prefix count of
+    MoE layers (``moe_prefix[i]`` = MoE layers among the first ``i``)."""
 
     rep: dict[int, int]
     moe_prefix: list[int]
-    lp: dict[int, object]
-    gemm: dict[int, float]
 
 
 def _layer_types(model: ModelSpec) -> _Types:
@@ -91,20 +87,7 @@ def _layer_types(model: ModelSpec) -> _Types:
         t = 1 if model.is_moe_layer(i) else 0
         rep.setdefault(t, i)
         prefix.append(prefix[-1] + t)
-    lp = {t: model.layer_params(i) for t, i in rep.items()}
-    gemm = {t: layer_gemm_flops_per_token(model, i) for t, i in rep.items()}
-    return _Types(rep, prefix, lp, gemm)
-
-
-def _rates(cluster: ClusterSpec, precision: str) -> tuple[float, float]:
-    """Achievable GEMM rate of ``precision`` and of the 16-bit dtype (FLOP/s): dense peak (datasheet, cluster
-    spec) x the cluster's calibrated GEMM efficiency."""
-    cal = cluster.calibration.gemm_efficiency
-    half = "bf16" if "bf16" in cluster.gpu.peak_flops else "fp16"
-    half_rate = cluster.gpu.peak_flops[half] * cal.get(half, min(cal.values()))
-    prec = precision if cluster.gpu.peak_flops.get(precision) else half
-    gemm = cluster.gpu.peak_flops[prec] * cal.get(prec, cal.get(half, 0.5))
-    return gemm, half_rate
+    return _Types(rep, prefix)
 
 
 @dataclass
@@ -189,8 +172,8 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
     ce_passes = float(getattr(stm, "CE_PASSES", 0.0))
     # the memory model's framework is the job's (``TrainingJob.framework``); the planner's framework too, in case
     # the evaluation passes it: the bound takes the smaller of the two
-    fws = sorted({getattr(job, "framework", None) or "megatron", framework} & set(getattr(mm, "FRAMEWORKS", ("megatron",))))
-    fws = fws or ["megatron"]
+    known = set(getattr(mm, "FRAMEWORKS", ("megatron",)))
+    fws = sorted({getattr(job, "framework", None) or "megatron", framework} & known) or ["megatron"]
     lbpe = getattr(mm, "LOGITS_BYTES_PER_ELEMENT", {})
     logit_bpe = min([lbpe.get(fw, 0) for fw in getattr(mm, "FRAMEWORKS", ("megatron",)) if fw in fws] or [0])
     adam = float(getattr(stm, "ADAM_HBM_BYTES_PER_PARAM", 0.0))
