@@ -36,7 +36,9 @@ PARAMS = {
                [0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 1.0]),
     "EP_OVL": (lambda v: setattr(st, "EP_OVERLAP_EXPOSED", v), [0.0, 0.2, 0.4, 0.6, 1.0]),
     "ATT_S0": (lambda v: setattr(st, "ATTN_HALF_SEQ", v), [0, 512, 1024, 2048, 4096]),
-    "MOE_EXP": (lambda v: setattr(st, "MOE_EXPERT_HOST_S", v), [0, 0.1e-3, 0.2e-3, 0.3e-3, 0.4e-3, 0.5e-3, 0.7e-3]),
+    "MOE_EXP": (lambda v: st.MOE_EXPERT_HOST_S.update(mx=v), [0, 0.1e-3, 0.2e-3, 0.3e-3, 0.4e-3, 0.5e-3, 0.7e-3]),
+    "MOE_BF16": (lambda v: st.MOE_EXPERT_HOST_S.update(bf16=v), [0, 0.1e-3, 0.2e-3, 0.4e-3]),
+    "MOE_CS": (lambda v: st.MOE_EXPERT_HOST_S.update(cs=v), [0.4e-3, 0.8e-3, 1.0e-3, 1.2e-3, 1.4e-3, 1.6e-3, 2e-3]),
     "JZ": (lambda v: setattr(pv, "JEAN_ZAY_NET_EFFICIENCY", v), [0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 0.94]),
     "MOE_TOK": (lambda v: setattr(st, "MOE_TOKEN_COPY_S", v), [0, 1e-8, 2e-8, 3e-8, 5e-8]),
     "UNF": (lambda v: setattr(st, "UNFUSED_SCORE_PASSES", v), [4, 6, 8, 10, 12]),
@@ -55,7 +57,8 @@ def score() -> tuple[float, float, dict]:
 if __name__ == "__main__":
     import sys
     cur = {"KAPPA": 2, "PASS_MEG": 12, "PASS_DS": 24, "PASS_TT": 64, "PASS_TTC": 4, "TP_OVL": 0.0, "TT_TP": 0.15,
-           "TT_EFF": 0.8, "EP_OVL": 0.4, "ATT_S0": 512, "MOE_EXP": 0.0004, "MOE_TOK": 2e-8, "JZ": 0.4, "UNF": 8, "ATT_H100": 0.3, "ATT_B200": 0.38, "TT500": 0.8}
+           "TT_EFF": 0.8, "EP_OVL": 0.6, "ATT_S0": 512, "MOE_EXP": 0.0004, "MOE_BF16": 0.0, "MOE_CS": 0.0012,
+           "MOE_TOK": 2e-8, "JZ": 0.4, "UNF": 8, "ATT_H100": 0.3, "ATT_B200": 0.38, "TT500": 0.8}
     for k, v in cur.items():
         PARAMS[k][0](v)
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 2

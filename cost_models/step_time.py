@@ -56,16 +56,23 @@ parameter                      value    mainly constrained by
 ``ATTN_HALF_SEQ``              512      short vs long sequences on the same GPU
 ``UNFUSED_SCORE_PASSES``       8        SC21 (A100, 2021, unfused softmax + attention dropout)
 ``TP_OVERLAP_EXPOSED``         0 / .15  NeMo recipes, Megatron --tp-comm-overlap / torchtitan async TP
-``EP_OVERLAP_EXPOSED``         0.4      Megatron MoE recipes marked "EP overlap"
-``MOE_EXPERT_HOST_S``          0.4 ms   Qwen3-30B-A3B rows (16 local experts, micro-batch 1 vs 4)
+``EP_OVERLAP_EXPOSED``         0.6      MoE rows with EP overlap (Megatron MoE recipes, Bridge 26.08 DeepSeek-V3)
+``MOE_EXPERT_HOST_S``          0 / 0.4  BF16 / MXFP8 / per-tensor FP8 (ms per local expert per layer per
+                               / 1.2    micro-batch): Qwen3-30B-A3B H100 BF16 recipe; Bridge B200/GB200 Qwen3 and
+                                        DeepSeek-V3 MXFP8; Bridge H100 Qwen3 FP8-CS + DeepSeek-V3 FP8
 ``MOE_TOKEN_COPY_S``           20 ns    MoE rows (Qwen3, DeepSeek-V3)
 ``FRAMEWORK_COMPUTE_EFF.``     0.8      torchtitan rows (incl. two H200 rows without a power cap)
 validate: H100 500 W factor    0.8      torchtitan rows on power-capped H100 (cross-check: H200/H100 ratio 0.78)
 validate: Jean Zay Omni-Path   0.4      the three BLOOM rows (bus efficiency of NCCL over Omni-Path)
 =============================  =======  ===========================================================================
 
-Result on the dev rows (``plan3d validate``): MAPE 7.9% overall over 91 evaluated rows (13 skipped: no layout, no
-GB300 spec, DeepSeek-V4 dims unpublished); MoE groups above 10%, see the issue's closing note.
+Not fitted but read from the rows' recipes (``planner/validate.py``): DeepSeek-V3 node-limited routing (HF config
+``n_group`` 8 / ``topk_group`` 4) in the EP all-to-all (``ep_domain_copies``), Megatron pipeline layouts
+(``pipeline_layout``) and the Megatron-Bridge DeepSeek-V3 presets (EP overlap, full-iteration CUDA graph).
+
+Result on the dev rows (``plan3d validate``): MAPE 6.5% overall over 91 evaluated rows (13 skipped: no layout, no
+GB300 spec, DeepSeek-V4 dims unpublished); every source group with >= 3 rows <= 10% (Megatron-Bridge 9.2%,
+Megatron MoE recipes 5.5%).
 """
 from __future__ import annotations
 
@@ -129,22 +136,28 @@ MOE_PERMUTE_PASSES = 4.0
 #: HBM bytes per element of one FP8 cast (read 16-bit, write 8-bit).
 FP8_CAST_BYTES = 3.0
 #: Share of EP all-to-all left exposed when the framework overlaps it with another micro-batch's compute
-#: (Megatron-LM ``--overlap-moe-expert-parallel-comm``, DeepSeek-V3 Sec. 3.2.1 "DualPipe"-style overlap).
-#: Fitted on the Megatron MoE recipe rows marked "EP overlap".
+#: (Megatron-LM ``--overlap-moe-expert-parallel-comm`` / Megatron-Bridge ``moe_a2a_overlap``, DeepSeek-V3
+#: Sec. 3.2.1 "DualPipe"-style overlap). Fitted (benchmarks/fit_step_time.py) on the rows that run it: Megatron MoE
+#: recipes marked "EP overlap" (DeepSeek-V3 B200, Qwen3-235B B200/GB200) and Megatron-Bridge 26.08 DeepSeek-V3 GB200.
 EP_OVERLAP_EXPOSED = 0.6
 #: Seconds per *local* expert per MoE layer per micro-batch (forward + backward; 1/3 forward) on top of the
-#: GPU work, unless the step is captured in a CUDA graph. Dropless routing syncs the per-expert token counts to the
-#: host before the expert GEMMs, so the GPU waits while the CPU issues the per-expert kernels (Transformer Engine's
-#: grouped GEMM runs one GEMM per local expert for fc1, fc2 and their backward, plus per-expert permutation).
-#: Fitted on the dev rows (benchmarks/fit_step_time.py): 0.4 ms, so Qwen3-30B-A3B with 16 local experts (EP 8)
-#: pays ~6.4 ms per layer per micro-batch: Megatron-Bridge 25.11 measures ~9.2 ms per layer per micro-batch
-#: at micro-batch 1 on B200 (9299 tokens/s/GPU), where the GPU work alone is ~3 ms.
+#: GPU work, unless the step is captured in a CUDA graph, by the expert GEMMs' number format. Dropless routing syncs
+#: the per-expert token counts to the host before the expert GEMMs, so the GPU waits while the CPU issues the
+#: per-expert work: in BF16 one grouped GEMM per fc1/fc2 (nothing per expert); in FP8 Transformer Engine
+#: quantizes each expert's input and weight separately and, on the grouped path, issues per-expert GEMMs
+#: (``mx``: MXFP8 / blockwise, scales computed inside the cast kernel); per-tensor scaling (``cs``: current
+#: scaling, or delayed scaling) adds an amax reduction per expert tensor before each cast. Fitted on the dev rows
+#: (benchmarks/fit_step_time.py), constrained by: ``bf16`` 0 by the Megatron MoE recipe Qwen3-30B-A3B H100 BF16
+#: row (234 TFLOP/s at micro-batch 1: the GPU work alone explains it, -6.9% with no host time); ``mx`` 0.4 ms
+#: by the Megatron-Bridge 25.11 Qwen3-30B-A3B B200 (micro-batch 1: ~9.2 ms per layer per micro-batch measured,
+#: ~3 ms of GPU work) and GB200 (micro-batch 4) rows and the DeepSeek-V3 MXFP8 rows; ``cs`` 1.2 ms by the two H100
+#: FP8 rows of Megatron-Bridge (Qwen3-30B-A3B FP8-CS, 121 TFLOP/s, and DeepSeek-V3 25.09, per-tensor FP8: the
+#: row's note gives the blockwise variant as the alternative). Per-tensor FP8 on Hopper is thus ~3x the MXFP8
+#: host cost per expert, the largest single calibration uncertainty here (two rows).
 MOE_EXPERT_HOST_S = {"bf16": 0.0, "mx": 0.4e-3, "cs": 1.2e-3}
 #: Seconds per routed token copy per MoE layer (forward + backward) of routing bookkeeping that is neither GEMM
 #: nor HBM-bandwidth bound (top-k, sort by expert, index computation, scatter). Fitted on the dev rows.
 MOE_TOKEN_COPY_S = 2.0e-8
-MOE_LAYER_HOST_S = 0.0
-HOST_OVERLAP = False
 #: Bytes per element of the fp32 cross-entropy logits, and passes over them (softmax read/write, grad write).
 CE_PASSES = 3 * BYTES_FP32
 
@@ -180,6 +193,8 @@ class StepEstimate:
 
 
 def _expert_host_s(job: TrainingJob, fp8_recipe: str) -> float:
+    """``MOE_EXPERT_HOST_S`` of the job's expert GEMM format (16-bit: ``bf16``; FP8: ``fp8_recipe``, unknown
+    recipes as MXFP8)."""
     key = "bf16" if job.precision != "fp8" else fp8_recipe
     return MOE_EXPERT_HOST_S.get(key, MOE_EXPERT_HOST_S["mx"])
 
@@ -382,7 +397,11 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     ``PipelineEngine`` reduces gradients after the whole schedule, ``runtime/pipe/schedule.py`` ``ReduceGrads``).
     ``ep_overlap``: EP all-to-all overlapped with another micro-batch's compute. ``full_cuda_graph``: the whole
     step is captured in CUDA graphs (Megatron ``--cuda-graph-scope full``), removing the MoE per-layer host
-    per-expert host time (``MOE_EXPERT_HOST_S``).
+    per-expert host time (``MOE_EXPERT_HOST_S``). ``fp8_recipe``: scaling of FP8 expert GEMMs, ``mx`` (MXFP8 /
+    blockwise) or ``cs`` (per-tensor current or delayed scaling), selecting ``MOE_EXPERT_HOST_S``.
+    ``pipeline_layout``: decoder layers per virtual stage in Megatron's ``pipeline_model_parallel_layout`` order
+    (virtual stage ``k`` = chunk ``k // pp`` of rank ``k % pp``; length ``pp * vpp``), overriding the even /
+    first-last split; the embedding sits on the first virtual stage, the output layer and MTP on the last.
     """
     fw_base = framework.split("_")[0]
     if tp_comm_overlap is None:
@@ -446,15 +465,11 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
                     comp_f += extra / 3
                     comp_b += 2 * extra / 3
                     if not full_cuda_graph:
-                        # the host issues the layer's kernels while the GPU runs them: the layer takes the longer
-                        # of its GPU time and its host time (host-bound at small micro-batches / fast GPUs)
-                        host = _expert_host_s(job, fp8_recipe) * model.moe.num_experts / par.ep + MOE_LAYER_HOST_S
-                        if HOST_OVERLAP:
-                            comp_f = max(comp_f, host / 3 - comm_f)
-                            comp_b = max(comp_b, 2 * host / 3 - comm_b)
-                        else:
-                            comp_f += host / 3
-                            comp_b += 2 * host / 3
+                        # host time per local expert (dropless routing syncs the token counts to the host, which
+                        # then issues the per-expert kernels while the GPU waits)
+                        host = _expert_host_s(job, fp8_recipe) * model.moe.num_experts / par.ep
+                        comp_f += host / 3
+                        comp_b += 2 * host / 3
                 rc = 0.0
                 if par.recompute == "full":
                     rc = comp_f + comm_f

@@ -105,3 +105,71 @@ def test_selective_recompute_modules_cost_what_they_rerun():
         mlp = estimate_step(L8, H100, job, ParallelConfig(dp=8, zero_stage=1, recompute="selective",
                                                           recompute_modules=("core_attn", "mlp")))
         assert attn.step_s < mlp.step_s < full.step_s
+
+
+def test_node_limited_routing_cuts_the_ep_domains_a_token_reaches():
+    # DeepSeek-V3 report Sec. 2.1.2: each token goes to at most M = 4 nodes (HF config n_group 8, topk_group 4).
+    # EP 64 on 8-GPU H100 nodes: each node holds one group of 32 experts.
+    from cost_models.step_time import ep_domain_copies
+    free = ep_domain_copies(256, 8, 8)
+    limited = ep_domain_copies(256, 8, 8, n_group=8, topk_group=4)
+    assert free == pytest.approx(8 * (1 - (7 / 8) ** 8))  # 5.25 nodes
+    assert limited == pytest.approx(4 * (1 - (3 / 4) ** 8))  # 3.60 nodes, never more than the 4 allowed
+    assert limited <= 4 < free
+    assert ep_domain_copies(256, 8, 1, 8, 4) == 8  # one NVLink domain (GB200 NVL72): every copy on NVLink
+    ds = get_model("deepseek-v3")
+    assert (ds.moe.n_group, ds.moe.topk_group) == (8, 4)
+    import json
+    from pathlib import Path
+
+    from model_zoo import from_hf_config
+    hf = from_hf_config(json.loads((Path(__file__).parent / "data" / "hf_configs" / "deepseek-v3.json").read_text()))
+    assert (hf.moe.n_group, hf.moe.topk_group) == (8, 4)  # the HF loader reads them too
+    job = TrainingJob(global_batch_size=8192, seq_length=4096, precision="fp8")
+    par = dict(tp=2, pp=8, dp=64, ep=64, vpp=4, micro_batch_size=1, sequence_parallel=True, zero_stage=1,
+               first_stage_layers=7, last_stage_layers=6)
+    fast = estimate_step(ds, H100, job, ParallelConfig(**par))
+    slow = estimate_step(ds.model_copy(update={"moe": ds.moe.model_copy(update={"topk_group": None})}), H100, job,
+                         ParallelConfig(**par))
+    # the network bytes shrink by 3.60 / 5.25; the per-call latencies stay
+    assert 3.60 / 5.25 < fast.exposed_comm_s["ep"] / slow.exposed_comm_s["ep"] < 0.9
+
+
+def test_pipeline_layout_moves_layers_between_virtual_stages():
+    # Megatron-Bridge DeepSeek-V3 H100 preset pp_layout "Et|(tt|)*30mL": 1 layer with the embedding, 30 x 2, the
+    # last virtual stage only MTP + loss (pp 8 x vpp 4 = 32 virtual stages)
+    from planner.validate import parse_pp_layout
+    layout = [s.count("t") for s in parse_pp_layout("Et|(tt|)*30mL")]
+    assert layout == [1] + [2] * 30 + [0] and sum(layout) == 61
+    assert [s.count("t") for s in parse_pp_layout("Et*4|(tttt|)*14tmL")] == [4] * 15 + [1]
+    ds = get_model("deepseek-v3")
+    job = TrainingJob(global_batch_size=8192, seq_length=4096, precision="fp8")
+    par = ParallelConfig(tp=2, pp=8, dp=64, ep=64, vpp=4, micro_batch_size=1, sequence_parallel=True,
+                         zero_stage=1, first_stage_layers=7, last_stage_layers=6)
+    st = estimate_step(ds, H100, job, par, pipeline_layout=layout)
+    # the last virtual stage (rank 7, chunk 3) holds no decoder layer: only the output layer and MTP
+    assert st.stage_forward_s[31] < st.stage_forward_s[30]
+    even = estimate_step(ds, H100, job, par)
+    assert st.bubble_s < even.bubble_s
+    with pytest.raises(ValueError, match="pipeline_layout"):
+        estimate_step(ds, H100, job, par, pipeline_layout=[2] * 32)
+
+
+def test_host_time_per_expert_follows_the_fp8_scaling_recipe():
+    # dropless MoE: per-expert host work in FP8 (per-expert casts), more with per-tensor scaling (amax per tensor);
+    # none in BF16 (one grouped GEMM); none under a full CUDA graph
+    import json
+    from pathlib import Path
+
+    from model_zoo import from_hf_config
+    q = from_hf_config(json.loads((Path(__file__).parent / "data" / "hf_configs" / "qwen3-30b-a3b.json").read_text()),
+                       name="qwen3-30b-a3b")
+    par = ParallelConfig(dp=8, ep=8, micro_batch_size=1, zero_stage=1)
+    B200 = get_cluster("dgx-b200")
+    fp8 = TrainingJob(global_batch_size=512, seq_length=4096, precision="fp8")
+    mx = estimate_step(q, B200, fp8, par, fp8_recipe="mx").step_s
+    cs = estimate_step(q, B200, fp8, par, fp8_recipe="cs").step_s
+    graph = estimate_step(q, B200, fp8, par, fp8_recipe="cs", full_cuda_graph=True).step_s
+    assert graph < mx < cs
+    # Megatron-Bridge 25.11, 8 x B200, micro-batch 1, MXFP8: 9299 tokens/s/GPU (performance summary)
+    assert 512 * 4096 / mx / 8 == pytest.approx(9299, rel=0.10)
