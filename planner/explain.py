@@ -182,5 +182,6 @@ def why_infeasible(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num
     else:
         binding = "no candidate passes the checks"
     changes = nearest_changes(model, cluster, job, num_gpus, space, memory_headroom, framework, ev)
-    tail = "; ".join(changes) if changes else "no change tried (GPUs x64, ZeRO-3, full recompute, micro-batch 1, seq/16) fits"
+    tail = ("; ".join(changes) if changes else
+            "no change tried (GPUs x64, ZeRO-3, full recompute, micro-batch 1, seq/16) fits")
     return f"{head}: {binding}. Nearest changes: {tail}"

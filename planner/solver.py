@@ -130,10 +130,11 @@ class Tables:
 
 def _layer_lb(model, cluster, job, par, layer, groups, exposed_comm: bool = False):
     """Lower bounds of one layer's forward and backward seconds per micro-batch (no recompute) and its
-    recompute seconds under (selective, full), from ``cost_models.step_time``'s per-layer costs with every
-    overlappable communication at its smallest exposed share and the framework with the fewest elementwise
-    passes (Megatron). ``exposed_comm``: TP and EP communication fully exposed (Megatron-LM's defaults, no
-    ``--tp-comm-overlap``, no EP overlap: the step model's defaults for framework megatron). Falls back to zeros (a trivially valid bound) if the step model's internals change."""
+    recompute seconds under (selective, full), from ``cost_models.step_time``'s per-layer costs (``_layer_cost``)
+    with the framework with the fewest elementwise passes (Megatron) and no host-time floor. ``exposed_comm``: TP
+    and EP communication fully exposed (the step model's defaults for Megatron-LM, DeepSpeed and torchtitan: TP
+    overlap only for NeMo, EP overlap only on request); otherwise at their smallest exposed share. Falls back to
+    zeros (a trivially valid bound) if the step model's internals change."""
     try:
         from cost_models import step_time as stm
         x = stm._layer_cost(model, cluster, job, par, layer, "megatron", groups)
@@ -209,7 +210,8 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
                 best = math.inf
                 for fw in fws:
                     try:
-                        a = sum(model_state_terms(fw, z, sp_.dense, shard)) + sum(model_state_terms(fw, z, sp_.expert, edp))
+                        a = (sum(model_state_terms(fw, z, sp_.dense, shard))
+                             + sum(model_state_terms(fw, z, sp_.expert, edp)))
                     except Exception:  # pragma: no cover
                         a = 0.0
                     best = min(best, a)
@@ -350,8 +352,10 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
                     fb_min[sp] = (fmin, bmin)
                 # DP / ZeRO-3 terms. The step model adds to the pipeline makespan (>= m x (f_B + b_B) on the busiest
                 # rank B) the gathers and reductions that rank B's forward f_B / backward b_B cannot hide:
-                #   ZeRO-3: m x (max(0, ag - f_B) + max(0, ag + rs - b_B))  =>  step >= m (max(f_B, ag) + max(b_B, ag + rs))
-                #   overlapped DP: max(0, rs - b_B) + max(0, ag - f_B)  =>  step >= (m-1)(f_B + b_B) + max(f_B, ag) + max(b_B, rs)
+                #   ZeRO-3: m x (max(0, ag - f_B) + max(0, ag + rs - b_B))
+                #       =>  step >= m (max(f_B, ag) + max(b_B, ag + rs))
+                #   overlapped DP: max(0, rs - b_B) + max(0, ag - f_B)
+                #       =>  step >= (m-1)(f_B + b_B) + max(f_B, ag) + max(b_B, rs)
                 # with f_B, b_B >= the smallest per-rank lower bounds. E adds what exceeds the largest P of this k, so
                 # P + E stays below the step time for every (sp, vpp).
                 pmax = max(x for row in P for x in row if x != INVALID)
