@@ -109,17 +109,40 @@ def fewest_gpus(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, max_gp
                 space: SearchSpace = SearchSpace(), memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
                 framework: str = "megatron", solver: str = "cpsat", target_step_s: float | None = None,
                 target_tokens_per_day: float | None = None) -> tuple[SearchResult, int]:
-    """Fewest GPUs among ``gpu_counts`` (node size x powers of two, up to ``max_gpus``) whose best plan meets
-    the target (step seconds, or tokens per day = tokens/s x 86,400). Returns the plans that meet it."""
-    last = None
-    for n in gpu_counts(cluster, max_gpus):
+    """Fewest GPUs (a multiple of the node size, up to ``max_gpus``) whose best plan meets the target (step
+    seconds, or tokens per day = tokens/s x 86,400). Returns the plans that meet it and the GPU count.
+
+    Doubling from one node brackets the answer between the last count that misses and the first that meets it;
+    bisection over node counts then narrows it (assuming, as the cost model does almost everywhere, that the best
+    throughput does not fall when GPUs are added inside the bracket: the answer meets the target and the node count
+    just below it was tried and missed).
+    """
+    gpn = cluster.node.gpus_per_node
+
+    def attempt(n):
         res = run_search(model, cluster, job, n, top_k, space, memory_headroom, framework, solver)
         ok = [e for e in res.plans if (target_step_s is None or e.step.step_s <= target_step_s) and
               (target_tokens_per_day is None or e.step.tokens_per_s * 86400 >= target_tokens_per_day)]
+        return res, ok
+
+    lo, hit = 0, None  # lo: largest node count known to miss
+    for n in gpu_counts(cluster, max_gpus):
+        res, ok = attempt(n)
         if ok:
             res.plans = ok
-            return res, n
-        last = (res, n)
-    res, n = last
-    res.plans = []
-    return res, n
+            hit = (res, n)
+            break
+        lo = n // gpn
+    if hit is None:
+        res.plans = []
+        return res, max_gpus
+    hi = hit[1] // gpn
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        res, ok = attempt(mid * gpn)
+        if ok:
+            res.plans = ok
+            hit, hi = (res, mid * gpn), mid
+        else:
+            lo = mid
+    return hit
