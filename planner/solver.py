@@ -591,10 +591,12 @@ def solve(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: in
             o = order[pos]
             pos += 1
             bound = float(prox[o]) * corr * (1 - 1e-9)
-            if len(feas) >= top_k:
-                steps = sorted(e.step.step_s for e in feas)
-                thr = steps[0] * (1 + within) if objective == "headroom" else steps[top_k - 1]
-                if bound > thr:
+            if objective == "headroom" and feas:
+                # nothing beyond the best x (1 + within) can enter, however many plans are in the band
+                if bound > min(e.step.step_s for e in feas) * (1 + within):
+                    break
+            elif len(feas) >= top_k:
+                if bound > sorted(e.step.step_s for e in feas)[top_k - 1]:
                     break
             ki, spi, vi, zi = (int(x) for x in idx[o])
             key = (ki, spi, vi, zi)
