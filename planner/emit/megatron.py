@@ -16,7 +16,8 @@ Choices (each the framework's documented behaviour):
   Megatron-FSDP with the flags its user guide requires (docs/discussions/megatron-fsdp-user-guide:
   ``--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads|optim_grads_params
   --no-gradient-accumulation-fusion --use-distributed-optimizer --ckpt-format fsdp_dtensor``; ``validate_args``
-  asserts the checkpoint format).
+  asserts the checkpoint format). With pp > 1: ``validate_args`` forbids pp > 1 for ``--use-torch-fsdp2`` but
+  has no such rule for Megatron-FSDP, and megatron-core's configs accept it; not yet run on GPUs here.
 * ``--overlap-param-gather`` needs the distributed optimizer (or Megatron-FSDP) and ``--overlap-grad-reduce``
   (``validate_args``), so it is only emitted with both.
 * Full recompute: ``--recompute-method uniform --recompute-num-layers 1`` (every layer) unless the plan
