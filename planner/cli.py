@@ -491,7 +491,13 @@ def explain(
     if not ex.evaluation.feasible:
         from .errors import NoFeasiblePlan
         b = ex.binding
-        raise NoFeasiblePlan(f"configuration infeasible: {b.name} binds ({b.detail}; slack {format_slack(b)})")
+        relief = ""
+        if b.unit == "bytes" and ex.evaluation.memory is not None:
+            from .explain import relief_on_layout
+            tries = relief_on_layout(m, c, job, par, n, headroom, framework.value)
+            relief = (". Changes: " + "; ".join(tries)) if tries else ""
+        raise NoFeasiblePlan(f"configuration infeasible: {b.name} binds ({b.detail}; slack {format_slack(b)})"
+                             f"{relief}")
 
 
 @app.command()

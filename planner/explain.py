@@ -67,6 +67,29 @@ def _plan_str(e: Evaluation) -> str:
     return s
 
 
+def relief_on_layout(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, p: ParallelConfig, num_gpus: int,
+                     memory_headroom: float = DEFAULT_MEMORY_HEADROOM, framework: str = "megatron",
+                     where: str = "this layout") -> list[str]:
+    """Predicted peak memory of ``p`` with ZeRO-3, with full recompute and with micro-batch 1 (each alone), and
+    whether it then fits."""
+    usable = cluster.gpu.memory_bytes * (1 - memory_headroom)
+    tries = []
+    if p.zero_stage < 3 and p.dp * p.cp > 1 and not (framework == "deepspeed" and p.pp > 1):
+        tries.append(("ZeRO-3", p.model_copy(update={"zero_stage": 3})))
+    if p.recompute != "full":
+        tries.append(("full recompute", p.model_copy(update={"recompute": "full", "recompute_num_layers": None})))
+    if p.micro_batch_size > 1:
+        tries.append(("micro-batch 1", p.model_copy(update={"micro_batch_size": 1})))
+    out = []
+    for what, q in tries:
+        ev = evaluate(model, cluster, job, q, num_gpus, memory_headroom, framework)
+        if ev.memory is not None:
+            verdict = "fits" if ev.feasible else f"still over by {(ev.memory.peak_bytes - usable) / 2**30:.1f} GiB"
+            extra = f", {ev.step.tokens_per_s:,.0f} tokens/s" if ev.feasible and ev.step is not None else ""
+            out.append(f"{what} on {where}: peak {ev.memory.peak_bytes / 2**30:.1f} GiB ({verdict}{extra})")
+    return out
+
+
 def nearest_changes(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int, space=None,
                     memory_headroom: float = DEFAULT_MEMORY_HEADROOM, framework: str = "megatron",
                     closest: Evaluation | None = None) -> list[str]:
@@ -82,21 +105,9 @@ def nearest_changes(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, nu
     from .space import SearchSpace
     space = space or SearchSpace()
     out: list[str] = []
-    usable = cluster.gpu.memory_bytes * (1 - memory_headroom)
     if closest is not None and closest.memory is not None:
-        p = closest.parallel
-        tries = []
-        if p.zero_stage < 3 and p.dp * p.cp > 1 and not (framework == "deepspeed" and p.pp > 1):
-            tries.append(("ZeRO-3", p.model_copy(update={"zero_stage": 3})))
-        if p.recompute != "full":
-            tries.append(("full recompute", p.model_copy(update={"recompute": "full", "recompute_num_layers": None})))
-        if p.micro_batch_size > 1:
-            tries.append(("micro-batch 1", p.model_copy(update={"micro_batch_size": 1})))
-        for what, q in tries:
-            ev = evaluate(model, cluster, job, q, num_gpus, memory_headroom, framework)
-            if ev.memory is not None:
-                verdict = "fits" if ev.feasible else f"still over by {(ev.memory.peak_bytes - usable) / 2**30:.1f} GiB"
-                out.append(f"{what} on the closest layout: peak {ev.memory.peak_bytes / 2**30:.1f} GiB ({verdict})")
+        out += relief_on_layout(model, cluster, job, closest.parallel, num_gpus, memory_headroom, framework,
+                                "the closest layout")
 
     def best(sp=space, jb=job, n=num_gpus):
         r = run_search(model, cluster, jb, n, 1, sp, memory_headroom, framework)
