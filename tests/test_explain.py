@@ -50,7 +50,7 @@ def test_pinned_zero_reports_zero3_and_unpinning_as_changes(run_cli):
     assert r.exit_code == 1
     excess = float(re.search(r"memory binds by ([\d.]+) GiB", r.stderr).group(1))
     assert excess > 134.6 - 75.7
-    assert re.search(r"ZeRO-3 on the closest layout: peak [\d.]+ GiB \(fits\)", r.stderr)
+    assert re.search(r"ZeRO-3 on the closest layout: peak [\d.]+ GiB \(fits, [\d,]+ tokens/s\)", r.stderr)
     assert re.search(r"unpin zero-stage: tp 1 pp 1 dp \d+ .*zero [123]", r.stderr)
 
 
