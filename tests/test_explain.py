@@ -75,3 +75,6 @@ def test_explain_infeasible_config_exits_1_and_names_the_binding_constraint(run_
     assert r.exit_code == 1
     assert "memory_stage_0 binds" in r.stderr
     assert "memory_stage_0" in r.stdout and "NO" in r.stdout
+    # dp = 1: nothing to shard, so the relief offered on this layout is full recompute, and it is not enough
+    assert re.search(r"full recompute on this layout: peak [\d.]+ GiB \(still over by [\d.]+ GiB\)", r.stderr)
+    assert "ZeRO-3 on this layout" not in r.stderr
