@@ -68,10 +68,10 @@ validate: Jean Zay Omni-Path   0.4      the three BLOOM rows (bus efficiency of 
 
 Not fitted but read from the rows' recipes (``planner/validate.py``): DeepSeek-V3 node-limited routing (HF config
 ``n_group`` 8 / ``topk_group`` 4) in the EP all-to-all (``ep_domain_copies``), Megatron pipeline layouts
-(``pipeline_layout``) and the Megatron-Bridge DeepSeek-V3 presets (EP overlap, full-iteration CUDA graph).
+(``ParallelConfig.pipeline_layout``) and the Megatron-Bridge DeepSeek-V3 presets (EP overlap, full-iteration CUDA graph).
 
-Result on the dev rows (``plan3d validate``): MAPE 6.5% overall over 91 evaluated rows (13 skipped: no layout, no
-GB300 spec, DeepSeek-V4 dims unpublished); every source group with >= 3 rows <= 10% (Megatron-Bridge 9.2%,
+Result on the dev rows (``plan3d validate``): MAPE 6.49% overall over 91 evaluated rows (13 skipped: no layout, no
+GB300 spec, DeepSeek-V4 dims unpublished); every source group with >= 3 rows <= 10% (Megatron-Bridge 8.8%,
 Megatron MoE recipes 5.5%).
 """
 from __future__ import annotations
@@ -87,7 +87,7 @@ from .comm import collective_time
 from .config import BYTES_16BIT, BYTES_FP32, FlopsConvention, ParallelConfig, TrainingJob
 from .flops import (attention_core_flops_per_token, layer_gemm_shapes,
                     step_hardware_flops, step_model_flops)
-from .layout import GroupPlacement, group_placement, stage_layer_ranges
+from .layout import GroupPlacement, LayoutError, group_placement, parse_pipeline_layout, stage_layer_ranges
 from .memory import stage_params
 from .pipeline import simulate
 
@@ -388,7 +388,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
                   convention: FlopsConvention = "megatron", framework: str = "megatron",
                   tp_comm_overlap: bool | None = None, overlap_dp: bool | None = None,
                   ep_overlap: bool = False, full_cuda_graph: bool = False,
-                  fp8_recipe: str = "mx", pipeline_layout: list[int] | None = None) -> StepEstimate:
+                  fp8_recipe: str = "mx") -> StepEstimate:
     """Step time of ``par`` on ``cluster`` (see module docstring). Raises ``LayoutError`` on an impossible split.
 
     ``framework`` selects the kernel set (``ELEMENTWISE_PASSES``: megatron, nemo, deepspeed, torchtitan,
@@ -399,9 +399,8 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     step is captured in CUDA graphs (Megatron ``--cuda-graph-scope full``), removing the MoE per-layer host
     per-expert host time (``MOE_EXPERT_HOST_S``). ``fp8_recipe``: scaling of FP8 expert GEMMs, ``mx`` (MXFP8 /
     blockwise) or ``cs`` (per-tensor current or delayed scaling), selecting ``MOE_EXPERT_HOST_S``.
-    ``pipeline_layout``: decoder layers per virtual stage in Megatron's ``pipeline_model_parallel_layout`` order
-    (virtual stage ``k`` = chunk ``k // pp`` of rank ``k % pp``; length ``pp * vpp``), overriding the even /
-    first-last split; the embedding sits on the first virtual stage, the output layer and MTP on the last.
+    ``par.pipeline_layout`` (Megatron ``--pipeline-model-parallel-layout``) places the layers per model chunk instead
+    of the even / first-last split; the embedding sits on the first chunk, the output layer and MTP on the last.
     """
     fw_base = framework.split("_")[0]
     if tp_comm_overlap is None:
@@ -429,16 +428,22 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     tp_exp = 1.0 if not tp_comm_overlap else TP_OVERLAP_EXPOSED.get(fw_base, TP_OVERLAP_EXPOSED["megatron"])
     ep_exp = EP_OVERLAP_EXPOSED if ep_overlap else 1.0
     v = par.vpp if par.pipeline_schedule == "interleaved" else 1
-    if pipeline_layout is not None:
-        # Megatron ``pipeline_model_parallel_layout``: decoder layers of virtual stage k = chunk k // pp of rank
-        # k % pp, consecutive in k
-        if len(pipeline_layout) != par.pp * v or sum(pipeline_layout) != model.num_layers:
-            raise ValueError(f"pipeline_layout {list(pipeline_layout)}: needs pp*vpp = {par.pp * v} virtual stages "
-                             f"holding {model.num_layers} layers")
-        starts = [sum(pipeline_layout[:k]) for k in range(len(pipeline_layout))]
-        chunk_lists = [[list(range(starts[c * par.pp + r], starts[c * par.pp + r] + pipeline_layout[c * par.pp + r]))
-                        for c in range(v)] for r in range(par.pp)]
-        ranges = [[i for ch in chunk_lists[r] for i in ch] for r in range(par.pp)]
+    if par.pipeline_layout is not None:
+        # Megatron ``--pipeline-model-parallel-layout``: model chunk k runs on rank k % pp as virtual stage k // pp;
+        # layers are numbered along the chunks (so the dense prefix of a MoE model sits on the first chunks)
+        counts = [c.count("t") for c in parse_pipeline_layout(par.pipeline_layout)]
+        if len(counts) % par.pp or sum(counts) != model.num_layers:
+            raise LayoutError(f"pipeline_layout {par.pipeline_layout!r}: {len(counts)} chunks holding {sum(counts)} "
+                              f"layers for pp {par.pp} and {model.num_layers} layers")
+        per_rank = len(counts) // par.pp
+        starts = [sum(counts[:k]) for k in range(len(counts))]
+        by_rank = [[list(range(starts[c * par.pp + r], starts[c * par.pp + r] + counts[c * par.pp + r]))
+                    for c in range(per_rank)] for r in range(par.pp)]
+        # with interleaving each chunk is a virtual stage; without, a rank runs its chunks back to back
+        if per_rank != v and v > 1:
+            raise LayoutError(f"pipeline_layout {par.pipeline_layout!r} has {per_rank} chunks per rank, vpp is {v}")
+        chunk_lists = by_rank if per_rank == v else [[[i for ch in chunks for i in ch]] for chunks in by_rank]
+        ranges = [[i for ch in chunks for i in ch] for chunks in by_rank]
     else:
         ranges = stage_layer_ranges(model.num_layers, par)
         chunk_lists = None

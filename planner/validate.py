@@ -34,7 +34,7 @@ from cluster_specs import get_cluster
 from cluster_specs.spec import ClusterSpec
 from cost_models.config import ParallelConfig, TrainingJob
 from cost_models.flops import model_flops_per_token_variant
-from cost_models.layout import uneven_split
+from cost_models.layout import parse_pipeline_layout, uneven_split
 from cost_models.step_time import DEFAULT_ATTENTION_EFFICIENCY, StepEstimate, estimate_step
 from model_zoo import get_model
 from model_zoo.loaders import from_hf_config
@@ -414,30 +414,19 @@ def _layer_split(num_layers: int, pp: int, vpp: int) -> tuple[int | None, int | 
 #: (``moe_a2a_overlap``) and a full-iteration CUDA graph (``cuda_graph_impl="full_iteration"``). H100_V1: TP2 PP8
 #: VP4 EP64 GBS 8192, ``pp_layout="Et|(tt|)*30mL"``, no overlap (the 25.09 H100 row's layout). GB200_FP8_MX_V2:
 #: PP4 VP4 EP64 GBS 4096 (the 26.08 GB200 row's layout), ``moe_a2a_overlap=True``, full-iteration CUDA graph.
+#: 25.11 GB200 w/o MTP (TP1 PP8 VP4 EP32): Megatron-LM's DeepSeek-V3 GB200 guide runs that shape with
+#: ``--pipeline-model-parallel-layout "Et|(tt|)*30L"`` (32 chunks: E + 1 layer, 30 x 2, the loss alone; partial CUDA
+#: graphs, HybridEP), the layout assumed for the row.
 BRIDGE_DEEPSEEK_PRESETS: dict[tuple[str, str], dict[str, Any]] = {
     ("h100", ""): {"layout": "Et|(tt|)*30mL"},
+    ("gb200", "25.11"): {"layout": "Et|(tt|)*30L"},
     ("gb200", "26.08"): {"layout": "Et*4|(t*4|)*14tmL", "ep_overlap": True, "full_cuda_graph": True},
 }
 
 
-def parse_pp_layout(text: str) -> list[str]:
-    """Stages of a Megatron ``pipeline_model_parallel_layout`` string (``E`` embedding, ``t`` decoder layer, ``m``
-    MTP, ``L`` loss, ``|`` stage boundary, ``x*n`` and ``(...)*n`` repeats; ``PipelineParallelLayerLayout``
-    in ``megatron/core/transformer/pipeline_parallel_layer_layout.py``), e.g. ``Et*4|(tttt|)*14tmL`` -> 16
-    stages."""
-    s = text.replace(" ", "")
-    while True:
-        t = re.sub(r"\(([^()]*)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), s)
-        t = re.sub(r"([EtmL])\*(\d+)", lambda m: m.group(1) * int(m.group(2)), t)
-        if t == s:
-            break
-        s = t
-    return s.split("|")
-
-
-def row_pipeline_layout(row: dict[str, Any]) -> tuple[list[int], str] | None:
-    """Decoder layers per virtual pipeline stage of a row whose recipe sets a custom pipeline layout, and where it
-    was read; None if the recipe uses Megatron's default split."""
+def row_pipeline_layout(row: dict[str, Any]) -> tuple[str, str] | None:
+    """The Megatron ``--pipeline-model-parallel-layout`` of a row whose recipe sets one, and where it was read;
+    None if the recipe uses Megatron's default split."""
     group = str((row.get("source") or {}).get("group", ""))
     other = (row.get("parallel") or {}).get("other") or {}
     m = re.search(r"pp layout\s+(\S+)", str(other.get("features", "")), re.I)
@@ -453,7 +442,23 @@ def row_pipeline_layout(row: dict[str, Any]) -> tuple[list[int], str] | None:
                 break
     if text is None:
         return None
-    return [st.count("t") for st in parse_pp_layout(text)], f"pipeline layout {text} ({src})"
+    return text, f"pipeline layout {text} ({src})"
+
+
+def torchtitan_split_layout(num_layers: int, stages: int) -> str:
+    """torchtitan's default pipeline split as a Megatron layout string: ``generate_split_points``
+    (``torchtitan/parallelisms/pipelining_utils.py``, Dec 2024) gives the first and last stage ``L // stages``
+    layers and the middle stages one more while ``L % stages`` lasts; the embedding sits on the first stage, the
+    norm and output layer on the last. Llama 3.1 405B (126 layers) over pp 8 x 2: 7, 14 x 8, 7."""
+    base, extra = divmod(num_layers, stages)
+    counts = [base] + [0] * (stages - 1)
+    for i in range(1, stages - 1):
+        counts[i] = base + (1 if extra > 0 else 0)
+        extra -= 1 if extra > 0 else 0
+    counts[-1] = num_layers - sum(counts[:-1])
+    chunks = ["t" * c for c in counts]
+    chunks[0], chunks[-1] = "E" + chunks[0], chunks[-1] + "L"
+    return "|".join(chunks)
 
 
 def _bridge_deepseek_features(row: dict[str, Any]) -> dict[str, Any]:
@@ -522,12 +527,18 @@ def build_inputs(row: dict[str, Any]) -> tuple[ModelSpec, ClusterSpec, TrainingJ
     elif "interleaved" in sched and vpp == 1:
         vpp = 2
         notes.append("interleaved 1F1B with 2 stages per rank (torchtitan's default for the named schedule)")
-    layout = row_pipeline_layout(row)
-    if layout is not None and pp > 1 and len(layout[0]) % pp == 0 and sum(layout[0]) == model.num_layers:
-        vpp = len(layout[0]) // pp
-        notes.append(layout[1] + (f": {vpp} virtual stages per rank" if vpp > 1 else ""))
-    else:
-        layout = None
+    layout = row_pipeline_layout(row) if pp > 1 else None
+    if layout is None and fw == "torchtitan" and pp > 1 and vpp > 1 and model.num_layers % (pp * vpp):
+        layout = (torchtitan_split_layout(model.num_layers, pp * vpp),
+                  "torchtitan default split points (first/last stage L // stages layers, middle ones one more)")
+        layout = (layout[0], f"pipeline layout {layout[0]} ({layout[1]})")
+    if layout is not None:
+        chunks = [c.count("t") for c in parse_pipeline_layout(layout[0])]
+        if len(chunks) % pp == 0 and sum(chunks) == model.num_layers:
+            vpp = len(chunks) // pp
+            notes.append(layout[1] + (f": {vpp} virtual stages per rank" if vpp > 1 else ""))
+        else:
+            layout = None
     account = {}
     if layout is None and (vpp > 1 and fw != "torchtitan" and model.num_layers % (pp * vpp)
             and (model.num_layers + 2) % (pp * vpp) == 0):
@@ -537,14 +548,7 @@ def build_inputs(row: dict[str, Any]) -> tuple[ModelSpec, ClusterSpec, TrainingJ
         notes.append("uneven interleaved split: embedding and loss counted as pipeline layers (Megatron-Bridge)")
     first, last = _layer_split(model.num_layers, pp * vpp, 1) if vpp > 1 else _layer_split(model.num_layers, pp, 1)
     if layout is not None:
-        # per-rank totals of the layout as Megatron's first/last-stage counts (memory model, checker)
-        tot = [sum(layout[0][c * pp + r] for c in range(vpp)) for r in range(pp)]
-        mid = set(tot[1:-1]) or {tot[0]}
         first = last = None
-        if len(mid) == 1:
-            mid_n = mid.pop()
-            first = tot[0] if tot[0] != mid_n else None
-            last = tot[-1] if tot[-1] != mid_n else None
     elif account:
         first = last = None
     elif vpp > 1 and (first is not None or last is not None):
@@ -559,7 +563,8 @@ def build_inputs(row: dict[str, Any]) -> tuple[ModelSpec, ClusterSpec, TrainingJ
     recompute = _recompute(p.get("recompute"), fw, notes)
     par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, micro_batch_size=int(mbs),
                          zero_stage=zero, sequence_parallel=bool(sp), recompute=recompute,
-                         first_stage_layers=first, last_stage_layers=last, **account)
+                         first_stage_layers=first, last_stage_layers=last,
+                         pipeline_layout=layout[0] if layout is not None else None, **account)
     # SC21 (2021) and BLOOM (2022) predate fused flash attention: Megatron's fused masked softmax over s x s scores
     flash = group not in ("megatron_sc21_table1", "bloom")
     job = TrainingJob(global_batch_size=int(p["global_batch_size"]), seq_length=int(seq), precision=prec,
@@ -616,11 +621,8 @@ def validate_row(row: dict[str, Any], check_feasibility: bool = True) -> RowResu
         notes.append("Megatron-Bridge DeepSeek-V3 preset: " + ", ".join(
             k for k, on in (("EP all-to-all overlap", preset.get("ep_overlap")),
                             ("full-iteration CUDA graph", preset.get("full_cuda_graph"))) if on))
-    layout = row_pipeline_layout(row) if par.pp > 1 else None
     st = estimate_step(model, cluster, job, par, framework=fw, tp_comm_overlap=tp_overlap, overlap_dp=overlap_dp,
-                       ep_overlap=ep_overlap, full_cuda_graph=full_cg, fp8_recipe=fp8_recipe(row),
-                       pipeline_layout=layout[0] if layout is not None and
-                       len(layout[0]) == par.pp * par.vpp else None)
+                       ep_overlap=ep_overlap, full_cuda_graph=full_cg, fp8_recipe=fp8_recipe(row))
     res.step = st
     conv = ROW_CONVENTIONS.get(group, "causal")
     res.convention = conv

@@ -24,7 +24,7 @@ def test_packaged_rows_are_the_shared_dev_rows_with_sources():
 #: What the calibrated model reaches on the dev rows today (plan3d validate): a ratchet against regressions.
 #: Lower these when the model improves; the project targets are the test below.
 ACHIEVED_MAX_MAPE = 6.6
-ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 6.0, "nemo_bridge_perf_summary": 9.5}
+ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 6.0, "nemo_bridge_perf_summary": 9.0}
 
 
 def test_mape_does_not_regress(report):
@@ -101,11 +101,14 @@ def test_recipe_settings_read_from_the_rows():
     # stages over pp 8, i.e. 2 per rank (the row's virtual_pipeline is empty)
     row = rows["mcore-moe-deepseek-v3-b200-mxfp8-256"]
     model, cluster, job, par, fw, notes = build_inputs(row)
-    assert (par.pp, par.vpp, par.first_stage_layers, par.last_stage_layers) == (8, 2, None, 5)
-    assert row_pipeline_layout(row)[0] == [4] * 15 + [1]
-    # Megatron-Bridge DeepSeek-V3 H100 preset: pp_layout "Et|(tt|)*30mL" -> ranks hold 7, 8 x 6, 6 layers
+    assert (par.pp, par.vpp, par.pipeline_layout) == (8, 2, "Et*4|(tttt|)*14tmL")
+    assert row_pipeline_layout(row)[0] == "Et*4|(tttt|)*14tmL"
+    # Megatron-Bridge DeepSeek-V3 H100 preset pp_layout "Et|(tt|)*30mL"
     _, _, _, par, _, _ = build_inputs(rows["bridge-2509-h100-deepseekv3-(dropless)-fp8-1024"])
-    assert (par.vpp, par.first_stage_layers, par.last_stage_layers) == (4, 7, 6)
+    assert (par.vpp, par.pipeline_layout) == (4, "Et|(tt|)*30mL")
+    # torchtitan's default split points for Llama 3.1 405B (126 layers) over pp 8 x 2 stages: 7, 14 x 8, 7
+    _, _, _, par, _, _ = build_inputs(rows["torchtitan-2412-llama31-405b-512gpu-interleaved-1f1b"])
+    assert par.pipeline_layout == "E" + "t" * 7 + "|" + "|".join(["t" * 8] * 14) + "|" + "t" * 7 + "L"
     # FP8 scaling recipe from the precision column; the 25.09 DeepSeek-V3 H100 row's note names blockwise scaling as
     # the alternative, so its "FP8" is per-tensor
     assert fp8_recipe(rows["bridge-2511-h100-qwen3-30b-a3b-fp8cs-16"]) == "cs"
@@ -120,3 +123,8 @@ def test_qwen3_30b_h100_rows_both_within_ten_percent(report):
     err = {r.id: r.error for r in report.evaluated}
     assert abs(err["mcore-moe-qwen3-30b-a3b-h100-bf16-32"]) < 0.10
     assert abs(err["bridge-2511-h100-qwen3-30b-a3b-fp8cs-16"]) < 0.10
+
+
+def test_no_published_configuration_is_predicted_infeasible(report):
+    # they all ran (issue: "no published configuration is predicted infeasible")
+    assert [(r.id, r.violations) for r in report.infeasible] == []
