@@ -193,10 +193,11 @@ class StepEstimate:
 
 
 def _expert_host_s(job: TrainingJob, fp8_recipe: str) -> float:
-    """``MOE_EXPERT_HOST_S`` of the job's expert GEMM format (16-bit: ``bf16``; FP8: ``fp8_recipe``, unknown
-    recipes as MXFP8)."""
+    """``MOE_EXPERT_HOST_S`` of the job's expert GEMM format (16-bit: ``bf16``; FP8: ``fp8_recipe``)."""
+    if job.precision == "fp8" and fp8_recipe not in MOE_EXPERT_HOST_S:
+        raise ValueError(f"fp8_recipe {fp8_recipe!r}: allowed mx, cs")
     key = "bf16" if job.precision != "fp8" else fp8_recipe
-    return MOE_EXPERT_HOST_S.get(key, MOE_EXPERT_HOST_S["mx"])
+    return MOE_EXPERT_HOST_S[key]
 
 
 @lru_cache(maxsize=256)
@@ -388,7 +389,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
                   convention: FlopsConvention = "megatron", framework: str = "megatron",
                   tp_comm_overlap: bool | None = None, overlap_dp: bool | None = None,
                   ep_overlap: bool = False, full_cuda_graph: bool = False,
-                  fp8_recipe: str = "mx") -> StepEstimate:
+                  fp8_recipe: str | None = None) -> StepEstimate:
     """Step time of ``par`` on ``cluster`` (see module docstring). Raises ``LayoutError`` on an impossible split.
 
     ``framework`` selects the kernel set (``ELEMENTWISE_PASSES``: megatron, nemo, deepspeed, torchtitan,
@@ -398,11 +399,15 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     ``ep_overlap``: EP all-to-all overlapped with another micro-batch's compute. ``full_cuda_graph``: the whole
     step is captured in CUDA graphs (Megatron ``--cuda-graph-scope full``), removing the MoE per-layer host
     per-expert host time (``MOE_EXPERT_HOST_S``). ``fp8_recipe``: scaling of FP8 expert GEMMs, ``mx`` (MXFP8 /
-    blockwise) or ``cs`` (per-tensor current or delayed scaling), selecting ``MOE_EXPERT_HOST_S``.
+    blockwise) or ``cs`` (per-tensor current or delayed scaling), selecting ``MOE_EXPERT_HOST_S``; None = ``mx``
+    on GPUs with block-scaled FP4/FP8 tensor cores (Blackwell: an ``fp4`` peak in the cluster spec), else ``cs``
+    (Transformer Engine's default per-tensor recipe on Hopper).
     ``par.pipeline_layout`` (Megatron ``--pipeline-model-parallel-layout``) places the layers per model chunk instead
     of the even / first-last split; the embedding sits on the first chunk, the output layer and MTP on the last.
     """
     fw_base = framework.split("_")[0]
+    if fp8_recipe is None:
+        fp8_recipe = "mx" if "fp4" in cluster.gpu.peak_flops else "cs"
     if tp_comm_overlap is None:
         tp_comm_overlap = fw_base in ("nemo",)
     if overlap_dp is None:
