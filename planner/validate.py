@@ -529,9 +529,9 @@ def build_inputs(row: dict[str, Any]) -> tuple[ModelSpec, ClusterSpec, TrainingJ
         notes.append("interleaved 1F1B with 2 stages per rank (torchtitan's default for the named schedule)")
     layout = row_pipeline_layout(row) if pp > 1 else None
     if layout is None and fw == "torchtitan" and pp > 1 and vpp > 1 and model.num_layers % (pp * vpp):
-        layout = (torchtitan_split_layout(model.num_layers, pp * vpp),
-                  "torchtitan default split points (first/last stage L // stages layers, middle ones one more)")
-        layout = (layout[0], f"pipeline layout {layout[0]} ({layout[1]})")
+        text = torchtitan_split_layout(model.num_layers, pp * vpp)
+        layout = (text, f"pipeline layout {text} (torchtitan default split points: first/last stage "
+                        f"L // stages layers, middle ones one more)")
     if layout is not None:
         chunks = [c.count("t") for c in parse_pipeline_layout(layout[0])]
         if len(chunks) % pp == 0 and sum(chunks) == model.num_layers:
