@@ -34,7 +34,7 @@ PARAMS = {
     "TT_TP": (lambda v: st.TP_OVERLAP_EXPOSED.update(torchtitan=v), [0.0, 0.15, 0.3, 0.5, 0.7]),
     "TT_EFF": (lambda v: st.FRAMEWORK_COMPUTE_EFFICIENCY.update(torchtitan=v, torchtitan_compile=v),
                [0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 1.0]),
-    "EP_OVL": (lambda v: setattr(st, "EP_OVERLAP_EXPOSED", v), [0.0, 0.2, 0.4, 0.6, 1.0]),
+    "EP_OVL": (lambda v: setattr(st, "EP_OVERLAP_EXPOSED", v), [0.0, 0.2, 0.4, 0.5, 0.6, 1.0]),
     "ATT_S0": (lambda v: setattr(st, "ATTN_HALF_SEQ", v), [0, 512, 1024, 2048, 4096]),
     "MOE_EXP": (lambda v: st.MOE_EXPERT_HOST_S.update(mx=v), [0, 0.1e-3, 0.2e-3, 0.3e-3, 0.4e-3, 0.5e-3, 0.7e-3]),
     "MOE_BF16": (lambda v: st.MOE_EXPERT_HOST_S.update(bf16=v), [0, 0.1e-3, 0.2e-3, 0.4e-3]),
