@@ -26,9 +26,9 @@ BRANCH_CASES = [
     # Llama 3 405B layout (Llama 3 paper Sec. 3.3.2: 126 layers on 16 stages as 7 + 14 x 8 + 7), TP 8, ZeRO-1
     ("llama3.1-405b", ParallelConfig(tp=8, pp=16, dp=8, first_stage_layers=7, last_stage_layers=7,
                                      sequence_parallel=True, zero_stage=1, recompute="full"), "bf16"),
-    # even split with interleaving: 80 layers, pp 4, vpp 5 -> 4 layers per virtual stage
+    # even split with interleaving: 80 layers, pp 4, vpp 5 -> 4 layers per virtual stage; FP8 weights gathered
     ("llama2-70b", ParallelConfig(tp=4, pp=4, dp=8, vpp=5, sequence_parallel=True, zero_stage=1,
-                                  recompute="selective"), "fp8"),
+                                  recompute="selective", fp8_param_gather=True), "fp8"),
     # MLA + MoE (dense prefix, shared expert, router bias, MTP), CP, EP, ZeRO-3 (Megatron-FSDP)
     ("deepseek-v3", ParallelConfig(tp=2, pp=1, dp=512, cp=2, ep=256, etp=1, sequence_parallel=True,
                                    zero_stage=3), "bf16"),
@@ -41,6 +41,17 @@ BRANCH_CASES = [
     # BLOOM: ALiBi, biases, tied embeddings; plain DP, no sharding
     ("bloom-176b", ParallelConfig(tp=8, pp=7, dp=2, first_stage_layers=None, zero_stage=0), "bf16"),
     ("qwen2.5-7b", ParallelConfig(tp=4, pp=1, dp=2, zero_stage=1, sequence_parallel=True), "bf16"),
+    # Megatron-Bridge-style layout string (DeepSeek-V3 on pp 8 x vpp 2, MTP and loss in the last chunk), recipe
+    # knobs: recompute modules, precision-aware optimizer, optimizer CPU offload (bf16: megatron-core checks MoE
+    # + FP8 only with Transformer Engine installed)
+    ("deepseek-v3", ParallelConfig(tp=2, pp=8, dp=8, ep=8, etp=1, vpp=2, sequence_parallel=True, zero_stage=1,
+                                   pipeline_layout="Etttt|" + "tttt|" * 14 + "tmL", recompute="selective",
+                                   recompute_modules=("core_attn", "mla_up_proj"), exp_avg_dtype="bf16",
+                                   exp_avg_sq_dtype="bf16", optimizer_cpu_offload_fraction=0.5), "bf16"),
+    # embedding and loss counted as layers: (80 + 2) / pp 2 = 41 per rank
+    ("llama2-70b", ParallelConfig(tp=8, pp=2, dp=4, zero_stage=1, sequence_parallel=True,
+                                  account_for_embedding_in_pipeline_split=True,
+                                  account_for_loss_in_pipeline_split=True), "bf16"),
     # HSDP (shard within 8 ranks, 8 replicas) and bf16 gradient reduction
     ("llama3.1-8b", ParallelConfig(tp=1, pp=1, dp=64, zero_stage=3, hsdp_shard_size=8, grad_reduce_in_bf16=True),
      "bf16"),
@@ -297,3 +308,22 @@ def test_megatron_deepspeed_refuses_ulysses_with_megatron_sp():
     lf = launch_fields(get_model("llama3.1-70b"), JOB, par, 8)
     assert lf["deepspeed"] is not None  # the JSON itself is fine
     assert lf["megatron_deepspeed"] is None and "Ulysses" in lf["unsupported"]["megatron_deepspeed"]
+
+
+def test_recipe_knobs_become_megatron_flags():
+    m = get_model("deepseek-v3")
+    par = BRANCH_CASES[7][1]
+    a = parse_argv(megatron_args(m, JOB, par))
+    assert a["pipeline_model_parallel_layout"] == par.pipeline_layout
+    assert not {"num_layers_per_virtual_pipeline_stage", "num_virtual_stages_per_pipeline_rank",
+                "decoder_first_pipeline_num_layers"} & set(a)  # validate_args: one of them at most
+    assert a["recompute_modules"] == ["core_attn", "mla_up_proj"]
+    assert (a["use_precision_aware_optimizer"], a["exp_avg_dtype"], a["exp_avg_sq_dtype"]) == (True, "bf16", "bf16")
+    assert (a["optimizer_cpu_offload"], a["optimizer_offload_fraction"]) == (True, 0.5)
+    a8 = parse_argv(megatron_args(get_model("llama2-70b"), _job("fp8"), BRANCH_CASES[1][1]))
+    assert a8["fp8_param_gather"] is True and a8["fp8_recipe"] == "delayed"
+    # delayed scaling cannot recompute moe_act/layernorm under FP8 (megatron-core): per-tensor current scaling
+    moe_act = par.model_copy(update={"recompute_modules": ("moe_act",)})
+    assert parse_argv(megatron_args(m, _job("fp8"), moe_act))["fp8_recipe"] == "tensorwise"
+    a = parse_argv(megatron_args(get_model("llama2-70b"), JOB, BRANCH_CASES[8][1]))
+    assert a["account_for_embedding_in_pipeline_split"] and a["account_for_loss_in_pipeline_split"]

@@ -20,26 +20,32 @@ def megatron_arg_names() -> tuple[str, set[str]]:
     return lines[0], {x.strip() for x in lines[1:] if x.startswith("--")}
 
 
+def _value(x: str) -> object:
+    for conv in (int, float):
+        try:
+            return conv(x)
+        except ValueError:
+            pass
+    return x
+
+
 def parse_argv(args: list[str]) -> dict[str, object]:
-    """``["--num-layers", "32", "--swiglu"]`` -> ``{"num_layers": 32, "swiglu": True}`` (argparse's dest rule:
-    dashes to underscores; ints converted)."""
+    """``["--num-layers", "32", "--swiglu", "--recompute-modules", "a", "b"]`` -> ``{"num_layers": 32,
+    "swiglu": True, "recompute_modules": ["a", "b"]}`` (argparse's dest rule: dashes to underscores; numbers
+    converted; several values = a list)."""
     out: dict[str, object] = {}
     i = 0
     while i < len(args):
         flag = args[i]
         assert flag.startswith("--"), f"value {flag!r} without a flag"
         key = flag[2:].replace("-", "_")
-        if i + 1 < len(args) and not args[i + 1].startswith("--"):
-            v: object = args[i + 1]
-            try:
-                v = int(v)
-            except ValueError:
-                pass
-            out[key] = v
-            i += 2
-        else:
-            out[key] = True
-            i += 1
+        assert key not in out, f"{flag} given twice"
+        j = i + 1
+        while j < len(args) and not args[j].startswith("--"):
+            j += 1
+        vals = [_value(x) for x in args[i + 1:j]]
+        out[key] = True if not vals else vals[0] if len(vals) == 1 else vals
+        i = j
     return out
 
 
@@ -52,13 +58,19 @@ def megatron_validate_args(a: dict, world_size: int) -> int | None:
     cp = a.get("context_parallel_size", 1)
     assert world_size % (tp * pp * cp) == 0, f"world size ({world_size}) is not divisible by tp*pp*cp"
     dp = world_size // (tp * pp * cp)
-    L = a["num_layers"]
+    L = a["num_layers"] + int(bool(a.get("account_for_embedding_in_pipeline_split"))) \
+        + int(bool(a.get("account_for_loss_in_pipeline_split")))
     n_vpp_flags = sum(k in a for k in ("num_layers_per_virtual_pipeline_stage", "num_virtual_stages_per_pipeline_rank",
                                        "pipeline_model_parallel_layout"))
     assert n_vpp_flags <= 1, "No more than one of the virtual-pipeline arguments can be set at the same time"
     uneven = "decoder_first_pipeline_num_layers" in a or "decoder_last_pipeline_num_layers" in a
     vpp = None
-    if "num_layers_per_virtual_pipeline_stage" in a:
+    if "pipeline_model_parallel_layout" in a:
+        from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+        n_stages = PipelineParallelLayerLayout.get_num_stages_from_str(a["pipeline_model_parallel_layout"])
+        assert n_stages % pp == 0, "The length of pipeline_model_parallel_layout must be divisible by pp"
+        vpp = n_stages // pp
+    elif "num_layers_per_virtual_pipeline_stage" in a:
         assert not uneven, ("please use --num-virtual-stages-per-pipeline-rank to specify virtual pipeline parallel "
                             "degree when enable uneven pipeline parallelism")
         assert L % pp == 0, "number of layers of the model must be divisible pipeline model parallel size"
@@ -124,14 +136,29 @@ def megatron_core_config(a: dict, vpp: int | None):
         kw["moe_layer_freq"] = eval(kw["moe_layer_freq"], {"__builtins__": {}})  # pattern of digits, [], +, *
     if kw.get("normalization"):
         kw["normalization"] = a["normalization"]
+    if isinstance(kw.get("recompute_modules"), str):
+        kw["recompute_modules"] = [kw["recompute_modules"]]
     return cls(**kw)
 
 
 def megatron_layers_per_rank(cfg) -> list[list[int]]:
     """``get_num_layers_to_build(cfg, vp_stage, pp_rank)`` for every pipeline rank and virtual stage."""
+    from megatron.core.transformer.enums import LayerType
     from megatron.core.transformer.transformer_block import get_num_layers_to_build
 
     v = cfg.virtual_pipeline_model_parallel_size or 1
+    layout = cfg.pipeline_model_parallel_layout
+    if layout is not None:
+        # the layout object takes the rank explicitly; it reads the virtual-pipeline size from parallel_state
+        # (set here as Megatron's initialize_model_parallel would, no process group needed)
+        from megatron.core import parallel_state as ps
+        saved = ps.get_virtual_pipeline_model_parallel_world_size()
+        ps.set_virtual_pipeline_model_parallel_world_size(v if v > 1 else None)
+        try:
+            return [[layout.get_num_layers_to_build(layer_type=LayerType.decoder, vp_stage=s, pp_rank=r)
+                     for s in range(v)] for r in range(cfg.pipeline_model_parallel_size)]
+        finally:
+            ps.set_virtual_pipeline_model_parallel_world_size(saved)
     return [[get_num_layers_to_build(cfg, vp_stage=(s if v > 1 else None), pp_rank=r) for s in range(v)]
             for r in range(cfg.pipeline_model_parallel_size)]
 

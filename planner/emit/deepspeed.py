@@ -39,6 +39,11 @@ def check_deepspeed(model: ModelSpec | None, job: TrainingJob, par: ParallelConf
     if job.global_batch_size % (par.micro_batch_size * par.dp):
         raise EmitError(f"global_batch_size {job.global_batch_size} is not divisible by micro_batch_size*dp = "
                         f"{par.micro_batch_size}*{par.dp}")
+    if par.pp > 1 and (getattr(par, "pipeline_layout", None) is not None
+                       or getattr(par, "account_for_embedding_in_pipeline_split", False)
+                       or getattr(par, "account_for_loss_in_pipeline_split", False)):
+        raise EmitError("pipeline_layout / account-for-embedding/loss split: DeepSpeed's PipelineModule partitions "
+                        "by its own method (parameters, uniform, type:), not by a Megatron layout")
     hsdp = getattr(par, "hsdp_shard_size", None)
     if hsdp is not None and hsdp < par.dp * par.cp:
         # DeepSpeed's hybrid sharding (MiCS, zero_optimization.mics_shard_size) was removed; DeepSpeedConfig 0.19.8

@@ -125,17 +125,29 @@ def parallel_args(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> li
     a: list[str] = []
     add = a.extend
     add(["--tensor-model-parallel-size", str(par.tp), "--pipeline-model-parallel-size", str(par.pp)])
-    if par.first_stage_layers is not None:
+    layout = getattr(par, "pipeline_layout", None)
+    if layout is not None:
+        # the layout string fixes the layers of every model chunk and vpp (chunks / pp); validate_args allows no
+        # other virtual-pipeline or uneven-split argument with it
+        add(["--pipeline-model-parallel-layout", layout])
+    if layout is None and par.first_stage_layers is not None:
         add(["--decoder-first-pipeline-num-layers", str(par.first_stage_layers)])
-    if par.last_stage_layers is not None:
+    if layout is None and par.last_stage_layers is not None:
         add(["--decoder-last-pipeline-num-layers", str(par.last_stage_layers)])
-    if par.vpp > 1:
+    if layout is None and getattr(par, "account_for_embedding_in_pipeline_split", False):
+        a.append("--account-for-embedding-in-pipeline-split")
+    if layout is None and getattr(par, "account_for_loss_in_pipeline_split", False):
+        a.append("--account-for-loss-in-pipeline-split")
+    if par.vpp > 1 and layout is None:
         if par.pp == 1:
             raise EmitError(f"vpp {par.vpp}: Megatron's interleaved schedule needs pipeline-model-parallel size > 1")
         if par.first_stage_layers is None and par.last_stage_layers is None:
-            per_rank = model.num_layers // par.pp
-            if model.num_layers % par.pp or per_rank % par.vpp:
-                raise EmitError(f"vpp {par.vpp}: {model.num_layers} layers over pp {par.pp} do not split into "
+            # validate_args counts the embedding/loss as layers when they are accounted in the split
+            total = model.num_layers + int(getattr(par, "account_for_embedding_in_pipeline_split", False)) \
+                + int(getattr(par, "account_for_loss_in_pipeline_split", False))
+            per_rank = total // par.pp
+            if total % par.pp or per_rank % par.vpp:
+                raise EmitError(f"vpp {par.vpp}: {total} layers over pp {par.pp} do not split into "
                                 f"{par.vpp} equal virtual stages")
             add(["--num-layers-per-virtual-pipeline-stage", str(per_rank // par.vpp)])
         else:
@@ -151,6 +163,9 @@ def parallel_args(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> li
     add(["--micro-batch-size", str(par.micro_batch_size), "--global-batch-size", str(job.global_batch_size)])
     if par.recompute == "selective":
         add(["--recompute-granularity", "selective"])
+        modules = getattr(par, "recompute_modules", None)
+        if modules:
+            add(["--recompute-modules", *modules])
     elif par.recompute == "full":
         if par.recompute_num_layers is None:
             add(["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"])
@@ -173,6 +188,12 @@ def parallel_args(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> li
         add(["--num-distributed-optimizer-instances", str(par.dp * par.cp // hsdp)])
     if getattr(par, "grad_reduce_in_bf16", False):
         a.append("--grad-reduce-in-bf16")
+    m1, m2 = getattr(par, "exp_avg_dtype", "fp32"), getattr(par, "exp_avg_sq_dtype", "fp32")
+    if (m1, m2) != ("fp32", "fp32"):
+        add(["--use-precision-aware-optimizer", "--exp-avg-dtype", m1, "--exp-avg-sq-dtype", m2])
+    offload = getattr(par, "optimizer_cpu_offload_fraction", 0.0)
+    if offload > 0:
+        add(["--optimizer-cpu-offload", "--optimizer-offload-fraction", f"{offload:g}"])
     if sharded_dp:
         a.append("--overlap-grad-reduce")
         if par.zero_stage >= 1:
@@ -182,8 +203,18 @@ def parallel_args(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> li
     else:
         a.append("--bf16")
     if job.precision == "fp8":
-        add(["--fp8-format", "hybrid", "--fp8-recipe", "delayed", "--fp8-amax-history-len", "1024",
-             "--fp8-amax-compute-algo", "max"])
+        modules = getattr(par, "recompute_modules", None) or ()
+        if par.recompute == "selective" and {"moe_act", "layernorm"} & set(modules):
+            # megatron-core TransformerConfig: "Delayed scaling does not support moe_act and layernorm recompute
+            # for fp8" -> per-tensor current scaling (needs Transformer Engine >= 2.6)
+            add(["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"])
+        else:
+            add(["--fp8-format", "hybrid", "--fp8-recipe", "delayed", "--fp8-amax-history-len", "1024",
+                 "--fp8-amax-compute-algo", "max"])
+        if getattr(par, "fp8_param_gather", False):
+            a.append("--fp8-param-gather")
+    if getattr(job, "cross_entropy_fusion_impl", "native") == "te":
+        add(["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te"])
     if not job.flash_attention:
         add(["--attention-backend", "unfused"])
     return a

@@ -79,7 +79,18 @@ def torchtitan_settings(model: ModelSpec, job: TrainingJob, par: ParallelConfig)
                 "fsdp_reshard_after_forward": "always" if par.zero_stage == 3 else "never",
                 "tensor_parallel_degree": par.tp, "context_parallel_degree": par.cp,
                 "pipeline_parallel_degree": par.pp}
-    if par.pp > 1:
+    if getattr(par, "pipeline_layout", None) is not None:
+        raise EmitError("pipeline_layout: torchtitan has no Megatron layout string (it splits by layers per stage)")
+    emb = int(getattr(par, "account_for_embedding_in_pipeline_split", False))
+    loss = int(getattr(par, "account_for_loss_in_pipeline_split", False))
+    if par.pp > 1 and (emb or loss):
+        # Megatron counts the embedding (loss) as one layer of the first (last) chunk; torchtitan's
+        # first/last_stage_less_layers are the same weights: (L + emb + loss) / (pp * vpp) slots per virtual stage
+        total = model.num_layers + emb + loss
+        if total % (par.pp * par.vpp):
+            raise EmitError(f"{total} layer slots do not split over pp {par.pp} x vpp {par.vpp} virtual stages")
+        per, fl, ll = total // (par.pp * par.vpp), emb, loss
+    if par.pp > 1 and not (emb or loss):
         mid, first, last = _stage_layers(model, par)
         v = par.vpp
         if v > 1 and (first != mid or last != mid):
@@ -91,8 +102,9 @@ def torchtitan_settings(model: ModelSpec, job: TrainingJob, par: ParallelConfig)
                             f"{v} torchtitan virtual stages")
         per = mid // v
         fl, ll = (mid - first) // v, (mid - last) // v
+    if par.pp > 1:
         if per - fl < 1 or per - ll < 1:
-            raise EmitError(f"vpp {v}: the first/last torchtitan virtual stage would hold no layer")
+            raise EmitError(f"vpp {par.vpp}: the first/last torchtitan virtual stage would hold no layer")
         pl.update({"pipeline_parallel_schedule": _SCHEDULES[par.pipeline_schedule],
                    "pipeline_parallel_microbatch_size": par.micro_batch_size,
                    "pipeline_parallel_layers_per_stage": per,
