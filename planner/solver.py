@@ -179,7 +179,7 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
     logit_bpe = min([lbpe.get(fw, 0) for fw in getattr(mm, "FRAMEWORKS", ("megatron",)) if fw in fws] or [0])
     adam = float(getattr(stm, "ADAM_HBM_BYTES_PER_PARAM", 0.0))
     T = Tables()
-    for st in structures(model, cluster, job, num_gpus, space):
+    for st in structures(model, cluster, job, num_gpus, space, framework):
         mbss = micro_batch_options(st, job, space)
         zs = zero_options(st, framework, space)
         sps = sp_options(st, job, framework, space)

@@ -89,8 +89,12 @@ def layer_split(model: ModelSpec, pp: int) -> tuple[int | None, int | None] | No
 
 
 def structures(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int,
-               space: SearchSpace = SearchSpace()) -> Iterator[Structure]:
-    """Every (tp, pp, cp, dp, ep, split) with exact products that passes the divisibility rules."""
+               space: SearchSpace = SearchSpace(), framework: str = "megatron") -> Iterator[Structure]:
+    """Every (tp, pp, cp, dp, ep, etp, split) with exact products that passes the divisibility rules.
+
+    Expert tensor parallelism (MoE, ep > 1): 1, or = tp (Megatron ``--expert-tensor-parallel-size``; torchtitan
+    allows exactly these two, ``expert_tensor_parallel_degree``); DeepSpeed gets 1. The expert grid ``ep x etp``
+    must divide ``dp x cp x tp``."""
     a, g = model.num_attention_heads, model.num_kv_heads
     dom = cluster.node.nvlink_domain_size
     s = job.seq_length
@@ -117,7 +121,13 @@ def structures(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpu
                 for ep in eps:
                     if space.ep is not None and ep not in space.ep:
                         continue
-                    yield Structure(tp, pp, cp, dp, ep, 1 if ep > 1 else None, split[0], split[1])
+                    if ep == 1:
+                        yield Structure(tp, pp, cp, dp, ep, None, split[0], split[1])
+                        continue
+                    etps = [1] if tp == 1 or framework == "deepspeed" else [1, tp]
+                    for etp in etps:
+                        if (dp * cp * tp) % (ep * etp) == 0:
+                            yield Structure(tp, pp, cp, dp, ep, etp, split[0], split[1])
 
 
 def micro_batch_options(st: Structure, job: TrainingJob, space: SearchSpace = SearchSpace()) -> list[int]:
@@ -171,7 +181,7 @@ def to_parallel(st: Structure, mbs: int, vpp: int, zero: int, sp: bool, rc: str)
 def candidates(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int,
                space: SearchSpace = SearchSpace(), framework: str = "megatron") -> Iterator[ParallelConfig]:
     """Every configuration of ``space`` that passes the cheap divisibility rules (no memory, no time)."""
-    for st in structures(model, cluster, job, num_gpus, space):
+    for st in structures(model, cluster, job, num_gpus, space, framework):
         for mbs in micro_batch_options(st, job, space):
             m = job.global_batch_size // (mbs * st.dp)
             for vpp in vpp_options(model, st, m, framework, space):
