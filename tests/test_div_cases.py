@@ -173,3 +173,18 @@ def test_f21_ep_with_tp_requires_sp():
     assert "ep_tp_needs_sp" not in _names(m, par.model_copy(update={"sequence_parallel": True}), 16)
     for p in candidates(m, H100, JOB, 16, SearchSpace(micro_batch_size=(1,), zero_stage=(1,), recompute=("full",))):
         assert not (p.tp > 1 and p.ep > 1 and not p.sequence_parallel)
+
+
+def test_expert_tensor_parallel_options_and_grid():
+    """Expert TP is 1 or tp (Megatron --expert-tensor-parallel-size; torchtitan allows only these), 1 for DeepSpeed;
+    every proposed layout tiles the world with the expert grid ep x etp (F16)."""
+    m = get_model("mixtral-8x7b")
+    sp = SearchSpace(micro_batch_size=(1,), zero_stage=(1,), recompute=("full",))
+    seen = set()
+    for p in candidates(m, H100, JOB, 32, sp):
+        if p.ep > 1:
+            assert p.expert_tp in (1, p.tp)
+            assert (p.dp * p.cp * p.tp) % (p.ep * p.expert_tp) == 0
+            seen.add((p.tp, p.expert_tp))
+    assert (4, 4) in seen and (4, 1) in seen
+    assert all(p.expert_tp == 1 for p in candidates(m, H100, JOB, 32, sp, framework="deepspeed") if p.ep > 1)
