@@ -358,7 +358,7 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
                 #       =>  step >= (m-1)(f_B + b_B) + max(f_B, ag) + max(b_B, rs)
                 # with f_B, b_B >= the smallest per-rank lower bounds. E adds what exceeds the largest P of this k, so
                 # P + E stays below the step time for every (sp, vpp).
-                pmax = max(x for row in P for x in row if x != INVALID)
+                pmax = max((x for row in P for x in row if x != INVALID), default=0.0)
                 E = [INVALID] * 4
                 O = [INVALID] * 4
                 Zk = [[0.0] * 4 for _ in range(2)]

@@ -159,3 +159,12 @@ def test_hf_config_path_plans(run_cli):
     assert r.exit_code == 0, r.stderr
     # the same count as the built-in entry and HF's LlamaForCausalLM (param_counts.json)
     assert r.json()["input"]["model"]["num_parameters"] == 8_030_261_248
+
+
+def test_pinned_vpp_plans_only_interleaved_layouts(run_cli):
+    # regression: a pin that empties some table rows (vpp 2 needs pp > 1) used to crash the CP-SAT tables
+    r = run_cli("plan", "--vpp", "2", "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    plans = r.json()["plans"]
+    assert plans and all(p["parallel"]["vpp"] == 2 and p["parallel"]["pp"] > 1 for p in plans)
+    assert all(p["parallel"]["pipeline_schedule"] == "interleaved" for p in plans)
