@@ -115,7 +115,12 @@ def _gib(x: float) -> str:
 
 def _plans_table(doc, title: str):
     from rich.table import Table
-    t = Table(title=title, title_justify="left")
+    caption = "peak GiB: most loaded stage / GPU capacity (GiB = 2^30 bytes); ! = within 5% of capacity"
+    thr = next((p.throughput for p in doc.plans if p.throughput), None)
+    if thr is not None:
+        caption += (f"; MFU = model FLOPs ({thr.flops_convention} count) / dense 16-bit peak "
+                    f"{thr.peak_flops_per_gpu / 1e12:.0f} TFLOP/s per GPU")
+    t = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     for col in ("#", "tp", "pp", "dp", "cp", "ep", "vpp", "mbs", "zero", "sp", "recompute", "peak GiB",
                 "step s", "tokens/s", "TFLOP/s/GPU", "MFU", "ok"):
         t.add_column(col, justify="right")
@@ -254,6 +259,8 @@ def plan(
         res, n = fewest_gpus(m, c, job, n, k, space, headroom, framework.value, solver.value, target_step_s,
                              target_tokens_per_day)
     else:
+        if target_step_s is not None or target_tokens_per_day is not None:
+            raise PlanInputError("--target-step-s / --target-tokens-per-day need --objective min-gpus")
         from .search import run_search
         res = run_search(m, c, job, n, k, space, headroom, framework.value, solver.value, objective.value, within)
     if not res.plans:
@@ -265,20 +272,6 @@ def plan(
             f"plan3d: {m.name} on {n} x {c.gpu.name} ({c.name}), GBS {job.global_batch_size} x seq "
             f"{job.seq_length}, {job.precision}: top {len(res.plans)} of {res.num_feasible} feasible "
             f"({res.num_candidates} examined)", rank)
-
-
-def _why_infeasible(m, c, job, n, res) -> str:
-    if not res.nearest_infeasible:
-        return (f"no valid layout of {m.name} on {n} GPUs: no tp/pp/dp/cp split satisfies the divisibility rules "
-                f"(heads {m.num_attention_heads}, layers {m.num_layers}, global batch {job.global_batch_size}); "
-                f"try another GPU count or global batch size")
-    ev = res.nearest_infeasible[0]
-    p = ev.parallel
-    binding = ev.violations[0].message if ev.violations else "memory"
-    return (f"no feasible plan for {m.name} on {n} x {c.gpu.name}: memory binds; the closest layout "
-            f"(tp {p.tp}, pp {p.pp}, dp {p.dp}, cp {p.cp}, mbs {p.micro_batch_size}, zero {p.zero_stage}, "
-            f"recompute {p.recompute}): {binding}; try more GPUs, a shorter --seq-length, or a smaller "
-            f"--global-batch-size")
 
 
 @app.command()
@@ -553,10 +546,21 @@ def validate(
         sys.exit(1)
 
 
+ShowOpt = Annotated[Optional[str], typer.Option("--show", help="print this entry as YAML (a template for your own)")]
+
+
+def _show_yaml(data: dict) -> None:
+    import yaml
+    sys.stdout.write(yaml.safe_dump(data, sort_keys=False, width=110))
+
+
 @app.command()
-def models(fmt: FmtOpt = Fmt.table) -> None:
-    """List the built-in models."""
+def models(fmt: FmtOpt = Fmt.table, show: ShowOpt = None) -> None:
+    """List the built-in models; --show NAME prints one as YAML (the format --model accepts)."""
     from model_zoo import get_model, list_models
+    if show is not None:
+        _show_yaml(get_model(show).model_dump(mode="json", exclude_defaults=True))
+        return
     rows = []
     for name in list_models():
         s = get_model(name)
@@ -582,9 +586,12 @@ def models(fmt: FmtOpt = Fmt.table) -> None:
 
 
 @app.command()
-def clusters(fmt: FmtOpt = Fmt.table) -> None:
-    """List the built-in clusters."""
+def clusters(fmt: FmtOpt = Fmt.table, show: ShowOpt = None) -> None:
+    """List the built-in clusters; --show NAME prints one as YAML (the format --cluster accepts)."""
     from cluster_specs import get_cluster, list_clusters
+    if show is not None:
+        _show_yaml(get_cluster(show).model_dump(mode="json"))
+        return
     rows = []
     for name in list_clusters():
         c = get_cluster(name)
@@ -609,6 +616,23 @@ def clusters(fmt: FmtOpt = Fmt.table) -> None:
                   f"{(r['peak_fp8_flops'] or 0) / 1e12:.0f}" if r["peak_fp8_flops"] else "-",
                   f"{r['nvlink_bytes_per_s'] / 1e9:.0f}", f"{r['nic_bytes_per_s'] / 1e9:.0f}")
     Console(width=200).print(t)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            v = version("plan3d")
+        except PackageNotFoundError:  # pragma: no cover - running from a source tree without install
+            v = "unknown"
+        sys.stdout.write(f"plan3d {v}\n")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="print the version and exit")] = False) -> None:
+    """plan3d: plan DP x PP x TP x CP x EP layouts for large-transformer training."""
 
 
 @app.command()

@@ -168,3 +168,27 @@ def test_pinned_vpp_plans_only_interleaved_layouts(run_cli):
     plans = r.json()["plans"]
     assert plans and all(p["parallel"]["vpp"] == 2 and p["parallel"]["pp"] > 1 for p in plans)
     assert all(p["parallel"]["pipeline_schedule"] == "interleaved" for p in plans)
+
+
+def test_show_yaml_round_trips_as_input(run_cli, tmp_path):
+    """`models --show` / `clusters --show` print the YAML formats --model / --cluster accept."""
+    r = run_cli("models", "--show", "mixtral-8x7b")
+    assert r.exit_code == 0
+    (tmp_path / "m.yaml").write_text(r.stdout)
+    r = run_cli("clusters", "--show", "dgx-a100-80g")
+    assert r.exit_code == 0 and "memory_bytes: 85899345920" in r.stdout  # 81920 MiB (nvidia-smi)
+    (tmp_path / "c.yaml").write_text(r.stdout)
+    r = run_cli("evaluate", "--model", str(tmp_path / "m.yaml"), "--cluster", str(tmp_path / "c.yaml"),
+                "--gpus", "8", "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    doc = r.json()
+    # HF MixtralForCausalLM parameter count (shared/data/param_counts.json)
+    assert doc["input"]["model"]["num_parameters"] == 46_702_792_704
+    assert doc["input"]["cluster"]["memory_bytes_per_gpu"] == 81920 * 2**20
+
+
+def test_version_and_target_without_objective(run_cli):
+    r = run_cli("--version")
+    assert r.exit_code == 0 and r.stdout.startswith("plan3d ")
+    r = run_cli("plan", "--target-step-s", "1")
+    assert r.exit_code == 2 and "--objective min-gpus" in r.stderr
