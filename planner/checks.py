@@ -197,5 +197,7 @@ def check_config(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: 
         st = memory.peak_stage
         limit = memory.capacity_bytes * (1 - memory_headroom)
         v.append(Violation("memory", f"stage {st.stage} needs {st.total / 2**30:.1f} GiB > {limit / 2**30:.1f} GiB "
-                                     f"usable (by {(st.total - limit) / 2**30:.1f} GiB)", st.total - limit))
+                                     f"usable ({memory.capacity_bytes / 2**30:.1f} GiB capacity less "
+                                     f"{memory_headroom:.0%} headroom) by {(st.total - limit) / 2**30:.1f} GiB",
+                           st.total - limit))
     return v

@@ -70,8 +70,11 @@ SeqOpt = Annotated[int, typer.Option("--seq-length", min=1, help="tokens per seq
 PrecOpt = Annotated[Precision, typer.Option("--precision", help="GEMM precision")]
 FmtOpt = Annotated[Fmt, typer.Option("--format", help="table or json")]
 OutOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="write the output to this file")]
+#: Same default as planner.checks.DEFAULT_MEMORY_HEADROOM (a test keeps them equal; not imported here to keep
+#: CLI start-up light), so evaluate/memory agree with what plan accepts.
+HEADROOM_DEFAULT = 0.05
 HeadroomOpt = Annotated[float, typer.Option("--memory-headroom", min=0.0, max=0.5,
-                                            help="fraction of GPU memory kept free")]
+                                            help="fraction of GPU memory kept free (default 0.05)")]
 FrameworkOpt = Annotated[Framework, typer.Option("--framework", help="framework whose rules apply")]
 
 
@@ -291,7 +294,7 @@ def evaluate(
     sequence_parallel: Annotated[bool, typer.Option("--sequence-parallel/--no-sequence-parallel")] = False,
     first_stage_layers: Annotated[Optional[int], typer.Option("--first-stage-layers", min=1)] = None,
     last_stage_layers: Annotated[Optional[int], typer.Option("--last-stage-layers", min=1)] = None,
-    memory_headroom: HeadroomOpt = 0.0, framework: FrameworkOpt = Framework.megatron,
+    memory_headroom: HeadroomOpt = HEADROOM_DEFAULT, framework: FrameworkOpt = Framework.megatron,
     fmt: FmtOpt = Fmt.table, output: OutOpt = None,
     emit: Annotated[Optional[Emit], typer.Option("--emit")] = None,
     flops_convention: Annotated[FlopsConv, typer.Option(
@@ -334,7 +337,7 @@ def memory(
     last_stage_layers: Annotated[Optional[int], typer.Option("--last-stage-layers", min=1)] = None,
     flash_attention: Annotated[bool, typer.Option("--flash-attention/--no-flash-attention")] = True,
     dropout: Annotated[bool, typer.Option("--dropout/--no-dropout", help="dropout layers present")] = False,
-    memory_headroom: HeadroomOpt = 0.0, framework: FrameworkOpt = Framework.megatron,
+    memory_headroom: HeadroomOpt = HEADROOM_DEFAULT, framework: FrameworkOpt = Framework.megatron,
     fmt: FmtOpt = Fmt.table, output: OutOpt = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="draw the per-stage breakdown to FILE.png|svg")] = None,
     capacity_factor: Annotated[Optional[float], typer.Option(

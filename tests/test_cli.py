@@ -192,3 +192,9 @@ def test_version_and_target_without_objective(run_cli):
     assert r.exit_code == 0 and r.stdout.startswith("plan3d ")
     r = run_cli("plan", "--target-step-s", "1")
     assert r.exit_code == 2 and "--objective min-gpus" in r.stderr
+
+
+def test_cli_headroom_default_matches_the_checker():
+    from planner.checks import DEFAULT_MEMORY_HEADROOM
+    from planner.cli import HEADROOM_DEFAULT
+    assert HEADROOM_DEFAULT == DEFAULT_MEMORY_HEADROOM
