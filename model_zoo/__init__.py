@@ -10,7 +10,7 @@ from .loaders import (
     load_model_file,
     supported_model_types,
 )
-from .spec import LayerParams, MLASpec, ModelSpec, MoESpec
+from .spec import LayerParams, MLASpec, ModelSpec, MoESpec, RopeScalingSpec
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -19,6 +19,7 @@ __all__ = [
     "ModelSpec",
     "ModelSpecError",
     "MoESpec",
+    "RopeScalingSpec",
     "from_hf_config",
     "get_model",
     "list_models",

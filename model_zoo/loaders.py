@@ -135,6 +135,30 @@ class _Cfg:
         return v
 
 
+_ROPE_SCALING_KEYS = ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor",
+                      "beta_fast", "beta_slow", "mscale", "mscale_all_dim")
+
+
+def _rope_and_norm(c: _Cfg, eps_keys: tuple[str, ...], eps_default: float) -> dict[str, Any]:
+    """Settings that define the model without holding parameters: ``rope_theta``, ``partial_rotary_factor``,
+    ``rope_scaling`` (``rope_type`` or the older ``type``; "default" = none) and the norm epsilon (the first of
+    ``eps_keys`` present, else the HF configuration class default ``eps_default``)."""
+    out: dict[str, Any] = {"rope_theta": float(c.d.get("rope_theta") or 10000.0),
+                           "norm_eps": float(next((c.d[k] for k in eps_keys if c.d.get(k) is not None),
+                                                  eps_default))}
+    if c.d.get("partial_rotary_factor") is not None:
+        out["rotary_percent"] = float(c.d["partial_rotary_factor"])
+    rs = c.d.get("rope_scaling")
+    if isinstance(rs, dict):
+        kind = rs.get("rope_type", rs.get("type"))
+        if kind not in (None, "default"):
+            if kind not in ("llama3", "yarn", "linear"):
+                raise ModelSpecError(f"{c.where}: field 'rope_scaling.rope_type': '{kind}' is not supported; "
+                                     f"supported: llama3, yarn, linear")
+            out["rope_scaling"] = {"type": kind, **{k: rs[k] for k in _ROPE_SCALING_KEYS if rs.get(k) is not None}}
+    return out
+
+
 def _llama_like(c: _Cfg, family: str, *, qkv_bias_default: bool = False, o_bias: bool | None = None,
                 qk_norm: bool = False) -> dict[str, Any]:
     h = c.int_("hidden_size")
@@ -161,6 +185,8 @@ def _llama_like(c: _Cfg, family: str, *, qkv_bias_default: bool = False, o_bias:
         tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
         position_embedding="rope",
         max_position_embeddings=c.int_("max_position_embeddings", default=4096),
+        # LlamaConfig / MistralConfig / Qwen2Config: rms_norm_eps default 1e-6
+        **_rope_and_norm(c, ("rms_norm_eps",), 1e-6),
     )
 
 
@@ -174,6 +200,7 @@ def _hf_mistral(c: _Cfg) -> dict[str, Any]:
 
 def _hf_mixtral(c: _Cfg) -> dict[str, Any]:
     d = _llama_like(c, "mixtral")
+    d["norm_eps"] = float(c.d.get("rms_norm_eps") or 1e-5)  # MixtralConfig default 1e-5
     d["moe"] = dict(
         num_experts=c.int_("num_local_experts"),
         top_k=c.int_("num_experts_per_tok"),
@@ -205,6 +232,7 @@ def _hf_qwen2_moe(c: _Cfg) -> dict[str, Any]:
         first_k_dense_layers=step - 1,
         moe_layer_freq=step,
         dense_layer_indices=tuple(c.get("mlp_only_layers", [])),
+        norm_topk_prob=bool(c.get("norm_topk_prob", False)),  # Qwen2MoeConfig default False
     )
     return d
 
@@ -223,6 +251,7 @@ def _hf_qwen3_moe(c: _Cfg) -> dict[str, Any]:
         first_k_dense_layers=step - 1,
         moe_layer_freq=step,
         dense_layer_indices=tuple(c.get("mlp_only_layers", [])),
+        norm_topk_prob=bool(c.get("norm_topk_prob", False)),  # Qwen3MoeConfig default False
     )
     return d
 
@@ -247,6 +276,7 @@ def _hf_gpt2(c: _Cfg) -> dict[str, Any]:
         tie_word_embeddings=bool(c.get("tie_word_embeddings", True)),
         position_embedding="learned",
         max_position_embeddings=c.int_("n_positions", "max_position_embeddings"),
+        norm_eps=float(c.get("layer_norm_epsilon", 1e-5)),  # GPT2Config default 1e-5
     )
 
 
@@ -271,6 +301,7 @@ def _hf_bloom(c: _Cfg) -> dict[str, Any]:
         position_embedding="alibi",
         max_position_embeddings=c.int_("seq_length", default=2048),
         embedding_layernorm=True,
+        norm_eps=float(c.get("layer_norm_epsilon", 1e-5)),  # BloomConfig default 1e-5
     )
 
 
@@ -297,6 +328,9 @@ def _hf_nemotron(c: _Cfg) -> dict[str, Any]:
         tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
         position_embedding="rope",
         max_position_embeddings=c.int_("max_position_embeddings", default=4096),
+        layernorm_1p=True,
+        # NemotronConfig defaults: norm_eps 1e-5, partial_rotary_factor 0.5
+        **{"rotary_percent": 0.5, **_rope_and_norm(c, ("norm_eps",), 1e-5)},
     )
 
 
@@ -327,6 +361,8 @@ def _hf_deepseek_v3(c: _Cfg) -> dict[str, Any]:
         position_embedding="rope",
         max_position_embeddings=c.int_("max_position_embeddings", default=4096),
         num_mtp_layers=c.int_("num_nextn_predict_layers", default=0),
+        # DeepseekV3Config defaults: rms_norm_eps 1e-6
+        **_rope_and_norm(c, ("rms_norm_eps",), 1e-6),
         mla=dict(
             q_lora_rank=q_lora,
             kv_lora_rank=c.int_("kv_lora_rank"),
@@ -345,6 +381,10 @@ def _hf_deepseek_v3(c: _Cfg) -> dict[str, Any]:
             router_bias=c.get("topk_method", "noaux_tc") == "noaux_tc",
             n_group=c.get("n_group", None),
             topk_group=c.get("topk_group", None),
+            # DeepseekV3Config defaults: scoring_func sigmoid, routed_scaling_factor 2.5, norm_topk_prob True
+            score_function=c.get("scoring_func", "sigmoid"),
+            routed_scaling_factor=float(c.get("routed_scaling_factor", 2.5)),
+            norm_topk_prob=bool(c.get("norm_topk_prob", True)),
         ),
     )
 

@@ -30,6 +30,34 @@ class MoESpec(BaseModel):
                                 "config n_group; the experts split into n_group equal, contiguous groups)")
     topk_group: int | None = Field(None, gt=0, description="groups a token may be routed to (HF topk_group; "
                                    "DeepSeek-V3 Sec. 2.1.2: at most 4 nodes per token); None = no limit")
+    score_function: Literal["softmax", "sigmoid"] = Field(
+        "softmax", description="router score function (DeepSeek-V3 HF scoring_func 'sigmoid'; Mixtral/Qwen softmax)")
+    routed_scaling_factor: float = Field(1.0, gt=0, description="routed-expert weights are multiplied by this "
+                                         "(DeepSeek-V3 HF routed_scaling_factor 2.5)")
+    norm_topk_prob: bool = Field(True, description="the top-k routing weights are renormalised to sum 1 (HF "
+                                 "norm_topk_prob; Mixtral always; Qwen1.5-MoE false = softmax over all experts)")
+
+
+class RopeScalingSpec(BaseModel):
+    """RoPE frequency scaling of a long-context model (HF ``config.json`` ``rope_scaling``).
+
+    ``llama3``: Llama 3.1 (``factor``, ``low_freq_factor``, ``high_freq_factor``,
+    ``original_max_position_embeddings``; HF ``_compute_llama3_parameters``). ``yarn``: YaRN, arXiv:2309.00071
+    (``factor``, ``original_max_position_embeddings``, ``beta_fast``, ``beta_slow``, ``mscale``,
+    ``mscale_all_dim``; DeepSeek-V3). ``linear``: position interpolation by ``factor``. Unitless except the
+    position counts (tokens)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["llama3", "yarn", "linear"]
+    factor: float = Field(gt=0)
+    original_max_position_embeddings: int | None = Field(None, gt=0)
+    low_freq_factor: float | None = None
+    high_freq_factor: float | None = None
+    beta_fast: float | None = None
+    beta_slow: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
 
 
 class MLASpec(BaseModel):
@@ -100,6 +128,16 @@ class ModelSpec(BaseModel):
     attention_out_bias: bool | None = Field(None, description="bias on the attention output projection; None = linear_bias")
     mlp_bias: bool | None = Field(None, description="biases on the MLP linears; None = linear_bias")
     seq_length: int | None = Field(None, description="training sequence length of the reference run, if known")
+    # ---- settings that define the model but hold no parameters (emitted into launch configs) -----------------
+    rope_theta: float = Field(10000.0, gt=0, description="RoPE base (HF rope_theta; default 10000 as HF "
+                              "LlamaConfig and Megatron-LM --rotary-base)")
+    rotary_percent: float = Field(1.0, gt=0, le=1, description="fraction of each head's dims rotated by RoPE "
+                                  "(HF partial_rotary_factor; Nemotron 0.5)")
+    rope_scaling: RopeScalingSpec | None = Field(None, description="RoPE frequency scaling (HF rope_scaling)")
+    norm_eps: float = Field(1e-5, gt=0, description="epsilon of every norm (HF rms_norm_eps / layer_norm_epsilon "
+                            "/ norm_eps; default 1e-5 as Megatron-LM --norm-epsilon)")
+    layernorm_1p: bool = Field(False, description="LayerNorm storing gamma - 1 (HF NemotronLayerNorm1P, "
+                               "Megatron-LM --apply-layernorm-1p)")
 
     # ---- validation ------------------------------------------------------------------------
     @model_validator(mode="after")
