@@ -135,6 +135,9 @@ def constraint_report(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, 
     if model.moe is None:
         if par.ep > 1:
             add(Constraint("ep_dense", False, -float(par.ep - 1), "ranks", "ep > 1 needs a mixture-of-experts model"))
+        if par.etp is not None and par.etp != par.tp:
+            add(Constraint("etp_dense", False, -1.0, "ranks",
+                           f"etp {par.etp} (expert tensor parallel) needs a mixture-of-experts model"))
     else:
         add(_div("experts_ep", model.moe.num_experts, par.ep, "num_experts % ep"))
         add(_div("expert_grid", par.dp * par.cp * par.tp, par.ep * par.expert_tp,
