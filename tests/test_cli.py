@@ -201,6 +201,6 @@ def test_cli_headroom_default_matches_the_checker():
 
 
 def test_expert_tp_on_a_dense_model_is_a_violation(run_cli):
-    r = run_cli("evaluate", "--etp", "2", "--tp", "2", "--format", "json")
+    r = run_cli("evaluate", "--etp", "2", "--tp", "1", "--format", "json")
     assert r.exit_code == 0
     assert any("needs a mixture-of-experts model" in v for v in r.json()["plans"][0]["violations"])
