@@ -57,7 +57,8 @@ def memory_table(est: MemoryEstimate, title: str):
               caption_justify="left")
     names = term_order(est)
     for col in ("stage", "layers", "in flight", *names, "total", "phase", "headroom", "status"):
-        t.add_column(col, justify="left" if col in ("phase", "status") else "right")
+        t.add_column(col.replace("_", " "), justify="left" if col in ("phase", "status") else "right",
+                     min_width=len(col), no_wrap=True)
     for s in est.stages:
         terms = s.terms()
         st = "OOM" if s.total > cap else "at risk" if s.total > cap * (1 - AT_RISK_FRACTION) else "fits"
