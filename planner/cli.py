@@ -384,7 +384,7 @@ def memory(
                 con.print(title, highlight=False)
                 con.print(memory_table(est, ""))
         else:
-            con = Console(width=max(160, Console().width))
+            con = Console(width=max(200, Console().width))
             con.print(title, highlight=False)
             con.print(memory_table(est, ""))
     if status(est) == "OOM":
