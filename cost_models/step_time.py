@@ -162,6 +162,38 @@ MOE_TOKEN_COPY_S = 2.0e-8
 #: Bytes per element of the fp32 cross-entropy logits, and passes over them (softmax read/write, grad write).
 CE_PASSES = 3 * BYTES_FP32
 
+#: Frameworks whose ZeRO-3 / FSDP reduce-scatters the gradients in every micro-batch's backward (not only in the
+#: last one of the step). DeepSpeed ZeRO-2/3: "gradient reduction is required after every backward because of
+#: gradient partitioning" (tjruwase, deepspeedai/DeepSpeed issue 2252; ``engine.py`` "ZeRO stage >= 2 communicates
+#: during non gradient accumulation boundaries as well"). torchtitan FSDP2: does not call
+#: ``set_requires_gradient_sync(False)`` during gradient accumulation, so FSDP2 reduce-scatters every micro-batch
+#: (pytorch/torchtitan PR 1710 declined for that reason; pytorch/pytorch PR 126166: "FSDP2 offers (1) [reduce-scatter
+#: per micro-batch] without any intervention"). Megatron-FSDP: Megatron-LM's schedules run all micro-batches but the
+#: last under ``config.no_sync_func`` (``megatron/core/pipeline_parallel/schedules.py``), which Megatron-FSDP
+#: implements, so the reduce-scatter runs once per step.
+FSDP_REDUCE_EVERY_MICROBATCH = frozenset({"deepspeed", "torchtitan"})
+
+
+def fsdp_exposed_s(gather_s: float, reduce_s: float, compute_s: float, units: int) -> float:
+    """Exposed seconds of layer-wise (FSDP / ZeRO-3) communication of one forward or backward pass of one
+    micro-batch: ``gather_s`` (parameter all-gathers) and ``reduce_s`` (gradient reduce-scatters) over the whole
+    pass, split evenly over ``units`` layers that take ``compute_s`` in all.
+
+    Prefetch overlaps layer i+1's gather with layer i's compute, and layer i's reduce-scatter with layer i-1's
+    compute (PyTorch FSDP ``backward_prefetch`` / FSDP2 implicit prefetch, Zhao et al. VLDB 2023 Sec. 3.3-3.4;
+    DeepSpeed ``stage3_prefetch_bucket_size``; Megatron-FSDP ``--overlap-param-gather`` / ``--overlap-grad-reduce``).
+    Gathers and reduce-scatters share the GPU's NIC, so the pass is a three-stage pipeline (gather, compute,
+    reduce) over ``units`` items: the first gather and the last reduce-scatter are always exposed, and every
+    other layer exposes whatever its communication takes beyond its compute,
+    ``g + r + (units - 1) * max(0, g + r - c)`` with per-layer ``g, r, c``. So a pass never takes less than its
+    communication (exposed >= gather + reduce - compute) nor less than its compute.
+    """
+    if gather_s <= 0 and reduce_s <= 0:
+        return 0.0
+    n = max(1, units)
+    g, r, c = gather_s / n, reduce_s / n, compute_s / n
+    return g + r + (n - 1) * max(0.0, g + r - c)
+
 
 @dataclass
 class StepEstimate:
@@ -330,8 +362,12 @@ def _layer_cost(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: P
     if job.flash_attention:
         fl = attention_core_flops_per_token(model, s, causal_halved=True) * tok * heads_frac
         # the kernel's rate rises with the key length it streams per query block (fixed per-block setup, tail tiles
-        # of the causal triangle): eff(s) = eff_inf * s / (s + ATTN_HALF_SEQ)
-        eff = _attn_eff(cluster) * s / (s + ATTN_HALF_SEQ)
+        # of the causal triangle): eff(s) = eff_inf * s / (s + ATTN_HALF_SEQ). Under context parallelism each kernel
+        # call sees only one ring step's keys, s / cp (the sequence is split into 2 cp chunks for causal load balance
+        # and each rank holds two of them: Megatron-LM ``docs/source/api-guide/context_parallel.rst``; Transformer
+        # Engine ``AttnFuncWithCPAndKVP2P`` runs one flash-attention call per ring step and chunk half)
+        s_key = s / par.cp
+        eff = _attn_eff(cluster) * s_key / (s_key + ATTN_HALF_SEQ)
         c.attn_f = fl / (half_peak * eff)
         c.attn_b = ATTN_BWD_FACTOR * c.attn_f
     else:
@@ -387,14 +423,14 @@ def _layer_cost(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: P
 
 
 def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
-                  convention: FlopsConvention = "megatron", framework: str = "megatron",
+                  convention: FlopsConvention = "megatron", framework: str | None = None,
                   tp_comm_overlap: bool | None = None, overlap_dp: bool | None = None,
                   ep_overlap: bool = False, full_cuda_graph: bool = False,
                   fp8_recipe: str | None = None) -> StepEstimate:
     """Step time of ``par`` on ``cluster`` (see module docstring). Raises ``LayoutError`` on an impossible split.
 
     ``framework`` selects the kernel set (``ELEMENTWISE_PASSES``: megatron, nemo, deepspeed, torchtitan,
-    torchtitan_compile). ``tp_comm_overlap`` / ``overlap_dp``: None = the framework default (Megatron-LM: off /
+    torchtitan_compile) and the ZeRO-2/3 communication schedule; None = ``job.framework``. ``tp_comm_overlap`` / ``overlap_dp``: None = the framework default (Megatron-LM: off /
     off, NeMo and torchtitan: on / on; DeepSpeed: off / on without pipeline parallelism, off with it: its
     ``PipelineEngine`` reduces gradients after the whole schedule, ``runtime/pipe/schedule.py`` ``ReduceGrads``).
     ``ep_overlap``: EP all-to-all overlapped with another micro-batch's compute. ``full_cuda_graph``: the whole
@@ -406,6 +442,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     ``par.pipeline_layout`` (Megatron ``--pipeline-model-parallel-layout``) places the layers per model chunk instead
     of the even / first-last split; the embedding sits on the first chunk, the output layer and MTP on the last.
     """
+    framework = framework or getattr(job, "framework", None) or "megatron"
     fw_base = framework.split("_")[0]
     if fp8_recipe is None:
         fp8_recipe = "mx" if "fp4" in cluster.gpu.peak_flops else "cs"
@@ -566,11 +603,28 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
         rs_t += collective_time("all_reduce", BYTES_FP32 * vocab * h / par.tp, emb_g, cluster)
     last_bwd = sum(bwd_v[c * par.pp + busiest] for c in range(v))
     first_fwd = sum(fwd_v[c * par.pp + busiest] for c in range(v))
+    n_units = max(1, len(ranges[busiest]))  # FSDP units (one per decoder layer) on the busiest rank
     if par.zero_stage >= 3 and shard > 1:
-        # FSDP: gather params in forward and backward of every micro-batch, reduce-scatter grads every backward
-        # (no_sync-free accumulation); prefetch hides it behind the compute of the same pass
-        ag1 = ag_t
-        dp_exposed = m * (max(0.0, ag1 - first_fwd) + max(0.0, ag1 + rs_t - last_bwd))
+        # ZeRO-3 / FSDP: every micro-batch all-gathers the 16-bit parameters layer by layer in forward and again in
+        # backward (parameters are resharded after forward), and reduce-scatters the gradients layer by layer in
+        # backward; each layer's gather is prefetched under the previous layer's compute (``fsdp_exposed_s``)
+        # torchtitan with pipeline parallelism does not reshard after forward (``fsdp_reshard_after_forward``
+        # "default") and PyTorch's pipeline stage turns off reshard-after-backward and gradient sync for all but the
+        # last backward (``torch/distributed/pipelining/stage.py`` ``backward_maybe_with_nosync``), which would gather
+        # once per step; the published torchtitan 405B PP rows are over-predicted by 20-40% with that schedule
+        # (by +16% / -2% with per-micro-batch gathers), so the per-micro-batch schedule below is kept for them too
+        # until a trace settles it (calibration choice, documented in the module docstring)
+        rs_every_mb = fw_base in FSDP_REDUCE_EVERY_MICROBATCH
+        fwd_mb = fsdp_exposed_s(ag_t, 0.0, first_fwd, n_units)
+        bwd_rs = fsdp_exposed_s(ag_t, rs_t, last_bwd, n_units)
+        bwd_no = fsdp_exposed_s(ag_t, 0.0, last_bwd, n_units)
+        dp_exposed = m * fwd_mb + (m * bwd_rs if rs_every_mb else (m - 1) * bwd_no + bwd_rs)
+    elif fw_base == "deepspeed" and par.zero_stage == 2 and shard > 1 and par.pp == 1:
+        # DeepSpeed ZeRO-2 reduce-scatters the gradients in every micro-batch's backward (each rank keeps only its
+        # partition: DeepSpeed issue 2252, stage_1_and_2.py ``reduce_ready_partitions_and_remove_grads``), in
+        # buckets overlapped with the backward (``overlap_comm``); the updated 16-bit parameters are all-gathered
+        # once after the optimizer step, before the next forward (``all_gather_dp_groups`` in ``step``)
+        dp_exposed = m * fsdp_exposed_s(0.0, rs_t, last_bwd, n_units) + ag_t
     elif overlap_dp:
         dp_exposed = max(0.0, rs_t - last_bwd) + max(0.0, ag_t - first_fwd)
     else:
