@@ -112,6 +112,15 @@ def _write(text: str, output: Path | None) -> None:
         raise PlanInputError(f"--output {output}: {e.strerror}") from None
 
 
+def _open_output(output: Path):
+    """``output`` opened for writing; an OSError becomes the one-line ``--output PATH: reason`` error."""
+    try:
+        return output.open("w")
+    except OSError as e:
+        from .errors import PlanInputError
+        raise PlanInputError(f"--output {output}: {e.strerror}") from None
+
+
 def _gib(x: float) -> str:
     return f"{x / 2**30:.1f}"
 
@@ -182,8 +191,10 @@ def _render(doc, fmt: Fmt, output: Path | None, emit: Emit | None, title: str, r
         return
     from rich.console import Console
     if output is not None:
-        with output.open("w") as fh:
-            Console(file=fh, width=160).print(_plans_table(doc, title))
+        import io
+        buf = io.StringIO()
+        Console(file=buf, width=160).print(_plans_table(doc, title))
+        _write(buf.getvalue(), output)  # one-line error naming the path and the OS reason
         return
     console = Console(width=max(160, Console().width))
     console.print(_plans_table(doc, title))
@@ -193,13 +204,10 @@ def _render(doc, fmt: Fmt, output: Path | None, emit: Emit | None, title: str, r
 
 
 def _pair_args(args: list[str]) -> list[str]:
-    out: list[str] = []
-    for a in args:
-        if a.startswith("--") or not out:
-            out.append(a)
-        else:
-            out[-1] += " " + a
-    return out
+    """One shell-quoted ``--flag value`` per item: the emitters' own ``pair_args`` (the same code path as the
+    files written with ``--output``), so the printed command is valid shell."""
+    from .emit.megatron import pair_args
+    return pair_args(args)
 
 
 @app.command()
@@ -379,7 +387,7 @@ def memory(
     else:
         from rich.console import Console
         if output is not None:
-            with output.open("w") as fh:
+            with _open_output(output) as fh:
                 con = Console(file=fh, width=200)
                 con.print(title, highlight=False)
                 con.print(memory_table(est, ""))
@@ -477,7 +485,7 @@ def explain(
             t.add_row(k.name, "yes" if k.ok else "NO", format_slack(k), k.detail)
         st = ex.evaluation.step
         if output is not None:
-            with output.open("w") as fh:
+            with _open_output(output) as fh:
                 Console(file=fh, width=200).print(t)
         else:
             con = Console(width=max(160, Console().width))
@@ -534,7 +542,7 @@ def validate(
         for name, (n, mape) in rep.group_mape().items():
             g.add_row(name, str(n), f"{mape:.2f}%")
         g.add_row("overall", str(len(rep.evaluated)), f"{rep.mape:.2f}%")
-        con = Console(width=250, file=output.open("w") if output is not None else None)
+        con = Console(width=250, file=_open_output(output) if output is not None else None)
         con.print(t)
         con.print(g)
         skipped = len(rep.rows) - len(rep.evaluated)

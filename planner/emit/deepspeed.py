@@ -13,6 +13,11 @@ Rules enforced here (raising ``EmitError`` with a one-line reason):
 * Context parallelism is mapped to DeepSpeed-Ulysses (``--ds-sequence-parallel-size``), which splits the
   heads of each tensor-parallel rank over the sequence-parallel group: heads / tp must divide by cp; and
   Megatron-DeepSpeed refuses it together with Megatron's ``--sequence-parallel`` (megatron/initialize.py).
+* The model must be the plan's model: Megatron-DeepSpeed takes the norm epsilon (``--layernorm-epsilon``,
+  default 1e-5) and the RoPE base (``--rope-theta``, deepspeedai/Megatron-DeepSpeed PR #351, default 10000), but
+  has no RoPE scaling, partial rotary, LayerNorm1P, squared ReLU, multi-latent attention or router options
+  (sigmoid scores, expert bias, group-limited routing, top-k scaling, softmax without renormalisation): a model
+  needing one of them is refused with the setting named, rather than launched as a different model.
 """
 from __future__ import annotations
 
@@ -97,11 +102,40 @@ def deepspeed_config(job: TrainingJob, par: ParallelConfig, model: ModelSpec | N
     return cfg
 
 
+def _model_unsupported(model: ModelSpec) -> str | None:
+    """The first model setting Megatron-DeepSpeed cannot express (None when it can express them all)."""
+    if model.mla is not None:
+        return "multi-latent attention"
+    if model.position_embedding == "rope" and model.rope_scaling is not None:
+        return f"rope_scaling {model.rope_scaling.type} (factor {model.rope_scaling.factor:g})"
+    if model.position_embedding == "rope" and model.rotary_percent != 1.0:
+        return f"rotary_percent {model.rotary_percent:g}"
+    if model.layernorm_1p:
+        return "layernorm_1p"
+    if not model.gated_mlp and not model.activation.lower().startswith("gelu"):
+        return f"activation {model.activation}"
+    moe = model.moe
+    if moe is not None:
+        if moe.score_function != "softmax" or moe.router_bias:
+            return f"moe router score function {moe.score_function}" + (" with expert bias" if moe.router_bias else "")
+        if moe.n_group is not None and moe.topk_group is not None and moe.topk_group < moe.n_group:
+            return f"moe group-limited routing ({moe.topk_group} of {moe.n_group} groups)"
+        if moe.routed_scaling_factor != 1.0:
+            return f"moe routed_scaling_factor {moe.routed_scaling_factor:g}"
+        if not moe.norm_topk_prob and moe.top_k > 1:
+            return "moe norm_topk_prob false"
+    return None
+
+
 def megatron_deepspeed_args(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> list[str]:
     """Arguments for Megatron-DeepSpeed's ``pretrain_gpt.py`` (microsoft/Megatron-DeepSpeed
     ``megatron/arguments.py``): Megatron-style TP/PP flags, ``--no-pipeline-parallel`` when pp == 1 (the
     non-pipeline engine, which ZeRO-2/3 need), and ``--deepspeed --deepspeed_config ds_config.json``."""
     check_deepspeed(model, job, par)
+    why = _model_unsupported(model)
+    if why is not None:
+        raise EmitError(f"{why}: Megatron-DeepSpeed has no option for it, so it would train a different model; "
+                        f"use Megatron-LM (--emit megatron)")
     a: list[str] = []
     add = a.extend
     add(["--num-layers", str(model.num_layers), "--hidden-size", str(model.hidden_size),
@@ -114,8 +148,12 @@ def megatron_deepspeed_args(model: ModelSpec, job: TrainingJob, par: ParallelCon
         a.append("--swiglu")
     if model.normalization == "rmsnorm":
         add(["--normalization", "rmsnorm"])
+    add(["--layernorm-epsilon", repr(float(model.norm_eps))])
     if model.position_embedding == "rope":
         a.append("--use-rotary-position-embeddings")
+        if model.rope_theta != 10000.0:
+            theta = model.rope_theta
+            add(["--rope-theta", str(int(theta)) if float(theta) == int(theta) else repr(float(theta))])
     if not model.linear_bias:
         a.append("--disable-bias-linear")
     if not model.tie_word_embeddings:

@@ -23,6 +23,18 @@ Choices (each the framework's documented behaviour):
 * Full recompute: ``--recompute-method uniform --recompute-num-layers 1`` (every layer) unless the plan
   recomputes only some layers per stage, then ``block`` with that count (``TransformerConfig`` requires a
   method and a layer count with granularity ``full``).
+* Settings that define the model without holding parameters are always emitted, so the run trains the model
+  of the plan and not Megatron's defaults: ``--rotary-base`` (an ``int`` option; Megatron default 10000),
+  ``--rotary-percent``, ``--norm-epsilon`` (default 1e-5), ``--apply-layernorm-1p``, ``--squared-relu``; Llama 3.1
+  RoPE scaling as ``--use-rope-scaling --rope-scaling-factor`` (megatron-core ``RotaryEmbedding._apply_scaling``
+  hard-codes low/high frequency factors 1/4 and 8192 original positions, so other values are refused); YaRN
+  only for multi-latent attention (``--rope-type yarn --rotary-scaling-factor --mscale --mscale-all-dim``; the
+  other YaRN values must equal ``MLATransformerConfig``'s defaults 4096/32/1, else refused; MLA without scaling
+  gets ``--rope-type rope``, since MLA defaults to YaRN); the router: ``--moe-router-score-function``,
+  ``--moe-router-enable-expert-bias``, ``--moe-router-num-groups/--moe-router-group-topk`` (node-limited
+  routing), ``--moe-router-topk-scaling-factor`` and ``--moe-router-pre-softmax`` for a softmax router whose
+  top-k weights are not renormalised (HF ``norm_topk_prob`` false; megatron-core ``topk_routing_with_score_
+  function`` renormalises sigmoid top-k scores, so sigmoid without renormalisation is refused).
 * FP8: ``--fp8-format hybrid`` (E4M3 forward, E5M2 backward) with ``--fp8-recipe delayed``, ``--fp8-amax-
   history-len 1024 --fp8-amax-compute-algo max`` (the values of NVIDIA's Megatron-LM
   ``examples/llama/train_llama3_8b_h100_fp8.sh``).
@@ -60,6 +72,86 @@ def _layer_pattern(model: ModelSpec) -> str | None:
     return "(" + "+".join(f"[{f}]*{n}" for f, n in runs) + ")"
 
 
+def _num(x: float) -> str:
+    """A float option value as the shortest text that parses back to it (1e-05, 2.5, 40)."""
+    return repr(float(x)) if float(x) != int(x) or abs(x) >= 1e16 else str(int(x))
+
+
+def _activation_flag(model: ModelSpec) -> str | None:
+    """Megatron's activation flag: gated SiLU -> ``--swiglu``; squared ReLU -> ``--squared-relu``; GeLU is the
+    default (None)."""
+    act = model.activation.lower()
+    if model.gated_mlp and act in ("swiglu", "silu"):
+        return "--swiglu"
+    if not model.gated_mlp and act in ("relu2", "squared-relu", "squared_relu"):
+        return "--squared-relu"
+    if not model.gated_mlp and act.startswith("gelu"):
+        return None
+    raise EmitError(f"activation {model.activation!r} (gated_mlp {model.gated_mlp}): Megatron-LM has gated SiLU "
+                    f"(--swiglu), squared ReLU (--squared-relu) or GeLU (default)")
+
+
+def rope_args(model: ModelSpec) -> list[str]:
+    """RoPE base, rotated fraction and scaling (see the module docstring for the rules)."""
+    if model.position_embedding != "rope":
+        return []
+    if float(model.rope_theta) != int(model.rope_theta):
+        raise EmitError(f"rope_theta {model.rope_theta}: Megatron-LM's --rotary-base is an integer option")
+    a = ["--rotary-base", str(int(model.rope_theta))]
+    if model.rotary_percent != 1.0:
+        a += ["--rotary-percent", _num(model.rotary_percent)]
+    rs = model.rope_scaling
+    if rs is None:
+        if model.mla is not None:
+            a += ["--rope-type", "rope"]  # MLA defaults to YaRN in Megatron-LM
+        return a
+    if rs.type == "llama3":
+        # megatron-core RotaryEmbedding._apply_scaling(low_freq_factor=1, high_freq_factor=4,
+        # original_max_position_embeddings=8192): only the factor is an option
+        got = (rs.low_freq_factor, rs.high_freq_factor, rs.original_max_position_embeddings)
+        if model.mla is not None or got != (1.0, 4.0, 8192):
+            raise EmitError(f"rope_scaling llama3 (low/high freq factor, original positions) {got}: Megatron-LM "
+                            f"applies Llama 3.1 scaling with (1, 4, 8192) only, to standard attention")
+        return a + ["--use-rope-scaling", "--rope-scaling-factor", _num(rs.factor)]
+    if rs.type == "yarn":
+        # MLATransformerConfig defaults (megatron-core): original_max_position_embeddings 4096, beta_fast 32,
+        # beta_slow 1; factor, mscale, mscale_all_dim are options (--rotary-scaling-factor, --mscale, ...)
+        got = (rs.original_max_position_embeddings, rs.beta_fast or 32.0, rs.beta_slow or 1.0)
+        if model.mla is None or got != (4096, 32.0, 1.0):
+            raise EmitError(f"rope_scaling yarn (original positions, beta_fast, beta_slow) {got}: Megatron-LM "
+                            f"applies YaRN to multi-latent attention with (4096, 32, 1) only")
+        return a + ["--rope-type", "yarn", "--rotary-scaling-factor", _num(rs.factor),
+                    "--mscale", _num(1.0 if rs.mscale is None else rs.mscale),
+                    "--mscale-all-dim", _num(0.0 if rs.mscale_all_dim is None else rs.mscale_all_dim)]
+    # linear position interpolation: --rotary-seq-len-interpolation-factor (an integer option)
+    if model.mla is not None or float(rs.factor) != int(rs.factor):
+        raise EmitError(f"rope_scaling linear factor {rs.factor}: Megatron-LM's --rotary-seq-len-interpolation-factor "
+                        f"is an integer option for standard attention")
+    return a + ["--rotary-seq-len-interpolation-factor", str(int(rs.factor))]
+
+
+def router_args(model: ModelSpec) -> list[str]:
+    """Router settings of a MoE model (see the module docstring)."""
+    moe = model.moe
+    if moe is None:
+        return []
+    a: list[str] = []
+    if moe.score_function != "softmax":
+        a += ["--moe-router-score-function", moe.score_function]
+    if moe.router_bias:
+        a.append("--moe-router-enable-expert-bias")
+    if moe.n_group is not None and moe.topk_group is not None and moe.topk_group < moe.n_group:
+        a += ["--moe-router-num-groups", str(moe.n_group), "--moe-router-group-topk", str(moe.topk_group)]
+    if not moe.norm_topk_prob and moe.top_k > 1:
+        if moe.score_function == "sigmoid":
+            raise EmitError("moe.norm_topk_prob false with a sigmoid router: megatron-core renormalises the top-k "
+                            "sigmoid scores (topk_routing_with_score_function)")
+        a.append("--moe-router-pre-softmax")
+    if moe.routed_scaling_factor != 1.0:
+        a += ["--moe-router-topk-scaling-factor", _num(moe.routed_scaling_factor)]
+    return a
+
+
 def model_args(model: ModelSpec, job: TrainingJob) -> list[str]:
     """Architecture arguments (dims, attention, MLP, norm, positions, MoE, MLA)."""
     a: list[str] = []
@@ -84,14 +176,18 @@ def model_args(model: ModelSpec, job: TrainingJob) -> list[str]:
             add(["--group-query-attention", "--num-query-groups", str(model.num_kv_heads)])
         if model.head_dim * model.num_attention_heads != model.hidden_size:
             add(["--kv-channels", str(model.head_dim)])
-    if model.gated_mlp:
-        a.append("--swiglu")
+    act = _activation_flag(model)
+    if act is not None:
+        a.append(act)
     if model.normalization == "rmsnorm":
         add(["--normalization", "RMSNorm"])
+    elif model.layernorm_1p:
+        a.append("--apply-layernorm-1p")
+    add(["--norm-epsilon", _num(model.norm_eps)])
     if model.qk_norm:
         a.append("--qk-layernorm")
     if model.position_embedding == "rope":
-        add(["--position-embedding-type", "rope"])
+        add(["--position-embedding-type", "rope", *rope_args(model)])
     elif model.position_embedding in ("alibi", "none"):
         # Megatron-core has no ALiBi; "none" keeps the parameter count (ALiBi has no parameters).
         add(["--position-embedding-type", "none"])
@@ -110,8 +206,7 @@ def model_args(model: ModelSpec, job: TrainingJob) -> list[str]:
             add(["--moe-shared-expert-intermediate-size", str(moe.shared_expert_ffn_hidden_size)])
         if moe.shared_expert_gate:
             a.append("--moe-shared-expert-gate")
-        if moe.router_bias:
-            add(["--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias"])
+        add(router_args(model))
         pattern = _layer_pattern(model)
         if pattern is not None:
             add(["--moe-layer-freq", pattern])

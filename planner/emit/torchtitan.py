@@ -123,6 +123,26 @@ def torchtitan_settings(model: ModelSpec, job: TrainingJob, par: ParallelConfig)
             "activation_checkpoint": ac}
 
 
+def model_settings_note(model: ModelSpec) -> str:
+    """The parameter-free settings a registered torchtitan flavor must carry (torchtitan model args
+    ``rope_theta``, ``norm_eps``, RoPE scaling and router settings live in the flavor, not in the job config)."""
+    parts = [f"rope_theta {model.rope_theta:g}" if model.position_embedding == "rope" else
+             f"position embedding {model.position_embedding}", f"norm_eps {model.norm_eps:g}"]
+    if model.rotary_percent != 1.0:
+        parts.append(f"rotary fraction {model.rotary_percent:g}")
+    if model.rope_scaling is not None:
+        rs = model.rope_scaling
+        parts.append("rope_scaling " + ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
+                                                 for k, v in rs.model_dump().items() if v is not None))
+    if model.moe is not None:
+        m = model.moe
+        parts.append(f"router {m.score_function}" + (" + expert bias" if m.router_bias else "")
+                     + (f", {m.topk_group} of {m.n_group} groups" if m.n_group and m.topk_group else "")
+                     + (f", scale {m.routed_scaling_factor:g}" if m.routed_scaling_factor != 1.0 else "")
+                     + ("" if m.norm_topk_prob else ", top-k weights not renormalised"))
+    return "; ".join(parts)
+
+
 def _toml_value(v) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
@@ -138,6 +158,7 @@ def torchtitan_toml(model: ModelSpec, job: TrainingJob, par: ParallelConfig, hea
     out = [f"# {line}" for line in header.splitlines()] if header else []
     if model.name not in TORCHTITAN_MODELS:
         out.append(f"# torchtitan has no built-in flavor for {model.name}: register one with its dims first")
+        out.append(f"# and the settings that define it: {model_settings_note(model)}")
     if job.precision == "fp8":
         out.append('# fp8: add model.converters = ["float8"] with the [float8] section of your torchtitan version')
     for section, kv in torchtitan_settings(model, job, par).items():
