@@ -217,7 +217,8 @@ def plan(
     top_k: Annotated[int, typer.Option("--top-k", min=1, help="number of plans to return")] = 5,
     memory_headroom: Annotated[Optional[float], typer.Option(
         "--memory-headroom", min=0.0, max=0.5, help="fraction of GPU memory kept free (default 0.05)")] = None,
-    framework: FrameworkOpt = Framework.megatron,
+    framework: Annotated[Optional[Framework], typer.Option(
+        "--framework", help="framework whose rules apply (default: the --emit target, else megatron)")] = None,
     fmt: FmtOpt = Fmt.table, output: OutOpt = None,
     emit: Annotated[Optional[Emit], typer.Option(
         "--emit", help="the launch config of the top plan (or --rank N): printed, or with --output DIR, written "
@@ -249,6 +250,8 @@ def plan(
     from .errors import NoFeasiblePlan, PlanInputError
 
     m, c, n, job = _load(model, cluster, gpus, nodes, global_batch_size, seq_length, precision.value)
+    if framework is None:  # an explicit --framework wins; else plan under the rules of the --emit target
+        framework = Framework(emit.value) if emit is not None else Framework.megatron
     job = job.model_copy(update={"framework": framework.value})  # the memory model uses the framework's states
     from .space import SearchSpace
     one = lambda x: None if x is None else (x,)  # noqa: E731
