@@ -213,6 +213,10 @@ class StepEstimate:
     mfu: float = 0.0
     hfu: float = 0.0
     peak_flops_per_gpu: float = 0.0
+    #: number format whose dense peak is ``peak_flops_per_gpu`` (the MFU / HFU denominator): the 16-bit one (bf16,
+    #: or fp16 on GPUs without bf16) also for FP8 runs, as the published FP8 summaries report it (NeMo 24.07 perf
+    #: summary, Megatron-LM Llama recipes, torchtitan)
+    mfu_peak_dtype: str = "bf16"
     flops_convention: str = "megatron"
     #: per-rank forward / backward seconds of one micro-batch (virtual stages, length pp*vpp)
     stage_forward_s: list[float] = field(default_factory=list)
@@ -646,12 +650,14 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     mf = step_model_flops(model, job, convention)
     # HFU in the same convention: model FLOPs plus what recompute re-executes (PaLM App. B)
     hf = mf + step_hardware_flops(model, job, par) - step_model_flops(model, job, "megatron")
-    peak = cluster.gpu.peak_flops.get("bf16", cluster.gpu.peak_flops.get("fp16"))
+    peak_dtype = "bf16" if "bf16" in cluster.gpu.peak_flops else "fp16"
+    peak = cluster.gpu.peak_flops[peak_dtype]
     return StepEstimate(
         step_s=step, compute_s=compute, bubble_s=bubble, optimizer_s=optimizer, exposed_comm_s=exposed,
         bubble_fraction=bubble / step if step > 0 else 0.0, num_microbatches=m,
         tokens_per_s=job.tokens_per_step / step, model_flops=mf, hardware_flops=hf,
         tflops_per_gpu=mf / step / n_gpus / 1e12, mfu=mf / (step * n_gpus * peak),
-        hfu=hf / (step * n_gpus * peak), peak_flops_per_gpu=peak, flops_convention=convention,
+        hfu=hf / (step * n_gpus * peak), peak_flops_per_gpu=peak, mfu_peak_dtype=peak_dtype,
+        flops_convention=convention,
         stage_forward_s=fwd_v, stage_backward_s=bwd_v, p2p_s=p2p, pp=par.pp, schedule=par.pipeline_schedule,
         framework=framework, compute_breakdown_s=kinds)

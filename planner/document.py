@@ -132,6 +132,8 @@ class ThroughputInfo(_Strict):
     hfu: float
     flops_convention: str
     peak_flops_per_gpu: float
+    #: number format of ``peak_flops_per_gpu`` (the MFU denominator; the 16-bit peak also for FP8 runs)
+    mfu_peak_dtype: str = "bf16"
 
 
 class LaunchInfo(_Strict):
@@ -212,7 +214,8 @@ def plan_info(rank: int, ev: Evaluation, model: ModelSpec, cluster: ClusterSpec,
                        schedule=getattr(st, "schedule", ""), num_microbatches=st.num_microbatches)
         thr = ThroughputInfo(tokens_per_s=_r(st.tokens_per_s), tokens_per_s_per_gpu=_r(st.tokens_per_s / par.world_size),
                              tflops_per_gpu=_r(st.tflops_per_gpu), mfu=_r(st.mfu), hfu=_r(st.hfu),
-                             flops_convention=st.flops_convention, peak_flops_per_gpu=_r(st.peak_flops_per_gpu))
+                             flops_convention=st.flops_convention, peak_flops_per_gpu=_r(st.peak_flops_per_gpu),
+                             mfu_peak_dtype=getattr(st, "mfu_peak_dtype", "bf16"))
     gpn = cluster.node.gpus_per_node
     launch = LaunchInfo(**launch_fields(model, job, par, gpn))
     return PlanInfo(rank=rank, feasible=ev.feasible, violations=[v.message for v in ev.violations],
