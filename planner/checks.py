@@ -16,6 +16,7 @@ Rules and their sources (formulas.md Sec. 7.1 "Checks enforced"; field_cases.md 
 * MoE: experts by ep; the expert grid ``etp*ep*pp`` divides the world (dense and expert grids both tile it,
   F16); tp > 1 with ep > 1 requires sequence parallelism (Megatron ``arguments.py``; NeMo-Launcher PR #309, F21).
 * DeepSpeed's pipeline engine supports ZeRO stage <= 1 only (``deepspeed/runtime/pipe/engine.py``; F19).
+* Megatron-DeepSpeed cannot combine its Ulysses sequence parallelism (cp > 1) with Megatron SP (``megatron/initialize.py``).
 * torchtitan: no ZeRO-1/2 (FSDP2 shards weights, gradients and optimizer state together: ``zero_stage`` 0 or 3
   only; torchtitan ``parallelize_llama``), no interleaved virtual stages with uneven first/last splits
   (torchtitan splits by module names, not by Megatron's first/last counts) — torchtitan docs
@@ -151,6 +152,10 @@ def constraint_report(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, 
     if framework == "deepspeed" and par.pp > 1:
         add(Constraint("deepspeed_pipeline_zero", par.zero_stage <= 1, float(1 - par.zero_stage), "ZeRO stages",
                        f"DeepSpeed's pipeline engine runs ZeRO stage <= 1 with pp > 1 (zero {par.zero_stage})"))
+    if framework == "deepspeed" and par.cp > 1:
+        add(Constraint("deepspeed_cp_sp", not par.sequence_parallel, 0.0 if not par.sequence_parallel else -1.0, "",
+                       "Megatron-DeepSpeed runs cp as Ulysses sequence parallelism, which it refuses together with "
+                       "Megatron sequence parallel (megatron/initialize.py)"))
     if framework == "torchtitan":
         add(Constraint("torchtitan_zero", par.zero_stage in (0, 3), 0.0 if par.zero_stage in (0, 3) else -1.0, "",
                        f"torchtitan FSDP2 shards all states together: zero 0 or 3 (zero {par.zero_stage})"))

@@ -155,6 +155,10 @@ def sp_options(st: Structure, job: TrainingJob, framework: str = "megatron",
     opts = [sp for sp in space.sequence_parallel if (not sp) or ok_on]
     if framework == "megatron" and st.tp > 1 and st.ep > 1:
         opts = [sp for sp in opts if sp]
+    if framework == "deepspeed" and st.cp > 1:
+        # Megatron-DeepSpeed runs cp as DeepSpeed-Ulysses sequence parallelism, which megatron/initialize.py
+        # refuses together with Megatron-LM's sequence parallelism (RuntimeError)
+        opts = [sp for sp in opts if not sp]
     return opts
 
 
