@@ -159,8 +159,9 @@ def test_deepspeed_refuses_pipeline_with_zero2():
 
 
 def test_megatron_deepspeed_args():
+    # Llama 2 70B: Llama 3.1's RoPE scaling has no Megatron-DeepSpeed option (test_emit_model_settings.py)
     par = ParallelConfig(tp=8, pp=1, dp=4, cp=2, zero_stage=3, recompute="full")
-    a = parse_argv(launch_fields(get_model("llama3.1-70b"), JOB, par, 8)["megatron_deepspeed"])
+    a = parse_argv(launch_fields(get_model("llama2-70b"), JOB, par, 8)["megatron_deepspeed"])
     assert a["no_pipeline_parallel"] is True  # non-pipeline engine: ZeRO-3 allowed
     assert a["ds_sequence_parallel_size"] == 2 and a["zero_stage"] == 3 and a["deepspeed_config"] == "ds_config.json"
     assert a["num_key_value_heads"] == 8
@@ -218,10 +219,12 @@ def test_emit_writes_files_and_is_byte_identical(run_cli, tmp_path):
     ("torchtitan", {"torchtitan.toml", "torchtitan_overrides.txt", "launch_torchrun.sh", "launch_slurm.sbatch"}),
 ])
 def test_emit_other_frameworks(run_cli, tmp_path, framework, files):
-    r = run_cli(*PLAN, "--framework", framework, "--emit", framework, "--output", str(tmp_path))
+    # Megatron-DeepSpeed has no Llama 3.1 RoPE scaling: Llama 2 70B there
+    plan = [x.replace("llama3.1-70b", "llama2-70b") for x in PLAN] if framework == "deepspeed" else PLAN
+    r = run_cli(*plan, "--framework", framework, "--emit", framework, "--output", str(tmp_path))
     assert r.exit_code == 0, r.stderr
     assert {p.name for p in tmp_path.iterdir()} == files
-    r2 = run_cli(*PLAN, "--framework", framework, "--emit", framework)  # no --output: stdout
+    r2 = run_cli(*plan, "--framework", framework, "--emit", framework)  # no --output: stdout
     main = "ds_config.json" if framework == "deepspeed" else "torchtitan.toml"
     assert r2.stdout == (tmp_path / main).read_text()
 
@@ -305,7 +308,7 @@ def test_hsdp_and_bf16_grad_reduce():
 
 def test_megatron_deepspeed_refuses_ulysses_with_megatron_sp():
     par = ParallelConfig(tp=4, pp=8, dp=2, cp=2, sequence_parallel=True, zero_stage=1)
-    lf = launch_fields(get_model("llama3.1-70b"), JOB, par, 8)
+    lf = launch_fields(get_model("llama2-70b"), JOB, par, 8)
     assert lf["deepspeed"] is not None  # the JSON itself is fine
     assert lf["megatron_deepspeed"] is None and "Ulysses" in lf["unsupported"]["megatron_deepspeed"]
 
