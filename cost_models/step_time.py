@@ -24,7 +24,9 @@ Per micro-batch and per pipeline (virtual) stage, on one GPU (seconds):
   ``layout.group_placement``; with TP communication overlap (``tp_comm_overlap``) only ``TP_OVERLAP_EXPOSED`` of
   it is exposed.
 * **Context parallel**: ring attention passes K/V ``cp-1`` times forward and K/V + their gradients backward,
-  overlapped with the attention of each ring step; only the excess is exposed.
+  overlapped with the attention of each ring step; only the excess is exposed. Each flash-attention call sees only
+  one ring step's keys (``s / cp``), so it runs at the lower efficiency of that key length (``ATTN_HALF_SEQ``):
+  at equal tokens per GPU, CP costs a few percent at 4k tokens and next to nothing at 64k+.
 * **Expert parallel**: dispatch (FP8 when the GEMMs are FP8) + combine all-to-all per MoE layer forward and
   backward; a token routed to several experts of one NVLink domain crosses the network once. With EP overlap
   (``ep_overlap``) ``EP_OVERLAP_EXPOSED`` of it is exposed. MoE layers also pay routing bookkeeping per token copy
@@ -34,8 +36,14 @@ Per micro-batch and per pipeline (virtual) stage, on one GPU (seconds):
 * **Data parallel**: gradient reduce-scatter (fp32 gradient buffers, Megatron's default for bf16) + parameter
   all-gather (distributed optimizer / ZeRO-1) or all-reduce (ZeRO-0); overlapped with the last micro-batch's
   backward / first forward when the framework overlaps them (``overlap_dp``), otherwise exposed. ZeRO-3/FSDP
-  gathers parameters in forward and backward of every micro-batch and reduce-scatters gradients, prefetched
-  behind the compute: only the excess is exposed.
+  all-gathers the 16-bit parameters layer by layer in forward and again in backward of *every* micro-batch
+  (resharded after forward; Rajbhandari et al. SC20 Sec. 7: 1.5x the data-parallel volume at one micro-batch),
+  and reduce-scatters the gradients in every micro-batch's backward (DeepSpeed, torchtitan FSDP2) or in the last
+  one only (Megatron-FSDP), see ``FSDP_REDUCE_EVERY_MICROBATCH``. Prefetch hides layer i+1's gather under layer
+  i's compute (``fsdp_exposed_s``): the first gather and the last reduce-scatter of each pass are exposed, and
+  so is whatever a layer's communication takes beyond its compute. DeepSpeed ZeRO-2 reduce-scatters in every
+  micro-batch's backward too (overlapped the same way) and all-gathers the updated weights after the optimizer
+  step (exposed).
 * **Optimizer step**: memory-bound Adam, ``ADAM_HBM_BYTES_PER_PARAM`` per local parameter at the HBM bandwidth.
 
 MFU = model FLOPs per step / (step seconds x GPUs x dense peak of the 16-bit dtype); HFU adds recompute
@@ -70,9 +78,14 @@ Not fitted but read from the rows' recipes (``planner/validate.py``): DeepSeek-V
 ``n_group`` 8 / ``topk_group`` 4) in the EP all-to-all (``ep_domain_copies``), Megatron pipeline layouts
 (``ParallelConfig.pipeline_layout``) and the Megatron-Bridge DeepSeek-V3 presets (EP overlap, full-iteration CUDA graph).
 
+ZeRO-3 with pipeline parallelism in torchtitan: PyTorch's pipeline stage keeps the parameters unsharded across
+micro-batches and reduces once (``torch/distributed/pipelining/stage.py`` ``backward_maybe_with_nosync``), but the
+published torchtitan 405B PP rows are over-predicted by 20-40% with that schedule and by +11% / -6% with per-micro-
+batch gathers, so the per-micro-batch schedule is kept there (a calibration choice, open until a trace settles it).
+
 Result on the dev rows (``plan3d validate``): MAPE 6.49% overall over 91 evaluated rows (13 skipped: no layout, no
-GB300 spec, DeepSeek-V4 dims unpublished); every source group with >= 3 rows <= 10% (Megatron-Bridge 8.8%,
-Megatron MoE recipes 5.5%).
+GB300 spec, DeepSeek-V4 dims unpublished); every source group with >= 3 rows <= 10% (Megatron-Bridge 8.9%,
+torchtitan 7.2%, Megatron Llama examples 7.9%, Megatron MoE recipes 5.5%).
 """
 from __future__ import annotations
 
@@ -583,6 +596,11 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     dp_group = GroupPlacement(shard, dp_g.ranks_per_domain * (cp_g.size if cp_g.intra_domain else 1)) \
         if shard > 1 else GroupPlacement(1, 1)
     rs_t = ag_t = 0.0
+    # bytes per gradient element in the reduction: fp32 main gradients (Megatron's default) or 16-bit with
+    # ``--grad-reduce-in-bf16`` (``ParallelConfig.grad_reduce_in_bf16``)
+    grad_b = BYTES_16BIT if getattr(par, "grad_reduce_in_bf16", False) else BYTES_FP32
+    hsdp = getattr(par, "hsdp_shard_size", None)
+    hsdp = hsdp if par.zero_stage >= 3 and hsdp and 1 < hsdp < shard and shard % hsdp == 0 else None
     if shard > 1:
         if par.zero_stage == 0:
             rs_t = collective_time("all_reduce", BYTES_FP32 * sp_max.dense, dp_group, cluster)
@@ -591,8 +609,19 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
             # rank updates its partition, then all-gathers the 16-bit weights
             rs_t = collective_time("all_reduce", BYTES_FP32 * sp_max.dense, dp_group, cluster)
             ag_t = collective_time("all_gather", BYTES_16BIT * sp_max.dense, dp_group, cluster)
+        elif hsdp:
+            # HSDP (ZeRO-3 within ``hsdp_shard_size`` ranks, replicated across): gathers and reduce-scatters stay in
+            # the shard group, the reduced shard is then all-reduced across the replicas (PyTorch FSDP2
+            # ``fully_shard`` with a 2-D mesh; pytorch/pytorch PR 126166). The shard group is the inner (contiguous)
+            # dimension of the dp x cp ranks (torchtitan mesh: dp_replicate outer, dp_shard inner)
+            rpd = dp_group.ranks_per_domain
+            sg = GroupPlacement(hsdp, min(hsdp, rpd))
+            rg = GroupPlacement(shard // hsdp, max(1, rpd // hsdp))
+            rs_t = (collective_time("reduce_scatter", grad_b * sp_max.dense, sg, cluster)
+                    + collective_time("all_reduce", grad_b * sp_max.dense / hsdp, rg, cluster))
+            ag_t = collective_time("all_gather", BYTES_16BIT * sp_max.dense, sg, cluster)
         else:
-            rs_t = collective_time("reduce_scatter", BYTES_FP32 * sp_max.dense, dp_group, cluster)
+            rs_t = collective_time("reduce_scatter", grad_b * sp_max.dense, dp_group, cluster)
             ag_t = collective_time("all_gather", BYTES_16BIT * sp_max.dense, dp_group, cluster)
     if par.expert_dp > 1 and sp_max.expert > 0:
         edp = GroupPlacement(par.expert_dp, max(1, min(par.expert_dp, dom // max(1, par.expert_tp * par.ep))))
