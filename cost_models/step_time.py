@@ -38,12 +38,13 @@ Per micro-batch and per pipeline (virtual) stage, on one GPU (seconds):
   backward / first forward when the framework overlaps them (``overlap_dp``), otherwise exposed. ZeRO-3/FSDP
   all-gathers the 16-bit parameters layer by layer in forward and again in backward of *every* micro-batch
   (resharded after forward; Rajbhandari et al. SC20 Sec. 7: 1.5x the data-parallel volume at one micro-batch),
-  and reduce-scatters the gradients in every micro-batch's backward (DeepSpeed, torchtitan FSDP2) or in the last
-  one only (Megatron-FSDP), see ``FSDP_REDUCE_EVERY_MICROBATCH``. Prefetch hides layer i+1's gather under layer
-  i's compute (``fsdp_exposed_s``): the first gather and the last reduce-scatter of each pass are exposed, and
-  so is whatever a layer's communication takes beyond its compute. DeepSpeed ZeRO-2 reduce-scatters in every
-  micro-batch's backward too (overlapped the same way) and all-gathers the updated weights after the optimizer
-  step (exposed).
+  and reduce-scatters the gradients in every micro-batch's backward (DeepSpeed, torchtitan FSDP2 and
+  Megatron-FSDP alike: each rank keeps only its gradient shard; ``FSDP_REDUCE_EVERY_MICROBATCH``). Prefetch
+  hides layer i+1's gather under layer i's compute (``fsdp_exposed_s``): the first gather and the last
+  reduce-scatter of each pass are exposed, and so is whatever a layer's communication takes beyond its compute.
+  DeepSpeed ZeRO-2 reduce-scatters in every micro-batch's backward too (overlapped the same way) and all-gathers
+  the updated weights after the optimizer step (exposed). HSDP (``hsdp_shard_size``) keeps the gathers in the
+  shard group and all-reduces the reduced shard across replicas; ``grad_reduce_in_bf16`` halves gradient bytes.
 * **Optimizer step**: memory-bound Adam, ``ADAM_HBM_BYTES_PER_PARAM`` per local parameter at the HBM bandwidth.
 
 MFU = model FLOPs per step / (step seconds x GPUs x dense peak of the 16-bit dtype); HFU adds recompute
@@ -175,16 +176,16 @@ MOE_TOKEN_COPY_S = 2.0e-8
 #: Bytes per element of the fp32 cross-entropy logits, and passes over them (softmax read/write, grad write).
 CE_PASSES = 3 * BYTES_FP32
 
-#: Frameworks whose ZeRO-3 / FSDP reduce-scatters the gradients in every micro-batch's backward (not only in the
-#: last one of the step). DeepSpeed ZeRO-2/3: "gradient reduction is required after every backward because of
-#: gradient partitioning" (tjruwase, deepspeedai/DeepSpeed issue 2252; ``engine.py`` "ZeRO stage >= 2 communicates
-#: during non gradient accumulation boundaries as well"). torchtitan FSDP2: does not call
-#: ``set_requires_gradient_sync(False)`` during gradient accumulation, so FSDP2 reduce-scatters every micro-batch
-#: (pytorch/torchtitan PR 1710 declined for that reason; pytorch/pytorch PR 126166: "FSDP2 offers (1) [reduce-scatter
-#: per micro-batch] without any intervention"). Megatron-FSDP: Megatron-LM's schedules run all micro-batches but the
-#: last under ``config.no_sync_func`` (``megatron/core/pipeline_parallel/schedules.py``), which Megatron-FSDP
-#: implements, so the reduce-scatter runs once per step.
-FSDP_REDUCE_EVERY_MICROBATCH = frozenset({"deepspeed", "torchtitan"})
+#: ZeRO-3 / FSDP reduce-scatters the gradients in every micro-batch's backward, not only in the last one of the
+#: step, in all three frameworks, since each rank keeps only its gradient shard. DeepSpeed ZeRO-2/3: "gradient
+#: reduction is required after every backward because of gradient partitioning" (tjruwase, deepspeedai/DeepSpeed
+#: issue 2252; ``engine.py``: "ZeRO stage >= 2 communicates during non gradient accumulation boundaries as well").
+#: torchtitan FSDP2: no ``set_requires_gradient_sync(False)`` during gradient accumulation (pytorch/torchtitan PR 1710
+#: declined for that reason; pytorch/pytorch PR 126166: FSDP2 reduce-scatters per micro-batch "without any
+#: intervention"). Megatron-FSDP: ``MegatronFSDP.no_sync`` (``megatron/core/distributed/fsdp/src/megatron_fsdp/
+#: megatron_fsdp.py``): "For grads shard mode there will actually always be gradient sync happening"
+#: (``optim_grads`` and ``optim_grads_params``).
+FSDP_REDUCE_EVERY_MICROBATCH = frozenset({"megatron", "nemo", "deepspeed", "torchtitan"})
 
 
 def fsdp_exposed_s(gather_s: float, reduce_s: float, compute_s: float, units: int) -> float:
@@ -595,7 +596,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     shard = par.dp * par.cp
     dp_group = GroupPlacement(shard, dp_g.ranks_per_domain * (cp_g.size if cp_g.intra_domain else 1)) \
         if shard > 1 else GroupPlacement(1, 1)
-    rs_t = ag_t = 0.0
+    rs_t = ag_t = rep_ar_t = 0.0
     # bytes per gradient element in the reduction: fp32 main gradients (Megatron's default) or 16-bit with
     # ``--grad-reduce-in-bf16`` (``ParallelConfig.grad_reduce_in_bf16``)
     grad_b = BYTES_16BIT if getattr(par, "grad_reduce_in_bf16", False) else BYTES_FP32
@@ -617,8 +618,8 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
             rpd = dp_group.ranks_per_domain
             sg = GroupPlacement(hsdp, min(hsdp, rpd))
             rg = GroupPlacement(shard // hsdp, max(1, rpd // hsdp))
-            rs_t = (collective_time("reduce_scatter", grad_b * sp_max.dense, sg, cluster)
-                    + collective_time("all_reduce", grad_b * sp_max.dense / hsdp, rg, cluster))
+            rs_t = collective_time("reduce_scatter", grad_b * sp_max.dense, sg, cluster)
+            rep_ar_t = collective_time("all_reduce", grad_b * sp_max.dense / hsdp, rg, cluster)
             ag_t = collective_time("all_gather", BYTES_16BIT * sp_max.dense, sg, cluster)
         else:
             rs_t = collective_time("reduce_scatter", grad_b * sp_max.dense, dp_group, cluster)
@@ -647,11 +648,14 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
         # once per step; the published torchtitan 405B PP rows are over-predicted by 20-40% with that schedule
         # (by +16% / -2% with per-micro-batch gathers), so the per-micro-batch schedule below is kept for them too
         # until a trace settles it (calibration choice, documented in the module docstring)
-        rs_every_mb = fw_base in FSDP_REDUCE_EVERY_MICROBATCH
+        # HSDP: torchtitan all-reduces across the replicas only in the last micro-batch
+        # (``set_requires_all_reduce(is_last)``, pytorch/torchtitan PR 4505); Megatron-FSDP in every one
+        rs_mb = rs_t if fw_base in FSDP_REDUCE_EVERY_MICROBATCH else 0.0
+        rs_mb += 0.0 if fw_base == "torchtitan" else rep_ar_t
         fwd_mb = fsdp_exposed_s(ag_t, 0.0, first_fwd, n_units)
-        bwd_rs = fsdp_exposed_s(ag_t, rs_t, last_bwd, n_units)
-        bwd_no = fsdp_exposed_s(ag_t, 0.0, last_bwd, n_units)
-        dp_exposed = m * fwd_mb + (m * bwd_rs if rs_every_mb else (m - 1) * bwd_no + bwd_rs)
+        bwd_mb = fsdp_exposed_s(ag_t, rs_mb, last_bwd, n_units)
+        bwd_last = fsdp_exposed_s(ag_t, rs_t + rep_ar_t, last_bwd, n_units)
+        dp_exposed = m * fwd_mb + (m - 1) * bwd_mb + bwd_last
     elif fw_base == "deepspeed" and par.zero_stage == 2 and shard > 1 and par.pp == 1:
         # DeepSpeed ZeRO-2 reduce-scatters the gradients in every micro-batch's backward (each rank keeps only its
         # partition: DeepSpeed issue 2252, stage_1_and_2.py ``reduce_ready_partitions_and_remove_grads``), in

@@ -75,17 +75,17 @@ def test_zero3_is_slower_than_zero1_when_its_communication_dominates():
     ag = _nic_lower_bound_s(s16, 1, 8, H100)
     rs = _nic_lower_bound_s(2 * s16, 1, 8, H100)
     assert ag > 0.3
-    comm = 2 * mb * ag + rs  # Megatron-FSDP: gathers in forward and backward of every micro-batch, one reduce-scatter
+    # gathers in forward and backward of every micro-batch and a reduce-scatter in every backward: Megatron-FSDP
+    # ("for grads shard mode there will actually always be gradient sync happening", MegatronFSDP.no_sync),
+    # DeepSpeed ZeRO-3 (DeepSpeed issue 2252) and torchtitan FSDP2 (torchtitan PR 1710) alike
+    comm = 2 * mb * ag + mb * rs
     # the FSDP traffic (NIC) can hide under the compute and the TP collectives (NVLink) of the same passes
     busy = z3.compute_s + z3.exposed_comm_s["tp"]
     assert z3.exposed_comm_s["dp"] >= comm - busy
-    assert z3.step_s > 1.1 * z1.step_s
-    # DeepSpeed ZeRO-3 (and torchtitan FSDP2) also reduce-scatter in every micro-batch (DeepSpeed issue 2252;
-    # torchtitan PR 1710): more exposed traffic than Megatron-FSDP's one reduce-scatter per step
+    assert z3.step_s > 1.5 * z1.step_s
     ds = estimate_step(m, H100, job.model_copy(update={"framework": "deepspeed"}),
                        ParallelConfig(zero_stage=3, **base))
-    assert ds.exposed_comm_s["dp"] >= 2 * mb * ag + mb * rs - (ds.compute_s + ds.exposed_comm_s["tp"])
-    assert ds.exposed_comm_s["dp"] > z3.exposed_comm_s["dp"] + (mb - 1) * rs * 0.9
+    assert ds.exposed_comm_s["dp"] >= comm - (ds.compute_s + ds.exposed_comm_s["tp"])
 
 
 def test_deepspeed_zero2_reduces_every_micro_step_and_gathers_after_the_step():
@@ -154,13 +154,13 @@ def test_torchtitan_8b_on_128_h100_mfu_is_in_the_published_range():
 
 
 def test_hsdp_keeps_the_per_micro_batch_gathers_inside_the_node():
-    # Llama 2 70B, tp2 dp32 on 64 A100 at seq 1024 (8 micro-batches of 1): a micro-batch computes in less time than
-    # the 70 GB parameter gather takes over 4 HDR NICs, so FSDP over all 32 ranks is comm-bound. HSDP with shard
-    # groups of 4 (the 4 dp ranks of one DGX) gathers on NVLink and sends only the reduced gradient shard across
-    # nodes (all-reduce across replicas), so it exposes much less; 16-bit gradient reduction (Megatron
-    # --grad-reduce-in-bf16) halves the reduce-scatter bytes
+    # Llama 2 70B, tp2 dp32 on 64 A100 at seq 1024 (8 micro-batches of 1), torchtitan: a micro-batch computes in
+    # less time than the 70 GB parameter gather takes over 4 HDR NICs, so FSDP over all 32 ranks is comm-bound.
+    # HSDP with shard groups of 4 (the 4 dp ranks of one DGX) gathers and reduce-scatters on NVLink and all-reduces
+    # the reduced shard across the 8 replicas once per step (torchtitan PR 4505, ``set_requires_all_reduce``), so it
+    # exposes much less; 16-bit gradient reduction (``grad_reduce_in_bf16``) halves the reduce-scatter bytes
     m = get_model("llama2-70b")
-    job = TrainingJob(global_batch_size=256, seq_length=1024, precision="bf16")
+    job = TrainingJob(global_batch_size=256, seq_length=1024, precision="bf16", framework="torchtitan")
     base = dict(tp=2, dp=32, sequence_parallel=True, micro_batch_size=1, zero_stage=3)
     full = estimate_step(m, A100, job, ParallelConfig(**base))
     hsdp = estimate_step(m, A100, job, ParallelConfig(hsdp_shard_size=4, **base))
