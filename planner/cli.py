@@ -167,6 +167,9 @@ def _emit(doc, emit: Emit, output: Path | None, rank: int) -> None:
         else:
             text = files["ds_config.json" if emit == Emit.deepspeed else "torchtitan.toml"]
         sys.stdout.write(text)
+        if "megatron_deepspeed_unsupported.txt" in files:
+            why = next(p for p in doc.plans if p.rank == rank).launch.unsupported["megatron_deepspeed"]
+            sys.stderr.write(f"plan3d: note: ds_config.json only; no Megatron-DeepSpeed launch: {why}\n")
         return
     try:
         output.mkdir(parents=True, exist_ok=True)

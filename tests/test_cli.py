@@ -204,3 +204,18 @@ def test_expert_tp_on_a_dense_model_is_a_violation(run_cli):
     r = run_cli("evaluate", "--etp", "2", "--tp", "1", "--format", "json")
     assert r.exit_code == 0
     assert any("needs a mixture-of-experts model" in v for v in r.json()["plans"][0]["violations"])
+
+
+def test_emit_deepspeed_without_a_megatron_deepspeed_launch(run_cli, tmp_path):
+    """Llama 3.1's RoPE scaling has no Megatron-DeepSpeed option: ds_config.json is still emitted (valid for any
+    DeepSpeed script that builds the model itself), with a one-line note instead of the Megatron-DeepSpeed launch."""
+    import json
+    r = run_cli("plan", "--emit", "deepspeed")
+    assert r.exit_code == 0, r.stderr
+    ds = json.loads(r.stdout)
+    assert ds["train_batch_size"] == 1024  # the job's global batch (DeepSpeed: micro x GAS x dp)
+    assert r.stderr.startswith("plan3d: note:") and "rope_scaling" in r.stderr
+    r = run_cli("plan", "--emit", "deepspeed", "--output", str(tmp_path / "ds"))
+    assert r.exit_code == 0
+    assert sorted(p.name for p in (tmp_path / "ds").iterdir()) == ["ds_config.json",
+                                                                    "megatron_deepspeed_unsupported.txt"]

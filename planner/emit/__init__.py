@@ -65,9 +65,8 @@ def emit_files(doc, framework: str, rank: int = 1) -> dict[str, str]:
         raise EmitError(f"--rank {rank}: the document has plans {ranks[0]}..{ranks[-1]}" if ranks
                         else f"--rank {rank}: the document has no plans")
     launch = plan.launch
-    for key in (framework, "megatron_deepspeed") if framework == "deepspeed" else (framework,):
-        if key in launch.unsupported:
-            raise EmitError(f"plan #{rank} cannot run on {framework}: {launch.unsupported[key]}")
+    if framework in launch.unsupported:
+        raise EmitError(f"plan #{rank} cannot run on {framework}: {launch.unsupported[framework]}")
     name = doc.input.model.name
     header = _header(framework, name, rank, launch)
 
@@ -84,6 +83,12 @@ def emit_files(doc, framework: str, rank: int = 1) -> dict[str, str]:
         env = {} if "--use-megatron-fsdp" in args else {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
         return {"megatron_args.txt": "\n".join(pair_args(args)) + "\n",
                 **scripts("pretrain_gpt.py", args, env, SCRIPT_DATA_ARGS, SCRIPT_TRAIN_ARGS)}
+    if framework == "deepspeed" and "megatron_deepspeed" in launch.unsupported:
+        # ds_config.json is valid for any DeepSpeed training script that builds the model itself (HF Trainer,
+        # accelerate, custom loops); only the Megatron-DeepSpeed launch cannot express this plan.
+        return {"ds_config.json": json.dumps(launch.deepspeed, indent=2) + "\n",
+                "megatron_deepspeed_unsupported.txt": f"# {header}\n# Megatron-DeepSpeed launch not emitted: "
+                                                      f"{launch.unsupported['megatron_deepspeed']}\n"}
     if framework == "deepspeed":
         args = launch.megatron_deepspeed
         in_script = ["$CONFIG_DIR/ds_config.json" if a == "ds_config.json" else a for a in args]
