@@ -172,3 +172,21 @@ def test_hsdp_keeps_the_per_micro_batch_gathers_inside_the_node():
     assert hsdp.exposed_comm_s["dp"] < 0.5 * full.exposed_comm_s["dp"]
     bf = estimate_step(m, A100, job, ParallelConfig(grad_reduce_in_bf16=True, **base))
     assert bf.exposed_comm_s["dp"] < full.exposed_comm_s["dp"]
+
+
+def test_plan_top5_has_no_cp_twins_with_the_same_step_time():
+    # issue: in ``plan3d plan``'s default case (Llama 3.1 8B, 8 H100, GBS 1024 x 4096) (dp, cp 1, mbs) and
+    # (dp/2, cp 2, 2 mbs) tied to the millisecond and filled the top 5 with near-duplicates; cp 2 must now be slower
+    from planner.search import run_search
+    res = run_search(get_model("llama3.1-8b"), H100, TrainingJob(global_batch_size=1024, seq_length=4096), 8,
+                     top_k=5)
+    groups: dict[tuple, dict[tuple, float]] = {}
+    for ev in res.plans:
+        p = ev.parallel
+        groups.setdefault((p.tp, p.pp, p.dp * p.cp, p.zero_stage, p.recompute, p.vpp), {})[
+            (p.cp, p.micro_batch_size)] = ev.step.step_s
+    for members in groups.values():
+        for (cp, mbs), step in members.items():
+            twin = members.get((2 * cp, 2 * mbs))
+            if twin is not None:
+                assert twin > step * 1.005
