@@ -14,6 +14,7 @@ from __future__ import annotations
 from model_zoo.spec import ModelSpec
 
 from .config import FlopsConvention, ParallelConfig, TrainingJob
+from .layout import parse_pipeline_layout, stage_layer_ranges
 
 
 def attention_widths(model: ModelSpec) -> tuple[int, int]:
@@ -68,18 +69,47 @@ def model_flops_per_token(model: ModelSpec, seq_length: int, convention: FlopsCo
     return 3.0 * fwd
 
 
+def recomputed_layers(model: ModelSpec, par: ParallelConfig) -> list[int]:
+    """Global indices of the decoder layers that full recompute re-runs in backward (empty unless
+    ``par.recompute == 'full'``).
+
+    ``recompute_num_layers`` None: every layer. Otherwise Megatron's ``--recompute-method block``: the first
+    ``recompute_num_layers`` layers of each model chunk (each pipeline stage, or each virtual stage under the
+    interleaved schedule) are checkpointed and the rest keep their activations (megatron-core 0.16.1
+    ``transformer/transformer_block.py`` ``TransformerBlock._checkpointed_forward``, method ``block``: ``layer_idx <
+    recompute_num_layers`` over ``num_layers_per_pipeline_rank = len(self.layers)``, the chunk's layers). The chunks
+    follow ``step_time.estimate_step``: ``pipeline_layout`` chunks, else each stage's range split evenly by vpp.
+    """
+    if par.recompute != "full":
+        return []
+    if par.recompute_num_layers is None:
+        return list(range(model.num_layers))
+    v = par.vpp if par.pipeline_schedule == "interleaved" else 1
+    if par.pipeline_layout is not None:
+        counts = [c.count("t") for c in parse_pipeline_layout(par.pipeline_layout)]
+        starts = [sum(counts[:k]) for k in range(len(counts))]
+        chunks = [list(range(starts[k], starts[k] + counts[k])) for k in range(len(counts))]
+        per_rank = max(1, len(counts) // par.pp)
+        if per_rank != v:  # without interleaving a rank runs its chunks back to back as one block
+            chunks = [[i for c in range(per_rank) for i in chunks[c * par.pp + r]] for r in range(par.pp)]
+    else:
+        chunks = []
+        for rg in stage_layer_ranges(model.num_layers, par):
+            lay = list(rg)
+            chunks += [lay[c * len(lay) // v:(c + 1) * len(lay) // v] for c in range(v)]
+    return sorted(i for ch in chunks for i in ch[:par.recompute_num_layers])
+
+
 def recompute_flops_per_token(model: ModelSpec, seq_length: int, par: ParallelConfig) -> float:
-    """Extra forward FLOPs per token that recomputation executes (hardware, not model FLOPs)."""
+    """Extra forward FLOPs per token that recomputation executes (hardware, not model FLOPs): selective, the
+    attention core of every layer; full, one more forward (GEMMs + attention core) of each layer in
+    ``recomputed_layers`` (the same layers ``step_time`` charges)."""
     if par.recompute == "none":
         return 0.0
     attn = attention_core_flops_per_token(model, seq_length, causal_halved=True)
     if par.recompute == "selective":
         return model.num_layers * attn
-    n = model.num_layers
-    if par.recompute_num_layers is not None:
-        n = min(model.num_layers, par.recompute_num_layers * par.pp)
-    per_layer = sum(layer_gemm_flops_per_token(model, i) for i in range(model.num_layers)) / model.num_layers
-    return n * (per_layer + attn)
+    return sum(layer_gemm_flops_per_token(model, i) + attn for i in recomputed_layers(model, par))
 
 
 def step_model_flops(model: ModelSpec, job: TrainingJob, convention: FlopsConvention = "megatron") -> float:

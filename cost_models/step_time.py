@@ -17,7 +17,9 @@ Per micro-batch and per pipeline (virtual) stage, on one GPU (seconds):
   replicated on every TP rank), plus the MLP activation over the TP-sharded FFN width, at the HBM bandwidth
   (x ``hbm_efficiency``); backward = 2 x forward. Output layer: the logits GEMM and the fused cross-entropy's
   passes over the ``V/tp`` logits.
-* **Recompute**: full recompute re-runs the stage's forward (compute and its TP collectives) before the backward;
+* **Recompute**: full recompute re-runs the forward (compute and its TP / EP collectives) of each recomputed
+  layer before its backward: every layer, or with ``recompute_num_layers`` N the first N layers of each model
+  chunk (Megatron ``--recompute-method block``; ``flops.recomputed_layers``, the same layers HFU counts);
   selective recompute re-runs the attention core (Korthikanti et al. 2022 Sec. 5).
 * **Tensor parallel**: 2 all-reduces (or all-gather + reduce-scatter pairs under SP, same bytes) of the hidden
   state per layer in forward and 2 in backward (formulas.md Sec. 6), on the rank placement of
@@ -103,7 +105,7 @@ from model_zoo.spec import ModelSpec
 
 from .comm import collective_time
 from .config import BYTES_16BIT, BYTES_FP32, FlopsConvention, ParallelConfig, TrainingJob
-from .flops import (attention_core_flops_per_token, layer_gemm_shapes,
+from .flops import (attention_core_flops_per_token, layer_gemm_shapes, recomputed_layers,
                     step_hardware_flops, step_model_flops)
 from .layout import GroupPlacement, LayoutError, group_placement, parse_pipeline_layout, stage_layer_ranges
 from .memory import stage_params
@@ -529,6 +531,8 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     # virtual stage k = chunk c of rank r holds layers of chunk c of stage r's range (split evenly by chunks)
     fwd_v = [0.0] * (par.pp * v)
     bwd_v = [0.0] * (par.pp * v)
+    # decoder layers that full recompute re-runs (all, or the first recompute_num_layers of each chunk)
+    rc_layers = set(recomputed_layers(model, par))
     kinds = {"gemm": 0.0, "attention": 0.0, "memory_bound": 0.0}
     exposed_mb = {"tp": [0.0] * par.pp, "cp": [0.0] * par.pp, "ep": [0.0] * par.pp}
     for r, layers in enumerate(ranges):
@@ -555,15 +559,16 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
                         comp_f += host / 3
                         comp_b += 2 * host / 3
                 rc = 0.0
-                if par.recompute == "full":
+                full_i = i in rc_layers
+                if full_i:
                     rc = comp_f + comm_f
                 elif par.recompute == "selective":
                     rc = _selective_recompute_s(x, par)
                 f += comp_f + comm_f
                 bw += comp_b + comm_b + rc
-                exposed_mb["tp"][r] += 2 * x.tp * tp_exp + (x.tp * tp_exp if par.recompute == "full" else 0)
+                exposed_mb["tp"][r] += 2 * x.tp * tp_exp + (x.tp * tp_exp if full_i else 0)
                 exposed_mb["cp"][r] += 3 * x.cp
-                exposed_mb["ep"][r] += ep_exp * (2 * x.ep + (x.ep if par.recompute == "full" else 0))
+                exposed_mb["ep"][r] += ep_exp * (2 * x.ep + (x.ep if full_i else 0))
             if r == par.pp - 1 and c == v - 1:
                 # output layer: logits GEMM + fused cross-entropy over V/tp fp32 logits; each multi-token-prediction
                 # module (DeepSeek-V3 Sec. 2.2: projection 2h -> h, one more decoder layer, its own logits) runs
@@ -588,7 +593,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     busiest = max(range(par.pp), key=lambda r: sum(fwd_v[c * par.pp + r] + bwd_v[c * par.pp + r] for c in range(v)))
     for i in ranges[busiest]:
         x = lc(i)
-        full = par.recompute == "full"
+        full = i in rc_layers
         mods = set(getattr(par, "recompute_modules", None) or ("core_attn",)) if par.recompute == "selective" else set()
         rcg = x.gemm if full else (x.gemm_mlp if mods & {"mlp", "moe"} else 0.0) + (
             x.gemm_up if "mla_up_proj" in mods else 0.0)
