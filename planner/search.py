@@ -15,6 +15,7 @@ from model_zoo.spec import ModelSpec
 
 from .checks import DEFAULT_MEMORY_HEADROOM
 from .evaluate import Evaluation, evaluate
+from .recompute import with_fewest_recomputed_layers
 from .space import SearchSpace, candidates
 
 RECOMPUTE_ORDER = {"none": 0, "selective": 1, "full": 2}
@@ -44,7 +45,9 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, nu
                     space: SearchSpace = SearchSpace(), memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
                     framework: str = "megatron", convention: FlopsConvention = "megatron",
                     progress: Callable[[int], None] | None = None) -> SearchResult:
-    """Evaluate every candidate; keep the ``top_k`` feasible ones by throughput."""
+    """Evaluate every candidate; keep the ``top_k`` feasible ones by throughput. A full-recompute candidate that
+    fits with every layer recomputed is evaluated at the fewest recomputed layers per chunk that fit
+    (``planner.recompute.fewest_recomputed_layers``)."""
     feasible: list[Evaluation] = []
     near: list[tuple[float, Evaluation]] = []
     n = 0
@@ -59,6 +62,8 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, nu
         if mem.peak_bytes > limit:
             near.append((mem.peak_bytes - limit, par))
             continue
+        # full recompute: the fewest recomputed layers per chunk that fit (planner.recompute)
+        par = with_fewest_recomputed_layers(model, cluster, job, par, framework, memory_headroom)
         ev = evaluate(model, cluster, job, par, num_gpus, memory_headroom, framework, convention)
         if ev.feasible:
             feasible.append(ev)

@@ -52,6 +52,7 @@ from model_zoo.spec import ModelSpec
 
 from .checks import DEFAULT_MEMORY_HEADROOM
 from .evaluate import Evaluation, evaluate
+from .recompute import PARTIAL_RECOMPUTE_FRAMEWORKS, with_fewest_recomputed_layers
 from .space import (MAX_VPP, SearchSpace, Structure, micro_batch_options, sp_options, structures, to_parallel,
                     vpp_options, zero_options)
 
@@ -255,6 +256,9 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
         # exposed in full without overlap (Megatron-LM's default; DeepSpeed's pipeline engine); otherwise only what
         # the busiest rank's backward / forward cannot hide (bounded with the compute upper bounds below)
         dp_full = framework == "megatron" or (framework == "deepspeed" and pp > 1)
+        # full recompute re-scores at the fewest recomputed layers per chunk that fit (planner.recompute): its time
+        # bound charges one recomputed layer per chunk (N >= 1), its memory bound every layer recomputed (least)
+        partial_rc = framework.split("_")[0] in PARTIAL_RECOMPUTE_FRAMEWORKS
         run_cache: dict[int, list] = {}
 
         def runs_of(v, ranges=ranges, sig_of=sig_of, pp=pp, run_cache=run_cache):
@@ -311,20 +315,27 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
                 for sp in sps:
                     lt = lay[sp]
 
-                    def fb(nd, nm):
+                    def fb(nd, nm, nch):
+                        # nch: model chunks in these layers. Full recompute with a derivable N
+                        # (planner.recompute) re-runs at least one layer per chunk, every layer otherwise
                         f = b = 0.0
+                        full_min = math.inf
                         for t, n in ((0, nd), (1, nm)):
                             if n and t in lt:
                                 lf, lb, sel, full = lt[t]
                                 f += n * lf
-                                b += n * (lb + (sel if rc == "selective" else full if rc == "full" else 0.0))
+                                b += n * (lb + (sel if rc == "selective" else
+                                                full if rc == "full" and not partial_rc else 0.0))
+                                full_min = min(full_min, full)
+                        if rc == "full" and partial_rc and full_min < math.inf:
+                            b += min(nch, nd + nm) * full_min
                         return f, b
                     memo: dict[tuple, tuple[float, float]] = {}
 
-                    def fbm(nd, nm):
-                        key = (nd, nm)
+                    def fbm(nd, nm, nch=1):
+                        key = (nd, nm, nch)
                         if key not in memo:
-                            memo[key] = fb(nd, nm)
+                            memo[key] = fb(nd, nm, nch)
                         return memo[key]
                     fmin = bmin = math.inf
                     for v in vpps:
@@ -334,7 +345,7 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
                         pre = 0.0
                         for g, nd0, nm0, cnt, r0 in runs_of(v):
                             stage, nd, nm, rg = groups[g]
-                            f, b = fbm(nd, nm)
+                            f, b = fbm(nd, nm, v)
                             if r0 + cnt - 1 == pp - 1:
                                 f += lg + ce
                                 b += 2 * lg + ce
@@ -604,6 +615,7 @@ def solve(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: in
             if ev is None:
                 st, mbs, rc = T.keys[ki]
                 par = to_parallel(st, mbs, vi + 1, zi, bool(spi), rc)
+                par = with_fewest_recomputed_layers(model, cluster, job, par, framework, memory_headroom)
                 ev = evaluate(model, cluster, job, par, num_gpus, memory_headroom, framework, convention)
                 seen[key] = ev
             if ev.step is not None and prox[o] > 0:

@@ -1,0 +1,134 @@
+"""Partial full recompute (``recompute_num_layers``, Megatron ``--recompute-method block``): step time, HFU, the
+derived fewest layers in the search, and the emitted launch.
+
+Reference case: Llama-3.1-8B (32 layers, h 4096, 8 KV heads, FFN 14336) on one DGX H100 (8 x 80 GB, the planner's
+5% memory headroom: 85.52e9 x 0.95 bytes usable), GBS 64 x 8192 tokens. Recomputing every layer fits with ~30 GiB
+to spare; the memory model needs 2 recomputed layers to fit (1 does not), and the step model puts that plan at
+6.90 s against 8.79 s with every layer recomputed and 6.92 s for the best plan without recompute (ZeRO-3).
+"""
+from __future__ import annotations
+
+import importlib.util
+import warnings
+
+import pytest
+
+from cluster_specs import get_cluster
+from cost_models.config import ParallelConfig, TrainingJob
+from cost_models.flops import recompute_flops_per_token, recomputed_layers
+from cost_models.memory import estimate_memory
+from cost_models.step_time import estimate_step
+from model_zoo import get_model
+from planner.checks import DEFAULT_MEMORY_HEADROOM
+from planner.emit import launch_fields
+from planner.recompute import fewest_recomputed_layers, with_fewest_recomputed_layers
+from planner.search import enumerate_plans
+from planner.solver import solve
+from planner.space import SearchSpace
+
+M8 = get_model("llama3.1-8b")
+H100 = get_cluster("dgx-h100")
+JOB = TrainingJob(global_batch_size=64, seq_length=8192)
+PAR = ParallelConfig(tp=1, pp=1, dp=8, micro_batch_size=1, zero_stage=2, recompute="full")
+LIMIT = H100.gpu.memory_bytes * (1 - DEFAULT_MEMORY_HEADROOM)
+
+
+def _with(par: ParallelConfig, **kw) -> ParallelConfig:
+    return par.model_copy(update=kw)
+
+
+def test_fewest_layers_is_minimal_and_fits():
+    n = fewest_recomputed_layers(M8, H100, JOB, PAR)
+    assert n == 2
+    assert estimate_memory(M8, H100, JOB, _with(PAR, recompute_num_layers=n)).peak_bytes <= LIMIT
+    assert estimate_memory(M8, H100, JOB, _with(PAR, recompute_num_layers=n - 1)).peak_bytes > LIMIT
+    # every layer recomputed leaves ~30 GiB unused (44.9 GiB of 75.7 GiB)
+    assert LIMIT - estimate_memory(M8, H100, JOB, PAR).peak_bytes > 30 * 2**30
+
+
+def test_fewest_layers_edge_cases():
+    # nothing fits even with every layer recomputed (1 GPU, unsharded Adam states of 8B parameters): None
+    one = ParallelConfig(tp=1, pp=1, dp=1, micro_batch_size=1, recompute="full")
+    assert fewest_recomputed_layers(M8, H100, TrainingJob(global_batch_size=8, seq_length=8192), one) is None
+    # torchtitan and DeepSpeed launches cannot recompute only the first N layers: every layer
+    assert fewest_recomputed_layers(M8, H100, JOB, PAR, framework="torchtitan") is None
+    assert fewest_recomputed_layers(M8, H100, JOB, PAR, framework="deepspeed") is None
+    # plenty of room (seq 2048): one recomputed layer per stage is enough
+    small = TrainingJob(global_batch_size=64, seq_length=2048)
+    assert fewest_recomputed_layers(M8, H100, small, PAR) == 1
+    # non-full configurations are left alone
+    assert with_fewest_recomputed_layers(M8, H100, JOB, _with(PAR, recompute="none")).recompute_num_layers is None
+
+
+def test_step_time_and_hfu_charge_only_recomputed_layers():
+    s_n = {n: estimate_step(M8, H100, JOB, _with(PAR, recompute_num_layers=n)) for n in (1, 2, 3, None)}
+    none = estimate_step(M8, H100, JOB, _with(PAR, recompute="none"))
+    assert s_n[2].step_s < s_n[None].step_s  # 6.90 s < 8.79 s
+    assert s_n[2].step_s == pytest.approx(6.904, rel=2e-3) and s_n[None].step_s == pytest.approx(8.790, rel=2e-3)
+    # recompute seconds are linear in the recomputed layers: (N=3 - N=1) = 2 x (N=2 - N=1); all = 32 x one layer
+    one = s_n[2].step_s - s_n[1].step_s
+    assert s_n[3].step_s - s_n[1].step_s == pytest.approx(2 * one, rel=1e-6)
+    assert s_n[None].step_s - none.step_s == pytest.approx(32 * (s_n[1].step_s - none.step_s), rel=1e-6)
+    # HFU: one more forward per recomputed layer. Llama-3.1-8B layer GEMMs 2 x (2 x 4096^2 + 2 x 4096 x 1024 +
+    # 3 x 4096 x 14336) = 436,207,616 FLOPs/token; causal attention core 8192 x (4096 + 4096) = 67,108,864
+    per_layer = 436_207_616 + 67_108_864
+    assert recompute_flops_per_token(M8, 8192, _with(PAR, recompute_num_layers=2)) == 2 * per_layer
+    assert recompute_flops_per_token(M8, 8192, PAR) == 32 * per_layer
+    tokens = 64 * 8192
+    assert s_n[2].hardware_flops - s_n[2].model_flops == pytest.approx(2 * per_layer * tokens, rel=1e-12)
+
+
+def test_block_method_counts_per_virtual_stage():
+    # megatron-core TransformerBlock._checkpointed_forward ("block"): the first N layers of each model chunk.
+    # 32 layers, pp 2, vpp 2 -> chunks [0-7], [16-23] on rank 0 and [8-15], [24-31] on rank 1
+    par = ParallelConfig(tp=1, pp=2, dp=4, vpp=2, micro_batch_size=1, recompute="full", recompute_num_layers=1)
+    assert recomputed_layers(M8, par) == [0, 8, 16, 24]
+    assert recomputed_layers(M8, _with(par, recompute_num_layers=8)) == list(range(32))
+    assert recomputed_layers(M8, _with(par, recompute_num_layers=None)) == list(range(32))
+    assert recomputed_layers(M8, _with(par, recompute="selective", recompute_num_layers=None)) == []
+    # each virtual stage's backward grows by one layer's forward at N = 1, by 8 at N = None (all)
+    base = estimate_step(M8, H100, JOB, _with(par, recompute="none", recompute_num_layers=None))
+    one = estimate_step(M8, H100, JOB, par)
+    full = estimate_step(M8, H100, JOB, _with(par, recompute_num_layers=None))
+    for k in range(4):
+        d1 = one.stage_backward_s[k] - base.stage_backward_s[k]
+        assert d1 > 0
+        assert full.stage_backward_s[k] - base.stage_backward_s[k] == pytest.approx(8 * d1, rel=1e-9)
+    assert one.stage_forward_s == base.stage_forward_s
+
+
+def test_planner_picks_fewest_layers_and_solver_matches_enumerator():
+    space = SearchSpace(tp=(1,), pp=(1,), cp=(1,))
+    res = solve(M8, H100, JOB, 8, top_k=3, space=space)
+    best = res.plans[0]
+    assert (best.parallel.recompute, best.parallel.recompute_num_layers, best.parallel.zero_stage) == ("full", 2, 2)
+    # faster than the same plan with every layer recomputed and than the best plan without full recompute
+    assert best.step.step_s < estimate_step(M8, H100, JOB, _with(best.parallel, recompute_num_layers=None)).step_s
+    assert all(e.parallel.recompute != "full" or e.parallel.recompute_num_layers is not None for e in res.plans)
+    other = solve(M8, H100, JOB, 8, top_k=1, space=SearchSpace(tp=(1,), pp=(1,), cp=(1,),
+                                                               recompute=("none", "selective")))
+    assert best.step.step_s < other.plans[0].step.step_s
+    enum = enumerate_plans(M8, H100, JOB, 8, top_k=3, space=space)
+    assert [e.parallel for e in enum.plans] == [e.parallel for e in res.plans]
+
+
+HAS_MCORE = importlib.util.find_spec("torch") is not None and importlib.util.find_spec("megatron") is not None
+
+
+def test_emitted_megatron_args_carry_block_n():
+    par = _with(PAR, recompute_num_layers=2)
+    args = launch_fields(M8, JOB, par, 8)["megatron"]
+    i = args.index("--recompute-method")
+    assert args[i + 1] == "block"
+    assert args[args.index("--recompute-num-layers") + 1] == "2"
+    assert args[args.index("--recompute-granularity") + 1] == "full"
+    if not HAS_MCORE:
+        pytest.skip("megatron-core not installed")
+    from test_emit_validators import check_megatron
+    from test_emit_support import megatron_core_config, megatron_validate_args, parse_argv
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        check_megatron(M8, JOB, par, args)  # megatron validate_args + TransformerConfig.__post_init__
+        a = parse_argv(args)
+        cfg = megatron_core_config(a, megatron_validate_args(a, par.world_size))
+    assert (cfg.recompute_granularity, cfg.recompute_method, cfg.recompute_num_layers) == ("full", "block", 2)
