@@ -20,6 +20,11 @@ How it works (DESIGN.md "The solver proposes, the scalar model disposes"):
      (``memory.model_state_terms``), reserve and logits, plus stored activations x in-flight micro-batches and the
      largest layer's working set (``memory.activation_bytes_per_layer``, ``in_flight_microbatches``); buffers and
      transients are left out, so the bound stays below every phase's peak.
+   * full recompute (Megatron) is re-scored at the fewest recomputed layers per chunk N that fit
+     (``planner.recompute.fewest_recomputed_layers``; Megatron ``--recompute-method block``): its memory bound
+     recomputes every layer (the least memory of any N) and its time bound charges ``min(N_lb, chunk layers)``
+     recomputed layers per chunk, ``N_lb`` >= 1 the smallest N whose memory lower bound fits, so both stay below
+     the scalar values at the derived N.
 
 3. **CP-SAT** (OR-Tools) chooses ``k``, vpp, sp and zero (one-hot variables, one boolean per table cell, tied by
    marginal-consistency constraints), with every stage's memory bound <= capacity x (1 - headroom), minimising the
@@ -151,8 +156,15 @@ def _layer_lb(model, cluster, job, par, layer, groups, exposed_comm: bool = Fals
 
 
 def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int,
-                 space: SearchSpace = SearchSpace(), framework: str = "megatron") -> Tables:
+                 space: SearchSpace = SearchSpace(), framework: str = "megatron",
+                 memory_headroom: float | None = None) -> Tables:
     """Tabulate the factorized lower bounds of every structure (see the module docstring).
+
+    Full recompute (Megatron): the re-scoring runs it at the fewest recomputed layers per chunk N that fit
+    (``planner.recompute``), so its time bound charges ``min(N_lb, chunk layers)`` recomputed layers per chunk,
+    where ``N_lb`` >= 1 is the smallest N whose memory lower bound (this table's terms with N layers keeping only
+    their input and the others at least the smallest per-layer activations) fits ``memory_headroom``'s limit
+    (N_lb = 1 when no headroom is given).
 
     Step-time bound = pipeline bound ``P[k, sp, v]`` + optimizer step ``E[k, z]``; memory bound of stage slot j =
     ``W[k, j, z] + X[k, j, sp, v]``. Both are <= the scalar model's values (``planner.evaluate``), which is
@@ -259,6 +271,8 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
         # full recompute re-scores at the fewest recomputed layers per chunk that fit (planner.recompute): its time
         # bound charges one recomputed layer per chunk (N >= 1), its memory bound every layer recomputed (least)
         partial_rc = framework.split("_")[0] in PARTIAL_RECOMPUTE_FRAMEWORKS
+        mem_lim = (cluster.gpu.memory_bytes * (1 - memory_headroom) * (1 + MEM_MARGIN)
+                   if memory_headroom is not None else None)
         run_cache: dict[int, list] = {}
 
         def runs_of(v, ranges=ranges, sig_of=sig_of, pp=pp, run_cache=run_cache):
@@ -315,9 +329,10 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
                 for sp in sps:
                     lt = lay[sp]
 
-                    def fb(nd, nm, nch):
+                    def fb(nd, nm, nch, nlb):
                         # nch: model chunks in these layers. Full recompute with a derivable N
-                        # (planner.recompute) re-runs at least one layer per chunk, every layer otherwise
+                        # (planner.recompute) re-runs at least min(nlb, chunk layers) layers per chunk, every layer
+                        # otherwise
                         f = b = 0.0
                         full_min = math.inf
                         for t, n in ((0, nd), (1, nm)):
@@ -328,24 +343,47 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
                                                 full if rc == "full" and not partial_rc else 0.0))
                                 full_min = min(full_min, full)
                         if rc == "full" and partial_rc and full_min < math.inf:
-                            b += min(nch, nd + nm) * full_min
+                            b += nch * min(nlb, (nd + nm) // nch) * full_min
                         return f, b
                     memo: dict[tuple, tuple[float, float]] = {}
 
-                    def fbm(nd, nm, nch=1):
-                        key = (nd, nm, nch)
+                    def fbm(nd, nm, nch=1, nlb=1):
+                        key = (nd, nm, nch, nlb)
                         if key not in memo:
-                            memo[key] = fb(nd, nm, nch)
+                            memo[key] = fb(nd, nm, nch, nlb)
                         return memo[key]
+
+                    def min_rc_layers(v, sp=sp):
+                        # smallest N whose memory lower bound fits on every stage slot j (per slot:
+                        # w + (lin N + (L - N) a_min + token ids) x in-flight + largest layer <= limit)
+                        if rc != "full" or not partial_rc or mem_lim is None:
+                            return 1
+                        per_t, lin = acts[(sp, rc)]
+                        need = 1
+                        for j, (stage, nd, nm, rg) in enumerate(groups):
+                            present = [per_t[t] for t, c in ((0, nd), (1, nm)) if c and t in per_t]
+                            if not present:
+                                continue
+                            a_min, big = min(present), max(present)
+                            n_l = nd + nm
+                            w = min(states[j][z] for z in zs) + reserve + (logits_b if stage == pp - 1 else 0.0)
+                            infl = inflight[v][j]
+                            tid = TOKEN_ID_BYTES * tok if stage == 0 else 0.0
+                            over = w + (n_l * a_min + tid) * infl + big - mem_lim
+                            if over <= 0 or a_min <= lin or infl <= 0:
+                                continue
+                            need = max(need, min(n_l, math.ceil(over / ((a_min - lin) * infl) - 1e-9)))
+                        return need
                     fmin = bmin = math.inf
                     for v in vpps:
+                        nlb = min_rc_layers(v)
                         # ranks in runs of equal (stage signature, first-chunk mix): the bound pre_r + m (f_r + b_r)
                         # grows along a run, so its last rank is the run's maximum
                         best = 0.0
                         pre = 0.0
                         for g, nd0, nm0, cnt, r0 in runs_of(v):
                             stage, nd, nm, rg = groups[g]
-                            f, b = fbm(nd, nm, v)
+                            f, b = fbm(nd, nm, v, nlb)
                             if r0 + cnt - 1 == pp - 1:
                                 f += lg + ce
                                 b += 2 * lg + ce
@@ -353,7 +391,7 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
                                 f += emb
                                 b += 2 * emb
                             fmin, bmin = min(fmin, f), min(bmin, b)
-                            f0, b0 = fbm(nd0, nm0)
+                            f0, b0 = fbm(nd0, nm0, 1, nlb)
                             if r0 == 0:
                                 f0 += emb
                                 b0 += 2 * emb
@@ -553,7 +591,7 @@ def solve(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: in
     import time
     tm: dict[str, float] = {}
     t0 = time.perf_counter()
-    T = build_tables(model, cluster, job, num_gpus, space, framework)
+    T = build_tables(model, cluster, job, num_gpus, space, framework, memory_headroom)
     if not T.keys:
         return SolveResult([], 0, 0, 0, "NO_CANDIDATES", None)
     A, P, E, W, X = T.arrays()

@@ -23,6 +23,9 @@ from model_zoo.spec import ModelSpec
 
 MICRO_BATCH_SIZES = (1, 2, 4, 8)
 ZERO_STAGES = (0, 1, 2, 3)
+#: Recompute granularities searched. ``full`` is not paired with a free ``recompute_num_layers``: the searches
+#: derive the fewest recomputed layers per chunk that fit (``planner.recompute``), since recompute time grows and
+#: memory falls with it.
 RECOMPUTE = ("none", "selective", "full")
 MAX_VPP = 8
 #: Smallest per-rank sequence chunk considered for context parallelism (tokens). Below ~2k tokens per rank the
