@@ -80,7 +80,7 @@ from cluster_specs.spec import ClusterSpec
 from model_zoo.spec import ModelSpec
 
 from .config import BYTES_16BIT, BYTES_FP32, ParallelConfig, TrainingJob
-from .layout import stage_layer_ranges
+from .layout import chunk_layer_counts, stage_layer_ranges
 
 Framework = Literal["megatron", "deepspeed", "torchtitan"]
 FRAMEWORKS: tuple[str, ...] = ("megatron", "deepspeed", "torchtitan")
@@ -503,7 +503,11 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
         per_layer = [act_by_kind[model.is_moe_layer(i)] for i in idx]
         biggest = max(per_layer, default=0.0)
         if par.recompute == "full":
-            n_rc = len(per_layer) if par.recompute_num_layers is None else min(par.recompute_num_layers, len(per_layer))
+            if par.recompute_num_layers is None:
+                n_rc = len(per_layer)
+            else:  # Megatron's block method: the first N layers of each model chunk (per virtual stage)
+                chunks = chunk_layer_counts(model.num_layers, par)[stage] if par.vpp > 1 else [len(layers)]
+                n_rc = min(len(per_layer), sum(min(par.recompute_num_layers, c) for c in chunks))
             stored = layer_in * n_rc + sum(sorted(per_layer)[: len(per_layer) - n_rc])
             working = 2 * biggest if n_rc else biggest  # recomputed layer + the gradients of its activations
         else:

@@ -132,3 +132,21 @@ def test_emitted_megatron_args_carry_block_n():
         a = parse_argv(args)
         cfg = megatron_core_config(a, megatron_validate_args(a, par.world_size))
     assert (cfg.recompute_granularity, cfg.recompute_method, cfg.recompute_num_layers) == ("full", "block", 2)
+
+
+def test_block_recompute_memory_counts_n_layers_per_virtual_stage():
+    """Megatron's block method checkpoints the first N layers of each model chunk: with vpp 2 and N = 1 a stage
+    keeps full activations for the same number of layers as N = 2 without interleaving (megatron-core 0.16.1
+    ``TransformerBlock._checkpointed_forward``)."""
+    from cluster_specs import get_cluster
+    from cost_models.config import ParallelConfig, TrainingJob
+    from cost_models.memory import estimate_memory
+    from model_zoo import get_model
+    m, c = get_model("llama3.1-8b"), get_cluster("dgx-h100")
+    job = TrainingJob(global_batch_size=64, seq_length=8192)
+    per_mb = []
+    for vpp, n in ((2, 1), (1, 2)):
+        st = estimate_memory(m, c, job, ParallelConfig(pp=2, dp=4, vpp=vpp, recompute="full",
+                                                       recompute_num_layers=n)).stages[0]
+        per_mb.append(st.activations / st.in_flight_microbatches)
+    assert per_mb[0] == pytest.approx(per_mb[1], rel=1e-9)
