@@ -502,9 +502,6 @@ def build_inputs(row: dict[str, Any]) -> tuple[ModelSpec, ClusterSpec, TrainingJ
         notes.append(f"num_gpus {n} != tp*pp*dp*cp = {tp * pp * dp * cp} as printed; the layout is used")
         n = tp * pp * dp * cp
     mbs = p.get("micro_batch_size")
-    if mbs is None:
-        mbs = d["mbs"]
-        notes.append(f"micro_batch_size {mbs} ({fw} default)")
     sp = p.get("sequence_parallel")
     if sp is None:
         sp = d["sp_with_tp"] and tp > 1
@@ -557,6 +554,18 @@ def build_inputs(row: dict[str, Any]) -> tuple[ModelSpec, ClusterSpec, TrainingJ
         first, last = _layer_split(model.num_layers, pp, 1)
     if first is not None or last is not None:
         notes.append(f"uneven pipeline split: first/last stage layers {first}/{last}")
+    if mbs is None:
+        mbs = d["mbs"]
+        local_batch = int(p["global_batch_size"]) // dp
+        if fw == "torchtitan" and pp > 1 and local_batch % (pp * vpp) == 0:
+            # torchtitan (late 2024, the benchmark commits) splits the local batch into pp x stages-per-rank
+            # micro-batches when pipeline_parallel_microbatches is unset (parallelisms/pipelining_utils.py
+            # build_pipeline_schedule: n_microbatches = num_total_stages)
+            mbs = local_batch // (pp * vpp)
+            notes.append(f"micro_batch_size {mbs}: local batch {local_batch} over pp x stages per rank = "
+                         f"{pp * vpp} micro-batches (torchtitan default)")
+        else:
+            notes.append(f"micro_batch_size {mbs} ({fw} default)")
     ep = int(p.get("ep") or 1)
     etp = p.get("etp")
     prec = _precision(p.get("precision"), notes)

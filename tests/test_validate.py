@@ -23,7 +23,7 @@ def test_packaged_rows_are_the_shared_dev_rows_with_sources():
 
 #: What the calibrated model reaches on the dev rows today (plan3d validate): a ratchet against regressions.
 #: Lower these when the model improves; the project targets are the test below.
-ACHIEVED_MAX_MAPE = 6.6
+ACHIEVED_MAX_MAPE = 6.5
 #: Bridge 9.0 -> 9.1: the compute under Megatron-FSDP's collectives is now slowed by the measured overlap slowdown
 #: (step_time.OVERLAP_COMPUTE_SLOWDOWN), which costs the one Bridge FSDP row (Llama 3 8B FP8-CS, 8 H100) 1.1 points
 ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 6.0, "nemo_bridge_perf_summary": 9.1}
@@ -111,6 +111,11 @@ def test_recipe_settings_read_from_the_rows():
     # torchtitan's default split points for Llama 3.1 405B (126 layers) over pp 8 x 2 stages: 7, 14 x 8, 7
     _, _, _, par, _, _ = build_inputs(rows["torchtitan-2412-llama31-405b-512gpu-interleaved-1f1b"])
     assert par.pipeline_layout == "E" + "t" * 7 + "|" + "|".join(["t" * 8] * 14) + "|" + "t" * 7 + "L"
+    # micro-batches left out: torchtitan's default pp x stages per rank (local batch 32: 16 of 2 interleaved,
+    # 8 of 4 with 1F1B; the 4D table's local batch 8 over pp 8: 8 of 1)
+    assert par.micro_batch_size == 2
+    assert build_inputs(rows["torchtitan-2412-llama31-405b-512gpu-1f1b"])[3].micro_batch_size == 4
+    assert build_inputs(rows["torchtitan-2412-llama31-405b-512gpu-cp1-32k"])[3].micro_batch_size == 1
     # FP8 scaling recipe from the precision column; the 25.09 DeepSeek-V3 H100 row's note names blockwise scaling as
     # the alternative, so its "FP8" is per-tensor
     assert fp8_recipe(rows["bridge-2511-h100-qwen3-30b-a3b-fp8cs-16"]) == "cs"
