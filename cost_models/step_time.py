@@ -44,8 +44,8 @@ Per micro-batch and per pipeline (virtual) stage, on one GPU (seconds):
   Megatron-FSDP alike: each rank keeps only its gradient shard; ``FSDP_REDUCE_EVERY_MICROBATCH``). Prefetch
   hides layer i+1's gather under layer i's compute (``fsdp_exposed_s``): the first gather and the last
   reduce-scatter of each pass are exposed, and so is whatever a layer's communication takes beyond its compute.
-  DeepSpeed ZeRO-2 reduce-scatters in every micro-batch's backward too (overlapped the same way) and all-gathers
-  the updated weights after the optimizer step (exposed). HSDP (``hsdp_shard_size``) keeps the gathers in the
+  DeepSpeed ZeRO-2 and Megatron-FSDP ``optim_grads`` (plan3d's Megatron ZeRO-2) reduce-scatter in every
+  micro-batch's backward too (overlapped the same way) and all-gather the updated weights after the optimizer step. HSDP (``hsdp_shard_size``) keeps the gathers in the
   shard group and all-reduces the reduced shard across replicas; ``grad_reduce_in_bf16`` halves gradient bytes.
 * **Optimizer step**: memory-bound Adam, ``ADAM_HBM_BYTES_PER_PARAM`` per local parameter at the HBM bandwidth.
 
@@ -688,6 +688,13 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
         # buckets overlapped with the backward (``overlap_comm``); the updated 16-bit parameters are all-gathered
         # once after the optimizer step, before the next forward (``all_gather_dp_groups`` in ``step``)
         dp_exposed = m * fsdp_exposed_s(0.0, rs_t, last_bwd, n_units) + ag_t
+    elif fw_base in ("megatron", "nemo") and par.zero_stage == 2 and shard > 1:
+        # Megatron-FSDP ``optim_grads`` (sharded gradients) reduce-scatters in every micro-batch's backward
+        # (``megatron_fsdp.py``: ``grad_reduce_every_bprop`` for optim_grads / optim_grads_params), layer by layer
+        # under the backward; the replicated 16-bit weights are all-gathered once after the optimizer step
+        # (under the first forward with ``--overlap-param-gather``)
+        dp_exposed = m * fsdp_exposed_s(0.0, rs_t, last_bwd, n_units) + (
+            max(0.0, ag_t - first_fwd) if overlap_dp else ag_t)
     elif overlap_dp:
         dp_exposed = max(0.0, rs_t - last_bwd) + max(0.0, ag_t - first_fwd)
     else:

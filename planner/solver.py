@@ -413,7 +413,12 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
                 Zk = [[0.0] * 4 for _ in range(2)]
                 for z in zs:
                     zc = 1 if z else 0
-                    O[z] = opt[zc] + (rs_t[zc] + ag_t[zc] if z < 3 and dp_full else 0.0)
+                    if z == 2 and framework == "megatron":
+                        # Megatron-FSDP optim_grads: a reduce-scatter in every micro-batch's backward, layer by
+                        # layer (step_time: >= m x rs / layers of the busiest rank), + the exposed weight gather
+                        O[z] = opt[zc] + ag_t[zc] + m * rs_t[zc] / max(1, max(len(r) for r in ranges))
+                    else:
+                        O[z] = opt[zc] + (rs_t[zc] + ag_t[zc] if z < 3 and dp_full else 0.0)
                     zz = {}
                     for sp in sps:
                         f0, b0 = fb_min[sp]
