@@ -156,6 +156,11 @@ def constraint_report(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, 
         add(Constraint("deepspeed_cp_sp", not par.sequence_parallel, 0.0 if not par.sequence_parallel else -1.0, "",
                        "Megatron-DeepSpeed runs cp as Ulysses sequence parallelism, which it refuses together with "
                        "Megatron sequence parallel (megatron/initialize.py)"))
+    account = par.account_for_embedding_in_pipeline_split or par.account_for_loss_in_pipeline_split
+    if account and framework != "megatron":
+        add(Constraint("account_split_framework", False, -1.0, "",
+                       "--account-for-embedding/loss-in-pipeline-split is a Megatron-LM option "
+                       f"(framework {framework})"))
     if framework == "torchtitan":
         add(Constraint("torchtitan_zero", par.zero_stage in (0, 3), 0.0 if par.zero_stage in (0, 3) else -1.0, "",
                        f"torchtitan FSDP2 shards all states together: zero 0 or 3 (zero {par.zero_stage})"))

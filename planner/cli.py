@@ -416,14 +416,21 @@ def _parallel_from_options(model, cluster, gpus, nodes, gbs, seq, precision, tp,
     m, c, n, job = _load(model, cluster, gpus, nodes, gbs, seq, precision.value)
     if n % (tp * pp * cp):
         raise PlanInputError(f"--gpus {n} is not divisible by tp*pp*cp = {tp}*{pp}*{cp} = {tp * pp * cp}")
+    account = False
     if first is None and last is None and m.num_layers % pp:
         split = uneven_split(m.num_layers, pp)
         if split is not None:
             first, last = split
+        if vpp > 1 and (m.num_layers + 2) % (pp * vpp) == 0:
+            # interleaving an uneven split: Megatron counts the embedding and the loss as one layer each
+            # (--account-for-embedding/loss-in-pipeline-split), as the search does (planner.space.to_parallel)
+            first = last = None
+            account = True
     par = ParallelConfig(tp=tp, pp=pp, dp=n // (tp * pp * cp), cp=cp, ep=ep, etp=etp, vpp=vpp,
                          micro_batch_size=mbs, zero_stage=zero_stage, recompute=recompute.value,
                          recompute_num_layers=recompute_num_layers, sequence_parallel=sequence_parallel,
-                         first_stage_layers=first, last_stage_layers=last)
+                         first_stage_layers=first, last_stage_layers=last,
+                         account_for_embedding_in_pipeline_split=account, account_for_loss_in_pipeline_split=account)
     return par, m, c, n, job
 
 

@@ -19,7 +19,8 @@ from .checks import AT_RISK_FRACTION
 from .emit import launch_fields
 from .evaluate import Evaluation
 
-SCHEMA_VERSION = "1.0"
+#: 1.1 (additive): parallel.account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split
+SCHEMA_VERSION = "1.1"
 
 
 def _r(x: float) -> float:
@@ -87,6 +88,8 @@ class ParallelInfo(_Strict):
     pipeline_schedule: str
     first_stage_layers: int | None
     last_stage_layers: int | None
+    account_for_embedding_in_pipeline_split: bool
+    account_for_loss_in_pipeline_split: bool
 
 
 class StageMemoryInfo(_Strict):
@@ -188,7 +191,9 @@ def parallel_info(par: ParallelConfig, job: TrainingJob) -> ParallelInfo:
         num_microbatches=par.num_microbatches(job.global_batch_size), zero_stage=par.zero_stage,
         sequence_parallel=par.sequence_parallel, recompute=par.recompute,
         recompute_num_layers=par.recompute_num_layers, pipeline_schedule=par.pipeline_schedule,
-        first_stage_layers=par.first_stage_layers, last_stage_layers=par.last_stage_layers)
+        first_stage_layers=par.first_stage_layers, last_stage_layers=par.last_stage_layers,
+        account_for_embedding_in_pipeline_split=par.account_for_embedding_in_pipeline_split,
+        account_for_loss_in_pipeline_split=par.account_for_loss_in_pipeline_split)
 
 
 def plan_info(rank: int, ev: Evaluation, model: ModelSpec, cluster: ClusterSpec, job: TrainingJob) -> PlanInfo:

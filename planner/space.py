@@ -145,10 +145,21 @@ def vpp_options(model: ModelSpec, st: Structure, num_microbatches: int, framewor
     if st.pp > 1 and num_microbatches % st.pp == 0 and framework != "deepspeed" and not (
             framework == "torchtitan" and st.first is not None):
         per_stage = st.per_stage_layers(model.num_layers)
-        out += [v for v in range(2, MAX_VPP + 1) if all(c % v == 0 for c in per_stage)]
+        out += [v for v in range(2, MAX_VPP + 1)
+                if all(c % v == 0 for c in per_stage) or _account_split_fits(model.num_layers, st, v, framework)]
     if space.vpp is not None:
         out = [v for v in out if v in space.vpp]
     return out
+
+
+def _account_split_fits(num_layers: int, st: Structure, vpp: int, framework: str) -> bool:
+    """Megatron interleaves an uneven split by counting the embedding and the loss as one layer each
+    (``--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split``; Llama 3.1 405B: 126 + 2
+    over pp 16 x vpp 8, the Llama 3 paper's layout, Sec. 3.3.2): allowed when (L + 2) splits evenly over pp x vpp
+    and gives each rank the layer counts of the uneven split ``st`` (first = last = (L + 2) / pp - 1)."""
+    if framework != "megatron" or st.first is None or st.first != st.last:
+        return False
+    return (num_layers + 2) % (st.pp * vpp) == 0 and st.first == (num_layers + 2) // st.pp - 1
 
 
 def sp_options(st: Structure, job: TrainingJob, framework: str = "megatron",
@@ -180,9 +191,16 @@ def zero_options(st: Structure, framework: str = "megatron", space: SearchSpace 
 
 
 def to_parallel(st: Structure, mbs: int, vpp: int, zero: int, sp: bool, rc: str) -> ParallelConfig:
+    """The ParallelConfig of one point. An uneven split interleaved (vpp > 1 with first/last stage counts that
+    vpp does not divide) is Megatron's account-for-embedding/loss split (``_account_split_fits``)."""
+    first, last = st.first, st.last
+    account = vpp > 1 and first is not None and any(c % vpp for c in (first, last))
+    if account:
+        first = last = None
     return ParallelConfig(tp=st.tp, pp=st.pp, dp=st.dp, cp=st.cp, ep=st.ep, etp=st.etp, vpp=vpp,
                           micro_batch_size=mbs, zero_stage=zero, sequence_parallel=sp, recompute=rc,
-                          first_stage_layers=st.first, last_stage_layers=st.last)
+                          first_stage_layers=first, last_stage_layers=last,
+                          account_for_embedding_in_pipeline_split=account, account_for_loss_in_pipeline_split=account)
 
 
 def candidates(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int,

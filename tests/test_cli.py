@@ -12,7 +12,8 @@ from planner.evaluate import evaluate
 
 def _par(p: dict) -> ParallelConfig:
     keys = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "micro_batch_size", "zero_stage", "sequence_parallel",
-            "recompute", "recompute_num_layers", "first_stage_layers", "last_stage_layers")
+            "recompute", "recompute_num_layers", "first_stage_layers", "last_stage_layers",
+            "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
     return ParallelConfig(**{k: p[k] for k in keys})
 
 
@@ -36,7 +37,7 @@ def test_default_plan_runs_on_builtin_default(run_cli):
     r = run_cli("plan", "--format", "json")
     assert r.exit_code == 0, r.stderr
     doc = r.json()
-    assert doc["schema_version"] == "1.0"
+    assert doc["schema_version"] == "1.1"
     assert doc["input"]["model"]["name"] == "llama3.1-8b"
     # HF LlamaForCausalLM parameter count (shared/data/param_counts.json)
     assert doc["input"]["model"]["num_parameters"] == 8_030_261_248
