@@ -81,3 +81,24 @@ def test_cp_model_import_leaves_pandas_untouched():
             "print(cm.CpModel is not None)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "True", "True"]
+
+
+def test_uneven_split_interleaves_with_megatron_account_for_embedding_and_loss():
+    # Llama 3.1 405B (126 layers) over pp 16: first/last stages 7 layers, the others 8. Interleaving it needs
+    # Megatron's --account-for-embedding/loss-in-pipeline-split: 126 + 2 = 128 = 16 x 8, so vpp 2, 4, 8 (the
+    # Llama 3 paper's layout, Sec. 3.3.2); plain first/last counts would need 7 % vpp == 0
+    from planner.space import Structure, to_parallel, vpp_options
+    model = get_model("llama3.1-405b")
+    st = Structure(tp=8, pp=16, cp=1, dp=128, ep=1, etp=None, first=7, last=7)
+    assert vpp_options(model, st, 16) == [1, 2, 4, 8]
+    assert vpp_options(model, st, 16, framework="torchtitan") == [1]
+    par = to_parallel(st, 1, 8, 1, True, "none")
+    assert par.account_for_embedding_in_pipeline_split and par.account_for_loss_in_pipeline_split
+    assert (par.first_stage_layers, par.last_stage_layers) == (None, None)
+    assert to_parallel(st, 1, 1, 1, True, "none").first_stage_layers == 7
+    # with 16 micro-batches per pipeline (GBS 2048 over dp 128), interleaving is what makes pp 16 competitive: the
+    # whole-space optimum on 16,384 H100s is pp 16 x vpp 8
+    res = run_search(model, get_cluster("dgx-h100"), TrainingJob(global_batch_size=2048, seq_length=8192), 16384,
+                     top_k=1)
+    best = res.plans[0].parallel
+    assert (best.tp, best.pp, best.vpp) == (8, 16, 8) and best.account_for_embedding_in_pipeline_split
