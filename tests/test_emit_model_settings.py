@@ -82,6 +82,10 @@ def test_deepseek_v3_settings_from_config_json():
                 a["qk_pos_emb_head_dim"], a["v_head_dim"]) == \
             (True, cfg["q_lora_rank"], cfg["kv_lora_rank"], cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"],
              cfg["v_head_dim"])
+        # the latent RMSNorms (HF q_a_layernorm, kv_a_layernorm) are built by megatron-core only with qk_layernorm
+        assert a["qk_layernorm"] is True
+        # no dropout (Megatron's default is 0.1 for both)
+        assert (a["attention_dropout"], a["hidden_dropout"]) == (0.0, 0.0)
 
 
 @pytest.mark.parametrize("name,zoo", [("llama3.1-8b", "llama3.1-8b"), ("llama3.1-8b", "llama3.1-405b")])
@@ -155,6 +159,7 @@ def test_megatron_core_builds_deepseek_v3_with_these_settings():
         (rs["original_max_position_embeddings"], rs["beta_fast"], rs["beta_slow"]) == (4096, 32, 1)
     assert (cfg.moe_router_score_function, cfg.moe_router_enable_expert_bias, cfg.moe_router_num_groups,
             cfg.moe_router_group_topk, cfg.moe_router_topk_scaling_factor) == ("sigmoid", True, 8, 4, 2.5)
+    assert cfg.qk_layernorm is True and (cfg.attention_dropout, cfg.hidden_dropout) == (0.0, 0.0)
 
 
 @needs_mcore

@@ -184,7 +184,9 @@ def model_args(model: ModelSpec, job: TrainingJob) -> list[str]:
     elif model.layernorm_1p:
         a.append("--apply-layernorm-1p")
     add(["--norm-epsilon", _num(model.norm_eps)])
-    if model.qk_norm:
+    if model.qk_norm or model.mla is not None:
+        # MLA's latent RMSNorms (DeepSeek-V3 q_a_layernorm / kv_a_layernorm) exist in megatron-core only with
+        # --qk-layernorm (gpt_layer_specs.py: q_layernorm / kv_layernorm = TENorm if qk_layernorm else IdentityOp)
         a.append("--qk-layernorm")
     if model.position_embedding == "rope":
         add(["--position-embedding-type", "rope", *rope_args(model)])
@@ -197,6 +199,10 @@ def model_args(model: ModelSpec, job: TrainingJob) -> list[str]:
             a.append("--add-qkv-bias")
     if not model.tie_word_embeddings:
         a.append("--untie-embeddings-and-output-weights")
+    if not job.dropout:
+        # Megatron-LM defaults both to 0.1 (arguments.py; TransformerConfig.attention_dropout / hidden_dropout);
+        # the memory model stores no dropout masks unless the job has dropout (TrainingJob.dropout)
+        add(["--attention-dropout", "0.0", "--hidden-dropout", "0.0"])
     if model.moe is not None:
         moe = model.moe
         add(["--num-experts", str(moe.num_experts), "--moe-router-topk", str(moe.top_k),
