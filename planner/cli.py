@@ -127,7 +127,8 @@ def _gib(x: float) -> str:
 
 def _plans_table(doc, title: str):
     from rich.table import Table
-    caption = "peak GiB: most loaded stage / GPU capacity (GiB = 2^30 bytes); ! = within 5% of capacity"
+    caption = ("peak GiB: most loaded stage / GPU capacity (GiB = 2^30 bytes); ! = within 5% of capacity; "
+               "full N/chunk = the first N layers of each model chunk recomputed (Megatron --recompute-method block)")
     thr = next((p.throughput for p in doc.plans if p.throughput), None)
     if thr is not None:
         caption += (f"; MFU = model FLOPs ({thr.flops_convention} count) / dense 16-bit peak "
@@ -142,7 +143,8 @@ def _plans_table(doc, title: str):
         if p.memory and p.memory.at_risk:
             peak += " !"
         t.add_row(str(p.rank), str(q.tp), str(q.pp), str(q.dp), str(q.cp), str(q.ep), str(q.vpp),
-                  str(q.micro_batch_size), str(q.zero_stage), "y" if q.sequence_parallel else "n", q.recompute,
+                  str(q.micro_batch_size), str(q.zero_stage), "y" if q.sequence_parallel else "n",
+                  q.recompute if q.recompute_num_layers is None else f"full {q.recompute_num_layers}/chunk",
                   peak, f"{p.time.step_s:.3f}" if p.time else "-",
                   f"{p.throughput.tokens_per_s:,.0f}" if p.throughput else "-",
                   f"{p.throughput.tflops_per_gpu:.0f}" if p.throughput else "-",
