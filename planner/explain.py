@@ -22,10 +22,14 @@ class Explanation:
 
     @property
     def binding(self) -> Constraint | None:
-        """The violated constraint to fix first (structural before memory), else the tightest memory stage."""
+        """The violated constraint to fix first (structural before memory; among memory stages the most
+        over), else the tightest memory stage."""
         bad = [c for c in self.constraints if not c.ok]
+        structural = [c for c in bad if c.unit != "bytes"]
+        if structural:
+            return structural[0]
         if bad:
-            return bad[0]
+            return min(bad, key=lambda c: c.slack)
         mem = [c for c in self.constraints if c.unit == "bytes"]
         return min(mem, key=lambda c: c.slack) if mem else None
 

@@ -80,3 +80,15 @@ def test_explain_infeasible_config_exits_1_and_names_the_binding_constraint(run_
     # dp = 1: nothing to shard, so the relief offered on this layout is full recompute, and it is not enough
     assert re.search(r"full recompute on this layout: peak [\d.]+ GiB \(still over by [\d.]+ GiB\)", r.stderr)
     assert "ZeRO-3 on this layout" not in r.stderr
+
+
+def test_binding_memory_stage_is_the_most_over(run_cli):
+    # Llama-3.1-405B tp 8 pp 16 (7 + 14 x 8 + 7 layers), no recompute: stage 0 is over by ~2.8 GiB, stage 1 (one
+    # layer more, one micro-batch fewer in flight) by ~7.5 GiB; the binding constraint is the stage most over
+    r = run_cli("explain", "--model", "llama3.1-405b", "--gpus", "16384", "--tp", "8", "--pp", "16",
+                "--global-batch-size", "2048", "--seq-length", "8192", "--sequence-parallel", "--zero-stage", "1",
+                "--format", "json")
+    assert r.exit_code == 1
+    cons = {c["name"]: c for c in r.json()["constraints"]}
+    assert cons["memory_stage_1"]["slack"] < cons["memory_stage_0"]["slack"] < 0
+    assert "memory_stage_1 binds" in r.stderr
