@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from .config import Schedule
 
@@ -120,46 +121,69 @@ def _orders(schedule: str, p: int, m: int, v: int) -> list[list[tuple[str, int, 
     return out
 
 
+@lru_cache(maxsize=256)
+def _compiled_orders(schedule: str, p: int, m: int, v: int) -> tuple[tuple[tuple[bool, int, int, int], ...], ...]:
+    """``_orders`` per rank as (is_forward, micro-batch, chunk, virtual stage c*p + r) tuples, cached: the
+    search re-scores many configurations with the same (schedule, pp, m, vpp)."""
+    return tuple(tuple((kind == "F", mb, c, c * p + r) for kind, mb, c in seq)
+                 for r, seq in enumerate(_orders(schedule, p, m, v)))
+
+
 def _run_static(schedule: str, p: int, m: int, v: int, fwd: list[float], bwd: list[float], p2p: float,
                 record: bool) -> Simulation:
-    orders = _orders(schedule, p, m, v)
+    """Event-driven replay of the static per-rank op orders: each rank runs its next op as soon as its input
+    (the previous virtual stage's forward, or the next one's backward, plus ``p2p``) has arrived."""
+    orders = _compiled_orders(schedule, p, m, v)
     nv = p * v
+    last = nv - 1
     f_end = [[-1.0] * m for _ in range(nv)]
     b_end = [[-1.0] * m for _ in range(nv)]
     free = [0.0] * p
     busy = [0.0] * p
     ptr = [0] * p
+    lens = [len(o) for o in orders]
     ops: list[Op] = []
-    remaining = sum(len(o) for o in orders)
+    remaining = sum(lens)
     while remaining:
         progressed = False
         for r in range(p):
-            seq = orders[r]
-            while ptr[r] < len(seq):
-                kind, mb, c = seq[ptr[r]]
-                k = c * p + r
-                if kind == "F":
-                    dep = 0.0 if k == 0 else f_end[k - 1][mb]
-                    if dep < 0:
-                        break
-                    t0 = max(free[r], dep + (p2p if k > 0 else 0.0))
+            seq, i, n, t = orders[r], ptr[r], lens[r], free[r]
+            start = i
+            while i < n:
+                is_f, mb, c, k = seq[i]
+                if is_f:
+                    if k == 0:
+                        t0 = t
+                    else:
+                        dep = f_end[k - 1][mb]
+                        if dep < 0:
+                            break
+                        dep += p2p
+                        t0 = t if t > dep else dep
                     dur = fwd[k]
-                    f_end[k][mb] = t0 + dur
+                    t = t0 + dur
+                    f_end[k][mb] = t
                 else:
                     if f_end[k][mb] < 0:
                         break
-                    dep = f_end[k][mb] if k == nv - 1 else b_end[k + 1][mb]
-                    if dep < 0:
-                        break
-                    t0 = max(free[r], dep + (p2p if k < nv - 1 else 0.0))
+                    if k == last:
+                        dep = f_end[k][mb]
+                    else:
+                        dep = b_end[k + 1][mb]
+                        if dep < 0:
+                            break
+                        dep += p2p
+                    t0 = t if t > dep else dep
                     dur = bwd[k]
-                    b_end[k][mb] = t0 + dur
-                free[r] = t0 + dur
+                    t = t0 + dur
+                    b_end[k][mb] = t
                 busy[r] += dur
                 if record:
-                    ops.append(Op(r, kind, mb, c, t0, t0 + dur))
-                ptr[r] += 1
-                remaining -= 1
+                    ops.append(Op(r, "F" if is_f else "B", mb, c, t0, t))
+                i += 1
+            if i > start:
+                ptr[r], free[r] = i, t
+                remaining -= i - start
                 progressed = True
         if not progressed:  # pragma: no cover - orders are always satisfiable
             raise RuntimeError(f"pipeline schedule {schedule} deadlocked")

@@ -415,8 +415,13 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
                     zc = 1 if z else 0
                     if z == 2 and framework == "megatron":
                         # Megatron-FSDP optim_grads: a reduce-scatter in every micro-batch's backward, layer by
-                        # layer (step_time: >= m x rs / layers of the busiest rank), + the exposed weight gather
-                        O[z] = opt[zc] + ag_t[zc] + m * rs_t[zc] / max(1, max(len(r) for r in ranges))
+                        # layer, + the exposed weight gather. step_time.fsdp_exposed_s(0, rs, c, n) >= rs / n +
+                        # (n - 1) / n x OVERLAP_COMPUTE_SLOWDOWN x rs for any compute c, n = the busiest rank's
+                        # layers, between the fewest and the most layers per rank
+                        n_hi = max(1, max(len(r) for r in ranges))
+                        n_lo = max(1, min(len(r) for r in ranges))
+                        rs_mb = rs_t[zc] * (1 / n_hi + (1 - 1 / n_lo) * stm.OVERLAP_COMPUTE_SLOWDOWN)
+                        O[z] = opt[zc] + ag_t[zc] + m * rs_mb
                     else:
                         O[z] = opt[zc] + (rs_t[zc] + ag_t[zc] if z < 3 and dp_full else 0.0)
                     zz = {}
