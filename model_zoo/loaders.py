@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -404,6 +405,39 @@ _HF_LOADERS: dict[str, Callable[[_Cfg], dict[str, Any]]] = {
 }
 
 
+#: config.json fields that are dimensions or counts: a positive integer wherever present (HF configuration
+#: classes; 0 or a string would divide by zero or build nothing).
+_POSITIVE_INT_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                      "intermediate_size", "vocab_size", "head_dim", "n_embd", "n_layer", "n_head", "n_inner",
+                      "max_position_embeddings", "n_positions", "moe_intermediate_size", "num_local_experts",
+                      "n_routed_experts", "num_experts", "num_experts_per_tok", "kv_lora_rank", "q_lora_rank",
+                      "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "shared_expert_intermediate_size")
+#: config.json fields that are real-valued settings: a finite positive number wherever present.
+_POSITIVE_FLOAT_KEYS = ("rope_theta", "rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps", "norm_eps",
+                        "partial_rotary_factor", "routed_scaling_factor")
+
+
+def _check_hf_values(where: str, config: dict[str, Any]) -> None:
+    """One-line ``ModelSpecError`` naming the first field with an impossible value."""
+    for k in _POSITIVE_INT_KEYS:
+        v = config.get(k)
+        if v is None:
+            continue
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise ModelSpecError(f"{where}: field '{k}' must be a positive integer, got {config[k]!r}")
+    for k in _POSITIVE_FLOAT_KEYS:
+        v = config.get(k)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise ModelSpecError(f"{where}: field '{k}' must be a finite positive number, got {config[k]!r}")
+    for k in ("tie_word_embeddings", "attention_bias", "mlp_bias"):
+        if config.get(k) is not None and not isinstance(config[k], bool):
+            raise ModelSpecError(f"{where}: field '{k}' must be true or false, got {config[k]!r}")
+
+
 def supported_model_types() -> list[str]:
     return sorted(_HF_LOADERS)
 
@@ -416,11 +450,18 @@ def from_hf_config(config: dict[str, Any], *, name: str | None = None, where: st
     mt = config.get("model_type")
     if mt is None:
         raise ModelSpecError(f"{where}: field 'model_type' missing")
-    if mt not in _HF_LOADERS:
+    if not isinstance(mt, str) or mt not in _HF_LOADERS:
         raise ModelSpecError(
-            f"{where}: unsupported model_type '{mt}'; supported: {', '.join(supported_model_types())}"
+            f"{where}: unsupported model_type {mt!r}; supported: {', '.join(supported_model_types())}"
         )
-    data = _HF_LOADERS[mt](_Cfg(where, config))
+    _check_hf_values(where, config)
+    try:
+        data = _HF_LOADERS[mt](_Cfg(where, config))
+    except ModelSpecError:
+        raise
+    except (ArithmeticError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        # a combination the per-field checks above let through (e.g. dims that do not divide)
+        raise ModelSpecError(f"{where}: inconsistent {mt} config ({type(exc).__name__}: {exc})") from None
     data["name"] = name or config.get("_name_or_path") or mt
     data["source"] = source or where
     return _build(where, data)

@@ -120,7 +120,7 @@ class ModelSpec(BaseModel):
     vocab_size: int = Field(gt=0)
     tie_word_embeddings: bool = False
     position_embedding: Literal["rope", "learned", "alibi", "none"] = "rope"
-    max_position_embeddings: int = 4096
+    max_position_embeddings: int = Field(4096, gt=0)
     embedding_layernorm: bool = False
     moe: MoESpec | None = None
     mla: MLASpec | None = None
@@ -129,12 +129,12 @@ class ModelSpec(BaseModel):
     mlp_bias: bool | None = Field(None, description="biases on the MLP linears; None = linear_bias")
     seq_length: int | None = Field(None, description="training sequence length of the reference run, if known")
     # ---- settings that define the model but hold no parameters (emitted into launch configs) -----------------
-    rope_theta: float = Field(10000.0, gt=0, description="RoPE base (HF rope_theta; default 10000 as HF "
+    rope_theta: float = Field(10000.0, gt=0, allow_inf_nan=False, description="RoPE base (HF rope_theta; default 10000 as HF "
                               "LlamaConfig and Megatron-LM --rotary-base)")
     rotary_percent: float = Field(1.0, gt=0, le=1, description="fraction of each head's dims rotated by RoPE "
                                   "(HF partial_rotary_factor; Nemotron 0.5)")
     rope_scaling: RopeScalingSpec | None = Field(None, description="RoPE frequency scaling (HF rope_scaling)")
-    norm_eps: float = Field(1e-5, gt=0, description="epsilon of every norm (HF rms_norm_eps / layer_norm_epsilon "
+    norm_eps: float = Field(1e-5, gt=0, allow_inf_nan=False, description="epsilon of every norm (HF rms_norm_eps / layer_norm_epsilon "
                             "/ norm_eps; default 1e-5 as Megatron-LM --norm-epsilon)")
     layernorm_1p: bool = Field(False, description="LayerNorm storing gamma - 1 (HF NemotronLayerNorm1P, "
                                "Megatron-LM --apply-layernorm-1p)")

@@ -152,6 +152,10 @@ def constraint_report(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, 
     if framework == "deepspeed" and par.pp > 1:
         add(Constraint("deepspeed_pipeline_zero", par.zero_stage <= 1, float(1 - par.zero_stage), "ZeRO stages",
                        f"DeepSpeed's pipeline engine runs ZeRO stage <= 1 with pp > 1 (zero {par.zero_stage})"))
+    if framework == "deepspeed" and model.moe is not None:
+        add(Constraint("deepspeed_moe_zero", par.zero_stage <= 2, float(2 - par.zero_stage), "ZeRO stages",
+                       f"DeepSpeed MoE runs ZeRO stage <= 2 (runtime/engine.py: \"Native DeepSpeed MoE is not "
+                       f"supported with ZeRO Stage 3\"; zero {par.zero_stage})"))
     if framework == "deepspeed" and par.cp > 1:
         add(Constraint("deepspeed_cp_sp", not par.sequence_parallel, 0.0 if not par.sequence_parallel else -1.0, "",
                        "Megatron-DeepSpeed runs cp as Ulysses sequence parallelism, which it refuses together with "

@@ -194,7 +194,7 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
     T = Tables()
     for st in structures(model, cluster, job, num_gpus, space, framework):
         mbss = micro_batch_options(st, job, space)
-        zs = zero_options(st, framework, space)
+        zs = zero_options(st, framework, space, model.moe is not None)
         sps = sp_options(st, job, framework, space)
         if not mbss or not zs or not sps:
             continue

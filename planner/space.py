@@ -176,14 +176,18 @@ def sp_options(st: Structure, job: TrainingJob, framework: str = "megatron",
     return opts
 
 
-def zero_options(st: Structure, framework: str = "megatron", space: SearchSpace = SearchSpace()) -> list[int]:
-    """ZeRO stages: sharding needs dp*cp > 1; DeepSpeed's pipeline engine <= 1; torchtitan FSDP2 0 or 3."""
+def zero_options(st: Structure, framework: str = "megatron", space: SearchSpace = SearchSpace(),
+                 moe: bool = False) -> list[int]:
+    """ZeRO stages: sharding needs dp*cp > 1; DeepSpeed's pipeline engine <= 1, DeepSpeed MoE (``moe``) <= 2;
+    torchtitan FSDP2 0 or 3."""
     out = []
     for z in space.zero_stage:
         if z >= 1 and st.dp * st.cp == 1:
             continue  # nothing to shard over
         if framework == "deepspeed" and st.pp > 1 and z >= 2:
             continue
+        if framework == "deepspeed" and moe and z >= 3:
+            continue  # runtime/engine.py: "Native DeepSpeed MoE is not supported with ZeRO Stage 3"
         if framework == "torchtitan" and z in (1, 2):
             continue
         out.append(z)
@@ -210,7 +214,7 @@ def candidates(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpu
         for mbs in micro_batch_options(st, job, space):
             m = job.global_batch_size // (mbs * st.dp)
             for vpp in vpp_options(model, st, m, framework, space):
-                for zero in zero_options(st, framework, space):
+                for zero in zero_options(st, framework, space, model.moe is not None):
                     for rc in space.recompute:
                         for sp in sp_options(st, job, framework, space):
                             yield to_parallel(st, mbs, vpp, zero, sp, rc)

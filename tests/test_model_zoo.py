@@ -373,3 +373,23 @@ def test_counting_invariants(layers, heads, groups, d, f, vocab, experts, k, fir
         assert m.num_active_parameters() == m.num_parameters()
     pv = m.padded_vocab_size(tp)
     assert pv >= vocab and pv % (128 * tp) == 0 and pv - vocab < 128 * tp
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("num_attention_heads", 0, "field 'num_attention_heads' must be a positive integer, got 0"),
+    ("hidden_size", "4096", "field 'hidden_size' must be a positive integer, got '4096'"),
+    ("rope_theta", "abc", "field 'rope_theta' must be a finite positive number, got 'abc'"),
+    ("rms_norm_eps", float("inf"), "field 'rms_norm_eps' must be a finite positive number, got inf"),
+    ("tie_word_embeddings", "yes", "field 'tie_word_embeddings' must be true or false, got 'yes'"),
+    ("model_type", ["llama"], "unsupported model_type ['llama']"),
+])
+def test_impossible_hf_values_are_one_line_errors(tmp_path, field, value, needle):
+    # a new user's malformed config.json: one line naming the field, never a traceback (ZeroDivisionError,
+    # float('abc'), an infinite epsilon reaching the emitters, an unhashable model_type)
+    cfg = json.loads((Path(__file__).parent / "data" / "hf_configs" / "llama3.1-8b.json").read_text())
+    cfg[field] = value
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    with pytest.raises(ModelSpecError) as e:
+        mz.load_model(str(p))
+    assert needle in _one_line(e)

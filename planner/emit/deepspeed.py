@@ -41,6 +41,10 @@ def check_deepspeed(model: ModelSpec | None, job: TrainingJob, par: ParallelConf
     if par.pp > 1 and par.zero_stage >= 2:
         raise EmitError(f"zero_stage {par.zero_stage} with pp {par.pp}: DeepSpeed's pipeline engine supports ZeRO "
                         f"stage 0 or 1 only (runtime/pipe/engine.py); plan with --framework deepspeed")
+    if model is not None and model.moe is not None and par.zero_stage >= 3:
+        raise EmitError("zero_stage 3 with a mixture-of-experts model: DeepSpeed MoE supports ZeRO stage 0-2 only "
+                        "(runtime/engine.py: \"Native DeepSpeed MoE is not supported with ZeRO Stage 3\"); "
+                        "plan with --framework deepspeed")
     if job.global_batch_size % (par.micro_batch_size * par.dp):
         raise EmitError(f"global_batch_size {job.global_batch_size} is not divisible by micro_batch_size*dp = "
                         f"{par.micro_batch_size}*{par.dp}")
