@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from cluster_specs import get_cluster
 from cost_models.config import TrainingJob
 from model_zoo import get_model
@@ -102,3 +104,23 @@ def test_uneven_split_interleaves_with_megatron_account_for_embedding_and_loss()
                      top_k=1)
     best = res.plans[0].parallel
     assert (best.tp, best.pp, best.vpp) == (8, 16, 8) and best.account_for_embedding_in_pipeline_split
+
+
+def test_deepspeed_moe_plans_never_use_zero3(run_cli):
+    # DeepSpeed's engine refuses MoE layers under ZeRO-3 (runtime/engine.py: "Native DeepSpeed MoE is not
+    # supported with ZeRO Stage 3"): the search leaves it out, the checker flags it, the emitter refuses it
+    from cost_models.config import ParallelConfig
+    from planner.checks import check_config
+    from planner.emit import EmitError
+    from planner.emit.deepspeed import check_deepspeed
+    r = run_cli("plan", "--model", "mixtral-8x7b", "--gpus", "64", "--framework", "deepspeed", "--top-k", "20",
+                "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    assert all(p["parallel"]["zero_stage"] <= 2 for p in r.json()["plans"])
+    m, c = get_model("mixtral-8x7b"), get_cluster("dgx-h100")
+    job = TrainingJob(global_batch_size=64, seq_length=4096)
+    par = ParallelConfig(dp=64, ep=8, zero_stage=3)
+    assert [v.name for v in check_config(m, c, job, par, 64, framework="deepspeed")] == ["deepspeed_moe_zero"]
+    assert check_config(m, c, job, par, 64, framework="megatron") == []
+    with pytest.raises(EmitError, match="ZeRO stage 0-2"):
+        check_deepspeed(m, job, par)
