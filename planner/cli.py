@@ -153,15 +153,24 @@ def _plans_table(doc, title: str):
     return t
 
 
-def _emit(doc, emit: Emit, output: Path | None, rank: int) -> None:
+def _emit(doc, emit: Emit, output: Path | None, rank: int, framework: str | None = None) -> None:
     """``--emit``: without ``--output`` print the plan's main config to stdout (Megatron command line, DeepSpeed
-    JSON, torchtitan TOML); with ``--output DIR`` write every file of planner.emit.emit_files into DIR."""
+    JSON, torchtitan TOML); with ``--output DIR`` write every file of planner.emit.emit_files into DIR.
+    An infeasible configuration (``evaluate``) is refused (exit 1): every emitted config passes the checker.
+    A plan ranked under another framework's rules (an explicit ``--framework``) is emitted with a note."""
     from .emit import EmitError, emit_files
-    from .errors import PlanInputError
+    from .errors import NoFeasiblePlan, PlanInputError
+    plan = next((p for p in doc.plans if p.rank == rank), None)
+    if plan is not None and not plan.feasible:
+        raise NoFeasiblePlan(f"plan #{rank} is infeasible, nothing emitted: {'; '.join(plan.violations)}")
     try:
         files = emit_files(doc, emit.value, rank)
     except EmitError as e:
         raise PlanInputError(str(e)) from None
+    if framework is not None and framework != emit.value:
+        sys.stderr.write(f"plan3d: note: memory and time were computed under {framework} rules; {emit.value} "
+                         f"runs the layout its own way (plan with --framework {emit.value} to rank under its "
+                         f"rules)\n")
     if output is None:
         if emit == Emit.megatron:
             args = next(p for p in doc.plans if p.rank == rank).launch.megatron
@@ -186,10 +195,11 @@ def _emit(doc, emit: Emit, output: Path | None, rank: int) -> None:
         sys.stdout.write(f"{output / name}\n")
 
 
-def _render(doc, fmt: Fmt, output: Path | None, emit: Emit | None, title: str, rank: int = 1) -> None:
+def _render(doc, fmt: Fmt, output: Path | None, emit: Emit | None, title: str, rank: int = 1,
+            framework: str | None = None) -> None:
     from .document import to_json
     if emit is not None:
-        _emit(doc, emit, output, rank)
+        _emit(doc, emit, output, rank, framework)
         return
     if fmt == Fmt.json:
         _write(to_json(doc), output)
@@ -290,7 +300,7 @@ def plan(
     _render(doc, fmt, output, emit,
             f"plan3d: {m.name} on {n} x {c.gpu.name} ({c.name}), GBS {job.global_batch_size} x seq "
             f"{job.seq_length}, {job.precision}: top {len(res.plans)} of {res.num_feasible} feasible "
-            f"({res.num_candidates} examined)", rank)
+            f"({res.num_candidates} examined)", rank, framework.value)
 
 
 @app.command()
@@ -310,9 +320,13 @@ def evaluate(
     sequence_parallel: Annotated[bool, typer.Option("--sequence-parallel/--no-sequence-parallel")] = False,
     first_stage_layers: Annotated[Optional[int], typer.Option("--first-stage-layers", min=1)] = None,
     last_stage_layers: Annotated[Optional[int], typer.Option("--last-stage-layers", min=1)] = None,
-    memory_headroom: HeadroomOpt = HEADROOM_DEFAULT, framework: FrameworkOpt = Framework.megatron,
+    memory_headroom: HeadroomOpt = HEADROOM_DEFAULT,
+    framework: Annotated[Optional[Framework], typer.Option(
+        "--framework", help="framework whose rules apply (default: the --emit target, else megatron)")] = None,
     fmt: FmtOpt = Fmt.table, output: OutOpt = None,
-    emit: Annotated[Optional[Emit], typer.Option("--emit")] = None,
+    emit: Annotated[Optional[Emit], typer.Option(
+        "--emit", help="print (or with --output DIR write) this framework's launch config of the configuration; "
+                       "refused when the configuration is infeasible")] = None,
     flops_convention: Annotated[FlopsConv, typer.Option(
         "--flops-convention", help="model FLOPs behind TFLOP/s and MFU: megatron (causal attention halved, "
                                    "Megatron-LM's logger) or palm (6N + 12LHQT, torchtitan)")] = None,
@@ -328,10 +342,13 @@ def evaluate(
         last_stage_layers)
     from .document import build_document
     from .evaluate import evaluate as run_eval
+    if framework is None:
+        framework = Framework(emit.value) if emit is not None else Framework.megatron
     conv = (flops_convention or FlopsConv.megatron).value
     ev = run_eval(m, c, job, par, n, memory_headroom, framework.value, conv)
     doc = build_document(m, c, job, n, [ev])
-    _render(doc, fmt, output, emit, f"plan3d evaluate: {m.name} on {n} x {c.gpu.name} ({c.name})")
+    _render(doc, fmt, output, emit, f"plan3d evaluate: {m.name} on {n} x {c.gpu.name} ({c.name})",
+            framework=framework.value)
 
 
 @app.command()

@@ -290,6 +290,14 @@ def test_emit_deepspeed_refuses_pipeline_zero2_plan(run_cli, tmp_path):
     r = run_cli("evaluate", "-m", "mixtral-8x7b", "-c", "dgx-h100", "--gpus", "128", "--tp", "2", "--pp", "4",
                 "--ep", "8", "--etp", "1", "--zero-stage", "2", "--sequence-parallel", "--emit", "deepspeed",
                 "--output", str(tmp_path / "ds"))
+    # --emit deepspeed evaluates under DeepSpeed's rules: the configuration is infeasible there (exit 1)
+    assert r.exit_code == 1 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and "infeasible, nothing emitted" in r.stderr and "ZeRO stage <= 1" in r.stderr
+    assert not (tmp_path / "ds").exists()
+    # under explicit Megatron rules it is feasible; the DeepSpeed emitter itself refuses it (exit 2)
+    r = run_cli("evaluate", "-m", "mixtral-8x7b", "-c", "dgx-h100", "--gpus", "128", "--tp", "2", "--pp", "4",
+                "--ep", "8", "--etp", "1", "--zero-stage", "2", "--sequence-parallel", "--emit", "deepspeed",
+                "--framework", "megatron", "--output", str(tmp_path / "ds"))
     assert r.exit_code == 2 and r.stdout == ""
     assert r.stderr.count("\n") == 1 and "ZeRO stage 0 or 1" in r.stderr and "--framework deepspeed" in r.stderr
     assert not (tmp_path / "ds").exists()
@@ -330,3 +338,18 @@ def test_recipe_knobs_become_megatron_flags():
     assert parse_argv(megatron_args(m, _job("fp8"), moe_act))["fp8_recipe"] == "tensorwise"
     a = parse_argv(megatron_args(get_model("llama2-70b"), JOB, BRANCH_CASES[8][1]))
     assert a["account_for_embedding_in_pipeline_split"] and a["account_for_loss_in_pipeline_split"]
+
+
+def test_evaluate_never_emits_an_infeasible_configuration(run_cli, tmp_path):
+    # Llama-3.1-70B on 8 GPUs without sharding: ~1.3 TB of states per GPU; nothing is written, exit 1
+    r = run_cli("evaluate", "--model", "llama3.1-70b", "--gpus", "8", "--emit", "megatron",
+                "--output", str(tmp_path / "out"))
+    assert r.exit_code == 1 and r.stdout == "" and "infeasible, nothing emitted" in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_emit_for_another_framework_than_the_ranking_says_so(run_cli):
+    r = run_cli("plan", "--gpus", "8", "--framework", "megatron", "--emit", "torchtitan")
+    assert r.exit_code == 0 and "[parallelism]" in r.stdout
+    assert "computed under megatron rules" in r.stderr and "--framework torchtitan" in r.stderr
+    assert run_cli("plan", "--gpus", "8", "--emit", "torchtitan").stderr == ""
