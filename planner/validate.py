@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
 from cluster_specs import get_cluster
 from cluster_specs.spec import ClusterSpec
@@ -668,8 +669,31 @@ def validate_row(row: dict[str, Any], check_feasibility: bool = True) -> RowResu
 
 
 def run_validation(path: str | Path | None = None) -> ValidationReport:
-    """Validate every row of ``path`` (default: the packaged dev rows)."""
-    return ValidationReport([validate_row(r) for r in load_rows(path)])
+    """Validate every row of ``path`` (default: the packaged dev rows).
+
+    Raises:
+        PlanInputError: the file is missing or malformed, or a row holds a value of the wrong type or an
+            impossible one (the message names the file and the row).
+    """
+    name = Path(path).name if path is not None else default_dataset().name
+    out = []
+    for r in load_rows(path):
+        try:
+            res = validate_row(r)
+        except PlanInputError:
+            raise
+        except (ArithmeticError, ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
+            msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            if isinstance(exc, ValidationError):
+                e = exc.errors()[0]
+                msg = f"{exc.title}.{'.'.join(str(x) for x in e['loc'])}: {e['msg']}, got {e.get('input')!r}"
+            raise PlanInputError(f"--dataset: {name}: row {r.get('id')!r}: invalid value ({msg})") from None
+        m = res.measured
+        if res.skipped is None and (m is None or not math.isfinite(m) or m <= 0):
+            raise PlanInputError(f"--dataset: {name}: row {r.get('id')!r}: measured {res.metric} must be a "
+                                 f"positive number, got {m!r}")
+        out.append(res)
+    return ValidationReport(out)
 
 
 def report_json(rep: ValidationReport) -> str:

@@ -135,3 +135,27 @@ def test_qwen3_30b_h100_rows_both_within_ten_percent(report):
 def test_no_published_configuration_is_predicted_infeasible(report):
     # they all ran (issue: "no published configuration is predicted infeasible")
     assert [(r.id, r.violations) for r in report.infeasible] == []
+
+
+@pytest.mark.parametrize("path,value,needle", [
+    ("parallel.tp", 0, "ParallelConfig.tp"),
+    ("parallel.tp", "eight", "invalid literal for int()"),
+    ("architecture.num_attention_heads", 0, "invalid value"),
+    ("architecture", [1, 2], "invalid value"),
+    ("measured.tflops_per_gpu", "fast", "could not convert string to float"),
+    ("measured.tflops_per_gpu", -5.0, "must be a positive number, got -5.0"),
+])
+def test_bad_dataset_rows_are_one_line_errors(run_cli, tmp_path, path, value, needle):
+    import copy
+
+    import yaml
+    row = copy.deepcopy(next(r for r in load_rows() if r["id"] == "sc21-megatron-gpt-1.7b-a100-32"))
+    d, keys = row, path.split(".")
+    for k in keys[:-1]:
+        d = d[k]
+    d[keys[-1]] = value
+    f = tmp_path / "rows.yaml"
+    f.write_text(yaml.safe_dump([row]))
+    r = run_cli("validate", "--dataset", str(f))
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "rows.yaml: row 'sc21-megatron-gpt-1.7b-a100-32'" in r.stderr and needle in r.stderr
