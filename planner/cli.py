@@ -91,12 +91,19 @@ def _load(model: str | None, cluster: str | None, gpus: int | None, nodes: int |
     from cost_models.config import TrainingJob
     from model_zoo import load_model
 
+    from .errors import PlanInputError
     dm, dc = _defaults()
+    if model is not None and not model.strip():
+        raise PlanInputError("--model: empty; give a built-in name (plan3d models), a model YAML or a config.json")
     m = load_model(model or dm)
+    if m.position_embedding == "learned" and seq > m.max_position_embeddings:
+        # a longer learned position table is another model (more parameters): refuse rather than plan it
+        raise PlanInputError(f"--seq-length {seq} exceeds {m.name}'s learned position embeddings "
+                             f"(max_position_embeddings {m.max_position_embeddings}); use --seq-length <= "
+                             f"{m.max_position_embeddings} or a model file with a longer table")
     c = load_cluster(cluster or dc)
     n = resolve_num_gpus(c, gpus, nodes)
     if precision not in c.supported_precisions:
-        from .errors import PlanInputError
         raise PlanInputError(f"--precision {precision}: {c.gpu.name} supports {', '.join(c.supported_precisions)}")
     return m, c, n, TrainingJob(global_batch_size=gbs, seq_length=seq, precision=precision)
 

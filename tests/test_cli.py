@@ -121,6 +121,9 @@ def test_models_and_clusters_lists(run_cli):
     (("plan", "--cluster", "dgx-a100-80g", "--precision", "fp8"), "fp8"),
     (("plan", "--precision", "fp4"), "--precision"),
     (("evaluate", "--gpus", "8", "--tp", "3"), "not divisible"),
+    (("plan", "--model", ""), "--model: empty"),
+    # learned absolute positions (GPT-3: 2048): a longer sequence would be another model
+    (("plan", "--model", "gpt3-175b", "--gpus", "64"), "exceeds gpt3-175b's learned position embeddings"),
 ])
 def test_bad_input_is_one_line_exit_2(run_cli, args, needle):
     r = run_cli(*args)
