@@ -134,7 +134,7 @@ def _gib(x: float) -> str:
 
 def _plans_table(doc, title: str):
     from rich.table import Table
-    caption = ("peak GiB: most loaded stage / GPU capacity (GiB = 2^30 bytes); ! = within 5% of capacity; "
+    caption = ("peak GiB: most loaded stage / GPU capacity (GiB = 2^30 bytes); ! = within 5% of capacity, OOM = over it; "
                "full N/chunk = the first N layers of each model chunk recomputed (Megatron --recompute-method block)")
     thr = next((p.throughput for p in doc.plans if p.throughput), None)
     if thr is not None:
@@ -149,6 +149,8 @@ def _plans_table(doc, title: str):
         peak = f"{_gib(p.memory.peak_bytes)}/{_gib(p.memory.capacity_bytes)}" if p.memory else "-"
         if p.memory and p.memory.at_risk:
             peak += " !"
+        elif p.memory and p.memory.peak_bytes > p.memory.capacity_bytes:
+            peak += " OOM"
         t.add_row(str(p.rank), str(q.tp), str(q.pp), str(q.dp), str(q.cp), str(q.ep), str(q.vpp),
                   str(q.micro_batch_size), str(q.zero_stage), "y" if q.sequence_parallel else "n",
                   q.recompute if q.recompute_num_layers is None else f"full {q.recompute_num_layers}/chunk",

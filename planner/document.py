@@ -108,7 +108,7 @@ class MemoryInfo(_Strict):
     capacity_bytes: int
     headroom_bytes: int
     peak_stage: int
-    at_risk: bool = Field(description=f"peak within {AT_RISK_FRACTION:.0%} of capacity")
+    at_risk: bool = Field(description=f"peak within {AT_RISK_FRACTION:.0%} of capacity, not over it")
     breakdown: dict[str, int] = Field(description="peak stage: term -> bytes, largest first")
     stages: list[StageMemoryInfo]
 
@@ -208,7 +208,7 @@ def plan_info(rank: int, ev: Evaluation, model: ModelSpec, cluster: ClusterSpec,
                   for s in ev.memory.stages]
         cap = ev.memory.capacity_bytes
         mem = MemoryInfo(peak_bytes=round(pk.total), capacity_bytes=cap, headroom_bytes=round(cap - pk.total),
-                         peak_stage=pk.stage, at_risk=pk.total > cap * (1 - AT_RISK_FRACTION),
+                         peak_stage=pk.stage, at_risk=cap * (1 - AT_RISK_FRACTION) < pk.total <= cap,
                          breakdown={k: round(v) for k, v in pk.terms().items()}, stages=stages)
     if ev.step is not None:
         st = ev.step

@@ -42,7 +42,7 @@ def memory_info(est: MemoryEstimate):
               for s in est.stages]
     cap = est.capacity_bytes
     return MemoryInfo(peak_bytes=round(pk.total), capacity_bytes=cap, headroom_bytes=round(cap - pk.total),
-                      peak_stage=pk.stage, at_risk=pk.total > cap * (1 - AT_RISK_FRACTION),
+                      peak_stage=pk.stage, at_risk=cap * (1 - AT_RISK_FRACTION) < pk.total <= cap,
                       breakdown={k: round(v) for k, v in pk.terms().items()}, stages=stages)
 
 

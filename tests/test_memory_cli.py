@@ -101,3 +101,11 @@ def test_capacity_factor_pads_moe_buffers(run_cli):
     assert b > a
     r = run_cli("memory", "-m", "llama2-7b", "--capacity-factor", "1.25")
     assert r.exit_code == 2 and "applies to MoE models" in r.stderr
+
+
+def test_over_capacity_is_oom_not_at_risk(run_cli):
+    # Llama-3.1-70B unsharded on 8 GPUs: ~1.3 TB per GPU is out of memory, not "within 5% of capacity"
+    doc = run_cli("evaluate", "--model", "llama3.1-70b", "--gpus", "8", "--format", "json").json()
+    mem = doc["plans"][0]["memory"]
+    assert mem["peak_bytes"] > mem["capacity_bytes"] and mem["at_risk"] is False
+    assert " OOM " in run_cli("evaluate", "--model", "llama3.1-70b", "--gpus", "8").stdout
