@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 
 import typer
 
-app = typer.Typer(add_completion=False, no_args_is_help=False, pretty_exceptions_enable=False,
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None,
                   help="plan3d: plan DP x PP x TP x CP x EP layouts for large-transformer training.")
 
@@ -716,7 +716,10 @@ def main() -> None:
         sys.stderr.write("plan3d: aborted\n")
         sys.exit(130)
     except TyperException as e:  # usage errors: unknown option, bad value, out of range
-        sys.stderr.write(f"plan3d: error: {e.format_message()}\n")
+        if type(e).__name__ == "NoArgsIsHelpError":  # typer vendors click: match the class by name  # bare ``plan3d``: the help text, as ``plan3d --help`` prints it
+            sys.stderr.write(e.format_message() + "\n")
+        else:
+            sys.stderr.write(f"plan3d: error: {e.format_message()}\n")
         sys.exit(2)
     except Exit as e:
         sys.exit(e.exit_code)

@@ -223,3 +223,8 @@ def test_emit_deepspeed_without_a_megatron_deepspeed_launch(run_cli, tmp_path):
     assert r.exit_code == 0
     assert sorted(p.name for p in (tmp_path / "ds").iterdir()) == ["ds_config.json",
                                                                     "megatron_deepspeed_unsupported.txt"]
+
+
+def test_bare_plan3d_prints_the_help(run_cli):
+    r = run_cli()
+    assert r.exit_code == 2 and r.stderr.startswith("Usage: plan3d") and "plan " in r.stderr
