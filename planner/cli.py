@@ -705,7 +705,7 @@ def main() -> None:
 
     from .errors import NoFeasiblePlan, PlanInputError
     try:
-        app(standalone_mode=False)
+        app(standalone_mode=False, prog_name="plan3d")
     except (PlanInputError, ModelSpecError, ClusterSpecError) as e:
         sys.stderr.write(f"plan3d: error: {e}\n")
         sys.exit(2)
