@@ -393,3 +393,14 @@ def test_impossible_hf_values_are_one_line_errors(tmp_path, field, value, needle
     with pytest.raises(ModelSpecError) as e:
         mz.load_model(str(p))
     assert needle in _one_line(e)
+
+
+def test_depth_is_capped_with_a_one_line_error(tmp_path):
+    # 100,000 layers made the planner run for minutes (breaker pass): refused at load, naming the field and bound
+    cfg = json.loads((Path(__file__).parent / "data" / "hf_configs" / "llama3.1-8b.json").read_text())
+    cfg["num_hidden_layers"] = 100_000
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    with pytest.raises(ModelSpecError) as e:
+        mz.load_model(str(p))
+    assert "field 'num_layers'" in _one_line(e) and "4096" in _one_line(e)
