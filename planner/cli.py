@@ -308,7 +308,8 @@ def plan(
     doc = build_document(m, c, job, n, res.plans)
     _render(doc, fmt, output, emit,
             f"plan3d: {m.name} on {n} x {c.gpu.name} ({c.name}), GBS {job.global_batch_size} x seq "
-            f"{job.seq_length}, {job.precision}: top {len(res.plans)} of {res.num_feasible} feasible "
+            f"{job.seq_length}, {job.precision}: top {len(res.plans)} of "
+            f"{'' if res.num_feasible_exact else 'at most '}{res.num_feasible} feasible "
             f"({res.num_candidates} examined)", rank, framework.value)
 
 

@@ -39,6 +39,9 @@ class SearchResult:
     num_candidates: int
     num_feasible: int
     nearest_infeasible: list[Evaluation]
+    #: False when ``num_feasible`` counts the candidates whose memory lower bound fits (CP-SAT stopped re-scoring
+    #: early): an upper bound of the feasible count
+    num_feasible_exact: bool = True
 
 
 def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int, top_k: int = 5,
@@ -96,7 +99,7 @@ def run_search(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpu
     from .solver import solve
     r = solve(model, cluster, job, num_gpus, top_k, space, memory_headroom, framework, objective=objective,
               within=within)
-    return SearchResult(r.plans, r.num_candidates, r.num_feasible, r.nearest_infeasible)
+    return SearchResult(r.plans, r.num_candidates, r.num_feasible, r.nearest_infeasible, r.num_feasible_exact)
 
 
 def gpu_counts(cluster: ClusterSpec, max_gpus: int) -> list[int]:

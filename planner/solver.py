@@ -476,6 +476,7 @@ class SolveResult:
     table_best_step_s: float | None
     nearest_infeasible: list[Evaluation] = field(default_factory=list)
     timings_s: dict[str, float] = field(default_factory=dict)
+    num_feasible_exact: bool = False
 
 
 def _import_cp_model():
@@ -645,7 +646,7 @@ def solve(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: in
         feas: list[Evaluation] = []
         mem_ratio_lo = math.inf
         pos = 0
-        restart = False
+        restart = exhausted = False
         while pos < len(order):
             o = order[pos]
             pos += 1
@@ -677,12 +678,16 @@ def solve(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: in
                 feas.append(ev)
             if restart:
                 break
+        else:
+            exhausted = True  # every candidate re-scored
         if restart:
             continue
         # the memory filter is safe while no re-scored candidate's scalar memory fell below its bound
         if mem_ratio_lo * (1 + mem_margin) >= 1 - 1e-9 or mem_margin >= 4:
             break
         mem_margin = max(mem_margin * 2, 1 / (mem_ratio_lo * BOUND_FALLBACK) - 1)
+    if exhausted:
+        n_fit = len(feas)  # every candidate was re-scored: the exact count (else the memory-bound count, an upper bound)
     if objective == "headroom" and feas:
         best = min(e.step.step_s for e in feas)
         feas = [e for e in feas if e.step.step_s <= best * (1 + within)]
@@ -692,7 +697,7 @@ def solve(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: in
     near = [] if feas else _nearest(model, cluster, job, num_gpus, T, step, peak, valid, limit, memory_headroom,
                                     framework, convention)
     tm["rescore"] = time.perf_counter() - t0
-    return SolveResult(feas[:top_k], n_cand, n_fit, len(seen), status, opt, near, tm)
+    return SolveResult(feas[:top_k], n_cand, n_fit, len(seen), status, opt, near, tm, exhausted)
 
 
 def _nearest(model, cluster, job, num_gpus, T, step, peak, valid, limit, headroom, framework, convention,
