@@ -273,6 +273,11 @@ def plan(
     from .document import build_document
     from .errors import NoFeasiblePlan, PlanInputError
 
+    for flag, v in (("--target-step-s", target_step_s), ("--target-tokens-per-day", target_tokens_per_day)):
+        if v is not None and v <= 0:
+            raise PlanInputError(f"{flag} {v:g}: must be a positive number")
+    if rank != 1 and emit is None:
+        raise PlanInputError(f"--rank {rank} selects the plan --emit writes: give --emit megatron|deepspeed|torchtitan")
     m, c, n, job = _load(model, cluster, gpus, nodes, global_batch_size, seq_length, precision.value)
     if framework is None:  # an explicit --framework wins; else plan under the rules of the --emit target
         framework = Framework(emit.value) if emit is not None else Framework.megatron

@@ -254,7 +254,8 @@ def load_rows(path: str | Path | None = None) -> list[dict[str, Any]]:
     """Rows of a published-runs YAML file (a list of mappings with ``id``); one-line error on bad input."""
     p = Path(path) if path is not None else default_dataset()
     if not p.is_file():
-        raise PlanInputError(f"--dataset: {p}: no such file")
+        raise PlanInputError(f"--dataset: {p}: " + ("is a directory; give a YAML file" if p.is_dir()
+                                                    else "no such file"))
     try:
         data = yaml.safe_load(p.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:

@@ -122,6 +122,9 @@ def test_models_and_clusters_lists(run_cli):
     (("plan", "--precision", "fp4"), "--precision"),
     (("evaluate", "--gpus", "8", "--tp", "3"), "not divisible"),
     (("plan", "--model", ""), "--model: empty"),
+    (("plan", "--rank", "2"), "--rank 2 selects the plan --emit writes"),
+    (("plan", "--objective", "min-gpus", "--target-step-s", "0"), "--target-step-s 0: must be a positive number"),
+    (("validate", "--dataset", "/"), "is a directory"),
     # learned absolute positions (GPT-3: 2048): a longer sequence would be another model
     (("plan", "--model", "gpt3-175b", "--gpus", "64"), "exceeds gpt3-175b's learned position embeddings"),
 ])
