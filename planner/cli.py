@@ -191,6 +191,9 @@ def _emit(doc, emit: Emit, output: Path | None, rank: int, framework: str | None
             why = next(p for p in doc.plans if p.rank == rank).launch.unsupported["megatron_deepspeed"]
             sys.stderr.write(f"plan3d: note: ds_config.json only; no Megatron-DeepSpeed launch: {why}\n")
         return
+    if output.suffix.lower() in (".json", ".toml", ".txt", ".yaml", ".yml", ".sh") and not output.is_dir():
+        raise PlanInputError(f"--output {output}: with --emit, --output is a directory for the files "
+                             f"({', '.join(files)}); leave out --output to print the main config")
     try:
         output.mkdir(parents=True, exist_ok=True)
         for name, text in files.items():

@@ -353,3 +353,8 @@ def test_emit_for_another_framework_than_the_ranking_says_so(run_cli):
     assert r.exit_code == 0 and "[parallelism]" in r.stdout
     assert "computed under megatron rules" in r.stderr and "--framework torchtitan" in r.stderr
     assert run_cli("plan", "--gpus", "8", "--emit", "torchtitan").stderr == ""
+
+
+def test_emit_output_that_looks_like_a_file_is_refused(run_cli, tmp_path):
+    r = run_cli("plan", "--emit", "megatron", "--output", str(tmp_path / "args.json"))
+    assert r.exit_code == 2 and "--output is a directory" in r.stderr and not (tmp_path / "args.json").exists()
