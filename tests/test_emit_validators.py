@@ -105,6 +105,7 @@ def check_torchtitan(par: ParallelConfig, lf: dict, tmp_path, model_layers: int)
                  cp=p.context_parallel_degree, tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree,
                  ep=p.expert_parallel_degree, etp=p.expert_tensor_parallel_degree, world_size=par.world_size)
     assert jc.training.global_batch_size == JOB.global_batch_size
+    assert jc.compile.enable and jc.compile.components == ["model", "loss"]  # what the calibration rows ran
     if par.pp > 1:
         assert torchtitan_layers_per_rank(jc, model_layers) == stage_layer_counts(model_layers, par)
 
