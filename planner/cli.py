@@ -271,6 +271,9 @@ def plan(
     pin_mbs: Annotated[Optional[int], typer.Option("--micro-batch-size", min=1, help="pin micro-batch size")] = None,
     pin_zero: Annotated[Optional[int], typer.Option("--zero-stage", min=0, max=3, help="pin ZeRO stage")] = None,
     pin_rc: Annotated[Optional[RecomputeOpt], typer.Option("--recompute", help="pin recompute")] = None,
+    flops_convention: Annotated[FlopsConv, typer.Option(
+        "--flops-convention", help="model FLOPs behind TFLOP/s and MFU: megatron (causal attention halved, "
+                                   "Megatron-LM's logger) or palm (6N + 12LHQT, torchtitan)")] = None,
 ) -> None:
     """Search the parallel layouts and print the best plans (default: llama3.1-8b on one dgx-h100 node)."""
     from .document import build_document
@@ -298,17 +301,19 @@ def plan(
     from .checks import DEFAULT_MEMORY_HEADROOM
     headroom = DEFAULT_MEMORY_HEADROOM if memory_headroom is None else memory_headroom
     k = max(top_k, rank if emit is not None else 1)
+    conv = (flops_convention or FlopsConv.megatron).value
     if objective == ObjectiveOpt.min_gpus:
         if (target_step_s is None) == (target_tokens_per_day is None):
             raise PlanInputError("--objective min-gpus needs exactly one of --target-step-s, --target-tokens-per-day")
         from .search import fewest_gpus
         res, n = fewest_gpus(m, c, job, n, k, space, headroom, framework.value, solver.value, target_step_s,
-                             target_tokens_per_day)
+                             target_tokens_per_day, conv)
     else:
         if target_step_s is not None or target_tokens_per_day is not None:
             raise PlanInputError("--target-step-s / --target-tokens-per-day need --objective min-gpus")
         from .search import run_search
-        res = run_search(m, c, job, n, k, space, headroom, framework.value, solver.value, objective.value, within)
+        res = run_search(m, c, job, n, k, space, headroom, framework.value, solver.value, objective.value, within,
+                         conv)
     if not res.plans:
         from .explain import why_infeasible
         raise NoFeasiblePlan(why_infeasible(m, c, job, n, res, space, headroom, framework.value,

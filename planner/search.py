@@ -80,25 +80,26 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, nu
 def run_search(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int, top_k: int = 5,
                space: SearchSpace = SearchSpace(), memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
                framework: str = "megatron", solver: str = "cpsat", objective: str = "throughput",
-               within: float = 0.05) -> SearchResult:
+               within: float = 0.05, convention: FlopsConvention = "megatron") -> SearchResult:
     """Dispatch to the CP-SAT solver (default) or the enumerator; both return a ``SearchResult``.
 
     ``objective`` ``headroom``: among plans within ``within`` (fraction) of the best step time, most memory
-    headroom first.
+    headroom first. ``convention`` names the model FLOPs behind the reported TFLOP/s and MFU (it does not change
+    the ranking, which is by step time).
     """
     if solver == "enumerate":
         if objective == "headroom":
-            res = enumerate_plans(model, cluster, job, num_gpus, 10**9, space, memory_headroom, framework)
+            res = enumerate_plans(model, cluster, job, num_gpus, 10**9, space, memory_headroom, framework, convention)
             if res.plans:
                 best = res.plans[0].step.step_s
                 keep = [e for e in res.plans if e.step.step_s <= best * (1 + within)]
                 keep.sort(key=lambda e: (round(e.memory.peak_bytes), rank_key(e)))
                 res.plans = keep[:top_k]
             return res
-        return enumerate_plans(model, cluster, job, num_gpus, top_k, space, memory_headroom, framework)
+        return enumerate_plans(model, cluster, job, num_gpus, top_k, space, memory_headroom, framework, convention)
     from .solver import solve
-    r = solve(model, cluster, job, num_gpus, top_k, space, memory_headroom, framework, objective=objective,
-              within=within)
+    r = solve(model, cluster, job, num_gpus, top_k, space, memory_headroom, framework, convention,
+              objective=objective, within=within)
     return SearchResult(r.plans, r.num_candidates, r.num_feasible, r.nearest_infeasible, r.num_feasible_exact)
 
 
@@ -116,7 +117,8 @@ def gpu_counts(cluster: ClusterSpec, max_gpus: int) -> list[int]:
 def fewest_gpus(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, max_gpus: int, top_k: int = 5,
                 space: SearchSpace = SearchSpace(), memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
                 framework: str = "megatron", solver: str = "cpsat", target_step_s: float | None = None,
-                target_tokens_per_day: float | None = None) -> tuple[SearchResult, int]:
+                target_tokens_per_day: float | None = None,
+                convention: FlopsConvention = "megatron") -> tuple[SearchResult, int]:
     """Fewest GPUs (a multiple of the node size, up to ``max_gpus``) whose best plan meets the target (step
     seconds, or tokens per day = tokens/s x 86,400). Returns the plans that meet it and the GPU count.
 
@@ -128,7 +130,8 @@ def fewest_gpus(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, max_gp
     gpn = cluster.node.gpus_per_node
 
     def attempt(n):
-        res = run_search(model, cluster, job, n, top_k, space, memory_headroom, framework, solver)
+        res = run_search(model, cluster, job, n, top_k, space, memory_headroom, framework, solver,
+                         convention=convention)
         ok = [e for e in res.plans if (target_step_s is None or e.step.step_s <= target_step_s) and
               (target_tokens_per_day is None or e.step.tokens_per_s * 86400 >= target_tokens_per_day)]
         return res, ok
