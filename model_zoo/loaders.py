@@ -433,6 +433,18 @@ def _check_hf_values(where: str, config: dict[str, Any]) -> None:
             continue
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
             raise ModelSpecError(f"{where}: field '{k}' must be a finite positive number, got {config[k]!r}")
+    rs = config.get("rope_scaling")
+    if rs is not None:
+        if not isinstance(rs, dict):
+            raise ModelSpecError(f"{where}: field 'rope_scaling' must be an object or null, got {rs!r}")
+        for k in _ROPE_SCALING_KEYS:
+            v = rs.get(k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                                  or v <= 0):
+                raise ModelSpecError(f"{where}: field 'rope_scaling.{k}' must be a finite positive number, got {v!r}")
+    ng, tg = config.get("n_group"), config.get("topk_group")
+    if isinstance(ng, int) and isinstance(tg, int) and not 0 < tg <= ng:
+        raise ModelSpecError(f"{where}: field 'topk_group' {tg} must be between 1 and n_group {ng}")
     for k in ("tie_word_embeddings", "attention_bias", "mlp_bias"):
         if config.get(k) is not None and not isinstance(config[k], bool):
             raise ModelSpecError(f"{where}: field '{k}' must be true or false, got {config[k]!r}")

@@ -382,6 +382,9 @@ def test_counting_invariants(layers, heads, groups, d, f, vocab, experts, k, fir
     ("rms_norm_eps", float("inf"), "field 'rms_norm_eps' must be a finite positive number, got inf"),
     ("tie_word_embeddings", "yes", "field 'tie_word_embeddings' must be true or false, got 'yes'"),
     ("model_type", ["llama"], "unsupported model_type ['llama']"),
+    ("rope_scaling", {"rope_type": "llama3", "factor": "eight"},
+     "field 'rope_scaling.factor' must be a finite positive number, got 'eight'"),
+    ("rope_scaling", "llama3", "field 'rope_scaling' must be an object or null"),
 ])
 def test_impossible_hf_values_are_one_line_errors(tmp_path, field, value, needle):
     # a new user's malformed config.json: one line naming the field, never a traceback (ZeroDivisionError,
