@@ -75,6 +75,9 @@ OutOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="write th
 HEADROOM_DEFAULT = 0.05
 HeadroomOpt = Annotated[float, typer.Option("--memory-headroom", min=0.0, max=0.5,
                                             help="fraction of GPU memory kept free (default 0.05)")]
+FlopsOpt = Annotated[Optional[FlopsConv], typer.Option(
+    "--flops-convention", help="model FLOPs behind TFLOP/s and MFU: megatron (causal attention halved, "
+                               "Megatron-LM's logger) or palm (6N + 12LHQT, torchtitan)")]
 FrameworkOpt = Annotated[Framework, typer.Option("--framework", help="framework whose rules apply")]
 
 
@@ -271,9 +274,7 @@ def plan(
     pin_mbs: Annotated[Optional[int], typer.Option("--micro-batch-size", min=1, help="pin micro-batch size")] = None,
     pin_zero: Annotated[Optional[int], typer.Option("--zero-stage", min=0, max=3, help="pin ZeRO stage")] = None,
     pin_rc: Annotated[Optional[RecomputeOpt], typer.Option("--recompute", help="pin recompute")] = None,
-    flops_convention: Annotated[FlopsConv, typer.Option(
-        "--flops-convention", help="model FLOPs behind TFLOP/s and MFU: megatron (causal attention halved, "
-                                   "Megatron-LM's logger) or palm (6N + 12LHQT, torchtitan)")] = None,
+    flops_convention: FlopsOpt = None,
 ) -> None:
     """Search the parallel layouts and print the best plans (default: llama3.1-8b on one dgx-h100 node)."""
     from .document import build_document
@@ -350,9 +351,7 @@ def evaluate(
     emit: Annotated[Optional[Emit], typer.Option(
         "--emit", help="print (or with --output DIR write) this framework's launch config of the configuration; "
                        "refused when the configuration is infeasible")] = None,
-    flops_convention: Annotated[FlopsConv, typer.Option(
-        "--flops-convention", help="model FLOPs behind TFLOP/s and MFU: megatron (causal attention halved, "
-                                   "Megatron-LM's logger) or palm (6N + 12LHQT, torchtitan)")] = None,
+    flops_convention: FlopsOpt = None,
 ) -> None:
     """Evaluate one given configuration (feasible or not). Options left out take Megatron-LM's defaults.
 
