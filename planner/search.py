@@ -15,7 +15,7 @@ from model_zoo.spec import ModelSpec
 
 from .checks import DEFAULT_MEMORY_HEADROOM
 from .evaluate import Evaluation, evaluate
-from .recompute import with_fewest_recomputed_layers
+from .recompute import dominated_by_no_recompute, with_fewest_recomputed_layers
 from .space import SearchSpace, candidates
 
 RECOMPUTE_ORDER = {"none": 0, "selective": 1, "full": 2}
@@ -55,6 +55,7 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, nu
     near: list[tuple[float, Evaluation]] = []
     n = 0
     limit = cluster.gpu.memory_bytes * (1 - memory_headroom)
+    drop_dominated = "none" in space.recompute  # as the solver (planner.recompute.dominated_by_no_recompute)
     if getattr(job, "framework", framework) != framework:  # the memory model of ``evaluate`` uses ``framework``
         job = job.model_copy(update={"framework": framework})
     for par in candidates(model, cluster, job, num_gpus, space, framework):
@@ -68,7 +69,8 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, nu
         # full recompute: the fewest recomputed layers per chunk that fit (planner.recompute)
         par = with_fewest_recomputed_layers(model, cluster, job, par, framework, memory_headroom)
         ev = evaluate(model, cluster, job, par, num_gpus, memory_headroom, framework, convention)
-        if ev.feasible:
+        if ev.feasible and not (drop_dominated and dominated_by_no_recompute(
+                model, cluster, job, par, ev.memory.peak_bytes, memory_headroom)):
             feasible.append(ev)
     feasible.sort(key=rank_key)
     near.sort(key=lambda x: (x[0], config_key(x[1])))

@@ -57,7 +57,7 @@ from model_zoo.spec import ModelSpec
 
 from .checks import DEFAULT_MEMORY_HEADROOM
 from .evaluate import Evaluation, evaluate
-from .recompute import PARTIAL_RECOMPUTE_FRAMEWORKS, with_fewest_recomputed_layers
+from .recompute import PARTIAL_RECOMPUTE_FRAMEWORKS, dominated_by_no_recompute, with_fewest_recomputed_layers
 from .space import (MAX_VPP, SearchSpace, Structure, micro_batch_options, sp_options, structures, to_parallel,
                     vpp_options, zero_options)
 
@@ -636,6 +636,8 @@ def solve(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: in
     # its bound (the cost models changed under the tables), the bounds are scaled down by the worst ratio seen
     # x BOUND_FALLBACK and the loop continues, and the memory filter is widened the same way.
     mem_margin = MEM_MARGIN
+    # a full-recompute plan whose no-recompute twin fits with no higher peak is slower and no smaller: not listed
+    drop_dominated = "none" in space.recompute
     seen: dict[tuple, Evaluation] = {}
     corr = 1.0
     while True:
@@ -674,7 +676,8 @@ def solve(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: in
                     restart = True
             if ev.memory is not None and peak[ki, spi, vi, zi] > 0:
                 mem_ratio_lo = min(mem_ratio_lo, ev.memory.peak_bytes / peak[ki, spi, vi, zi])
-            if ev.feasible:
+            if ev.feasible and not (drop_dominated and dominated_by_no_recompute(
+                    model, cluster, job, ev.parallel, ev.memory.peak_bytes, memory_headroom)):
                 feas.append(ev)
             if restart:
                 break

@@ -153,3 +153,19 @@ def test_block_recompute_memory_counts_n_layers_per_virtual_stage():
                                                        recompute_num_layers=n)).stages[0]
         per_mb.append(st.activations / st.in_flight_microbatches)
     assert per_mb[0] == pytest.approx(per_mb[1], rel=1e-9)
+
+
+def test_full_recompute_plans_dominated_by_no_recompute_are_not_listed(run_cli):
+    # Llama-3.1-8B on 8 H100 (the README default): ZeRO-3 fits without recompute, so "ZeRO-3, full 1/chunk"
+    # (slower, no smaller) is not a plan to show; pinned --recompute full still gets full-recompute plans
+    from planner.recompute import dominated_by_no_recompute
+    plans = run_cli("plan", "--top-k", "20", "--format", "json").json()["plans"]
+    for p in plans:
+        q = p["parallel"]
+        par = ParallelConfig(**{k: q[k] for k in ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch_size",
+                                                  "zero_stage", "sequence_parallel", "recompute",
+                                                  "recompute_num_layers")})
+        assert not dominated_by_no_recompute(M8, H100, TrainingJob(global_batch_size=1024, seq_length=4096), par,
+                                             p["memory"]["peak_bytes"])
+    pinned = run_cli("plan", "--recompute", "full", "--format", "json").json()["plans"]
+    assert pinned and all(p["parallel"]["recompute"] == "full" for p in pinned)
