@@ -22,21 +22,31 @@ class LayoutError(ValueError):
     """The layer split or rank layout is impossible (message names the field)."""
 
 
-def uneven_split(num_layers: int, pp: int) -> tuple[int, int] | None:
+def uneven_split(num_layers: int, pp: int, asymmetric: bool = True) -> tuple[int, int] | None:
     """Pick Megatron first/last-stage layer counts when ``num_layers % pp != 0``.
 
     Returns ``(first, last)`` with ``first == last`` and ``(num_layers - 2*first) % (pp - 2) == 0``, choosing the
     largest such count not above ``ceil(num_layers / pp)`` (the end stages also hold the embedding and the output
     layer, so they are given fewer layers: the Llama 3 paper, Sec. 3.3.2, removes one layer from the first and
-    last stage of its 126-layer, 16-stage 405B run: 7 + 14 x 8 + 7). ``None`` when no such split exists or pp < 3.
+    last stage of its 126-layer, 16-stage 405B run: 7 + 14 x 8 + 7). When no symmetric split exists (an odd layer
+    count over an even pp: DeepSeek-V3's 61 layers over 16), the last stage, which also holds the output layer and
+    the logits, gets one layer fewer than the first: ``(x, x - 1)`` (61 over 16: 3 + 14 x 4 + 2); with pp 2,
+    ``(ceil(L/2), floor(L/2))``. ``asymmetric=False``: symmetric splits only (pp >= 3). ``None`` when no split
+    exists or pp < 2.
     """
-    if pp < 3:
+    if pp < 2 or (pp == 2 and not asymmetric):
         return None
+    if pp == 2:
+        return (num_layers + 1) // 2, num_layers // 2
     cap = math.ceil(num_layers / pp)
     for x in range(cap, 0, -1):
         rest = num_layers - 2 * x
         if rest > 0 and rest % (pp - 2) == 0 and rest // (pp - 2) >= x:
             return x, x
+    for x in range(cap if asymmetric else 1, 1, -1):
+        rest = num_layers - 2 * x + 1
+        if rest > 0 and rest % (pp - 2) == 0 and rest // (pp - 2) >= x:
+            return x, x - 1
     return None
 
 

@@ -79,7 +79,9 @@ class Structure:
         """Distinct layer counts per stage (vpp must divide each)."""
         if self.first is None:
             return [num_layers // self.pp]
-        return [self.first, (num_layers - 2 * self.first) // (self.pp - 2)]
+        if self.pp == 2:
+            return sorted({self.first, self.last})
+        return sorted({self.first, self.last, (num_layers - self.first - self.last) // (self.pp - 2)})
 
 
 def layer_split(model: ModelSpec, pp: int) -> tuple[int | None, int | None] | None:

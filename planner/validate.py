@@ -398,9 +398,11 @@ def _layer_split(num_layers: int, pp: int, vpp: int) -> tuple[int | None, int | 
     ``--decoder-first/last-pipeline-num-layers``); (None, None) when it does."""
     if num_layers % pp == 0:
         return None, None
-    u = uneven_split(num_layers, pp)
+    u = uneven_split(num_layers, pp, asymmetric=False)
     if u is not None:
         return u
+    # no symmetric split: full stages then the remainder on the last (the Megatron MoE recipes' DeepSeek-V3
+    # layouts put 4 layers on every stage and 1 + MTP on the last: "Et*4|(t*4|)*14tmL")
     k = math.ceil(num_layers / pp)
     last = num_layers - (pp - 1) * k
     if last <= 0:

@@ -83,3 +83,13 @@ def test_megatron_pipeline_layout_strings():
         stage_layer_counts(61, ParallelConfig(pp=8, vpp=4, pipeline_layout="Et|(tt|)*29|tmL"))
     with pytest.raises(LayoutError, match="unknown symbol"):
         parse_pipeline_layout("Ex|tL")
+
+
+def test_uneven_split_of_an_odd_layer_count_over_an_even_pp():
+    # no symmetric split exists (61 - 2x is odd, 14 middle stages): the last stage, which also holds the output
+    # layer and the logits, gets one layer fewer than the first (DeepSeek-V3: 3 + 14 x 4 + 2); pp 2: 31 + 30
+    assert uneven_split(126, 16) == (7, 7)  # the symmetric split is kept when it exists (Llama 3 405B)
+    assert uneven_split(61, 16) == (3, 2) and uneven_split(61, 2) == (31, 30) and uneven_split(47, 16) == (3, 2)
+    assert uneven_split(61, 16, asymmetric=False) is None
+    par = ParallelConfig(pp=16, first_stage_layers=3, last_stage_layers=2)
+    assert stage_layer_counts(61, par) == [3] + [4] * 14 + [2]

@@ -124,3 +124,12 @@ def test_deepspeed_moe_plans_never_use_zero3(run_cli):
     assert check_config(m, c, job, par, 64, framework="megatron") == []
     with pytest.raises(EmitError, match="ZeRO stage 0-2"):
         check_deepspeed(m, job, par)
+
+
+def test_odd_layer_count_pipelines_over_an_even_pp(run_cli):
+    # DeepSeek-V3 (61 layers) over pp 16: 3 + 14 x 4 + 2 (breaker: only pp 1 was reachable for odd layer counts)
+    r = run_cli("plan", "--model", "deepseek-v3", "--gpus", "2048", "--seq-length", "4096", "--global-batch-size",
+                "15360", "--pp", "16", "--top-k", "1", "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    q = r.json()["plans"][0]["parallel"]
+    assert (q["pp"], q["first_stage_layers"], q["last_stage_layers"]) == (16, 3, 2) or q["vpp"] > 1
