@@ -568,8 +568,13 @@ def validate(
     fmt: FmtOpt = Fmt.table, output: OutOpt = None,
 ) -> None:
     """Run the step-time model over published training runs; exit 1 when a MAPE threshold is exceeded."""
+    from .errors import PlanInputError
     from .validate import report_json, run_validation
     rep = run_validation(dataset)
+    if not rep.evaluated:
+        reasons = sorted({r.skipped for r in rep.rows if r.skipped})
+        raise PlanInputError(f"--dataset: no row could be evaluated ({len(rep.rows)} rows"
+                             + (f"; skipped: {'; '.join(reasons[:3])}" if reasons else "") + ")")
     if fmt == Fmt.json:
         _write(report_json(rep) + "\n", output)
     else:

@@ -233,7 +233,7 @@ class ValidationReport:
 
     def to_dict(self) -> dict[str, Any]:
         return _round({
-            "mape_percent": self.mape,
+            "mape_percent": self.mape if self.evaluated else None,  # strict JSON has no NaN
             "evaluated": len(self.evaluated),
             "skipped": len(self.rows) - len(self.evaluated),
             "predicted_infeasible": [r.id for r in self.infeasible],

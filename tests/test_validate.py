@@ -159,3 +159,12 @@ def test_bad_dataset_rows_are_one_line_errors(run_cli, tmp_path, path, value, ne
     r = run_cli("validate", "--dataset", str(f))
     assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "rows.yaml: row 'sc21-megatron-gpt-1.7b-a100-32'" in r.stderr and needle in r.stderr
+
+
+def test_dataset_with_no_usable_row_is_an_input_error(run_cli, tmp_path):
+    f = tmp_path / "rows.yaml"
+    f.write_text("[]\n")
+    r = run_cli("validate", "--dataset", str(f), "--format", "json")
+    assert r.exit_code == 2 and "no row could be evaluated" in r.stderr and r.stdout == ""
+    from planner.validate import ValidationReport
+    assert ValidationReport([]).to_dict()["mape_percent"] is None  # never NaN in the JSON
