@@ -49,10 +49,10 @@ import numpy as np
 
 from cluster_specs.spec import ClusterSpec
 from cost_models.comm import collective_time
-from cost_models.config import BYTES_16BIT, BYTES_FP32, FlopsConvention, TrainingJob
+from cost_models.config import BYTES_16BIT, BYTES_FP32, FlopsConvention, ParallelConfig, TrainingJob
 from cost_models.layout import GroupPlacement, group_placement, stage_layer_ranges
-from cost_models.memory import (TOKEN_ID_BYTES, activation_bytes_per_layer, in_flight_microbatches,
-                                layer_input_bytes, model_state_terms, stage_params)
+from cost_models.memory import (TOKEN_ID_BYTES, activation_bytes_per_layer, estimate_memory,
+                                in_flight_microbatches, layer_input_bytes, model_state_terms, stage_params)
 from model_zoo.spec import ModelSpec
 
 from .checks import DEFAULT_MEMORY_HEADROOM
@@ -704,20 +704,30 @@ def solve(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: in
 
 
 def _nearest(model, cluster, job, num_gpus, T, step, peak, valid, limit, headroom, framework, convention,
-             n: int = 3) -> list[Evaluation]:
-    """The ``n`` valid configurations with the smallest memory excess (scalar-evaluated)."""
+             n: int = 3, max_exact: int = 20000) -> list[Evaluation]:
+    """The ``n`` valid configurations with the smallest memory excess, ties by ``search.config_key``: the
+    enumerator's answer. Candidates are taken in order of their memory lower bound (``peak``) and estimated
+    exactly until the bound exceeds the n-th smallest exact peak (at most ``max_exact`` estimates)."""
+    from .search import config_key
     if not valid.any():
         return []
-    exc = np.where(valid, peak - limit, np.inf)
-    flat = np.argsort(exc, axis=None, kind="stable")[: n * 4]
-    out, keys = [], set()
-    for f in flat:
-        ki, spi, vi, zi = np.unravel_index(f, exc.shape)
+    lb = np.where(valid, peak, np.inf)
+    order = np.argsort(lb, axis=None, kind="stable")
+    found: list[tuple[float, tuple, ParallelConfig]] = []
+    keys: set = set()
+    for count, f in enumerate(order):
+        bound = float(lb.flat[f])
+        if not math.isfinite(bound) or count >= max_exact:
+            break
+        if len(found) >= n and bound / (1 + MEM_MARGIN) > found[n - 1][0] + limit:
+            break
+        ki, spi, vi, zi = np.unravel_index(f, lb.shape)
         st, mbs, rc = T.keys[ki]
         par = to_parallel(st, mbs, int(vi) + 1, int(zi), bool(spi), rc)
         if par in keys:
             continue
         keys.add(par)
-        out.append(evaluate(model, cluster, job, par, num_gpus, headroom, framework, convention))
-    out.sort(key=lambda e: (e.memory.peak_bytes if e.memory else math.inf))
-    return out[:n]
+        found.append((estimate_memory(model, cluster, job, par).peak_bytes - limit, config_key(par), par))
+        found.sort(key=lambda x: (x[0], x[1]))
+        del found[n:]
+    return [evaluate(model, cluster, job, par, num_gpus, headroom, framework, convention) for _, _, par in found]
