@@ -161,13 +161,18 @@ def constraint_report(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, 
                        "Megatron-DeepSpeed runs cp as Ulysses sequence parallelism, which it refuses together with "
                        "Megatron sequence parallel (megatron/initialize.py)"))
     account = par.account_for_embedding_in_pipeline_split or par.account_for_loss_in_pipeline_split
-    if account and framework != "megatron":
+    if account and framework == "deepspeed":
         add(Constraint("account_split_framework", False, -1.0, "",
-                       "--account-for-embedding/loss-in-pipeline-split is a Megatron-LM option "
-                       f"(framework {framework})"))
+                       "the account-for-embedding/loss split: DeepSpeed's PipelineModule partitions by its own "
+                       "method (Megatron-LM --account-for-*-in-pipeline-split, torchtitan first/last_stage_less_"
+                       "layers)"))
     if framework == "torchtitan":
         add(Constraint("torchtitan_zero", par.zero_stage in (0, 3), 0.0 if par.zero_stage in (0, 3) else -1.0, "",
                        f"torchtitan FSDP2 shards all states together: zero 0 or 3 (zero {par.zero_stage})"))
+        if par.zero_stage == 0 and (par.tp, par.pp, par.cp, par.ep) != (1, 1, 1, 1):
+            add(Constraint("torchtitan_ddp_1d", False, -1.0, "",
+                           "torchtitan runs zero 0 as DDP, which does not combine with tp/pp/cp/ep "
+                           "(\"DDP has not supported > 1D parallelism\", models/llama3/infra/parallelize.py)"))
         uneven = par.first_stage_layers is not None or par.last_stage_layers is not None
         if par.vpp > 1 and uneven:
             add(Constraint("torchtitan_uneven_vpp", False, -1.0, "",

@@ -90,13 +90,15 @@ def with_fewest_recomputed_layers(model: ModelSpec, cluster: ClusterSpec, job: T
 
 
 def dominated_by_no_recompute(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
-                              peak_bytes: float, headroom: float = DEFAULT_MEMORY_HEADROOM) -> bool:
+                              peak_bytes: float, headroom: float = DEFAULT_MEMORY_HEADROOM,
+                              framework: str = "megatron") -> bool:
     """True when ``par`` recomputes (full, any N) although the same configuration without recompute fits in
     capacity x (1 - ``headroom``) with a peak no higher than ``peak_bytes`` (``par``'s own): it is then slower
     and no smaller, so a plan list should show the no-recompute plan instead. The search drops such plans only
-    when ``none`` is in its recompute space (callers check)."""
+    when ``none`` is in its recompute space (callers check). ``framework`` selects the memory model, as in
+    ``planner.evaluate``."""
     if par.recompute != "full":
         return False
     plain = par.model_copy(update={"recompute": "none", "recompute_num_layers": None})
-    p = estimate_memory(model, cluster, job, plain).peak_bytes
+    p = estimate_memory(model, cluster, job, plain, framework=framework).peak_bytes
     return p <= cluster.gpu.memory_bytes * (1 - headroom) and p <= peak_bytes

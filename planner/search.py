@@ -70,7 +70,7 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, nu
         par = with_fewest_recomputed_layers(model, cluster, job, par, framework, memory_headroom)
         ev = evaluate(model, cluster, job, par, num_gpus, memory_headroom, framework, convention)
         if ev.feasible and not (drop_dominated and dominated_by_no_recompute(
-                model, cluster, job, par, ev.memory.peak_bytes, memory_headroom)):
+                model, cluster, job, par, ev.memory.peak_bytes, memory_headroom, framework)):
             feasible.append(ev)
     feasible.sort(key=rank_key)
     near.sort(key=lambda x: (x[0], config_key(x[1])))

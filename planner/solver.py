@@ -677,7 +677,7 @@ def solve(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: in
             if ev.memory is not None and peak[ki, spi, vi, zi] > 0:
                 mem_ratio_lo = min(mem_ratio_lo, ev.memory.peak_bytes / peak[ki, spi, vi, zi])
             if ev.feasible and not (drop_dominated and dominated_by_no_recompute(
-                    model, cluster, job, ev.parallel, ev.memory.peak_bytes, memory_headroom)):
+                    model, cluster, job, ev.parallel, ev.memory.peak_bytes, memory_headroom, framework)):
                 feas.append(ev)
             if restart:
                 break

@@ -144,11 +144,14 @@ def vpp_options(model: ModelSpec, st: Structure, num_microbatches: int, framewor
                 space: SearchSpace = SearchSpace()) -> list[int]:
     """Virtual pipeline sizes: 1, or v > 1 with pp > 1, m % pp == 0 and every stage's layers divisible by v."""
     out = [1]
-    if st.pp > 1 and num_microbatches % st.pp == 0 and framework != "deepspeed" and not (
-            framework == "torchtitan" and st.first is not None):
+    if st.pp > 1 and num_microbatches % st.pp == 0 and framework != "deepspeed":
         per_stage = st.per_stage_layers(model.num_layers)
+        # torchtitan has no Megatron-style first/last split with interleaving, but runs the account-for split
+        # (its pipeline_parallel_first/last_stage_less_layers = 1)
+        plain_ok = not (framework == "torchtitan" and st.first is not None)
         out += [v for v in range(2, MAX_VPP + 1)
-                if all(c % v == 0 for c in per_stage) or _account_split_fits(model.num_layers, st, v, framework)]
+                if (plain_ok and all(c % v == 0 for c in per_stage))
+                or _account_split_fits(model.num_layers, st, v, framework)]
     if space.vpp is not None:
         out = [v for v in out if v in space.vpp]
     return out
@@ -158,8 +161,9 @@ def _account_split_fits(num_layers: int, st: Structure, vpp: int, framework: str
     """Megatron interleaves an uneven split by counting the embedding and the loss as one layer each
     (``--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split``; Llama 3.1 405B: 126 + 2
     over pp 16 x vpp 8, the Llama 3 paper's layout, Sec. 3.3.2): allowed when (L + 2) splits evenly over pp x vpp
-    and gives each rank the layer counts of the uneven split ``st`` (first = last = (L + 2) / pp - 1)."""
-    if framework != "megatron" or st.first is None or st.first != st.last:
+    and gives each rank the layer counts of the uneven split ``st`` (first = last = (L + 2) / pp - 1). torchtitan
+    runs the same split (``pipeline_parallel_first/last_stage_less_layers = 1``); DeepSpeed does not interleave."""
+    if framework not in ("megatron", "torchtitan") or st.first is None or st.first != st.last:
         return False
     return (num_layers + 2) % (st.pp * vpp) == 0 and st.first == (num_layers + 2) // st.pp - 1
 
@@ -181,7 +185,7 @@ def sp_options(st: Structure, job: TrainingJob, framework: str = "megatron",
 def zero_options(st: Structure, framework: str = "megatron", space: SearchSpace = SearchSpace(),
                  moe: bool = False) -> list[int]:
     """ZeRO stages: sharding needs dp*cp > 1; DeepSpeed's pipeline engine <= 1, DeepSpeed MoE (``moe``) <= 2;
-    torchtitan FSDP2 0 or 3."""
+    torchtitan FSDP2 3, or 0 (DDP) only when data parallelism is the only dimension."""
     out = []
     for z in space.zero_stage:
         if z >= 1 and st.dp * st.cp == 1:
@@ -192,6 +196,8 @@ def zero_options(st: Structure, framework: str = "megatron", space: SearchSpace 
             continue  # runtime/engine.py: "Native DeepSpeed MoE is not supported with ZeRO Stage 3"
         if framework == "torchtitan" and z in (1, 2):
             continue
+        if framework == "torchtitan" and z == 0 and (st.tp, st.pp, st.cp, st.ep) != (1, 1, 1, 1):
+            continue  # torchtitan's DDP: "DDP has not supported > 1D parallelism" (parallelize.py)
         out.append(z)
     return out
 

@@ -93,7 +93,8 @@ def test_uneven_split_interleaves_with_megatron_account_for_embedding_and_loss()
     model = get_model("llama3.1-405b")
     st = Structure(tp=8, pp=16, cp=1, dp=128, ep=1, etp=None, first=7, last=7)
     assert vpp_options(model, st, 16) == [1, 2, 4, 8]
-    assert vpp_options(model, st, 16, framework="torchtitan") == [1]
+    assert vpp_options(model, st, 16, framework="torchtitan") == [1, 2, 4, 8]  # first/last_stage_less_layers 1
+    assert vpp_options(model, st, 16, framework="deepspeed") == [1]
     par = to_parallel(st, 1, 8, 1, True, "none")
     assert par.account_for_embedding_in_pipeline_split and par.account_for_loss_in_pipeline_split
     assert (par.first_stage_layers, par.last_stage_layers) == (None, None)
@@ -143,3 +144,24 @@ def test_solvers_agree_on_the_closest_layout_when_nothing_fits(run_cli, args):
     b = run_cli("plan", *args, "--solver", "enumerate")
     assert a.exit_code == b.exit_code == 1
     assert a.stderr == b.stderr
+
+
+def test_torchtitan_zero0_is_ddp_and_only_with_data_parallelism_alone(run_cli):
+    # torchtitan's DDP "has not supported > 1D parallelism" (models/llama3/infra/parallelize.py): zero 0 only
+    # with tp = pp = cp = ep = 1, emitted as data_parallel_replicate_degree = dp; anything else is FSDP (zero 3)
+    from cost_models.config import ParallelConfig
+    from planner.checks import check_config
+    from planner.emit.torchtitan import torchtitan_settings
+    m, c = get_model("llama3.1-8b"), get_cluster("dgx-h100")
+    job = TrainingJob(global_batch_size=64, seq_length=4096)
+    ddp = ParallelConfig(dp=64, zero_stage=0)
+    pl = torchtitan_settings(m, job, ddp)["parallelism"]
+    assert (pl["data_parallel_replicate_degree"], pl["data_parallel_shard_degree"]) == (64, 1)
+    tp2 = ParallelConfig(tp=2, dp=32, zero_stage=0, sequence_parallel=True)
+    assert [v.name for v in check_config(m, c, job, tp2, 64, framework="torchtitan")] == ["torchtitan_ddp_1d"]
+    r = run_cli("plan", "--model", "llama3.1-70b", "--gpus", "64", "--framework", "torchtitan", "--top-k", "20",
+                "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    for p in r.json()["plans"]:
+        q = p["parallel"]
+        assert q["zero_stage"] == 3 or (q["tp"], q["pp"], q["cp"], q["ep"]) == (1, 1, 1, 1)

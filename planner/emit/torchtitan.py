@@ -7,11 +7,13 @@ validators.md Sec. 4).
 
 Mapping (each choice documented by torchtitan):
 
-* Data parallelism is FSDP2 (``data_parallel_shard_degree = dp``, replicate 1): torchtitan's DDP path refuses
+* Data parallelism is FSDP2 (``data_parallel_shard_degree = dp``, replicate 1), except ZeRO-0 with data
+  parallelism alone, which is torchtitan's DDP (``data_parallel_replicate_degree = dp``): the DDP path refuses
   to combine with any other parallel dimension ("DDP has not supported > 1D parallelism",
-  ``models/llama3/infra/parallelize.py``). ZeRO-3 plans reshard after forward (``fsdp_reshard_after_forward =
-  "always"``); ZeRO 0-2 plans keep parameters gathered between forward and backward (``"never"``, which
-  torchtitan's help text describes as ZeRO-2-like), so memory is at most the plan's.
+  ``models/llama3/infra/parallelize.py``), so torchtitan-ranked plans use ZeRO-0 only there. ZeRO-3 plans
+  reshard after forward (``fsdp_reshard_after_forward = "always"``); ZeRO 0-2 plans of other frameworks emitted
+  for torchtitan keep parameters gathered between forward and backward (``"never"``, which torchtitan's help
+  text describes as ZeRO-2-like), so memory is at most the plan's.
 * Batch: torchtitan counts micro-batches per DP rank: with pp > 1 ``local_batch_size = GBS / dp`` split into
   micro-batches of ``pipeline_parallel_microbatch_size = micro_batch_size``; with pp == 1 ``local_batch_size =
   micro_batch_size`` and torchtitan accumulates ``GBS / (local_batch_size * dp)`` gradients.
@@ -68,6 +70,10 @@ def torchtitan_settings(model: ModelSpec, job: TrainingJob, par: ParallelConfig)
         raise EmitError(f"etp {par.expert_tp}: torchtitan allows expert tensor parallel 1 or = tp ({par.tp})")
     name, flavor = TORCHTITAN_MODELS.get(model.name, ("llama3", model.name))
     shard, replicate = par.dp, 1
+    if par.zero_stage == 0 and (par.tp, par.pp, par.cp, par.ep) == (1, 1, 1, 1):
+        # pure data parallelism without sharding: torchtitan's DDP (data_parallel_replicate_degree = dp), the
+        # zero 0 the plan's memory and time assume; with other dimensions torchtitan needs FSDP (below)
+        shard, replicate = 1, par.dp
     hsdp = getattr(par, "hsdp_shard_size", None)
     if hsdp is not None and hsdp < par.dp * par.cp:
         # HSDP: torchtitan shards over data_parallel_shard_degree x cp and replicates across
