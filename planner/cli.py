@@ -170,14 +170,16 @@ def _emit(doc, emit: Emit, output: Path | None, rank: int, framework: str | None
     JSON, torchtitan TOML); with ``--output DIR`` write every file of planner.emit.emit_files into DIR.
     An infeasible configuration (``evaluate``) is refused (exit 1): every emitted config passes the checker.
     A plan ranked under another framework's rules (an explicit ``--framework``) is emitted with a note."""
-    from .emit import EmitError, emit_files
+    from .emit import EmitError, EmitUnsupported, emit_files
     from .errors import NoFeasiblePlan, PlanInputError
     plan = next((p for p in doc.plans if p.rank == rank), None)
     if plan is not None and not plan.feasible:
         raise NoFeasiblePlan(f"plan #{rank} is infeasible, nothing emitted: {'; '.join(plan.violations)}")
     try:
         files = emit_files(doc, emit.value, rank)
-    except EmitError as e:
+    except EmitUnsupported as e:  # a valid plan the target framework cannot run: like an infeasible plan
+        raise NoFeasiblePlan(str(e)) from None
+    except EmitError as e:  # no such rank
         raise PlanInputError(str(e)) from None
     if framework is not None and framework != emit.value:
         sys.stderr.write(f"plan3d: note: memory and time were computed under {framework} rules; {emit.value} "

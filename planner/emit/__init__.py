@@ -13,11 +13,12 @@ from cost_models.config import ParallelConfig, TrainingJob
 from model_zoo.spec import ModelSpec
 
 from .deepspeed import check_deepspeed, deepspeed_config, megatron_deepspeed_args
-from .megatron import SCRIPT_DATA_ARGS, SCRIPT_TRAIN_ARGS, EmitError, launch_script, megatron_args, pair_args
+from .megatron import (SCRIPT_DATA_ARGS, SCRIPT_TRAIN_ARGS, EmitError, EmitUnsupported, launch_script, megatron_args,
+                       pair_args)
 from .torchtitan import torchtitan_overrides, torchtitan_toml
 
 __all__ = ["megatron_args", "deepspeed_config", "megatron_deepspeed_args", "torchtitan_toml",
-           "torchtitan_overrides", "launch_fields", "emit_files", "EmitError", "FRAMEWORKS", "check_deepspeed"]
+           "torchtitan_overrides", "launch_fields", "emit_files", "EmitError", "EmitUnsupported", "FRAMEWORKS", "check_deepspeed"]
 
 FRAMEWORKS = ("megatron", "deepspeed", "torchtitan")
 
@@ -66,7 +67,7 @@ def emit_files(doc, framework: str, rank: int = 1) -> dict[str, str]:
                         else f"--rank {rank}: the document has no plans")
     launch = plan.launch
     if framework in launch.unsupported:
-        raise EmitError(f"plan #{rank} cannot run on {framework}: {launch.unsupported[framework]}")
+        raise EmitUnsupported(f"plan #{rank} cannot run on {framework}: {launch.unsupported[framework]}")
     name = doc.input.model.name
     header = _header(framework, name, rank, launch)
 

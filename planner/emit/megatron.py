@@ -58,6 +58,10 @@ class EmitError(ValueError):
     """The plan cannot be expressed for this framework (one line naming the knob and the framework's rule)."""
 
 
+class EmitUnsupported(EmitError):
+    """A valid plan that the target framework cannot run (the CLI exits 1, as for an infeasible plan)."""
+
+
 def _layer_pattern(model: ModelSpec) -> str | None:
     """``--moe-layer-freq`` pattern ("([0]*3+[1]*58)": 1 = MoE layer), or None when every layer is MoE."""
     flags = [1 if model.is_moe_layer(i) else 0 for i in range(model.num_layers)]
