@@ -262,6 +262,17 @@ def load_rows(path: str | Path | None = None) -> list[dict[str, Any]]:
         raise PlanInputError(f"--dataset: {p.name}: malformed YAML: {str(exc).splitlines()[0]}") from None
     if not isinstance(data, list) or not all(isinstance(r, dict) and "id" in r for r in data):
         raise PlanInputError(f"--dataset: {p.name}: must be a YAML list of rows, each with an 'id'")
+    seen: set = set()
+    for r in data:
+        if r["id"] in seen:
+            raise PlanInputError(f"--dataset: {p.name}: row id {r['id']!r} appears twice")
+        seen.add(r["id"])
+        par = r.get("parallel")
+        for k in ("tp", "pp", "dp", "cp", "ep", "etp", "virtual_pipeline", "micro_batch_size", "global_batch_size"):
+            v = par.get(k) if isinstance(par, dict) else None
+            if isinstance(v, bool):
+                raise PlanInputError(f"--dataset: {p.name}: row {r['id']!r}: parallel.{k} must be an integer, "
+                                     f"got {v!r}")
     return data
 
 

@@ -144,6 +144,7 @@ def test_no_published_configuration_is_predicted_infeasible(report):
     ("architecture", [1, 2], "invalid value"),
     ("measured.tflops_per_gpu", "fast", "could not convert string to float"),
     ("measured.tflops_per_gpu", -5.0, "must be a positive number, got -5.0"),
+    ("parallel.tp", True, "parallel.tp must be an integer, got True"),
 ])
 def test_bad_dataset_rows_are_one_line_errors(run_cli, tmp_path, path, value, needle):
     import copy
@@ -168,3 +169,12 @@ def test_dataset_with_no_usable_row_is_an_input_error(run_cli, tmp_path):
     assert r.exit_code == 2 and "no row could be evaluated" in r.stderr and r.stdout == ""
     from planner.validate import ValidationReport
     assert ValidationReport([]).to_dict()["mape_percent"] is None  # never NaN in the JSON
+
+
+def test_duplicate_row_ids_are_refused(run_cli, tmp_path):
+    import yaml
+    row = next(r for r in load_rows() if r["id"] == "sc21-megatron-gpt-1.7b-a100-32")
+    f = tmp_path / "rows.yaml"
+    f.write_text(yaml.safe_dump([row, row]))
+    r = run_cli("validate", "--dataset", str(f))
+    assert r.exit_code == 2 and "appears twice" in r.stderr
