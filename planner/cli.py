@@ -262,8 +262,8 @@ def plan(
         "--objective", help="throughput (default); headroom: most memory headroom within --within of the best "
                             "throughput; min-gpus: fewest GPUs (up to --gpus) meeting --target-step-s or "
                             "--target-tokens-per-day")] = ObjectiveOpt.throughput,
-    within: Annotated[float, typer.Option("--within", min=0.0, max=1.0,
-                                          help="--objective headroom: allowed throughput loss (fraction)")] = 0.05,
+    within: Annotated[Optional[float], typer.Option("--within", min=0.0, max=1.0,
+                                          help="--objective headroom: allowed throughput loss (fraction, default 0.05)")] = None,
     target_step_s: Annotated[Optional[float], typer.Option("--target-step-s", min=0.0,
                                                            help="--objective min-gpus: step time target (s)")] = None,
     target_tokens_per_day: Annotated[Optional[float], typer.Option(
@@ -285,6 +285,9 @@ def plan(
     for flag, v in (("--target-step-s", target_step_s), ("--target-tokens-per-day", target_tokens_per_day)):
         if v is not None and v <= 0:
             raise PlanInputError(f"{flag} {v:g}: must be a positive number")
+    if within is not None and objective != ObjectiveOpt.headroom:
+        raise PlanInputError("--within applies to --objective headroom only")
+    within = 0.05 if within is None else within
     if rank != 1 and emit is None:
         raise PlanInputError(f"--rank {rank} selects the plan --emit writes: give --emit megatron|deepspeed|torchtitan")
     m, c, n, job = _load(model, cluster, gpus, nodes, global_batch_size, seq_length, precision.value)

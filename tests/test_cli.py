@@ -123,6 +123,7 @@ def test_models_and_clusters_lists(run_cli):
     (("evaluate", "--gpus", "8", "--tp", "3"), "not divisible"),
     (("plan", "--model", ""), "--model: empty"),
     (("plan", "--rank", "2"), "--rank 2 selects the plan --emit writes"),
+    (("plan", "--within", "0.1"), "--within applies to --objective headroom only"),
     (("plan", "--objective", "min-gpus", "--target-step-s", "0"), "--target-step-s 0: must be a positive number"),
     (("validate", "--dataset", "/"), "is a directory"),
     # learned absolute positions (GPT-3: 2048): a longer sequence would be another model
