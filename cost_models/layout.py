@@ -43,7 +43,9 @@ def uneven_split(num_layers: int, pp: int, asymmetric: bool = True) -> tuple[int
         rest = num_layers - 2 * x
         if rest > 0 and rest % (pp - 2) == 0 and rest // (pp - 2) >= x:
             return x, x
-    for x in range(cap if asymmetric else 1, 1, -1):
+    if not asymmetric:
+        return None
+    for x in range(cap, 1, -1):
         rest = num_layers - 2 * x + 1
         if rest > 0 and rest % (pp - 2) == 0 and rest // (pp - 2) >= x:
             return x, x - 1

@@ -33,12 +33,6 @@ class RecomputeOpt(str, Enum):
     full = "full"
 
 
-class Emit(str, Enum):
-    megatron = "megatron"
-    deepspeed = "deepspeed"
-    torchtitan = "torchtitan"
-
-
 class SolverOpt(str, Enum):
     cpsat = "cpsat"
     enumerate = "enumerate"
@@ -54,6 +48,10 @@ class Framework(str, Enum):
     megatron = "megatron"
     deepspeed = "deepspeed"
     torchtitan = "torchtitan"
+
+
+#: ``--emit`` targets: the frameworks themselves
+Emit = Framework
 
 
 class FlopsConv(str, Enum):
@@ -292,7 +290,7 @@ def plan(
         raise PlanInputError(f"--rank {rank} selects the plan --emit writes: give --emit megatron|deepspeed|torchtitan")
     m, c, n, job = _load(model, cluster, gpus, nodes, global_batch_size, seq_length, precision.value)
     if framework is None:  # an explicit --framework wins; else plan under the rules of the --emit target
-        framework = Framework(emit.value) if emit is not None else Framework.megatron
+        framework = emit if emit is not None else Framework.megatron
     job = job.model_copy(update={"framework": framework.value})  # the memory model uses the framework's states
     from .space import SearchSpace
     one = lambda x: None if x is None else (x,)  # noqa: E731
@@ -370,7 +368,7 @@ def evaluate(
     from .document import build_document
     from .evaluate import evaluate as run_eval
     if framework is None:
-        framework = Framework(emit.value) if emit is not None else Framework.megatron
+        framework = emit if emit is not None else Framework.megatron
     conv = (flops_convention or FlopsConv.megatron).value
     ev = run_eval(m, c, job, par, n, memory_headroom, framework.value, conv)
     doc = build_document(m, c, job, n, [ev])
