@@ -63,11 +63,10 @@ Transients (derived; each named in the phase breakdown):
 * optimizer step: an fp32 temporary the size of the local optimizer partition, ``4*P/N`` (``exp_avg_sq.sqrt()``
   in DeepSpeed/torch Adam; field_cases.md F02 reproduces the failing 3.14 GiB allocation exactly; torch
   ``_multi_tensor_adam`` ``torch._foreach_sqrt``). Megatron uses apex/TE ``FusedAdam`` (in place): 0.
-* ZeRO-3/FSDP gather buffers: DeepSpeed ``4 * largest_layer`` (estimator); FSDP2 the bf16 parameters of the
-  running and the prefetched block (``2*2*block``) plus, in backward, the block's bf16 gradients and their fp32
-  reduce-scatter copy (``6*block``).
-* DeepSpeed ZeRO-1/2 gradient bucket: ``reduce_bucket_size`` (default 5e8 elements,
-  ``deepspeed/runtime/zero/config.py``) 16-bit elements, capped at the stage's parameters.
+* data-parallel and pipeline buffers of each backend, per phase and named (``cost_models/memory_buffers.py``, read
+  from each backend's source): Megatron-FSDP's unsharded gradient reduce-scatter queue and parameter all-gather
+  prefetch, DeepSpeed's ZeRO buckets and ZeRO-3 gather/prefetch, torch FSDP2's gathered blocks (or, with PP, the
+  whole stage's parameters and accumulated fp32 gradients), and the pipeline receive buffers.
 * Reserve: CUDA context, NCCL buffers and allocator fragmentation: the cluster's calibration
   (``calibration.memory_reserve_bytes`` and its source).
 """
@@ -81,6 +80,7 @@ from model_zoo.spec import ModelSpec
 
 from .config import BYTES_16BIT, BYTES_FP32, ParallelConfig, TrainingJob
 from .layout import chunk_layer_counts, stage_layer_ranges
+from .memory_buffers import BufferInputs, backend_buffers, merge, pipeline_p2p_buffers
 
 Framework = Literal["megatron", "deepspeed", "torchtitan"]
 FRAMEWORKS: tuple[str, ...] = ("megatron", "deepspeed", "torchtitan")
@@ -103,8 +103,6 @@ ADAM_MOMENT_BYTES_PER_PARAM = 2 * BYTES_FP32
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 #: Token ids + position ids held for the first stage's embedding, 8 bytes/token (Megatron estimator, Sec. 1.4).
 TOKEN_ID_BYTES = 8
-#: DeepSpeed ZeRO-1/2 ``reduce_bucket_size`` default, elements (deepspeed/runtime/zero/config.py, 0.19.8).
-DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
 #: DeepSpeed ZeRO-3 ``sub_group_size`` default, elements: the optimizer steps one sub-group at a time.
 DEEPSPEED_SUB_GROUP_ELEMENTS = 1_000_000_000
 #: Logits bytes per element of ``s*b*V/tp`` at the loss, by framework (module docstring).
@@ -163,6 +161,7 @@ class StageMemory:
     phase: str = "backward"
     phases: dict[str, float] = field(default_factory=dict)  # phase -> total bytes (incl. states and reserve)
     phase_terms: dict[str, dict[str, float]] = field(default_factory=dict)  # phase -> non-state term -> bytes
+    buffer_terms: dict[str, dict[str, float]] = field(default_factory=dict)  # phase -> named backend buffer -> bytes
 
     @property
     def total(self) -> float:
@@ -529,26 +528,13 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
             # fp32 QK^T scores of the running layer (F07)
             fwd_transient = BYTES_FP32 * model.num_attention_heads * tokens * job.seq_length / par.tp
 
-        # Gather / bucket buffers (forward, backward).
-        buf_f = buf_b = 0.0
-        if z >= 3:
-            if fw == "deepspeed":
-                buf_f = buf_b = 4 * sp.largest_module  # estimator: 16-bit params + grads of the largest module
-            elif fw == "torchtitan" and par.pp > 1:
-                # FSDP + PP: torchtitan does not reshard after forward (reshard_after_forward = not pp_enabled), so
-                # the stage's bf16 parameters stay gathered, and with gradient sync off between micro-batches the
-                # unsharded gradients accumulate in the fp32 reduce dtype (torchtitan parallelize_llama.py
-                # apply_fsdp; torch/distributed/pipelining/stage.py _backward_maybe_with_nosync;
-                # torch/distributed/fsdp/_fully_shard/_fsdp_param.py to_accumulated_grad_if_needed).
-                buf_f = BYTES_16BIT * sp.total
-                buf_b = (BYTES_16BIT + BYTES_FP32) * sp.total
-            elif fw == "torchtitan":
-                buf_f = 2 * BYTES_16BIT * sp.largest_layer  # running + prefetched block, bf16
-                buf_b = buf_f + (BYTES_16BIT + BYTES_FP32) * sp.largest_layer  # + unsharded grads, fp32 for RS
-            else:
-                buf_f = buf_b = 2 * BYTES_16BIT * sp.largest_layer
-        if fw == "deepspeed" and z in (1, 2) and dense_shard > 1:
-            buf_b = BYTES_16BIT * min(DEEPSPEED_REDUCE_BUCKET_ELEMENTS, sp.total)
+        # Data-parallel and pipeline buffers of the backend (cost_models/memory_buffers.py, each from its source).
+        grad_bytes = state_bytes(fw, bf16_grads, **state_opts).gradients
+        bufs = merge(
+            backend_buffers(fw, BufferInputs(zero_stage=z, stage_params=sp.total, largest_layer=sp.largest_layer,
+                                             largest_module=sp.largest_module, grad_bytes=grad_bytes,
+                                             dp_shard=dense_shard), par.pp),
+            pipeline_p2p_buffers(fw, stage, par.pp, par.vpp, m, n_inflight * par.vpp, layer_in))
 
         # Optimizer step temporaries.
         if fw == "megatron":
@@ -557,13 +543,14 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
             opt_tmp = BYTES_FP32 * min(DEEPSPEED_SUB_GROUP_ELEMENTS, local_opt_params)
         else:
             opt_tmp = BYTES_FP32 * local_opt_params
-        opt_buf = buf_b if fw == "deepspeed" and z in (1, 2) else 0.0
-
         states = weights + grads + opt
         phase_terms = {
-            "forward": {"activations": acts, "logits": logits, "buffers": buf_f, "transient": fwd_transient},
-            "backward": {"activations": acts, "logits": logits, "buffers": buf_b, "transient": working},
-            "optimizer": {"activations": 0.0, "logits": 0.0, "buffers": opt_buf, "transient": opt_tmp},
+            "forward": {"activations": acts, "logits": logits, "buffers": sum(bufs["forward"].values()),
+                        "transient": fwd_transient},
+            "backward": {"activations": acts, "logits": logits, "buffers": sum(bufs["backward"].values()),
+                         "transient": working},
+            "optimizer": {"activations": 0.0, "logits": 0.0, "buffers": sum(bufs["optimizer"].values()),
+                          "transient": opt_tmp},
         }
         phases = {ph: states + sum(v.values()) + reserve for ph, v in phase_terms.items()}
         peak_phase = max(PHASES, key=lambda ph: (phases[ph], -PHASES.index(ph)))
@@ -572,5 +559,5 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
             stage=stage, num_layers=len(layers), num_parameters=sp.total, weights=weights, gradients=grads,
             optimizer_states=opt, activations=pt["activations"], logits=pt["logits"], buffers=pt["buffers"],
             reserve=reserve, in_flight_microbatches=n_inflight, transient=pt["transient"], phase=peak_phase,
-            phases=phases, phase_terms=phase_terms))
+            phases=phases, phase_terms=phase_terms, buffer_terms=bufs))
     return MemoryEstimate(stages=out, capacity_bytes=cluster.gpu.memory_bytes)
