@@ -44,6 +44,11 @@ class TrainingJob(BaseModel):
     framework: Literal["megatron", "deepspeed", "torchtitan"] = Field(
         "megatron", description="training framework whose model-state bytes, loss and buffers the memory model uses "
                                 "(cost_models/memory.py)")
+    full_model_init: bool = Field(
+        False, description="every rank materializes the whole 16-bit model (its pipeline stage, TP/EP-sharded) on the "
+                           "GPU before the data-parallel sharding: DeepSpeed without deepspeed.zero.Init, or a loader "
+                           "that builds the full model on each rank; False = built sharded (Megatron, torchtitan's "
+                           "meta-device init, zero.Init)")
     cross_entropy_fusion_impl: Literal["native", "te"] = Field(
         "native", description="Megatron --cross-entropy-fusion-impl: 'native' (Megatron's fused vocab-parallel "
                               "cross entropy, bf16 logits + fp32 copy kept) or 'te' (Transformer Engine "

@@ -114,7 +114,8 @@ LOGITS_BYTES_PER_ELEMENT = {"megatron": 6, "deepspeed": 12, "torchtitan": 12}
 #: ``backward`` returns the ``_input`` that ``cross_entropy_backward`` overwrote): 2 bytes per logit.
 TE_CROSS_ENTROPY_BYTES_PER_ELEMENT = BYTES_16BIT
 
-PHASES = ("forward", "backward", "optimizer")
+#: Phases of a step, in order; ``init`` is the moment before the first step (model built, states allocated).
+PHASES = ("init", "forward", "backward", "optimizer")
 
 
 @dataclass(frozen=True)
@@ -207,10 +208,6 @@ class MemoryEstimate:
     @property
     def headroom_bytes(self) -> float:
         return self.capacity_bytes - self.peak_bytes
-
-    def at_risk(self, fraction: float = 0.05) -> bool:
-        """Peak within ``fraction`` of capacity (still fits, but one allocator spike from OOM)."""
-        return self.capacity_bytes * (1 - fraction) < self.peak_bytes <= self.capacity_bytes
 
     @property
     def fits(self) -> bool:
@@ -529,11 +526,9 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
             fwd_transient = BYTES_FP32 * model.num_attention_heads * tokens * job.seq_length / par.tp
 
         # Data-parallel and pipeline buffers of the backend (cost_models/memory_buffers.py, each from its source).
-        grad_bytes = state_bytes(fw, bf16_grads, **state_opts).gradients
         bufs = merge(
             backend_buffers(fw, BufferInputs(zero_stage=z, stage_params=sp.total, largest_layer=sp.largest_layer,
-                                             largest_module=sp.largest_module, grad_bytes=grad_bytes,
-                                             dp_shard=dense_shard), par.pp),
+                                             largest_module=sp.largest_module, dp_shard=dense_shard), par.pp),
             pipeline_p2p_buffers(fw, stage, par.pp, par.vpp, m, n_inflight * par.vpp, layer_in))
 
         # Optimizer step temporaries.
@@ -544,7 +539,15 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
         else:
             opt_tmp = BYTES_FP32 * local_opt_params
         states = weights + grads + opt
+        # Initialization: the states exist; a full-model init first holds the stage's whole 16-bit model
+        # (DeepSpeed 0.19.8 ``DeepSpeedEngine._configure_distributed_model``: ``self.module.to(self.device)`` unless
+        # the model was built under ``zero.Init``, before the ZeRO optimizer partitions it).
+        full_model = BYTES_16BIT * sp.total if getattr(job, "full_model_init", False) else 0.0
+        init_extra = max(0.0, full_model - states)
+        if full_model:
+            bufs["init"] = {"full_model_materialized": full_model}
         phase_terms = {
+            "init": {"activations": 0.0, "logits": 0.0, "buffers": 0.0, "transient": init_extra},
             "forward": {"activations": acts, "logits": logits, "buffers": sum(bufs["forward"].values()),
                         "transient": fwd_transient},
             "backward": {"activations": acts, "logits": logits, "buffers": sum(bufs["backward"].values()),

@@ -37,7 +37,7 @@ DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
 #: DeepSpeed ZeRO-3 ``stage3_prefetch_bucket_size`` default, elements (``deepspeed/runtime/zero/config.py``).
 DEEPSPEED_PREFETCH_BUCKET_ELEMENTS = 50_000_000
 
-PHASE_NAMES = ("forward", "backward", "optimizer")
+PHASE_NAMES = ("forward", "backward", "optimizer")  # the init phase has no backend buffers
 
 
 @dataclass(frozen=True)
@@ -47,14 +47,12 @@ class BufferInputs:
     ``stage_params``: parameters on this GPU before data-parallel sharding (after TP/EP); ``largest_layer``: the
     largest decoder layer's parameters (the FSDP unit; also taken as Megatron-FSDP's mean unit, decoder layers
     being alike); ``largest_module``: DeepSpeed's ``largest_layer_params`` (largest single module);
-    ``grad_bytes``: bytes per element of the main gradients (4 fp32, 2 with 16-bit reduction);
     ``dp_shard``: ranks the states are sharded over."""
 
     zero_stage: int
     stage_params: float
     largest_layer: float
     largest_module: float
-    grad_bytes: float
     dp_shard: int
 
 
@@ -75,14 +73,16 @@ def megatron_buffers(b: BufferInputs) -> Buffers:
       (``grad_reduce_every_bprop``) and reduce-scattered asynchronously; ``GradReducePipeline`` keeps reduce-scatters
       in flight until their unsharded buckets exceed ``suggested_RS_queue_capacity`` elements
       (``wait_for_previous_grad_reduce``), plus the bucket being reduced and the one being accumulated:
-      ``grad_bytes * min(P_stage, 1e9 + 2 * layer)`` in backward.
+      ``2 * min(P_stage, 1e9 + 2 * layer)`` in backward.
     * ``optim_grads_params`` (``zero_stage`` 3): also the unsharded 16-bit parameters of the running unit and the
       prefetched ones, up to ``suggested_AG_prefetch_size`` (= half the unit size, 5e8) elements beyond the current
       unit (``AllGatherPipeline.all_gather_params``: prefetch while the prefetched size is below the limit, so at most
       one unit past it): ``2 * min(P_stage, 2 * layer + 5e8)`` in forward and backward.
 
-    The main gradients' dtype follows the model's (fp32 here unless ``--grad-reduce-in-bf16``; Megatron-FSDP's own
-    default ``--megatron-fsdp-main-grads-dtype auto`` takes the parameter dtype, which would halve the queue).
+    The unsharded buckets are in the gradient-communication dtype, which defaults to the main-gradient dtype, which
+    defaults to the parameters' (``--megatron-fsdp-grad-comm-dtype auto``, ``--megatron-fsdp-main-grads-dtype auto``:
+    ``ParamAndGradBuffer._resolve_group_grad_dtype`` returns ``group.dtype``): 16-bit. (The persistent sharded main
+    gradients are still counted at the model's 4 bytes in ``model_state_terms``, the conservative side.)
     """
     out = _empty()
     p, layer = b.stage_params, b.largest_layer
@@ -90,7 +90,7 @@ def megatron_buffers(b: BufferInputs) -> Buffers:
         return out
     unit = max(MEGATRON_FSDP_COMM_UNIT_ELEMENTS, 2 * layer) if b.zero_stage >= 3 else \
         MEGATRON_FSDP_COMM_UNIT_ELEMENTS
-    rs_queue = b.grad_bytes * min(p, unit + 2 * layer)
+    rs_queue = BYTES_16BIT * min(p, unit + 2 * layer)
     out["backward"]["fsdp_grad_reduce_queue"] = rs_queue
     if b.zero_stage >= 3:
         gathered = BYTES_16BIT * min(p, 2 * layer + unit / 2)

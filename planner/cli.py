@@ -73,6 +73,16 @@ OutOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="write th
 HEADROOM_DEFAULT = 0.05
 HeadroomOpt = Annotated[float, typer.Option("--memory-headroom", min=0.0, max=0.5,
                                             help="fraction of GPU memory kept free (default 0.05)")]
+#: Same default as planner.checks.DEFAULT_AT_RISK_MARGIN (a test keeps them equal).
+AT_RISK_DEFAULT = 0.10
+AtRiskOpt = Annotated[float, typer.Option(
+    "--at-risk-margin", min=0.0, max=0.5,
+    help="a peak within this fraction of capacity (but inside the headroom) fits and is flagged at risk; plan "
+         "ranks such plans last (default 0.10)")]
+FullInitOpt = Annotated[bool, typer.Option(
+    "--full-model-init/--sharded-init",
+    help="each rank first materializes its whole 16-bit model (DeepSpeed without zero.Init): checked as the init "
+         "phase")]
 FlopsOpt = Annotated[Optional[FlopsConv], typer.Option(
     "--flops-convention", help="model FLOPs behind TFLOP/s and MFU: megatron (causal attention halved, "
                                "Megatron-LM's logger) or palm (6N + 12LHQT, torchtitan)")]
@@ -133,10 +143,10 @@ def _gib(x: float) -> str:
     return f"{x / 2**30:.1f}"
 
 
-def _plans_table(doc, title: str):
+def _plans_table(doc, title: str, at_risk_margin: float = AT_RISK_DEFAULT):
     from rich.table import Table
-    caption = ("peak GiB: most loaded stage / GPU capacity (GiB = 2^30 bytes); ! = within 5% of capacity, OOM = over it; "
-               "full N/chunk = the first N layers of each model chunk recomputed (Megatron --recompute-method block)")
+    caption = (f"peak GiB: most loaded stage / GPU capacity (GiB = 2^30 bytes); ! = at risk (within "
+               f"{at_risk_margin:.0%} of capacity), OOM = over it; full N/chunk = the first N layers of each model chunk recomputed (Megatron --recompute-method block)")
     thr = next((p.throughput for p in doc.plans if p.throughput), None)
     if thr is not None:
         caption += (f"; MFU = model FLOPs ({thr.flops_convention} count) / dense 16-bit peak "
@@ -211,7 +221,7 @@ def _emit(doc, emit: Emit, output: Path | None, rank: int, framework: str | None
 
 
 def _render(doc, fmt: Fmt, output: Path | None, emit: Emit | None, title: str, rank: int = 1,
-            framework: str | None = None) -> None:
+            framework: str | None = None, at_risk_margin: float = AT_RISK_DEFAULT) -> None:
     from .document import to_json
     if emit is not None:
         _emit(doc, emit, output, rank, framework)
@@ -223,11 +233,11 @@ def _render(doc, fmt: Fmt, output: Path | None, emit: Emit | None, title: str, r
     if output is not None:
         import io
         buf = io.StringIO()
-        Console(file=buf, width=160).print(_plans_table(doc, title))
+        Console(file=buf, width=160).print(_plans_table(doc, title, at_risk_margin))
         _write(buf.getvalue(), output)  # one-line error naming the path and the OS reason
         return
     console = Console(width=max(160, Console().width))
-    console.print(_plans_table(doc, title))
+    console.print(_plans_table(doc, title, at_risk_margin))
     for p in doc.plans:
         for v in p.violations:
             console.print(f"  plan {p.rank}: {v}")
@@ -274,7 +284,7 @@ def plan(
     pin_mbs: Annotated[Optional[int], typer.Option("--micro-batch-size", min=1, help="pin micro-batch size")] = None,
     pin_zero: Annotated[Optional[int], typer.Option("--zero-stage", min=0, max=3, help="pin ZeRO stage")] = None,
     pin_rc: Annotated[Optional[RecomputeOpt], typer.Option("--recompute", help="pin recompute")] = None,
-    flops_convention: FlopsOpt = None,
+    flops_convention: FlopsOpt = None, at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT,
 ) -> None:
     """Search the parallel layouts and print the best plans (default: llama3.1-8b on one dgx-h100 node)."""
     from .document import build_document
@@ -317,17 +327,17 @@ def plan(
             raise PlanInputError("--target-step-s / --target-tokens-per-day need --objective min-gpus")
         from .search import run_search
         res = run_search(m, c, job, n, k, space, headroom, framework.value, solver.value, objective.value, within,
-                         conv)
+                         conv, at_risk_margin)
     if not res.plans:
         from .explain import why_infeasible
         raise NoFeasiblePlan(why_infeasible(m, c, job, n, res, space, headroom, framework.value,
                                             target_step_s, target_tokens_per_day))
-    doc = build_document(m, c, job, n, res.plans)
+    doc = build_document(m, c, job, n, res.plans, at_risk_margin)
     _render(doc, fmt, output, emit,
             f"plan3d: {m.name} on {n} x {c.gpu.name} ({c.name}), GBS {job.global_batch_size} x seq "
             f"{job.seq_length}, {job.precision}: top {len(res.plans)} of "
             f"{'' if res.num_feasible_exact else 'at most '}{res.num_feasible} feasible "
-            f"({res.num_candidates} examined)", rank, framework.value)
+            f"({res.num_candidates} examined)", rank, framework.value, at_risk_margin)
 
 
 @app.command()
@@ -354,7 +364,8 @@ def evaluate(
     emit: Annotated[Optional[Emit], typer.Option(
         "--emit", help="print (or with --output DIR write) this framework's launch config of the configuration; "
                        "refused when the configuration is infeasible")] = None,
-    flops_convention: FlopsOpt = None,
+    flops_convention: FlopsOpt = None, at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT,
+    full_model_init: FullInitOpt = False,
 ) -> None:
     """Evaluate one given configuration (feasible or not). Options left out take Megatron-LM's defaults.
 
@@ -370,10 +381,11 @@ def evaluate(
     if framework is None:
         framework = emit if emit is not None else Framework.megatron
     conv = (flops_convention or FlopsConv.megatron).value
+    job = job.model_copy(update={"full_model_init": full_model_init})
     ev = run_eval(m, c, job, par, n, memory_headroom, framework.value, conv)
-    doc = build_document(m, c, job, n, [ev])
+    doc = build_document(m, c, job, n, [ev], at_risk_margin)
     _render(doc, fmt, output, emit, f"plan3d evaluate: {m.name} on {n} x {c.gpu.name} ({c.name})",
-            framework=framework.value)
+            framework=framework.value, at_risk_margin=at_risk_margin)
 
 
 @app.command()
@@ -400,17 +412,20 @@ def memory(
     plot: Annotated[Optional[Path], typer.Option("--plot", help="draw the per-stage breakdown to FILE.png|svg")] = None,
     capacity_factor: Annotated[Optional[float], typer.Option(
         "--capacity-factor", min=1.0, help="MoE expert capacity factor (pads expert buffers; default: dropless)")] = None,
+    at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT, full_model_init: FullInitOpt = False,
 ) -> None:
-    """Per-stage memory breakdown of one configuration (largest terms first, with capacity and headroom).
+    """Per-stage memory breakdown of one configuration (largest terms first, the total of each phase: init,
+    forward, backward, optimizer; the backend buffers named).
 
-    Same options as evaluate. Exit 1 when the peak stage does not fit; the report is printed either way.
+    Same options as evaluate, and the same verdict: exit 1 when the peak stage is over the headroom (infeasible, as
+    in evaluate and explain), exit 0 when it fits or is at risk; the report is printed either way.
     """
     par, m, c, n, job = _parallel_from_options(
         model, cluster, gpus, nodes, global_batch_size, seq_length, precision, tp, pp, cp, ep, etp, vpp,
         micro_batch_size, zero_stage, recompute, recompute_num_layers, sequence_parallel, first_stage_layers,
         last_stage_layers)
     job = job.model_copy(update={"framework": framework.value, "flash_attention": flash_attention,
-                                 "dropout": dropout})
+                                 "dropout": dropout, "full_model_init": full_model_init})
     from .document import build_document, to_json
     from .errors import NoFeasiblePlan, PlanInputError
     from .evaluate import evaluate as run_eval
@@ -431,24 +446,32 @@ def memory(
              f"dp {par.dp} cp {par.cp} ep {par.ep} vpp {par.vpp}, mbs {par.micro_batch_size}, zero "
              f"{par.zero_stage}, recompute {par.recompute}, seq {job.seq_length}")
     if plot is not None:
-        plot_memory(est, plot, title)
+        plot_memory(est, plot, title, at_risk_margin)
+    verdict = status(est, memory_headroom, at_risk_margin)
     if fmt == Fmt.json:
-        _write(to_json(build_document(m, c, job, n, [ev])), output)
+        _write(to_json(build_document(m, c, job, n, [ev], at_risk_margin)), output)
     else:
         from rich.console import Console
         if output is not None:
             with _open_output(output) as fh:
                 con = Console(file=fh, width=200)
                 con.print(title, highlight=False)
-                con.print(memory_table(est, ""))
+                con.print(memory_table(est, "", memory_headroom, at_risk_margin))
+                con.print(f"verdict: {verdict}", highlight=False)
         else:
-            con = Console(width=max(200, Console().width))
+            con = Console(width=max(240, Console().width))
             con.print(title, highlight=False)
-            con.print(memory_table(est, ""))
-    if status(est) == "OOM":
-        pk = est.peak_stage
-        raise NoFeasiblePlan(f"out of memory: stage {pk.stage} peaks at {pk.total / 2**30:.1f} GiB in {pk.phase} "
-                             f"> {est.capacity_bytes / 2**30:.1f} GiB capacity")
+            con.print(memory_table(est, "", memory_headroom, at_risk_margin))
+            con.print(f"verdict: {verdict}", highlight=False)
+    pk = est.peak_stage
+    gib, cap = 2**30, est.capacity_bytes
+    if verdict == "OOM":
+        raise NoFeasiblePlan(f"out of memory: stage {pk.stage} peaks at {pk.total / gib:.1f} GiB in {pk.phase} "
+                             f"> {cap / gib:.1f} GiB capacity")
+    if verdict == "over headroom":
+        raise NoFeasiblePlan(f"over the memory headroom: stage {pk.stage} peaks at {pk.total / gib:.1f} GiB in "
+                             f"{pk.phase} > {cap * (1 - memory_headroom) / gib:.1f} GiB usable ({cap / gib:.1f} GiB "
+                             f"capacity less {memory_headroom:.0%} headroom); --memory-headroom lowers the limit")
 
 
 def _parallel_from_options(model, cluster, gpus, nodes, gbs, seq, precision, tp, pp, cp, ep, etp, vpp, mbs,
@@ -501,6 +524,7 @@ def explain(
     fmt: FmtOpt = Fmt.table, output: OutOpt = None,
     timeline: Annotated[Optional[Path], typer.Option(
         "--timeline", help="draw the simulated pipeline schedule to FILE.svg or FILE.png")] = None,
+    at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT, full_model_init: FullInitOpt = False,
 ) -> None:
     """List every constraint of one given configuration with its slack (same options as ``evaluate``).
 
@@ -513,8 +537,11 @@ def explain(
     from .checks import DEFAULT_MEMORY_HEADROOM
     from .explain import explain_config, explanation_rows, format_slack
     headroom = DEFAULT_MEMORY_HEADROOM if memory_headroom is None else memory_headroom
-    job = job.model_copy(update={"framework": framework.value})  # the memory model uses the framework's states
+    job = job.model_copy(update={"framework": framework.value,  # the memory model uses the framework's states
+                                 "full_model_init": full_model_init})
     ex = explain_config(m, c, job, par, n, headroom, framework.value)
+    from .checks import memory_verdict
+    verdict = memory_verdict(ex.evaluation.memory, headroom, at_risk_margin) if ex.evaluation.memory else None
     if timeline is not None:
         from .timeline import draw_timeline
         if ex.evaluation.step is None:
@@ -526,6 +553,7 @@ def explain(
         st = ex.evaluation.step
         doc = {"model": m.name, "cluster": c.name, "num_gpus": n, "parallel": par.model_dump(mode="json"),
                "feasible": ex.evaluation.feasible, "memory_headroom": headroom, "framework": framework.value,
+               "at_risk_margin": at_risk_margin, "memory_verdict": verdict,
                "constraints": explanation_rows(ex),
                "step_s": st.step_s if st else None, "tokens_per_s": st.tokens_per_s if st else None}
         _write(json.dumps(doc, indent=2, sort_keys=True) + "\n", output)
@@ -549,6 +577,8 @@ def explain(
             con.print(t)
             if st is not None:
                 con.print(f"step {st.step_s:.3f} s, {st.tokens_per_s:,.0f} tokens/s, MFU {st.mfu:.1%}")
+            if verdict is not None:
+                con.print(f"memory verdict: {verdict}", highlight=False)
     if not ex.evaluation.feasible:
         from .errors import NoFeasiblePlan
         b = ex.binding

@@ -378,7 +378,7 @@ def test_phases_and_optimizer_temporary():
     c = get_cluster("dgx-h100")
     job = TrainingJob(global_batch_size=64, seq_length=4096, framework="torchtitan")
     st = estimate_memory(m, c, job, ParallelConfig(dp=8, zero_stage=3)).stages[0]
-    assert set(st.phases) == {"forward", "backward", "optimizer"}
+    assert set(st.phases) == {"init", "forward", "backward", "optimizer"}
     assert st.total == pytest.approx(max(st.phases.values()))
     # torch AdamW foreach: one fp32 temporary per local parameter in the step
     assert st.phase_terms["optimizer"]["transient"] == pytest.approx(4 * m.num_parameters() / 8)
@@ -464,17 +464,24 @@ def test_fp32_logits_on_last_stage_only():
     assert est.stages[-1].logits == 8192 * v / 4 * (2 + 4)  # bf16 output + fp32 copy in the fused CE
 
 
-def test_at_risk_marking():
+def test_at_risk_band_and_verdicts():
+    from planner.checks import DEFAULT_AT_RISK_MARGIN, DEFAULT_MEMORY_HEADROOM
     from planner.memory_report import status
+    assert DEFAULT_AT_RISK_MARGIN > DEFAULT_MEMORY_HEADROOM  # the band is wider than the headroom
     m = get_model("llama2-7b")
     c = get_cluster("dgx-h100")
+    cap = c.gpu.memory_bytes
     job = TrainingJob(global_batch_size=2048, seq_length=2048)
     par = ParallelConfig(dp=8, micro_batch_size=2, zero_stage=1)
     alloc = estimate_memory(m, c, job, par).peak_allocated_bytes
-    # a reserve that puts the peak at 98% of capacity: fits, but within 5% of it -> at risk, not silently accepted
-    est = estimate_memory(m, c, job, par, reserve_bytes=0.98 * c.gpu.memory_bytes - alloc)
-    assert est.fits and est.at_risk() and status(est) == "at risk"
-    assert status(estimate_memory(m, c, job, ParallelConfig(dp=8, micro_batch_size=1, zero_stage=1))) == "fits"
+
+    def at(fraction):  # the same layout with a reserve that puts its peak at ``fraction`` of capacity
+        return estimate_memory(m, c, job, par, reserve_bytes=fraction * cap - alloc)
+    # 93%: fits the 5% headroom but within the 10% margin -> at risk (exit 0, flagged)
+    assert status(at(0.93)) == "at risk" and status(at(0.93), at_risk_margin=0.05) == "fits"
+    # 98%: under capacity but over the headroom -> infeasible in every command (exit 1)
+    assert status(at(0.98)) == "over headroom" and status(at(0.98), memory_headroom=0.01) == "at risk"
+    assert status(at(0.85)) == "fits"
     assert status(estimate_memory(m, c, job, ParallelConfig(dp=8, micro_batch_size=4, zero_stage=1))) == "OOM"
 
 

@@ -28,7 +28,7 @@ def test_json_carries_memory_stages_and_is_deterministic(run_cli):
     assert [s["stage"] for s in mem["stages"]] == [0, 1]
     s0 = mem["stages"][0]
     assert s0["in_flight_microbatches"] == 2
-    assert set(s0["phases"]) == {"forward", "backward", "optimizer"}
+    assert set(s0["phases"]) == {"init", "forward", "backward", "optimizer"}
     assert s0["total_bytes"] == max(s0["phases"].values())
     assert mem["peak_stage"] == 0
     # F06 row PP2 x DP4: measured 49.8 GB allocated (torch max_memory_allocated); ours within 5%
@@ -109,3 +109,69 @@ def test_over_capacity_is_oom_not_at_risk(run_cli):
     mem = doc["plans"][0]["memory"]
     assert mem["peak_bytes"] > mem["capacity_bytes"] and mem["at_risk"] is False
     assert " OOM " in run_cli("evaluate", "--model", "llama3.1-70b", "--gpus", "8").stdout
+
+
+# ------------------------------------------------------------ one verdict in memory, evaluate and explain (issue 10)
+
+AT_RISK_LAYOUT = ("-m", "llama3.1-8b", "--gpus", "8", "--pp", "2", "--zero-stage", "1", "--micro-batch-size", "2")
+
+
+def test_at_risk_is_the_same_verdict_in_memory_evaluate_and_explain(run_cli):
+    # stage 0 peaks at 73.8 of 79.65 GiB (92.7%): inside the 5% headroom, within the 10% at-risk margin
+    mem = run_cli("memory", *AT_RISK_LAYOUT)
+    assert mem.exit_code == 0 and "verdict: at risk" in mem.stdout
+    ev = run_cli("evaluate", *AT_RISK_LAYOUT, "--format", "json")
+    p = ev.json()["plans"][0]
+    assert ev.exit_code == 0 and p["feasible"] and p["memory"]["at_risk"] and not p["violations"]
+    ex = run_cli("explain", *AT_RISK_LAYOUT, "--format", "json")
+    assert ex.exit_code == 0 and ex.json()["feasible"] and ex.json()["memory_verdict"] == "at risk"
+    # a narrower margin clears it everywhere
+    assert "verdict: fits" in run_cli("memory", *AT_RISK_LAYOUT, "--at-risk-margin", "0.05").stdout
+    assert not run_cli("evaluate", *AT_RISK_LAYOUT, "--at-risk-margin", "0.05", "--format", "json").json()[
+        "plans"][0]["memory"]["at_risk"]
+
+
+def test_over_headroom_is_infeasible_in_memory_evaluate_and_explain(run_cli):
+    # the same layout with 8% kept free: 73.8 > 73.3 GiB usable -> infeasible in all three commands
+    args = (*AT_RISK_LAYOUT, "--memory-headroom", "0.08")
+    mem = run_cli("memory", *args)
+    assert mem.exit_code == 1 and mem.stderr.startswith("plan3d: over the memory headroom: stage 0")
+    assert "verdict: over headroom" in mem.stdout
+    p = run_cli("evaluate", *args, "--format", "json").json()["plans"][0]
+    assert not p["feasible"] and "headroom" in p["violations"][0]  # evaluate reports, exit 0 (its contract)
+    ex = run_cli("explain", *args, "--format", "json")
+    assert ex.exit_code == 1 and ex.json()["memory_verdict"] == "over headroom"
+
+
+def test_memory_table_has_a_column_per_phase_and_names_the_buffers(run_cli):
+    r = run_cli("memory", "-m", "llama3.1-8b", "--gpus", "8", "--zero-stage", "2", "--micro-batch-size", "1")
+    header = next(line for line in r.stdout.splitlines() if "stage" in line and "layers" in line)
+    cols = [c.strip() for c in header.strip("┃ ").split("┃")]
+    assert cols[cols.index("phase") + 1:][:4] == ["init", "forward", "backward", "optimizer"]
+    # Megatron-FSDP optim_grads: the unsharded gradient reduce-scatter queue, 2 x (1e9 + 2 x 218,112,000) bytes
+    assert "buffers (stage 0, backward): fsdp grad reduce queue 2.68" in " ".join(r.stdout.split())
+    doc = run_cli("memory", "-m", "llama3.1-8b", "--gpus", "8", "--zero-stage", "2", "--format", "json").json()
+    assert doc["plans"][0]["memory"]["stages"][0]["buffers"] == {"fsdp_grad_reduce_queue": 2 * (10**9 + 2 * 218_112_000)}
+
+
+def test_cli_defaults_match_the_planner_constants():
+    from planner.checks import DEFAULT_AT_RISK_MARGIN
+    from planner.cli import AT_RISK_DEFAULT
+    assert AT_RISK_DEFAULT == DEFAULT_AT_RISK_MARGIN
+
+
+def test_quick_start_top_plan_is_one_a_cautious_engineer_would_launch(run_cli):
+    # `plan3d plan` (Llama-3.1-8B, one DGX H100, GBS 1024 x 4096): the top plan was Megatron-FSDP optim_grads at 94%
+    # of capacity before its gradient queue was modelled; now every plan shown clears the 10% at-risk margin
+    doc = run_cli("plan", "--format", "json").json()
+    fractions = [p["memory"]["peak_bytes"] / p["memory"]["capacity_bytes"] for p in doc["plans"]]
+    assert fractions[0] <= 0.90 and not any(p["memory"]["at_risk"] for p in doc["plans"])
+    top = doc["plans"][0]["memory"]["stages"][0]
+    assert doc["plans"][0]["parallel"]["zero_stage"] == 3 and "fsdp_param_gather" in top["buffers"]
+
+
+def test_plan_falls_back_to_at_risk_plans_ranked_last(run_cli):
+    # pinned to the layout above: nothing clears the margin, so the at-risk plan is returned, flagged
+    doc = run_cli("plan", "--tp", "1", "--pp", "2", "--cp", "1", "--zero-stage", "1", "--micro-batch-size", "2",
+                  "--recompute", "none", "--vpp", "1", "--format", "json").json()
+    assert doc["plans"] and all(p["memory"]["at_risk"] for p in doc["plans"])
