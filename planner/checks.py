@@ -219,6 +219,11 @@ def verdict_of(peak_bytes: float, capacity_bytes: float, memory_headroom: float 
     return "fits"
 
 
+def _at_phase(st) -> str:
+    """`` at init`` when a stage peaks before the first step (a full-model init), else nothing."""
+    return " at init (full model materialized)" if st.phase == "init" else ""
+
+
 def _counts_str(counts: list[int]) -> str:
     if len(set(counts)) == 1:
         return f"{len(counts)} x {counts[0]}"
@@ -247,7 +252,8 @@ def check_config(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: 
     if worst is not None:
         st = memory.peak_stage
         limit = memory.capacity_bytes * (1 - memory_headroom)
-        v.append(Violation("memory", f"stage {st.stage} needs {st.total / 2**30:.1f} GiB > {limit / 2**30:.1f} GiB "
+        v.append(Violation("memory", f"stage {st.stage} needs {st.total / 2**30:.1f} GiB{_at_phase(st)} > "
+                                     f"{limit / 2**30:.1f} GiB "
                                      f"usable ({memory.capacity_bytes / 2**30:.1f} GiB capacity less "
                                      f"{memory_headroom:.0%} headroom) by {(st.total - limit) / 2**30:.1f} GiB",
                            st.total - limit))

@@ -505,3 +505,29 @@ def test_fp8_keeps_gemm_inputs_in_one_byte():
     fp8 = activation_bytes_per_layer(m, TrainingJob(global_batch_size=1, seq_length=4096, precision="fp8"), par, 0)
     h, f, q = m.hidden_size, m.ffn_hidden_size, m.num_attention_heads * m.head_dim
     assert bf16 - fp8 == 4096 * (2 * h + q + f)
+
+
+# ---------------------------------------------------------------- initialization peak (issue 10)
+
+def test_full_model_init_is_a_phase_and_a_violation_when_it_does_not_fit():
+    # DeepSpeed ZeRO-3 without zero.Init: deepspeed.initialize moves the whole module to the GPU before it is
+    # partitioned (DeepSpeedEngine._configure_distributed_model: self.module.to(self.device)). Llama-2-70B in bf16 is
+    # 2 x 68.98e9 bytes = 128.5 GiB on every GPU, over an 80 GB H100, although the sharded step needs far less.
+    from planner.checks import check_config
+    m = get_model("llama2-70b")
+    c = get_cluster("dgx-h100")
+    par = ParallelConfig(dp=64, zero_stage=3, recompute="full")
+    kw = dict(global_batch_size=64, seq_length=4096, framework="deepspeed")
+    sharded = estimate_memory(m, c, TrainingJob(**kw), par)
+    full = estimate_memory(m, c, TrainingJob(**kw, full_model_init=True), par)
+    assert sharded.fits and sharded.peak_stage.phase != "init"
+    st = full.stages[0]
+    assert st.buffer_terms["init"]["full_model_materialized"] == 2 * m.num_parameters()
+    assert st.phase == "init" and st.phases["init"] / GiB == pytest.approx(2 * m.num_parameters() / GiB + st.reserve
+                                                                          / GiB, rel=1e-9)
+    assert not full.fits
+    v = check_config(m, c, TrainingJob(**kw, full_model_init=True), par, 64, memory=full)
+    assert v and "at init" in v[-1].message
+    # the step phases are the same either way
+    assert {k: st.phases[k] for k in ("forward", "backward", "optimizer")} == {
+        k: sharded.stages[0].phases[k] for k in ("forward", "backward", "optimizer")}
