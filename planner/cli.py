@@ -61,7 +61,7 @@ class FlopsConv(str, Enum):
 
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="built-in name, our YAML, or a HF config.json path")]
 ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="built-in name or YAML path")]
-GpusOpt = Annotated[Optional[int], typer.Option("--gpus", min=1, help="number of GPUs (multiple of the node size)")]
+GpusOpt = Annotated[Optional[int], typer.Option("--gpus", min=1, help="number of GPUs (a multiple of the node size, or a divisor of it: part of one node)")]
 NodesOpt = Annotated[Optional[int], typer.Option("--nodes", min=1, help="number of nodes")]
 GbsOpt = Annotated[int, typer.Option("--global-batch-size", min=1, help="sequences per optimizer step")]
 SeqOpt = Annotated[int, typer.Option("--seq-length", min=1, help="tokens per sequence")]
