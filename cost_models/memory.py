@@ -80,7 +80,7 @@ from model_zoo.spec import ModelSpec
 
 from .config import BYTES_16BIT, BYTES_FP32, ParallelConfig, TrainingJob
 from .layout import chunk_layer_counts, stage_layer_ranges
-from .memory_buffers import BufferInputs, backend_buffers, merge, pipeline_p2p_buffers
+from .memory_buffers import BufferInputs, backend_buffers, merge, moe_dispatch_buffers, pipeline_p2p_buffers
 
 Framework = Literal["megatron", "deepspeed", "torchtitan"]
 FRAMEWORKS: tuple[str, ...] = ("megatron", "deepspeed", "torchtitan")
@@ -484,6 +484,11 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
     # activations depend on the layer only through is_moe_layer (dense or MoE MLP)
     act_by_kind = {model.is_moe_layer(i): activation_bytes_per_layer(model, job, par, i, fw, capacity_factor)
                    for i in _kind_representatives(model)}
+    # token copies one rank routes through the expert-parallel all-to-all (as ``_moe_bytes``)
+    moe_copies = 0.0
+    if model.moe is not None:
+        local = tokens / (par.tp if par.sequence_parallel else 1)
+        moe_copies = local * model.moe.top_k * (capacity_factor or 1.0)
     out: list[StageMemory] = []
     for stage, layers in enumerate(ranges):
         sp = stage_params(model, par, stage, layers, vocab)
@@ -529,7 +534,9 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
         bufs = merge(
             backend_buffers(fw, BufferInputs(zero_stage=z, stage_params=sp.total, largest_layer=sp.largest_layer,
                                              largest_module=sp.largest_module, dp_shard=dense_shard), par.pp),
-            pipeline_p2p_buffers(fw, stage, par.pp, par.vpp, m, n_inflight * par.vpp, layer_in))
+            pipeline_p2p_buffers(fw, stage, par.pp, par.vpp, m, n_inflight * par.vpp, layer_in),
+            moe_dispatch_buffers(moe_copies if any(model.is_moe_layer(i) for i in layers) else 0.0,
+                                 model.hidden_size, par.ep))
 
         # Optimizer step temporaries.
         if fw == "megatron":

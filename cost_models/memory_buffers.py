@@ -215,3 +215,26 @@ def backend_buffers(framework: str, b: BufferInputs, pp: int) -> Buffers:
     if framework == "torchtitan":
         return torchtitan_buffers(b, pp)
     return megatron_buffers(b)
+
+
+def moe_dispatch_buffers(routed_token_copies: float, hidden_size: int, ep: int) -> Buffers:
+    """Expert-parallel all-to-all buffers of the running MoE layer (``routed_token_copies`` = token copies this rank
+    sends, ``tokens x top_k x capacity factor``; balanced routing, so it also receives as many).
+
+    With ``ep > 1`` the dispatch sends the permuted token copies and receives the other ranks' copies for its own
+    experts: Megatron-LM ``MoEAlltoAllTokenDispatcher`` (``token_dispatcher.py``: ``dispatch_preprocess`` permutes,
+    ``token_dispatch`` ``all_to_all`` into ``global_input_tokens``, ``dispatch_postprocess`` ``sort_chunks_by_idxs``
+    when a rank holds several experts); torchtitan ``ExpertParallel._token_dispatch`` (``all_to_all_single_autograd``).
+    Only the sorted receive buffer is kept for the expert GEMM (stored activations); during the exchange one more
+    copy of the routed tokens is alive (the send buffer, then the unsorted receive buffer), and the combine's backward
+    exchanges the gradients the same way: ``2 * copies * h`` bytes (16-bit) in forward and in backward. With
+    ``ep == 1`` the all-to-all returns its input (no copy). Dropless routing is taken as balanced; a capacity factor
+    (``--capacity-factor``) states the imbalance bound, and scales ``routed_token_copies``.
+    """
+    out = _empty()
+    if ep <= 1:
+        return out
+    copy = BYTES_16BIT * routed_token_copies * hidden_size
+    out["forward"]["ep_all_to_all"] = copy
+    out["backward"]["ep_all_to_all"] = copy
+    return out

@@ -252,7 +252,6 @@ def _ds_states(model: str, n: int, zero: int) -> float:
 
 
 def _ds_gather(m, n) -> float:
-    from cost_models.memory import stage_params
     sp = stage_params(m, ParallelConfig(dp=n), 0, range(m.num_layers), m.padded_vocab_size(1))
     return 4 * sp.largest_module
 
@@ -531,3 +530,32 @@ def test_full_model_init_is_a_phase_and_a_violation_when_it_does_not_fit():
     # the step phases are the same either way
     assert {k: st.phases[k] for k in ("forward", "backward", "optimizer")} == {
         k: sharded.stages[0].phases[k] for k in ("forward", "backward", "optimizer")}
+
+
+# ---------------------------------------------------------------- expert parallelism (issue 10)
+
+def test_ep_memory_goes_the_way_it_really_goes():
+    # Mixtral-8x7B on 64 H100. Under FSDP (torchtitan zero 3) the expert weights and states are already sharded over
+    # the expert data-parallel group world / (ep x etp x pp): more EP saves nothing on the states. What changes is
+    # the gathered FSDP unit (a block holds only its E/ep local experts unsharded: torchtitan apply_fsdp shards the
+    # experts on the edp mesh) and the all-to-all buffers EP > 1 adds. Under the distributed optimizer (Megatron
+    # zero 1) the 16-bit weights and fp32 main gradients are replicated over data parallelism, so EP shards them.
+    from cost_models.memory_buffers import moe_dispatch_buffers
+    m = get_model("mixtral-8x7b")
+    c = get_cluster("dgx-h100")
+
+    def run(fw, z, ep):
+        job = TrainingJob(global_batch_size=64, seq_length=4096, framework=fw)
+        par = ParallelConfig(dp=64, ep=ep, zero_stage=z, micro_batch_size=1, recompute="full")
+        return par, estimate_memory(m, c, job, par).stages[0]
+    tt = {ep: run("torchtitan", 3, ep) for ep in (1, 2, 4, 8)}
+    assert len({round(st.model_states) for _, st in tt.values()}) == 1  # FSDP already shards the experts
+    for ep, (par, st) in tt.items():
+        lp = m.layer_params(0)
+        unit = lp.tp_sharded + lp.replicated + lp.expert / ep
+        assert st.buffer_terms["forward"]["fsdp_param_gather"] == pytest.approx(2 * 2 * unit)
+        # one 16-bit copy of the routed token copies (4096 tokens x top-2 x h) beyond the stored receive buffer
+        assert st.buffer_terms["backward"].get("ep_all_to_all", 0.0) == (0 if ep == 1 else 2 * 4096 * 2 * 4096)
+    assert moe_dispatch_buffers(8192, 4096, 1) == {"forward": {}, "backward": {}, "optimizer": {}}
+    mg = [run("megatron", 1, ep)[1].total for ep in (1, 2, 4, 8)]
+    assert mg == sorted(mg, reverse=True) and mg[0] > 2 * mg[-1]
