@@ -252,6 +252,7 @@ def _ds_states(model: str, n: int, zero: int) -> float:
 
 
 def _ds_gather(m, n) -> float:
+    from cost_models.memory import stage_params
     sp = stage_params(m, ParallelConfig(dp=n), 0, range(m.num_layers), m.padded_vocab_size(1))
     return 4 * sp.largest_module
 
