@@ -116,6 +116,10 @@ class ParallelConfig(BaseModel):
         0.0, ge=0.0, le=1.0, description="Megatron --optimizer-cpu-offload --optimizer-offload-fraction: share of the "
                                          "fp32 master weights and Adam moments kept in host memory (0 = none)")
 
+    param_cpu_offload: bool = Field(
+        False, description="DeepSpeed ZeRO-3 offload_param {device: cpu}: the 16-bit parameter partitions live in "
+                           "host memory (with optimizer_cpu_offload_fraction 1.0: ZeRO-Infinity's CPU tier)")
+
     @model_validator(mode="after")
     def _sp_needs_tp(self) -> "ParallelConfig":
         # Megatron silently turns SP off when tp == 1 (arguments.py); we normalise the same way.

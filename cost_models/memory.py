@@ -215,21 +215,30 @@ class MemoryEstimate:
 
 
 def state_bytes(framework: str, grad_reduce_in_bf16: bool = False, *, fp8_params: bool = False,
-                moment_bytes: float = ADAM_MOMENT_BYTES_PER_PARAM, optimizer_offload_fraction: float = 0.0) -> StateBytes:
-    """Bytes per parameter of the model states before sharding (module docstring gives the sources).
+                moment_bytes: float = ADAM_MOMENT_BYTES_PER_PARAM, optimizer_offload_fraction: float = 0.0,
+                param_offload: bool = False) -> StateBytes:
+    """Bytes per parameter of the model states on the GPU before sharding (module docstring gives the sources).
 
     Megatron only: ``fp8_params`` (``--fp8-param-gather``, per-tensor recipe) stores 1-byte weights;
     ``moment_bytes`` is the Adam first + second moment bytes (8 in fp32, 4 with ``--use-precision-aware-optimizer
-    --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``); ``optimizer_offload_fraction`` of the fp32 master weights and
-    moments lives in host memory (``--optimizer-cpu-offload --optimizer-offload-fraction``)."""
+    --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``). ``optimizer_offload_fraction`` of the fp32 master weights and
+    moments lives in host memory (Megatron ``--optimizer-cpu-offload --optimizer-offload-fraction``; DeepSpeed
+    ``offload_optimizer: {device: cpu}`` = 1.0, which also moves the fp32 gradient partition to the host:
+    ``estimate_zero2_model_states_mem_needs(cpu_offload=True)`` keeps only the 16-bit parameters, ``2P``, on the
+    GPU). ``param_offload`` (DeepSpeed ZeRO-3 ``offload_param``) keeps no 16-bit parameter partition on the GPU
+    (``estimate_zero3_model_states_mem_needs(cpu_offload_params=True)``: only the ``4 * largest_layer`` buffer).
+    """
+    keep = 1.0 - optimizer_offload_fraction
     if framework == "megatron":
-        opt = (MASTER_WEIGHT_BYTES_PER_PARAM + moment_bytes) * (1.0 - optimizer_offload_fraction)
+        opt = (MASTER_WEIGHT_BYTES_PER_PARAM + moment_bytes) * keep
         return StateBytes(FP8_PARAM_BYTES if fp8_params else WEIGHT_BYTES_PER_PARAM,
                           BYTES_16BIT if grad_reduce_in_bf16 else GRAD_BYTES_PER_PARAM, opt)
     if framework == "deepspeed":
-        # 16-bit grads (2) + fp32 grads (4); the 16-bit grads stay replicated under ZeRO-1.
-        return StateBytes(BYTES_16BIT, BYTES_16BIT + BYTES_FP32, OPTIMIZER_BYTES_PER_PARAM,
-                          gradients_replicated=BYTES_16BIT)
+        # 16-bit grads (2) + fp32 grads (4); the 16-bit grads stay replicated under ZeRO-1. CPU offload moves the
+        # fp32 gradient partition, the master weights and Adam to the host (and the 16-bit gradient partition of
+        # ZeRO-2: the estimator keeps 2P alone on the GPU).
+        return StateBytes(0.0 if param_offload else BYTES_16BIT, BYTES_16BIT + BYTES_FP32 * keep,
+                          OPTIMIZER_BYTES_PER_PARAM * keep, gradients_replicated=BYTES_16BIT)
     if framework == "torchtitan":
         return StateBytes(BYTES_FP32, BYTES_FP32, 2 * BYTES_FP32)
     raise ValueError(f"framework {framework!r}: allowed values are {', '.join(FRAMEWORKS)}")
@@ -242,6 +251,7 @@ def model_state_terms(framework: str, zero_stage: int, params: float, shard: int
     buffer (its estimator's ``18*P/N`` has no 16-bit gradient term). ``state_options`` are ``state_bytes``'s
     keyword options (``state_options_of(par)``)."""
     b = state_bytes(framework, grad_reduce_in_bf16, **state_options)
+    keep16 = 1.0 - state_options.get("optimizer_offload_fraction", 0.0)  # DeepSpeed ZeRO-2 offload (the estimator)
     z = zero_stage
     w = b.weights / (shard if z >= 3 else 1)
     o = b.optimizer / (shard if z >= 1 else 1)
@@ -252,7 +262,7 @@ def model_state_terms(framework: str, zero_stage: int, params: float, shard: int
         elif z == 1:
             g = b.gradients_replicated + fp32_g / shard
         elif z == 2:
-            g = b.gradients / shard
+            g = (b.gradients_replicated * keep16 + fp32_g) / shard
         else:
             g = fp32_g / shard
     else:
@@ -265,7 +275,8 @@ def state_options_of(par: ParallelConfig) -> dict[str, float]:
     return {"fp8_params": bool(getattr(par, "fp8_param_gather", False)),
             "moment_bytes": float(DTYPE_BYTES[getattr(par, "exp_avg_dtype", "fp32")]
                                   + DTYPE_BYTES[getattr(par, "exp_avg_sq_dtype", "fp32")]),
-            "optimizer_offload_fraction": float(getattr(par, "optimizer_cpu_offload_fraction", 0.0))}
+            "optimizer_offload_fraction": float(getattr(par, "optimizer_cpu_offload_fraction", 0.0)),
+            "param_offload": bool(getattr(par, "param_cpu_offload", False)) and par.zero_stage >= 3}
 
 
 def recompute_modules_of(par: ParallelConfig) -> frozenset[str]:
@@ -545,6 +556,8 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
             opt_tmp = BYTES_FP32 * min(DEEPSPEED_SUB_GROUP_ELEMENTS, local_opt_params)
         else:
             opt_tmp = BYTES_FP32 * local_opt_params
+        if fw == "deepspeed":  # the offloaded share steps on the host (DeepSpeedCPUAdam)
+            opt_tmp *= 1.0 - state_opts["optimizer_offload_fraction"]
         states = weights + grads + opt
         # Initialization: the states exist; a full-model init first holds the stage's whole 16-bit model
         # (DeepSpeed 0.19.8 ``DeepSpeedEngine._configure_distributed_model``: ``self.module.to(self.device)`` unless

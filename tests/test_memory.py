@@ -560,3 +560,39 @@ def test_ep_memory_goes_the_way_it_really_goes():
     assert moe_dispatch_buffers(8192, 4096, 1) == {"forward": {}, "backward": {}, "optimizer": {}}
     mg = [run("megatron", 1, ep)[1].total for ep in (1, 2, 4, 8)]
     assert mg == sorted(mg, reverse=True) and mg[0] > 2 * mg[-1]
+
+
+# ---------------------------------------------------------------- DeepSpeed ZeRO-Offload / ZeRO-Infinity (CPU tier)
+
+@pytest.mark.parametrize("model,n", [("llama2-7b", 8), ("llama2-70b", 32), ("llama3.1-8b", 16)])
+def test_deepspeed_offload_columns_match_the_estimator_exactly(model, n):
+    # DeepSpeed 0.19.8 estimators with cpu_offload=True: ZeRO-2 GPU = 2P; ZeRO-3 GPU = 4 LL + 2P/N; with
+    # cpu_offload_params=True, 4 LL (stage_1_and_2.py estimate_zero2_model_states_mem_needs, stage3.py
+    # estimate_zero3_model_states_mem_needs; formulas.md Sec. 4.2)
+    m = get_model(model)
+    p = m.num_parameters()
+    ll = _ds_gather(m, n) / 4
+    c = get_cluster("dgx-h100")
+    job = TrainingJob(global_batch_size=n, seq_length=128, framework="deepspeed")
+
+    def ours(zero, params=False):
+        par = ParallelConfig(dp=n, zero_stage=zero, optimizer_cpu_offload_fraction=1.0, param_cpu_offload=params)
+        st = estimate_memory(m, c, job, par).stages[0]
+        return st.model_states + (st.buffer_terms["forward"]["zero3_gather"] if zero == 3 else 0.0), st
+    z2, st2 = ours(2)
+    z3, _ = ours(3)
+    z3p, _ = ours(3, params=True)
+    assert z2 == 2 * p and z3 == pytest.approx(4 * ll + 2 * p / n, abs=2) and z3p == 4 * ll
+    assert st2.phase_terms["optimizer"]["transient"] == 0  # the Adam step runs on the host (DeepSpeedCPUAdam)
+    try:
+        from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+        from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+    except ImportError:
+        return  # the closed forms above are the estimators' (validators extra not installed)
+    _, gpu2 = estimate_zero2_model_states_mem_needs(p, num_gpus_per_node=n, num_nodes=1, cpu_offload=True)
+    _, gpu3, _ = estimate_zero3_model_states_mem_needs(p, ll, num_gpus_per_node=n, num_nodes=1, cpu_offload=True,
+                                                       cpu_offload_params=False)
+    _, gpu3p, _ = estimate_zero3_model_states_mem_needs(p, ll, num_gpus_per_node=n, num_nodes=1, cpu_offload=True,
+                                                        cpu_offload_params=True)
+    assert (z2, z3p) == (pytest.approx(gpu2, abs=1), pytest.approx(gpu3p, abs=1))
+    assert z3 == pytest.approx(gpu3, abs=2)  # DeepSpeed truncates 2P/N with int()
