@@ -34,6 +34,8 @@ Buffers = dict[str, dict[str, float]]
 MEGATRON_FSDP_COMM_UNIT_ELEMENTS = 1_000_000_000
 #: DeepSpeed ZeRO ``reduce_bucket_size`` default, elements (``deepspeed/runtime/zero/config.py``).
 DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
+#: DeepSpeed ZeRO-1/2 IPG buffers in backward with ``overlap_comm`` on, as plan3d emits it (``buf_0`` + ``buf_1``).
+DEEPSPEED_IPG_BUFFERS = 2
 #: DeepSpeed ZeRO-3 ``stage3_prefetch_bucket_size`` default, elements (``deepspeed/runtime/zero/config.py``).
 DEEPSPEED_PREFETCH_BUCKET_ELEMENTS = 50_000_000
 
@@ -103,10 +105,11 @@ def deepspeed_buffers(b: BufferInputs) -> Buffers:
     """DeepSpeed ZeRO buffers (0.19.8 defaults).
 
     * ZeRO-1/2: the contiguous-gradient IPG bucket, ``reduce_bucket_size`` (5e8) elements of the 16-bit gradient
-      dtype, allocated at the start of every backward (``DeepSpeedZeroOptimizer.setup_buckets``: ``buf_0``; a second
-      ``buf_1`` only with ``overlap_comm``, off by default below stage 3: ``overlap_comm_valid``). It is counted in
-      the optimizer step as well, as the F02 measurement implies (field_cases.md F02: 28.28 GiB held at the step =
-      states + this bucket within 2%). The post-step parameter all-gather (``allgather_bucket_size``) writes into the
+      dtype, allocated at the start of every backward (``DeepSpeedZeroOptimizer.setup_buckets``: ``buf_0``), and a
+      second one, ``buf_1``, with ``overlap_comm``, which DeepSpeed leaves off below stage 3 (``overlap_comm_valid``)
+      but plan3d's ds_config turns on (``planner/emit/deepspeed.py``): two buckets in backward. One bucket is counted
+      in the optimizer step, as the F02 measurement implies (field_cases.md F02: 28.28 GiB held at the step = states
+      + one bucket within 2%). The post-step parameter all-gather (``allgather_bucket_size``) writes into the
       16-bit partitions in place (``all_gather_dp_groups``).
     * ZeRO-3: the estimator's gather buffer ``4 * largest_layer`` (16-bit parameters + gradients of the largest
       module; ``estimate_zero3_model_states_mem_needs``), the prefetch bucket ``stage3_prefetch_bucket_size`` (5e7)
@@ -118,7 +121,7 @@ def deepspeed_buffers(b: BufferInputs) -> Buffers:
     p = b.stage_params
     if b.zero_stage in (1, 2) and b.dp_shard > 1:
         bucket = BYTES_16BIT * min(DEEPSPEED_REDUCE_BUCKET_ELEMENTS, p)
-        out["backward"]["zero_reduce_bucket"] = bucket
+        out["backward"]["zero_reduce_bucket"] = DEEPSPEED_IPG_BUFFERS * bucket
         out["optimizer"]["zero_reduce_bucket"] = bucket
     elif b.zero_stage >= 3:
         gather = 4 * b.largest_module

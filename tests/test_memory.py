@@ -596,3 +596,17 @@ def test_deepspeed_offload_columns_match_the_estimator_exactly(model, n):
                                                         cpu_offload_params=True)
     assert (z2, z3p) == (pytest.approx(gpu2, abs=1), pytest.approx(gpu3p, abs=1))
     assert z3 == pytest.approx(gpu3, abs=2)  # DeepSpeed truncates 2P/N with int()
+
+
+def test_deepspeed_offload_is_emitted_and_accepted_by_deepspeed():
+    from planner.emit.deepspeed import deepspeed_config
+    m = get_model("llama2-7b")
+    job = TrainingJob(global_batch_size=8, seq_length=1024, framework="deepspeed")
+    cfg = deepspeed_config(job, ParallelConfig(dp=8, zero_stage=3, optimizer_cpu_offload_fraction=1.0,
+                                               param_cpu_offload=True), m)
+    z = cfg["zero_optimization"]
+    assert z["offload_optimizer"] == {"device": "cpu", "pin_memory": True} and z["offload_param"]["device"] == "cpu"
+    pytest.importorskip("deepspeed", reason="DeepSpeed not installed (optional `validators` extra)")
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+    parsed = DeepSpeedZeroConfig(**z)
+    assert parsed.offload_optimizer.device == "cpu" and parsed.offload_param.device == "cpu"
