@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from cluster_specs.spec import ClusterSpec
 from cost_models.config import ParallelConfig, TrainingJob
+from cost_models.memory import MemoryEstimate
 from model_zoo.spec import ModelSpec
 
 from .checks import DEFAULT_AT_RISK_MARGIN
@@ -215,22 +216,27 @@ def parallel_info(par: ParallelConfig, job: TrainingJob) -> ParallelInfo:
         account_for_loss_in_pipeline_split=par.account_for_loss_in_pipeline_split)
 
 
+def memory_info(est: MemoryEstimate, at_risk_margin: float = DEFAULT_AT_RISK_MARGIN) -> MemoryInfo:
+    """The document's ``MemoryInfo`` of ``est`` (bytes rounded to integers; deterministic)."""
+    pk = est.peak_stage
+    stages = [StageMemoryInfo(stage=s.stage, num_layers=s.num_layers, total_bytes=round(s.total),
+                              in_flight_microbatches=_r(s.in_flight_microbatches),
+                              breakdown={k: round(v) for k, v in s.terms().items()},
+                              peak_phase=s.phase, phases={k: round(v) for k, v in s.phases.items()},
+                              buffers={k: round(v) for k, v in s.buffer_terms.get(s.phase, {}).items()})
+              for s in est.stages]
+    cap = est.capacity_bytes
+    return MemoryInfo(peak_bytes=round(pk.total), capacity_bytes=cap, headroom_bytes=round(cap - pk.total),
+                      peak_stage=pk.stage, at_risk=cap * (1 - at_risk_margin) < pk.total <= cap,
+                      breakdown={k: round(v) for k, v in pk.terms().items()}, stages=stages)
+
+
 def plan_info(rank: int, ev: Evaluation, model: ModelSpec, cluster: ClusterSpec, job: TrainingJob,
               at_risk_margin: float = DEFAULT_AT_RISK_MARGIN) -> PlanInfo:
     par = ev.parallel
     mem = tim = thr = None
     if ev.memory is not None:
-        pk = ev.memory.peak_stage
-        stages = [StageMemoryInfo(stage=s.stage, num_layers=s.num_layers, total_bytes=round(s.total),
-                                  in_flight_microbatches=_r(s.in_flight_microbatches),
-                                  breakdown={k: round(v) for k, v in s.terms().items()},
-                                  peak_phase=s.phase, phases={k: round(v) for k, v in s.phases.items()},
-                                  buffers={k: round(v) for k, v in s.buffer_terms.get(s.phase, {}).items()})
-                  for s in ev.memory.stages]
-        cap = ev.memory.capacity_bytes
-        mem = MemoryInfo(peak_bytes=round(pk.total), capacity_bytes=cap, headroom_bytes=round(cap - pk.total),
-                         peak_stage=pk.stage, at_risk=cap * (1 - at_risk_margin) < pk.total <= cap,
-                         breakdown={k: round(v) for k, v in pk.terms().items()}, stages=stages)
+        mem = memory_info(ev.memory, at_risk_margin)
     if ev.step is not None:
         st = ev.step
         tim = TimeInfo(step_s=_r(st.step_s), compute_s=_r(st.compute_s), bubble_s=_r(st.bubble_s),

@@ -156,8 +156,9 @@ def test_memory_table_has_a_column_per_phase_and_names_the_buffers(run_cli):
 
 def test_cli_defaults_match_the_planner_constants():
     from planner.checks import DEFAULT_AT_RISK_MARGIN
+    from planner.api import DEFAULT_AT_RISK_MARGIN as API_DEFAULT
     from planner.cli import AT_RISK_DEFAULT
-    assert AT_RISK_DEFAULT == DEFAULT_AT_RISK_MARGIN
+    assert AT_RISK_DEFAULT == API_DEFAULT == DEFAULT_AT_RISK_MARGIN
 
 
 def test_quick_start_top_plan_is_one_a_cautious_engineer_would_launch(run_cli):
