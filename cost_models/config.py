@@ -112,6 +112,10 @@ class ParallelConfig(BaseModel):
         "fp32", description="Megatron --exp-avg-dtype (with --use-precision-aware-optimizer): Adam first moment")
     exp_avg_sq_dtype: OptimizerStateDtype = Field(
         "fp32", description="Megatron --exp-avg-sq-dtype (with --use-precision-aware-optimizer): Adam second moment")
+    main_params_dtype: Literal["fp32", "fp16", "bf16"] = Field(
+        "fp32", description="master weights kept by the optimizer: Megatron --main-params-dtype (fp32 | fp16, with "
+                            "--use-precision-aware-optimizer) or Megatron-FSDP --megatron-fsdp-main-params-dtype "
+                            "(bf16 too)")
     optimizer_cpu_offload_fraction: float = Field(
         0.0, ge=0.0, le=1.0, description="Megatron --optimizer-cpu-offload --optimizer-offload-fraction: share of the "
                                          "fp32 master weights and Adam moments kept in host memory (0 = none)")

@@ -216,12 +216,15 @@ class MemoryEstimate:
 
 def state_bytes(framework: str, grad_reduce_in_bf16: bool = False, *, fp8_params: bool = False,
                 moment_bytes: float = ADAM_MOMENT_BYTES_PER_PARAM, optimizer_offload_fraction: float = 0.0,
-                param_offload: bool = False) -> StateBytes:
+                param_offload: bool = False, master_bytes: float = MASTER_WEIGHT_BYTES_PER_PARAM) -> StateBytes:
     """Bytes per parameter of the model states on the GPU before sharding (module docstring gives the sources).
 
     Megatron only: ``fp8_params`` (``--fp8-param-gather``, per-tensor recipe) stores 1-byte weights;
     ``moment_bytes`` is the Adam first + second moment bytes (8 in fp32, 4 with ``--use-precision-aware-optimizer
-    --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``). ``optimizer_offload_fraction`` of the fp32 master weights and
+    --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``); ``master_bytes`` the master-weight bytes (4 in fp32, 2 with
+    ``--main-params-dtype fp16`` or Megatron-FSDP's ``--megatron-fsdp-main-params-dtype bf16``: Megatron
+    ``megatron/training/arguments.py``; the precision-aware optimizer keeps them in that dtype,
+    ``megatron/core/optimizer/distrib_optimizer.py``). ``optimizer_offload_fraction`` of the fp32 master weights and
     moments lives in host memory (Megatron ``--optimizer-cpu-offload --optimizer-offload-fraction``; DeepSpeed
     ``offload_optimizer: {device: cpu}`` = 1.0, which also moves the fp32 gradient partition to the host:
     ``estimate_zero2_model_states_mem_needs(cpu_offload=True)`` keeps only the 16-bit parameters, ``2P``, on the
@@ -230,7 +233,7 @@ def state_bytes(framework: str, grad_reduce_in_bf16: bool = False, *, fp8_params
     """
     keep = 1.0 - optimizer_offload_fraction
     if framework == "megatron":
-        opt = (MASTER_WEIGHT_BYTES_PER_PARAM + moment_bytes) * keep
+        opt = (master_bytes + moment_bytes) * keep
         return StateBytes(FP8_PARAM_BYTES if fp8_params else WEIGHT_BYTES_PER_PARAM,
                           BYTES_16BIT if grad_reduce_in_bf16 else GRAD_BYTES_PER_PARAM, opt)
     if framework == "deepspeed":
@@ -276,7 +279,8 @@ def state_options_of(par: ParallelConfig) -> dict[str, float]:
             "moment_bytes": float(DTYPE_BYTES[getattr(par, "exp_avg_dtype", "fp32")]
                                   + DTYPE_BYTES[getattr(par, "exp_avg_sq_dtype", "fp32")]),
             "optimizer_offload_fraction": float(getattr(par, "optimizer_cpu_offload_fraction", 0.0)),
-            "param_offload": bool(getattr(par, "param_cpu_offload", False)) and par.zero_stage >= 3}
+            "param_offload": bool(getattr(par, "param_cpu_offload", False)) and par.zero_stage >= 3,
+            "master_bytes": float(DTYPE_BYTES[getattr(par, "main_params_dtype", "fp32")])}
 
 
 def recompute_modules_of(par: ParallelConfig) -> frozenset[str]:

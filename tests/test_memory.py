@@ -610,3 +610,30 @@ def test_deepspeed_offload_is_emitted_and_accepted_by_deepspeed():
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
     parsed = DeepSpeedZeroConfig(**z)
     assert parsed.offload_optimizer.device == "cpu" and parsed.offload_param.device == "cpu"
+
+
+# ---------------------------------------------------------------- optimizer-state precision (issue 10)
+
+def test_optimizer_state_precision_bytes_and_emission():
+    # Megatron precision-aware optimizer: fp32 master 4 + bf16 moments 2 + 2 = 8 bytes (12 in fp32); fp16 master
+    # weights (--main-params-dtype fp16) 2 + 2 + 2 = 6; Megatron-FSDP bf16 master weights likewise 6.
+    # Deliberate difference: Megatron's theoretical_memory_usage.py keeps 6 + 12/d for any optimizer dtype.
+    from planner.emit import launch_fields
+    from planner.emit.megatron import EmitError, megatron_args
+    p = 1e9
+    assert model_state_terms("megatron", 0, p, 8, moment_bytes=4)[2] == 8 * p
+    assert model_state_terms("megatron", 1, p, 8, moment_bytes=4, master_bytes=2)[2] == 6 * p / 8
+    m = get_model("llama3.1-8b")
+    job = TrainingJob(global_batch_size=64, seq_length=4096)
+    fsdp = ParallelConfig(dp=8, zero_stage=3, exp_avg_dtype="bf16", exp_avg_sq_dtype="bf16", main_params_dtype="bf16")
+    base = estimate_memory(m, get_cluster("dgx-h100"), job, ParallelConfig(dp=8, zero_stage=3)).stages[0]
+    st = estimate_memory(m, get_cluster("dgx-h100"), job, fsdp).stages[0]
+    assert st.optimizer_states == pytest.approx(base.optimizer_states / 2)  # 12 -> 6 bytes per parameter
+    args = launch_fields(m, job, fsdp, 8)["megatron"]
+    assert args[args.index("--megatron-fsdp-main-params-dtype") + 1] == "bf16"
+    assert args[args.index("--exp-avg-dtype") + 1] == "bf16"
+    fp16 = ParallelConfig(dp=8, zero_stage=1, main_params_dtype="fp16")
+    args = launch_fields(m, job, fp16, 8)["megatron"]
+    assert args[args.index("--main-params-dtype") + 1] == "fp16" and "--use-precision-aware-optimizer" in args
+    with pytest.raises(EmitError, match="bf16 master weights only under Megatron-FSDP"):
+        megatron_args(m, job, ParallelConfig(dp=8, zero_stage=1, main_params_dtype="bf16"))
