@@ -92,6 +92,13 @@ class LayoutOptions(JobOptions, total=False):
     sequence_parallel: bool
     first_stage_layers: int | None
     last_stage_layers: int | None
+    pipeline_layout: str | None
+    recompute_modules: tuple[str, ...] | None
+    optimizer_cpu_offload: float
+    param_cpu_offload: bool
+    exp_avg_dtype: Literal["fp32", "fp16", "bf16", "fp8"]
+    exp_avg_sq_dtype: Literal["fp32", "fp16", "bf16", "fp8"]
+    main_params_dtype: Literal["fp32", "fp16", "bf16"]
 
 
 class MemoryOptions(LayoutOptions, total=False):
@@ -231,8 +238,18 @@ def _at_risk_margin(value: float | None) -> float:
 def parallel_config(inputs: Inputs, *, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, etp: int | None = None,
                     vpp: int = 1, micro_batch_size: int = 1, zero_stage: int = 0, recompute: str = "none",
                     recompute_num_layers: int | None = None, sequence_parallel: bool = False,
-                    first_stage_layers: int | None = None, last_stage_layers: int | None = None) -> ParallelConfig:
+                    first_stage_layers: int | None = None, last_stage_layers: int | None = None,
+                    pipeline_layout: str | None = None, recompute_modules: tuple[str, ...] | None = None,
+                    optimizer_cpu_offload: float = 0.0, param_cpu_offload: bool = False,
+                    exp_avg_dtype: str = "fp32", exp_avg_sq_dtype: str = "fp32",
+                    main_params_dtype: str = "fp32") -> ParallelConfig:
     """The ``ParallelConfig`` of one given layout on ``inputs`` (``dp`` derived as GPUs / (tp x pp x cp)).
+
+    Memory knobs (``cost_models.config.ParallelConfig``): ``pipeline_layout`` (Megatron
+    ``--pipeline-model-parallel-layout``, a custom per-stage layer list), ``recompute_modules`` (``--recompute-modules``
+    under selective recompute), ``optimizer_cpu_offload`` (share of the optimizer in host memory: Megatron
+    ``--optimizer-offload-fraction``, DeepSpeed ``offload_optimizer``), ``param_cpu_offload`` (DeepSpeed ZeRO-3
+    ``offload_param``), ``exp_avg_dtype`` / ``exp_avg_sq_dtype`` / ``main_params_dtype`` (optimizer-state precision).
 
     When ``pp`` does not divide the layers and no split is given, the end stages get fewer layers (Megatron's
     ``--decoder-first/last-pipeline-num-layers``); interleaved (``vpp`` > 1), such a split counts the embedding
@@ -253,7 +270,7 @@ def parallel_config(inputs: Inputs, *, tp: int = 1, pp: int = 1, cp: int = 1, ep
     if n % (tp * pp * cp):
         raise PlanInputError(f"--gpus {n} is not divisible by tp*pp*cp = {tp}*{pp}*{cp} = {tp * pp * cp}")
     first, last, account = first_stage_layers, last_stage_layers, False
-    if first is None and last is None and layers % pp:
+    if first is None and last is None and layers % pp and pipeline_layout is None:
         split = uneven_split(layers, pp)
         if split is not None:
             first, last = split
@@ -266,10 +283,16 @@ def parallel_config(inputs: Inputs, *, tp: int = 1, pp: int = 1, cp: int = 1, ep
                               recompute_num_layers=recompute_num_layers, sequence_parallel=bool(sequence_parallel),
                               first_stage_layers=first, last_stage_layers=last,
                               account_for_embedding_in_pipeline_split=account,
-                              account_for_loss_in_pipeline_split=account)
+                              account_for_loss_in_pipeline_split=account, pipeline_layout=pipeline_layout,
+                              recompute_modules=tuple(recompute_modules) if recompute_modules else None,
+                              optimizer_cpu_offload_fraction=optimizer_cpu_offload,
+                              param_cpu_offload=bool(param_cpu_offload), exp_avg_dtype=exp_avg_dtype,
+                              exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype)
     except ValidationError as e:
         err = e.errors()[0]
-        field = _flag(str(err["loc"][0])) if err.get("loc") else "layout"
+        name = {"optimizer_cpu_offload_fraction": "optimizer_cpu_offload"}.get(str(err["loc"][0]), str(err["loc"][0])) \
+            if err.get("loc") else "layout"
+        field = _flag(name)
         raise PlanInputError(f"{field} {err.get('input')!r}: {err.get('msg', 'invalid')}") from None
 
 

@@ -303,12 +303,28 @@ RecomputeLayersOpt = Annotated[Optional[int], typer.Option("--recompute-num-laye
 SpOpt = Annotated[bool, typer.Option("--sequence-parallel/--no-sequence-parallel")]
 FirstOpt = Annotated[Optional[int], typer.Option("--first-stage-layers", min=1)]
 LastOpt = Annotated[Optional[int], typer.Option("--last-stage-layers", min=1)]
+LayoutStrOpt = Annotated[Optional[str], typer.Option(
+    "--pipeline-model-parallel-layout", help="Megatron per-stage layout, e.g. 'Et*3|(tttt|)*6tttL' (E embedding, t "
+                                             "decoder layer, m MTP layer, L loss; chunk i on pipeline rank i % pp)")]
+RecomputeModulesOpt = Annotated[Optional[str], typer.Option(
+    "--recompute-modules", help="selective recompute modules, comma-separated (Megatron --recompute-modules): "
+                                "core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts")]
+OffloadOpt = Annotated[float, typer.Option(
+    "--optimizer-cpu-offload", min=0.0, max=1.0,
+    help="share of the optimizer states in host memory (Megatron --optimizer-offload-fraction; DeepSpeed "
+         "offload_optimizer, 1.0)")]
+ParamOffloadOpt = Annotated[bool, typer.Option(
+    "--param-cpu-offload/--no-param-cpu-offload", help="DeepSpeed ZeRO-3 offload_param: parameters in host memory")]
+MomentDtypeOpt = Annotated[str, typer.Option(help="Adam moment dtype (precision-aware optimizer): fp32, fp16, bf16, fp8")]
+MasterDtypeOpt = Annotated[str, typer.Option(
+    "--main-params-dtype", help="master-weight dtype: fp32, fp16 (Megatron --main-params-dtype), bf16 "
+                                "(Megatron-FSDP --megatron-fsdp-main-params-dtype)")]
 
 
 def _layout(model, cluster, gpus, nodes, global_batch_size, seq_length, precision, flash_attention, dropout,
             framework, memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute,
             recompute_num_layers, sequence_parallel, first_stage_layers, last_stage_layers,
-            flops_convention=None, at_risk_margin=AT_RISK_DEFAULT, full_model_init=False) -> dict:
+            flops_convention=None, at_risk_margin=AT_RISK_DEFAULT, full_model_init=False, **knobs) -> dict:
     """The options of a one-layout command as the API's keyword arguments (``planner.api.LayoutOptions``)."""
     return dict(model=model, cluster=cluster, gpus=gpus, nodes=nodes, global_batch_size=global_batch_size,
                 seq_length=seq_length, precision=precision.value, flash_attention=flash_attention, dropout=dropout,
@@ -317,7 +333,16 @@ def _layout(model, cluster, gpus, nodes, global_batch_size, seq_length, precisio
                 recompute_num_layers=recompute_num_layers, sequence_parallel=sequence_parallel,
                 first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
                 flops_convention=_value(flops_convention), at_risk_margin=at_risk_margin,
-                full_model_init=full_model_init)
+                full_model_init=full_model_init, **_knobs(**knobs))
+
+
+def _knobs(pipeline_layout=None, recompute_modules=None, optimizer_cpu_offload=0.0, param_cpu_offload=False,
+           exp_avg_dtype="fp32", exp_avg_sq_dtype="fp32", main_params_dtype="fp32") -> dict:
+    """The memory knobs of a one-layout command as API keyword arguments (``planner.api.parallel_config``)."""
+    mods = tuple(m.strip() for m in recompute_modules.split(",") if m.strip()) if recompute_modules else None
+    return dict(pipeline_layout=pipeline_layout, recompute_modules=mods, optimizer_cpu_offload=optimizer_cpu_offload,
+                param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype, exp_avg_sq_dtype=exp_avg_sq_dtype,
+                main_params_dtype=main_params_dtype)
 
 
 @app.command()
@@ -338,6 +363,10 @@ def evaluate(
                        "refused when the configuration is infeasible")] = None,
     flops_convention: FlopsOpt = None, at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT,
     full_model_init: FullInitOpt = False,
+    pipeline_layout: LayoutStrOpt = None, recompute_modules: RecomputeModulesOpt = None,
+    optimizer_cpu_offload: OffloadOpt = 0.0, param_cpu_offload: ParamOffloadOpt = False,
+    exp_avg_dtype: MomentDtypeOpt = "fp32", exp_avg_sq_dtype: MomentDtypeOpt = "fp32",
+    main_params_dtype: MasterDtypeOpt = "fp32",
 ) -> None:
     """Evaluate one given configuration (feasible or not). Options left out take Megatron-LM's defaults.
 
@@ -350,7 +379,9 @@ def evaluate(
     doc = api_evaluate(**_layout(
         model, cluster, gpus, nodes, global_batch_size, seq_length, precision, flash_attention, dropout, framework,
         memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute, recompute_num_layers,
-        sequence_parallel, first_stage_layers, last_stage_layers, flops_convention, at_risk_margin, full_model_init))
+        sequence_parallel, first_stage_layers, last_stage_layers, flops_convention, at_risk_margin, full_model_init, pipeline_layout=pipeline_layout, recompute_modules=recompute_modules,
+        optimizer_cpu_offload=optimizer_cpu_offload, param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype,
+        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype))
     i = doc.input
     _render(doc, fmt, output, emit, f"plan3d evaluate: {i.model.name} on {i.cluster.num_gpus} x {i.cluster.gpu} "
                                     f"({i.cluster.name})", framework=framework.value, at_risk_margin=at_risk_margin)
@@ -371,6 +402,10 @@ def memory(
     capacity_factor: Annotated[Optional[float], typer.Option(
         "--capacity-factor", min=1.0, help="MoE expert capacity factor (pads expert buffers; default: dropless)")] = None,
     at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT, full_model_init: FullInitOpt = False,
+    pipeline_layout: LayoutStrOpt = None, recompute_modules: RecomputeModulesOpt = None,
+    optimizer_cpu_offload: OffloadOpt = 0.0, param_cpu_offload: ParamOffloadOpt = False,
+    exp_avg_dtype: MomentDtypeOpt = "fp32", exp_avg_sq_dtype: MomentDtypeOpt = "fp32",
+    main_params_dtype: MasterDtypeOpt = "fp32",
 ) -> None:
     """Per-stage memory breakdown of one configuration (largest terms first, the total of each phase: init,
     forward, backward, optimizer; the backend buffers named).
@@ -384,7 +419,9 @@ def memory(
     rep = api_memory(capacity_factor=capacity_factor, **_layout(
         model, cluster, gpus, nodes, global_batch_size, seq_length, precision, flash_attention, dropout, framework,
         memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute, recompute_num_layers,
-        sequence_parallel, first_stage_layers, last_stage_layers, None, at_risk_margin, full_model_init))
+        sequence_parallel, first_stage_layers, last_stage_layers, None, at_risk_margin, full_model_init, pipeline_layout=pipeline_layout, recompute_modules=recompute_modules,
+        optimizer_cpu_offload=optimizer_cpu_offload, param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype,
+        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype))
     if plot is not None:
         plot_memory(rep.estimate, plot, rep.title, at_risk_margin)
     if fmt == Fmt.json:
@@ -419,6 +456,10 @@ def explain(
     timeline: Annotated[Optional[Path], typer.Option(
         "--timeline", help="draw the simulated pipeline schedule to FILE.svg or FILE.png")] = None,
     at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT, full_model_init: FullInitOpt = False,
+    pipeline_layout: LayoutStrOpt = None, recompute_modules: RecomputeModulesOpt = None,
+    optimizer_cpu_offload: OffloadOpt = 0.0, param_cpu_offload: ParamOffloadOpt = False,
+    exp_avg_dtype: MomentDtypeOpt = "fp32", exp_avg_sq_dtype: MomentDtypeOpt = "fp32",
+    main_params_dtype: MasterDtypeOpt = "fp32",
 ) -> None:
     """List every constraint of one given configuration with its slack (same options as ``evaluate``).
 
@@ -429,7 +470,9 @@ def explain(
     rep = api_explain(**_layout(
         model, cluster, gpus, nodes, global_batch_size, seq_length, precision, flash_attention, dropout, framework,
         memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute, recompute_num_layers,
-        sequence_parallel, first_stage_layers, last_stage_layers, None, at_risk_margin, full_model_init))
+        sequence_parallel, first_stage_layers, last_stage_layers, None, at_risk_margin, full_model_init, pipeline_layout=pipeline_layout, recompute_modules=recompute_modules,
+        optimizer_cpu_offload=optimizer_cpu_offload, param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype,
+        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype))
     ex, par, i = rep.explanation, rep.parallel, rep.inputs
     where = f"{i.model.name} on {i.num_gpus} x {i.cluster.gpu.name} ({i.cluster.name})"
     if timeline is not None:

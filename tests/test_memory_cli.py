@@ -186,3 +186,31 @@ def test_plan_on_part_of_one_node(run_cli):
     assert (launch["nodes"], launch["gpus_per_node"], launch["world_size"]) == (1, 4, 4)
     r = run_cli("plan", "--gpus", "1")  # Llama-3.1-8B with Adam does not fit one GPU: infeasible, exit 1
     assert r.exit_code == 1 and "no feasible plan" in r.stderr
+
+
+def test_memory_knobs_on_the_command_line(run_cli):
+    # custom stage layout (Megatron --pipeline-model-parallel-layout): 7 + 9 + 9 + 7 layers
+    p = run_cli("evaluate", "--pp", "4", "--pipeline-model-parallel-layout", "Et*7|t*9|t*9|t*7L", "--zero-stage", "1",
+                "--format", "json").json()["plans"][0]
+    assert p["feasible"] and [s["num_layers"] for s in p["memory"]["stages"]] == [7, 9, 9, 7]
+    bad = run_cli("evaluate", "--pp", "4", "--pipeline-model-parallel-layout", "Et*7|t*9|t*9|t*6L", "--format",
+                  "json").json()["plans"][0]
+    assert not bad["feasible"] and "places 31 decoder layers" in bad["violations"][0]
+    # DeepSpeed ZeRO-Infinity CPU tier: only the 4 x largest-layer buffer of model states stays (estimator)
+    ds = ("memory", "-m", "llama2-7b", "--zero-stage", "3", "--framework", "deepspeed", "--global-batch-size", "8",
+          "--seq-length", "1024", "--format", "json")
+    on = run_cli(*ds, "--optimizer-cpu-offload", "1", "--param-cpu-offload").json()["plans"][0]["memory"]["breakdown"]
+    assert on["weights"] == on["gradients"] == on["optimizer_states"] == 0
+    # --recompute-modules: checkpointing the MLP too drops its activations
+    sel = ("memory", "--recompute", "selective", "--zero-stage", "1", "--format", "json")
+    a = run_cli(*sel).json()["plans"][0]["memory"]["breakdown"]["activations"]
+    b = run_cli(*sel, "--recompute-modules", "core_attn,mlp").json()["plans"][0]["memory"]["breakdown"]["activations"]
+    assert b < a
+    r = run_cli("memory", "--recompute", "selective", "--recompute-modules", "attn")
+    assert r.exit_code == 2 and "--recompute-modules" in r.stderr
+    # init phase: DeepSpeed without zero.Init materializes the whole 16-bit Llama-2-70B on every GPU
+    big = ("memory", "-m", "llama2-70b", "--gpus", "64", "--zero-stage", "3", "--framework", "deepspeed",
+           "--recompute", "full", "--global-batch-size", "64")
+    assert run_cli(*big).exit_code == 0
+    r = run_cli(*big, "--full-model-init")
+    assert r.exit_code == 1 and "in init" in r.stderr
