@@ -219,20 +219,21 @@ def _job_kwargs(options: dict[str, Any]) -> dict[str, Any]:
                                     "flash_attention", "dropout", "framework", "full_model_init") if k in options}
 
 
-def _headroom(value: float | None) -> float:
+def _fraction(field: str, value: float | None, default: float) -> float:
+    """A memory fraction option (``memory_headroom``, ``at_risk_margin``) in [0, 0.5], ``default`` when None."""
     if value is None:
-        return DEFAULT_HEADROOM
+        return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 0.5:
-        raise PlanInputError(f"--memory-headroom {value!r}: must be a fraction in [0, 0.5]")
+        raise PlanInputError(f"{_flag(field)} {value!r}: must be a fraction in [0, 0.5]")
     return float(value)
+
+
+def _headroom(value: float | None) -> float:
+    return _fraction("memory_headroom", value, DEFAULT_HEADROOM)
 
 
 def _at_risk_margin(value: float | None) -> float:
-    if value is None:
-        return DEFAULT_AT_RISK_MARGIN
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 0.5:
-        raise PlanInputError(f"--at-risk-margin {value!r}: must be a fraction in [0, 0.5]")
-    return float(value)
+    return _fraction("at_risk_margin", value, DEFAULT_AT_RISK_MARGIN)
 
 
 def parallel_config(inputs: Inputs, *, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, etp: int | None = None,
