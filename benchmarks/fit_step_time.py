@@ -27,7 +27,7 @@ def _attn(cluster):
 st._attn_eff = _attn
 
 #: calibration.power_limit_clock_fraction of the power-capped clusters (grand-teton-h100), swept by TT500
-CLOCK = {"capped": 0.85}
+CLOCK = {"capped": 0.825}
 ClusterSpec.clock_fraction = property(
     lambda c: CLOCK["capped"] if (c.calibration.power_limit_clock_fraction or 1.0) < 1 else 1.0)
 
@@ -50,7 +50,7 @@ PARAMS = {
     "UNF": (lambda v: setattr(st, "UNFUSED_SCORE_PASSES", v), [4, 6, 8, 10, 12]),
     "ATT_H100": (lambda v: ATTN.update(H100=v), [0.28, 0.3, 0.32, 0.34, 0.37, 0.4, 0.44, 0.48]),
     "ATT_B200": (lambda v: ATTN.update(B200=v, GB200=v), [0.3, 0.32, 0.35, 0.38, 0.42, 0.46, 0.5, 0.55]),
-    "TT500": (lambda v: CLOCK.update(capped=v), [0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 1.0]),
+    "TT500": (lambda v: CLOCK.update(capped=v), [0.65, 0.7, 0.75, 0.8, 0.825, 0.85, 0.9, 1.0]),
 }
 
 
@@ -64,7 +64,7 @@ if __name__ == "__main__":
     import sys
     cur = {"KAPPA": 2, "PASS_MEG": 12, "PASS_DS": 24, "PASS_TT": 64, "PASS_TTC": 4, "TP_OVL": 0.0, "TT_TP": 0.15,
            "TT_EFF": 0.82, "EP_OVL": 0.6, "ATT_S0": 512, "MOE_EXP": 0.0004, "MOE_BF16": 0.0, "MOE_CS": 0.0012,
-           "MOE_TOK": 2e-8, "UNF": 8, "ATT_H100": 0.3, "ATT_B200": 0.38, "TT500": 0.85}
+           "MOE_TOK": 2e-8, "UNF": 8, "ATT_H100": 0.3, "ATT_B200": 0.38, "TT500": 0.825}
     for k, v in cur.items():
         PARAMS[k][0](v)
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 2

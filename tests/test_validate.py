@@ -23,7 +23,10 @@ def test_packaged_rows_are_the_shared_dev_rows_with_sources():
 
 #: What the calibrated model reaches on the dev rows today (plan3d validate): a ratchet against regressions.
 #: Lower these when the model improves; the project targets are the test below.
-ACHIEVED_MAX_MAPE = 6.5
+#: 6.5 -> 6.8: the collective model now pipelines NVLink and network hops as NCCL does (ring busbw = min(NVLink,
+#: r NICs), 192 GB/s on DGX A100 as measured, not 118) and DeepSpeed reduces gradients in bf16; the constants were
+#: fitted under the old serial model (BLOOM 1.6 -> 6.7%, NeMo 24.07 7.0 -> 7.6%)
+ACHIEVED_MAX_MAPE = 6.8
 #: Bridge 9.0 -> 9.1: the compute under Megatron-FSDP's collectives is now slowed by the measured overlap slowdown
 #: (step_time.OVERLAP_COMPUTE_SLOWDOWN), which costs the one Bridge FSDP row (Llama 3 8B FP8-CS, 8 H100) 1.1 points
 ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 6.0, "nemo_bridge_perf_summary": 9.1}
