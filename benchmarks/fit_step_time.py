@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import cost_models.step_time as st
 from cluster_specs.spec import ClusterSpec
-from planner.validate import load_rows, validate_row, ValidationReport
+from planner.validation import load_rows, validate_row, ValidationReport
 
 ROWS = load_rows()
 ATTN = {"H100": 0.5, "B200": 0.5, "GB200": 0.5, "A100": 0.5}

@@ -17,7 +17,7 @@ import copy
 import sys
 import time
 
-from planner.validate import load_rows, validate_row
+from planner.validation import load_rows, validate_row
 
 #: published parallel.* fields a tuned run leaves out
 LAYOUT = ("tp", "pp", "dp", "cp", "virtual_pipeline", "micro_batch_size", "sequence_parallel", "recompute",

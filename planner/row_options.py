@@ -1,6 +1,6 @@
 """What a published run needs beyond its parallel layout: the row's ``setup`` block, read and checked.
 
-``plan3d validate`` (``planner/validate.py``) builds a model, cluster, job and ``ParallelConfig`` from each row of a
+``plan3d validate`` (``planner/validation.py``) builds a model, cluster, job and ``ParallelConfig`` from each row of a
 published-runs dataset. The published columns leave out things the model needs: the framework (kernel set and overlap
 defaults), how the source counts TFLOP/s, the machine when the GPU name alone does not say it (a power cap, a slow
 network), whether the run had fused attention, and recipe settings (selective-recompute modules, 16-bit gradient
@@ -28,7 +28,7 @@ from .errors import PlanInputError
 
 _MODULES: tuple[str, ...] = get_args(RecomputeModule)
 
-#: Frameworks a row can name (``planner.validate._FRAMEWORK_DEFAULTS``): Megatron-LM, NeMo / Megatron-Bridge recipes,
+#: Frameworks a row can name (``planner.validation._FRAMEWORK_DEFAULTS``): Megatron-LM, NeMo / Megatron-Bridge recipes,
 #: DeepSpeed (Megatron-DeepSpeed), torchtitan.
 RowFramework = Literal["megatron", "nemo", "deepspeed", "torchtitan"]
 #: How a source counts its TFLOP/s (``cost_models.flops.model_flops_per_token_variant``).

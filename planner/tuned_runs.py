@@ -67,7 +67,7 @@ class TunedInputs:
 def tuned_run_inputs(row: dict[str, Any], notes: list[str]) -> TunedInputs | str:
     """The model, cluster, job and pinned search space of a tuned-run row, or why it cannot be built."""
     from .row_options import row_setup
-    from .validate import _FRAMEWORK_DEFAULTS, _cluster_for, _model_for, _precision, row_framework
+    from .validation import _FRAMEWORK_DEFAULTS, _cluster_for, _model_for, _precision, row_framework
 
     fw = row_framework(row)
     p = row.get("parallel") or {}
@@ -114,7 +114,7 @@ def best_tuned_plan(row: dict[str, Any], t: TunedInputs, notes: list[str]) -> tu
 
     from .row_options import row_options
     from .search import run_search
-    from .validate import row_step_options
+    from .validation import row_step_options
 
     planner_fw = _PLANNER_FRAMEWORK[t.framework]
     res = run_search(t.model, t.cluster, t.job, t.num_gpus, top_k=TOP_K if t.dp is None else 4 * TOP_K,

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from planner.tuned_runs import TUNED_GROUP, is_tuned_run
-from planner.validate import load_rows, run_validation, validate_row
+from planner.validation import load_rows, run_validation, validate_row
 
 ROWS = {r["id"]: r for r in load_rows()}
 #: NeMo 24.07, Llama 3 8B FP8 on 8 H100: 12036 tokens/s/GPU measured with tp1 pp1 cp2 dp4 (the row's own layout)

@@ -618,7 +618,7 @@ def validate_row(row: dict[str, Any], check_feasibility: bool = True) -> RowResu
     if not _compare(res, row, model, cluster, job, par, st):
         return res
     if check_feasibility:
-        from .evaluate import evaluate
+        from .evaluation import evaluate
         ev = evaluate(model, cluster, job, par, par.world_size, memory_headroom=0.0,
                       framework={"torchtitan": "torchtitan", "deepspeed": "deepspeed"}.get(fw.split("_")[0], "megatron"))
         res.violations = [v.message for v in ev.violations]
