@@ -86,7 +86,7 @@ def multi_domain_time(kind: Collective, n: int, r: int, size_bytes: float, nvl_b
 
     * **ring** (every collective): each rank moves ``f (n-1)/n S`` (``f`` = 2 for all-reduce, 1 for reduce-scatter /
       all-gather) at the ring's bus bandwidth, the slower of NVLink and the ``r`` NICs its ``r`` GPUs in a domain
-      drive (rail-optimised fabric, one NIC per GPU): ``min(nvl_bw, r net_bw)``; a 2-node DGX A100 ring reaches
+      drive (rail-optimised fabric, one NIC per GPU): ``min(nvl_bw, r net_bw)``; multi-node DGX A100 rings reach
       8 x 24 = 192 GB/s busbw (AddyLaddy, NVIDIA, nccl issue 812), not the NVLink+network sum. Latency: ``f (n-1)``
       steps, ``f (D-1)`` of them on the network (tuning.cc ``nInterSteps``).
     * **tree** (all-reduce only; NCCL's double binary tree, or NVLSTree on Hopper): the intra-domain reduce/broadcast

@@ -67,20 +67,15 @@ class TunedInputs:
 def tuned_run_inputs(row: dict[str, Any], notes: list[str]) -> TunedInputs | str:
     """The model, cluster, job and pinned search space of a tuned-run row, or why it cannot be built."""
     from .row_options import row_setup
-    from .validation import _FRAMEWORK_DEFAULTS, _cluster_for, _model_for, _precision, row_framework
+    from .validation import _precision, row_framework, row_model_cluster_seq
 
     fw = row_framework(row)
     p = row.get("parallel") or {}
     hw = row.get("hardware") or {}
-    model = _model_for(row, notes)
-    if isinstance(model, str):
-        return model
-    cluster = _cluster_for(row, notes)
-    if isinstance(cluster, str):
-        return cluster
-    seq = (row.get("architecture") or {}).get("seq_length") or _FRAMEWORK_DEFAULTS[fw]["seq"]
-    if seq is None:
-        return "sequence length not stated"
+    built = row_model_cluster_seq(row, fw, notes)
+    if isinstance(built, str):
+        return built
+    model, cluster, seq = built
     setup = row_setup(row)
     job_extra = {"cross_entropy_fusion_impl": setup.cross_entropy_fusion_impl} if setup.cross_entropy_fusion_impl \
         else {}

@@ -427,6 +427,23 @@ def torchtitan_split_layout(num_layers: int, stages: int) -> str:
     return "|".join(chunks)
 
 
+def row_model_cluster_seq(row: dict[str, Any], fw: str, notes: list[str]) -> tuple[ModelSpec, ClusterSpec, int] | str:
+    """The row's model, cluster and sequence length (the framework's default when the row leaves it out, noted), or
+    why one of them cannot be had."""
+    model = _model_for(row, notes)
+    if isinstance(model, str):
+        return model
+    cluster = _cluster_for(row, notes)
+    if isinstance(cluster, str):
+        return cluster
+    seq = (row.get("architecture") or {}).get("seq_length") or _FRAMEWORK_DEFAULTS[fw]["seq"]
+    if seq is None:
+        return "sequence length not stated"
+    if (row.get("architecture") or {}).get("seq_length") is None:
+        notes.append(f"seq_length {seq} ({fw} default)")
+    return model, cluster, int(seq)
+
+
 def build_inputs(row: dict[str, Any]) -> tuple[ModelSpec, ClusterSpec, TrainingJob, ParallelConfig, str, list[str]] | str:
     """(model, cluster, job, parallel config, framework, assumptions) for one row, or why it cannot be built."""
     notes: list[str] = []
@@ -438,17 +455,10 @@ def build_inputs(row: dict[str, Any]) -> tuple[ModelSpec, ClusterSpec, TrainingJ
         return "GPU count or global batch not stated (a tuned run needs both; the layout may be left out)"
     if p.get("tp") is None or p.get("pp") is None:
         return "parallel layout not stated (tp/pp): a tuned run (planner.tuned_runs)"
-    model = _model_for(row, notes)
-    if isinstance(model, str):
-        return model
-    cluster = _cluster_for(row, notes)
-    if isinstance(cluster, str):
-        return cluster
-    seq = (row.get("architecture") or {}).get("seq_length") or d["seq"]
-    if seq is None:
-        return "sequence length not stated"
-    if (row.get("architecture") or {}).get("seq_length") is None:
-        notes.append(f"seq_length {seq} ({fw} default)")
+    built = row_model_cluster_seq(row, fw, notes)
+    if isinstance(built, str):
+        return built
+    model, cluster, seq = built
     tp, pp, cp = int(p["tp"]), int(p["pp"]), int(p.get("cp") or 1)
     n = int(hw["num_gpus"])
     dp = int(p.get("dp") or n // (tp * pp * cp))
