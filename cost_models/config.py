@@ -84,6 +84,11 @@ class ParallelConfig(BaseModel):
     sequence_parallel: bool = False
     recompute: Recompute = "none"
     recompute_num_layers: int | None = Field(None, description="layers per stage recomputed under full recompute (None = all)")
+    recompute_method: Literal["block", "uniform"] = Field(
+        "block", description="Megatron --recompute-method with recompute_num_layers N: block = the first N layers of "
+                             "each model chunk are checkpointed, the others keep their activations; uniform = the "
+                             "chunk's layers are checkpointed in groups of N (one input kept per group, every layer "
+                             "recomputed, a whole group's activations live while it is recomputed)")
     schedule: Schedule | None = Field(None, description="None = 1f1b, or interleaved when vpp > 1")
     first_stage_layers: int | None = Field(None, gt=0)
     last_stage_layers: int | None = Field(None, gt=0)

@@ -41,7 +41,8 @@ dense MLP / MoE layer / shared experts (checkpointed: only their input stays; me
 ``recompute_modules``: output-discarding for moe_act, layernorm, mla_up_proj, normal checkpointing otherwise); for
 ``torchtitan``, follows its per-op SAC policy (every second matmul output recomputed; torchtitan
 ``torchtitan/distributed/activation_checkpoint.py`` ``_get_custom_policy``); ``full`` keeps only the layer input
-(K22 Table 2) for ``recompute_num_layers`` layers.
+(K22 Table 2) for ``recompute_num_layers`` layers (Megatron ``--recompute-method block``; ``uniform`` keeps one
+input per group of ``recompute_num_layers`` layers and recomputes every layer).
 
 In-flight micro-batches (formulas.md Sec. 5): 1F1B stage i holds ``min(pp - i, m)``; interleaved 1F1B Megatron's
 warm-up ``(pp - i - 1)*2 + (vpp - 1)*pp + 1`` chunks (K22's ``1 + (p-1)/(p*v)`` on the first stage); GPipe
@@ -518,12 +519,20 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
             idx += [model.num_layers - 1] * model.num_mtp_layers
         per_layer = [act_by_kind[model.is_moe_layer(i)] for i in idx]
         biggest = max(per_layer, default=0.0)
-        if par.recompute == "full":
+        def chunks_of_stage() -> list[int]:
+            return chunk_layer_counts(model.num_layers, par)[stage] if par.vpp > 1 else [len(layers)]
+        if par.recompute == "full" and par.recompute_num_layers and getattr(par, "recompute_method", "") == "uniform":
+            # megatron-core recompute.py, method uniform: each chunk's layers checkpointed in groups of N (the
+            # group's input kept); in backward a whole group is recomputed (its N layers' activations live) and the
+            # gradients of one layer's activations with them
+            g, chunks = par.recompute_num_layers, chunks_of_stage()
+            stored = layer_in * sum(-(-c // g) for c in chunks)
+            working = (min(g, max(chunks, default=1)) + 1) * biggest
+        elif par.recompute == "full":
             if par.recompute_num_layers is None:
                 n_rc = len(per_layer)
             else:  # Megatron's block method: the first N layers of each model chunk (per virtual stage)
-                chunks = chunk_layer_counts(model.num_layers, par)[stage] if par.vpp > 1 else [len(layers)]
-                n_rc = min(len(per_layer), sum(min(par.recompute_num_layers, c) for c in chunks))
+                n_rc = min(len(per_layer), sum(min(par.recompute_num_layers, c) for c in chunks_of_stage()))
             stored = layer_in * n_rc + sum(sorted(per_layer)[: len(per_layer) - n_rc])
             working = 2 * biggest if n_rc else biggest  # recomputed layer + the gradients of its activations
         else:

@@ -94,6 +94,7 @@ class LayoutOptions(JobOptions, total=False):
     last_stage_layers: int | None
     pipeline_layout: str | None
     recompute_modules: tuple[str, ...] | None
+    recompute_method: Literal["block", "uniform"]
     optimizer_cpu_offload: float
     param_cpu_offload: bool
     exp_avg_dtype: Literal["fp32", "fp16", "bf16", "fp8"]
@@ -241,6 +242,7 @@ def parallel_config(inputs: Inputs, *, tp: int = 1, pp: int = 1, cp: int = 1, ep
                     recompute_num_layers: int | None = None, sequence_parallel: bool = False,
                     first_stage_layers: int | None = None, last_stage_layers: int | None = None,
                     pipeline_layout: str | None = None, recompute_modules: tuple[str, ...] | None = None,
+                    recompute_method: str = "block",
                     optimizer_cpu_offload: float = 0.0, param_cpu_offload: bool = False,
                     exp_avg_dtype: str = "fp32", exp_avg_sq_dtype: str = "fp32",
                     main_params_dtype: str = "fp32") -> ParallelConfig:
@@ -248,7 +250,8 @@ def parallel_config(inputs: Inputs, *, tp: int = 1, pp: int = 1, cp: int = 1, ep
 
     Memory knobs (``cost_models.config.ParallelConfig``): ``pipeline_layout`` (Megatron
     ``--pipeline-model-parallel-layout``, a custom per-stage layer list), ``recompute_modules`` (``--recompute-modules``
-    under selective recompute), ``optimizer_cpu_offload`` (share of the optimizer in host memory: Megatron
+    under selective recompute), ``recompute_method`` (``--recompute-method`` block | uniform with
+    ``recompute_num_layers``), ``optimizer_cpu_offload`` (share of the optimizer in host memory: Megatron
     ``--optimizer-offload-fraction``, DeepSpeed ``offload_optimizer``), ``param_cpu_offload`` (DeepSpeed ZeRO-3
     ``offload_param``), ``exp_avg_dtype`` / ``exp_avg_sq_dtype`` / ``main_params_dtype`` (optimizer-state precision).
 
@@ -286,6 +289,7 @@ def parallel_config(inputs: Inputs, *, tp: int = 1, pp: int = 1, cp: int = 1, ep
                               account_for_embedding_in_pipeline_split=account,
                               account_for_loss_in_pipeline_split=account, pipeline_layout=pipeline_layout,
                               recompute_modules=tuple(recompute_modules) if recompute_modules else None,
+                              recompute_method=recompute_method,
                               optimizer_cpu_offload_fraction=optimizer_cpu_offload,
                               param_cpu_offload=bool(param_cpu_offload), exp_avg_dtype=exp_avg_dtype,
                               exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype)

@@ -315,6 +315,9 @@ OffloadOpt = Annotated[float, typer.Option(
          "offload_optimizer, 1.0)")]
 ParamOffloadOpt = Annotated[bool, typer.Option(
     "--param-cpu-offload/--no-param-cpu-offload", help="DeepSpeed ZeRO-3 offload_param: parameters in host memory")]
+RecomputeMethodOpt = Annotated[str, typer.Option(
+    "--recompute-method", help="with --recompute-num-layers N: block (the first N layers of each chunk recomputed) or "
+                               "uniform (groups of N layers checkpointed, every layer recomputed)")]
 MomentDtypeOpt = Annotated[str, typer.Option(help="Adam moment dtype (precision-aware optimizer): fp32, fp16, bf16, fp8")]
 MasterDtypeOpt = Annotated[str, typer.Option(
     "--main-params-dtype", help="master-weight dtype: fp32, fp16 (Megatron --main-params-dtype), bf16 "
@@ -336,11 +339,12 @@ def _layout(model, cluster, gpus, nodes, global_batch_size, seq_length, precisio
                 full_model_init=full_model_init, **_knobs(**knobs))
 
 
-def _knobs(pipeline_layout=None, recompute_modules=None, optimizer_cpu_offload=0.0, param_cpu_offload=False,
-           exp_avg_dtype="fp32", exp_avg_sq_dtype="fp32", main_params_dtype="fp32") -> dict:
+def _knobs(pipeline_layout=None, recompute_modules=None, recompute_method="block", optimizer_cpu_offload=0.0,
+           param_cpu_offload=False, exp_avg_dtype="fp32", exp_avg_sq_dtype="fp32", main_params_dtype="fp32") -> dict:
     """The memory knobs of a one-layout command as API keyword arguments (``planner.api.parallel_config``)."""
     mods = tuple(m.strip() for m in recompute_modules.split(",") if m.strip()) if recompute_modules else None
-    return dict(pipeline_layout=pipeline_layout, recompute_modules=mods, optimizer_cpu_offload=optimizer_cpu_offload,
+    return dict(pipeline_layout=pipeline_layout, recompute_modules=mods, recompute_method=recompute_method,
+                optimizer_cpu_offload=optimizer_cpu_offload,
                 param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype, exp_avg_sq_dtype=exp_avg_sq_dtype,
                 main_params_dtype=main_params_dtype)
 
@@ -364,6 +368,7 @@ def evaluate(
     flops_convention: FlopsOpt = None, at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT,
     full_model_init: FullInitOpt = False,
     pipeline_layout: LayoutStrOpt = None, recompute_modules: RecomputeModulesOpt = None,
+    recompute_method: RecomputeMethodOpt = "block",
     optimizer_cpu_offload: OffloadOpt = 0.0, param_cpu_offload: ParamOffloadOpt = False,
     exp_avg_dtype: MomentDtypeOpt = "fp32", exp_avg_sq_dtype: MomentDtypeOpt = "fp32",
     main_params_dtype: MasterDtypeOpt = "fp32",
@@ -379,7 +384,7 @@ def evaluate(
     doc = api_evaluate(**_layout(
         model, cluster, gpus, nodes, global_batch_size, seq_length, precision, flash_attention, dropout, framework,
         memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute, recompute_num_layers,
-        sequence_parallel, first_stage_layers, last_stage_layers, flops_convention, at_risk_margin, full_model_init, pipeline_layout=pipeline_layout, recompute_modules=recompute_modules,
+        sequence_parallel, first_stage_layers, last_stage_layers, flops_convention, at_risk_margin, full_model_init, pipeline_layout=pipeline_layout, recompute_modules=recompute_modules, recompute_method=recompute_method,
         optimizer_cpu_offload=optimizer_cpu_offload, param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype,
         exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype))
     i = doc.input
@@ -403,6 +408,7 @@ def memory(
         "--capacity-factor", min=1.0, help="MoE expert capacity factor (pads expert buffers; default: dropless)")] = None,
     at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT, full_model_init: FullInitOpt = False,
     pipeline_layout: LayoutStrOpt = None, recompute_modules: RecomputeModulesOpt = None,
+    recompute_method: RecomputeMethodOpt = "block",
     optimizer_cpu_offload: OffloadOpt = 0.0, param_cpu_offload: ParamOffloadOpt = False,
     exp_avg_dtype: MomentDtypeOpt = "fp32", exp_avg_sq_dtype: MomentDtypeOpt = "fp32",
     main_params_dtype: MasterDtypeOpt = "fp32",
@@ -419,7 +425,7 @@ def memory(
     rep = api_memory(capacity_factor=capacity_factor, **_layout(
         model, cluster, gpus, nodes, global_batch_size, seq_length, precision, flash_attention, dropout, framework,
         memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute, recompute_num_layers,
-        sequence_parallel, first_stage_layers, last_stage_layers, None, at_risk_margin, full_model_init, pipeline_layout=pipeline_layout, recompute_modules=recompute_modules,
+        sequence_parallel, first_stage_layers, last_stage_layers, None, at_risk_margin, full_model_init, pipeline_layout=pipeline_layout, recompute_modules=recompute_modules, recompute_method=recompute_method,
         optimizer_cpu_offload=optimizer_cpu_offload, param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype,
         exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype))
     if plot is not None:
@@ -457,6 +463,7 @@ def explain(
         "--timeline", help="draw the simulated pipeline schedule to FILE.svg or FILE.png")] = None,
     at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT, full_model_init: FullInitOpt = False,
     pipeline_layout: LayoutStrOpt = None, recompute_modules: RecomputeModulesOpt = None,
+    recompute_method: RecomputeMethodOpt = "block",
     optimizer_cpu_offload: OffloadOpt = 0.0, param_cpu_offload: ParamOffloadOpt = False,
     exp_avg_dtype: MomentDtypeOpt = "fp32", exp_avg_sq_dtype: MomentDtypeOpt = "fp32",
     main_params_dtype: MasterDtypeOpt = "fp32",
@@ -470,7 +477,7 @@ def explain(
     rep = api_explain(**_layout(
         model, cluster, gpus, nodes, global_batch_size, seq_length, precision, flash_attention, dropout, framework,
         memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute, recompute_num_layers,
-        sequence_parallel, first_stage_layers, last_stage_layers, None, at_risk_margin, full_model_init, pipeline_layout=pipeline_layout, recompute_modules=recompute_modules,
+        sequence_parallel, first_stage_layers, last_stage_layers, None, at_risk_margin, full_model_init, pipeline_layout=pipeline_layout, recompute_modules=recompute_modules, recompute_method=recompute_method,
         optimizer_cpu_offload=optimizer_cpu_offload, param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype,
         exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype))
     ex, par, i = rep.explanation, rep.parallel, rep.inputs

@@ -170,3 +170,23 @@ def test_full_recompute_plans_dominated_by_no_recompute_are_not_listed(run_cli):
                                              p["memory"]["peak_bytes"])
     pinned = run_cli("plan", "--recompute", "full", "--format", "json").json()["plans"]
     assert pinned and all(p["parallel"]["recompute"] == "full" for p in pinned)
+
+
+def test_uniform_method_groups_layers_and_recomputes_all():
+    # megatron-core recompute.py, --recompute-method uniform --recompute-num-layers N: the chunk's layers are
+    # checkpointed in groups of N (one input kept per group) and every layer is recomputed
+    from cost_models.memory import activation_bytes_per_layer, layer_input_bytes
+    uni = _with(PAR, recompute_num_layers=4, recompute_method="uniform")
+    assert recomputed_layers(M8, uni) == list(range(32))
+    st = estimate_memory(M8, H100, JOB, uni).stages[0]
+    every = estimate_memory(M8, H100, JOB, PAR).stages[0]  # every layer, input kept per layer
+    x, a = layer_input_bytes(M8, JOB, uni), activation_bytes_per_layer(M8, JOB, uni, 0)
+    assert every.phase_terms["backward"]["activations"] - st.phase_terms["backward"]["activations"] == pytest.approx(
+        (32 - 8) * x)  # 8 group inputs instead of 32 layer inputs
+    assert st.phase_terms["backward"]["transient"] == pytest.approx(5 * a)  # a 4-layer group + one layer's gradients
+    one = estimate_memory(M8, H100, JOB, _with(PAR, recompute_num_layers=1, recompute_method="uniform")).stages[0]
+    assert one.total == pytest.approx(every.total)  # uniform 1 is "every layer" (what plan3d emits for it)
+    assert estimate_step(M8, H100, JOB, uni).step_s == pytest.approx(estimate_step(M8, H100, JOB, PAR).step_s)
+    args = launch_fields(M8, JOB, uni, 8)["megatron"]
+    assert args[args.index("--recompute-method") + 1] == "uniform"
+    assert args[args.index("--recompute-num-layers") + 1] == "4"

@@ -275,7 +275,7 @@ def parallel_args(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> li
         if par.recompute_num_layers is None:
             add(["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"])
         else:
-            add(["--recompute-granularity", "full", "--recompute-method", "block",
+            add(["--recompute-granularity", "full", "--recompute-method", getattr(par, "recompute_method", "block"),
                  "--recompute-num-layers", str(par.recompute_num_layers)])
     sharded_dp = par.dp * par.cp > 1
     if par.zero_stage >= 1:
