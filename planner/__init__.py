@@ -22,7 +22,7 @@ _EXPORTS = {
     "plan": "api", "evaluate": "api", "memory": "api", "explain": "api", "validate": "api",
     "load_inputs": "api", "parallel_config": "api", "Inputs": "api", "SearchStats": "api",
     "MemoryReport": "api", "ExplainReport": "api", "compare": "api", "cost_sweep": "api",
-    "ComparisonDocument": "compare",
+    "ComparisonDocument": "comparison",
     "PlanDocument": "document", "PlanInputError": "errors", "NoFeasiblePlan": "errors",
 }
 _FOREIGN = {"ModelSpecError": "model_zoo", "ClusterSpecError": "cluster_specs"}

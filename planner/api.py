@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # heavy imports stay lazy: the CLI's start-up only pays for w
     from cost_models.memory import MemoryEstimate
     from model_zoo.spec import ModelSpec
 
-    from .compare import ComparisonDocument
+    from .comparison import ComparisonDocument
     from .cost_search import SweepPoint
     from .document import PlanDocument
     from .explanation import Explanation
@@ -419,10 +419,14 @@ def plan(model: ModelLike | None = None, cluster: ClusterLike | None = None,
 
 def _resolve_clusters(clusters) -> list:
     """Built ``ClusterSpec`` objects of ``clusters`` (names, paths, specs, or a ``--cluster`` string with commas)."""
-    from cluster_specs import load_cluster
+    from cluster_specs import DEFAULT_CLUSTER, load_cluster
     from cluster_specs.spec import ClusterSpec
 
-    from .compare import parse_cluster_option
+    from .comparison import parse_cluster_option
+    if clusters is None:
+        clusters = [DEFAULT_CLUSTER]
+    if isinstance(clusters, (ClusterSpec, os.PathLike)):
+        clusters = [clusters]
     if isinstance(clusters, str):
         choice = parse_cluster_option(clusters)
         if choice.kind == "pools":
@@ -434,7 +438,7 @@ def _resolve_clusters(clusters) -> list:
     return [c if isinstance(c, ClusterSpec) else load_cluster(os.fspath(c)) for c in clusters]
 
 
-def compare(model: ModelLike | None = None, clusters: str | list[ClusterLike] = (),
+def compare(model: ModelLike | None = None, clusters: str | list[ClusterLike] | None = None,
             **options: Unpack[PlanOptions]) -> ComparisonDocument:
     """Plan the same job on several clusters (``"dgx-h100,dgx-h200"`` or a list) and rank them by the best plan's
     effective days and dollars to train ``train_tokens`` (required). Options as ``plan``: ``gpus`` is shared (with
@@ -445,7 +449,7 @@ def compare(model: ModelLike | None = None, clusters: str | list[ClusterLike] = 
     from model_zoo import DEFAULT_MODEL, load_model
     from model_zoo.spec import ModelSpec
 
-    from .compare import build_comparison
+    from .comparison import build_comparison
     if options.get("train_tokens") is None:
         raise PlanInputError("--cluster with several clusters ranks them by time and cost to train: give "
                              "--train-tokens")
@@ -467,7 +471,7 @@ def compare(model: ModelLike | None = None, clusters: str | list[ClusterLike] = 
                             None if deadline is None else float(deadline), results)
 
 
-def cost_sweep(model: ModelLike | None = None, clusters: str | list[ClusterLike] = (),
+def cost_sweep(model: ModelLike | None = None, clusters: ClusterLike | list[ClusterLike] | None = None,
                **options: Unpack[PlanOptions]) -> list[SweepPoint]:
     """The fastest plan at each GPU count (one node, doubling, up to ``gpus``) on each cluster, with its whole-run
     cost (``train_tokens`` required): the points ``plan3d plan --plot`` draws (planner/cost_plot.py). Options as

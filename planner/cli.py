@@ -298,7 +298,7 @@ def plan(
     from .api import compare as api_compare
     from .api import cost_sweep
     from .api import plan as api_plan
-    from .compare import parse_cluster_option
+    from .comparison import parse_cluster_option
     from .errors import PlanInputError
 
     if rank != 1 and emit is None:
@@ -306,6 +306,9 @@ def plan(
     if framework is None:  # an explicit --framework wins; else plan under the rules of the --emit target
         framework = emit if emit is not None else Framework.megatron
     choice = parse_cluster_option(cluster)
+    if plot is not None:
+        from .cost_plot import check_plot_path
+        check_plot_path(plot)
     opts = dict(gpus=gpus, nodes=nodes, global_batch_size=global_batch_size,
                 seq_length=seq_length, precision=precision.value, flash_attention=flash_attention,
                 dropout=dropout, framework=framework.value, memory_headroom=memory_headroom,

@@ -72,21 +72,23 @@ def parse_price(text: str | float | dict | None) -> float | dict[str, float] | N
         return _positive("gpu-hour-price", text)
     s = str(text).strip()
     if "=" not in s:
-        try:
-            return _positive("gpu-hour-price", float(s))
-        except ValueError:
-            raise PlanInputError(f"--gpu-hour-price {s!r}: give USD per GPU-hour (2.5) or NAME=USD pairs "
-                                 f"(dgx-h100=2.5,dgx-h200=3.1)") from None
+        return _positive("gpu-hour-price", _number(s, "give USD per GPU-hour (2.5) or NAME=USD pairs "
+                                                     "(dgx-h100=2.5,dgx-h200=3.1)"))
     out: dict[str, float] = {}
     for item in s.split(","):
         name, _, usd = item.partition("=")
-        try:
-            out[name.strip()] = _positive("gpu-hour-price", float(usd))
-        except ValueError:
-            raise PlanInputError(f"--gpu-hour-price {item!r}: each entry is NAME=USD, e.g. dgx-h100=2.5") from None
         if not name.strip():
             raise PlanInputError(f"--gpu-hour-price {item!r}: each entry is NAME=USD, e.g. dgx-h100=2.5")
+        out[name.strip()] = _positive("gpu-hour-price", _number(usd, "each entry is NAME=USD, e.g. dgx-h100=2.5",
+                                                                item))
     return out
+
+
+def _number(text: str, hint: str, shown: str | None = None) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise PlanInputError(f"--gpu-hour-price {shown if shown is not None else text!r}: {hint}") from None
 
 
 def cost_options(train_tokens: float | None, *, gpu_hour_price=None, async_checkpoint: bool = False,

@@ -13,6 +13,14 @@ from .errors import PlanInputError
 PLOT_SUFFIXES = (".png", ".svg")
 
 
+def check_plot_path(path: str | Path) -> Path:
+    """``path`` as a Path; raises ``PlanInputError`` unless it ends in .png or .svg (checked before the sweep)."""
+    p = Path(path)
+    if p.suffix.lower() not in PLOT_SUFFIXES:
+        raise PlanInputError(f"--plot {p}: the file must end in {' or '.join(PLOT_SUFFIXES)}")
+    return p
+
+
 def cost_axis(points: list[SweepPoint]) -> tuple[str, list[float]]:
     """The y axis: US dollars when every point has a price, else GPU-hours (label, values)."""
     if points and all(p.cost.usd is not None for p in points):
@@ -24,9 +32,7 @@ def plot_cost_sweep(points: list[SweepPoint], path: str | Path, title: str = "")
     """Draw ``points`` (effective days on a log x axis, cost on y) into ``path`` (.png or .svg), each labelled with
     its GPU count, the Pareto frontier joined and ringed; the prices' dates go in the caption. Raises
     ``PlanInputError`` for an unsupported suffix, no points, matplotlib missing, or an unwritable file."""
-    p = Path(path)
-    if p.suffix.lower() not in PLOT_SUFFIXES:
-        raise PlanInputError(f"--plot {p}: the file must end in {' or '.join(PLOT_SUFFIXES)}")
+    p = check_plot_path(path)
     if not points:
         raise PlanInputError(f"--plot {p}: no GPU count up to --gpus has a plan that fits")
     try:

@@ -2,7 +2,7 @@
 (``plan3d plan|evaluate --train-tokens``). Rendering only; the numbers come from ``planner.cost``."""
 from __future__ import annotations
 
-from .compare import ComparisonDocument
+from .comparison import ComparisonDocument
 from .document import CostInfo, PlanDocument
 
 
