@@ -341,7 +341,7 @@ def _plan_setup(model, cluster, options: dict[str, Any]) -> _PlanSetup:
     cost = _cost_options(o)
     deadline = o.get("deadline_days")
     if deadline is not None:
-        if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not deadline > 0:
+        if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not 0 < deadline < float("inf"):
             raise PlanInputError(f"--deadline-days {deadline!r}: must be a positive number of days")
         if objective not in ("cost", "min-gpus"):
             raise PlanInputError("--deadline-days needs --objective cost or --objective min-gpus")

@@ -133,6 +133,7 @@ def _plans_table(doc, title: str):
         caption += (f"; MFU = model FLOPs ({thr.flops_convention} count) / dense 16-bit peak "
                     f"{thr.peak_flops_per_gpu / 1e12:.0f} TFLOP/s per GPU")
     t = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
+    from .cost_report import money
     costed = any(p.cost is not None for p in doc.plans)
     cols = ["#", "tp", "pp", "dp", "cp", "ep", "vpp", "mbs", "zero", "sp", "recompute", "peak GiB",
             "step s", "tokens/s", "TFLOP/s/GPU", "MFU", "ok"]
@@ -143,7 +144,6 @@ def _plans_table(doc, title: str):
     for p in doc.plans:
         extra = []
         if costed:
-            from .cost_report import money
             c = p.cost
             extra = ["-", "-", "-"] if c is None else [f"{c.effective_days:.4g}", f"{c.gpu_hours:,.0f}", money(c.usd)]
         q = p.parallel
@@ -222,16 +222,17 @@ def _render(doc, fmt: Fmt, output: Path | None, emit: Emit | None, title: str, r
     from rich.console import Console
 
     from .cost_report import cost_lines
+    width = 190 if any(p.cost is not None for p in doc.plans) else 160  # room for days, GPU-hours and $
     if output is not None:
         import io
         buf = io.StringIO()
-        con = Console(file=buf, width=160)
+        con = Console(file=buf, width=width)
         con.print(_plans_table(doc, title))
         for line in cost_lines(doc):
             con.print(line, highlight=False)
         _write(buf.getvalue(), output)  # one-line error naming the path and the OS reason
         return
-    console = Console(width=max(160, Console().width))
+    console = Console(width=max(width, Console().width))
     console.print(_plans_table(doc, title))
     for p in doc.plans:
         for v in p.violations:
@@ -306,9 +307,11 @@ def plan(
     if framework is None:  # an explicit --framework wins; else plan under the rules of the --emit target
         framework = emit if emit is not None else Framework.megatron
     choice = parse_cluster_option(cluster)
-    if plot is not None:
+    if plot is not None:  # checked before the search: a wrong suffix or no token count fails at once
         from .cost_plot import check_plot_path
         check_plot_path(plot)
+        if train_tokens is None:
+            raise PlanInputError("--plot draws cost against days: give --train-tokens")
     opts = dict(gpus=gpus, nodes=nodes, global_batch_size=global_batch_size,
                 seq_length=seq_length, precision=precision.value, flash_attention=flash_attention,
                 dropout=dropout, framework=framework.value, memory_headroom=memory_headroom,

@@ -52,7 +52,7 @@ class CostOptions:
 
 def _positive(field: str, v, upper: float | None = None, lower_inclusive: float | None = None) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise PlanInputError(f"--{field} {v!r}: must be a number")
+        raise PlanInputError(f"--{field} {v!r}: must be a finite number")
     if lower_inclusive is not None:
         if v < lower_inclusive:
             raise PlanInputError(f"--{field} {v:g}: must be >= {lower_inclusive:g}")

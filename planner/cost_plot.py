@@ -8,7 +8,7 @@ import textwrap
 from pathlib import Path
 
 from .cost_search import SweepPoint, pareto_front
-from .errors import PlanInputError
+from .errors import NoFeasiblePlan, PlanInputError
 
 PLOT_SUFFIXES = (".png", ".svg")
 
@@ -31,10 +31,11 @@ def cost_axis(points: list[SweepPoint]) -> tuple[str, list[float]]:
 def plot_cost_sweep(points: list[SweepPoint], path: str | Path, title: str = "") -> Path:
     """Draw ``points`` (effective days on a log x axis, cost on y) into ``path`` (.png or .svg), each labelled with
     its GPU count, the Pareto frontier joined and ringed; the prices' dates go in the caption. Raises
-    ``PlanInputError`` for an unsupported suffix, no points, matplotlib missing, or an unwritable file."""
+    ``PlanInputError`` for an unsupported suffix, matplotlib missing or an unwritable file, ``NoFeasiblePlan`` for
+    no points."""
     p = check_plot_path(path)
     if not points:
-        raise PlanInputError(f"--plot {p}: no GPU count up to --gpus has a plan that fits")
+        raise NoFeasiblePlan(f"--plot {p}: no GPU count up to --gpus has a plan that fits, nothing to draw")
     try:
         import matplotlib
     except ImportError:

@@ -45,7 +45,8 @@ def cost_lines(doc: PlanDocument) -> list[str]:
         f"  interruptions: one every {_duration(c.mtbf_s)} ({c.expected_interruptions:,.0f} expected), restart "
         f"{_duration(c.restart_s)}; checkpoint {c.checkpoint_bytes / 1e9:,.4g} GB {ckpt}, every "
         f"{c.checkpoint_interval_steps} steps ({_duration(c.checkpoint_interval_s)}, Young/Daly)",
-        f"  price: {price_note(c)}; {energy}",
+        f"  energy: {energy}",
+        f"  price: {price_note(c)}",
     ]
 
 
@@ -64,7 +65,7 @@ def comparison_table(cmp: ComparisonDocument, title: str):
             continue
         p = r.document.plans[0]
         q, c = p.parallel, p.cost
-        price = "-" if c.usd_per_gpu_hour is None else f"{c.usd_per_gpu_hour:g} ({c.price_date or 'option'})"
+        price = "-" if c.usd_per_gpu_hour is None else f"{c.usd_per_gpu_hour:.2f} ({c.price_date or 'option'})"
         t.add_row(str(r.rank_by_time or "-"), str(r.rank_by_cost or "-"), r.cluster,
                   str(r.document.input.cluster.num_gpus), str(q.tp), str(q.pp), str(q.dp), str(q.cp), str(q.ep),
                   f"{p.throughput.tokens_per_s:,.0f}", f"{p.throughput.mfu:.1%}", f"{c.effective_days:.4g}",

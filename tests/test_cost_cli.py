@@ -162,7 +162,7 @@ def test_several_clusters_ranked_by_time_and_cost(run_cli):
         [k for k in ("dgx-h100", "dgx-b200") if rows[k]["rank_by_cost"] == 2]
     table = run_cli("plan", "-m", "llama3.1-8b", "-c", "dgx-h100,dgx-b200", "--gpus", "16", "--train-tokens", "1e12",
                     "--top-k", "1", "--gpu-hour-price", "dgx-h100=2,dgx-b200=3")
-    assert table.exit_code == 0 and "cost #" in table.stdout and "3 (option)" in table.stdout
+    assert table.exit_code == 0 and "cost #" in table.stdout and "3.00 (option)" in table.stdout
 
 
 def test_a_cluster_without_a_plan_keeps_its_reason():
