@@ -18,6 +18,7 @@ from cost_models.training_cost import SECONDS_PER_DAY, checkpoint_bytes, trainin
 from model_zoo.spec import ModelSpec
 
 from .document import CostInfo, PlanDocument
+from .document import _r as _round6
 from .errors import PlanInputError
 from .evaluation import Evaluation
 
@@ -114,7 +115,8 @@ def cost_options(train_tokens: float | None, *, gpu_hour_price=None, async_check
 
 
 def _r(x: float | None) -> float | None:
-    return None if x is None else float(f"{x:.6g}")
+    """6 significant digits, as the rest of the document (None stays None)."""
+    return None if x is None else _round6(x)
 
 
 def plan_cost(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, ev: Evaluation, num_gpus: int,

@@ -14,6 +14,11 @@ def _duration(s: float) -> str:
     return f"{s / 3600:.3g} h"
 
 
+def amount(x: float) -> str:
+    """A quantity for people: thousands separated above 100 (``53,366``), 3 significant digits below (``8.26``)."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
 def money(usd: float | None) -> str:
     """``$1,234,567`` (or ``-`` without a price)."""
     return "-" if usd is None else f"${usd:,.0f}"
@@ -31,19 +36,20 @@ def price_note(c: CostInfo) -> str:
 def cost_lines(doc: PlanDocument) -> list[str]:
     """One paragraph on the top plan's cost: time, goodput and why, GPU-hours, money with the price's date, and
     energy with what it counts. Empty when the document has no cost."""
-    c = next((p.cost for p in doc.plans if p.cost is not None), None)
-    if c is None:
+    top = next((p for p in doc.plans if p.cost is not None), None)
+    if top is None:
         return []
-    n = doc.input.cluster.num_gpus
+    c, n = top.cost, doc.input.cluster.num_gpus
+    infeasible = "" if top.feasible else " (infeasible as given: the cost of its predicted step)"
     ckpt = ("async: blocks " + _duration(c.checkpoint_blocking_s) + ", writes in " + _duration(c.checkpoint_write_s)
             if c.async_checkpoint else "written in " + _duration(c.checkpoint_write_s))
-    energy = "energy unknown" if c.energy_mwh is None else f"{c.energy_mwh:,.4g} MWh ({c.energy_scope}, PUE {c.pue:g})"
+    energy = "energy unknown" if c.energy_mwh is None else f"{amount(c.energy_mwh)} MWh ({c.energy_scope}, PUE {c.pue:g})"
     return [
-        f"cost of plan 1 for {c.train_tokens:.4g} tokens ({c.steps:,} steps) on {n} GPUs: "
+        f"cost of plan {top.rank}{infeasible} for {c.train_tokens:.4g} tokens ({c.steps:,} steps) on {n} GPUs: "
         f"{c.wall_clock_days:.4g} days failure-free, {c.effective_days:.4g} days with interruptions and checkpoints "
         f"(goodput {c.goodput_fraction:.1%}), {c.gpu_hours:,.0f} GPU-hours, {money(c.usd)}",
         f"  interruptions: one every {_duration(c.mtbf_s)} ({c.expected_interruptions:,.0f} expected), restart "
-        f"{_duration(c.restart_s)}; checkpoint {c.checkpoint_bytes / 1e9:,.4g} GB {ckpt}, every "
+        f"{_duration(c.restart_s)}; checkpoint {amount(c.checkpoint_bytes / 1e9)} GB {ckpt}, every "
         f"{c.checkpoint_interval_steps} steps ({_duration(c.checkpoint_interval_s)}, Young/Daly)",
         f"  energy: {energy}",
         f"  price: {price_note(c)}",
@@ -70,7 +76,7 @@ def comparison_table(cmp: ComparisonDocument, title: str):
                   str(r.document.input.cluster.num_gpus), str(q.tp), str(q.pp), str(q.dp), str(q.cp), str(q.ep),
                   f"{p.throughput.tokens_per_s:,.0f}", f"{p.throughput.mfu:.1%}", f"{c.effective_days:.4g}",
                   f"{c.goodput_fraction:.1%}", f"{c.gpu_hours:,.0f}", price, money(c.usd),
-                  "-" if c.energy_mwh is None else f"{c.energy_mwh:,.4g}")
+                  "-" if c.energy_mwh is None else amount(c.energy_mwh))
     return t
 
 
