@@ -61,7 +61,8 @@ class FlopsConv(str, Enum):
 
 
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="built-in name, our YAML, or a HF config.json path")]
-ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="built-in name or YAML path")]
+ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="built-in name or YAML path (plan: A,B,C compares "
+                                                                   "clusters by time and cost)")]
 GpusOpt = Annotated[Optional[int], typer.Option("--gpus", min=1, help="number of GPUs (multiple of the node size)")]
 NodesOpt = Annotated[Optional[int], typer.Option("--nodes", min=1, help="number of nodes")]
 GbsOpt = Annotated[int, typer.Option("--global-batch-size", min=1, help="sequences per optimizer step")]
@@ -266,8 +267,9 @@ def plan(
                                                                "oracle)")] = SolverOpt.cpsat,
     objective: Annotated[ObjectiveOpt, typer.Option(
         "--objective", help="throughput (default); headroom: most memory headroom within --within of the best "
-                            "throughput; min-gpus: fewest GPUs (up to --gpus) meeting --target-step-s or "
-                            "--target-tokens-per-day")] = ObjectiveOpt.throughput,
+                            "throughput; min-gpus: fewest GPUs (up to --gpus) meeting --target-step-s, "
+                            "--target-tokens-per-day or --deadline-days; cost: fewest GPU-hours (up to --gpus) "
+                            "that train --train-tokens by --deadline-days")] = ObjectiveOpt.throughput,
     within: Annotated[Optional[float], typer.Option("--within", min=0.0, max=1.0,
                                           help="--objective headroom: allowed throughput loss (fraction, default 0.05)")] = None,
     target_step_s: Annotated[Optional[float], typer.Option("--target-step-s", min=0.0,
