@@ -32,7 +32,6 @@ from __future__ import annotations
 import pytest
 
 import planner
-from cluster_specs import list_clusters
 
 LLAMA_PUBLISHED_GPU_HOURS = 30.84e6
 DEEPSEEK_PUBLISHED_GPU_HOURS = 2.664e6
@@ -78,26 +77,30 @@ def test_llama31_405b_goodput_matches_meta(llama_stages):
         assert p.cost.expected_interruptions > 0 and p.cost.mtbf_s == pytest.approx(54 * 24 / 419 * 3600, rel=1e-3)
 
 
-@pytest.mark.skipif("dgx-h800" not in list_clusters(),
-                    reason="the dgx-h800 cluster arrives with issue 13 item 5 (branch valrows)")
-class TestDeepSeekV3:
-    @pytest.fixture(scope="class")
-    def plan(self):
-        return planner.evaluate("deepseek-v3", "dgx-h800", gpus=2048, global_batch_size=15360, seq_length=4096,
-                                tp=1, pp=16, ep=64, zero_stage=1, precision="fp8", train_tokens=14.8e12).plans[0]
+@pytest.fixture(scope="module")
+def deepseek_plan():
+    """DeepSeek-V3's layout on the built-in dgx-h800 (H100 compute, NVLink 200 GB/s per direction, 8 x 400 Gb/s IB)
+    at the cluster's default price, DeepSeek's own $2 per GPU-hour."""
+    return planner.evaluate("deepseek-v3", "dgx-h800", gpus=2048, global_batch_size=15360, seq_length=4096,
+                            tp=1, pp=16, ep=64, zero_stage=1, precision="fp8", train_tokens=14.8e12).plans[0]
 
-    @pytest.mark.xfail(strict=True, reason="plan3d's step-time model has no DualPipe: the EP all-to-all DeepSeek "
-                                           "overlaps with compute is exposed (about a quarter of the step), so the "
-                                           "GPU-hours come out over 20% high")
-    def test_gpu_hours_within_20pct(self, plan):
-        error = plan.cost.gpu_hours / DEEPSEEK_PUBLISHED_GPU_HOURS - 1
-        assert abs(error) <= 0.20, f"predicted {plan.cost.gpu_hours / 1e6:.3f}M GPU-hours, {error:+.1%}"
 
-    def test_the_miss_is_the_exposed_expert_all_to_all(self, plan):
-        """Without the exposed EP all-to-all (what DualPipe hides behind the paired micro-batch's compute) the same
-        plan's GPU-hours fall within 20% of the published figure: the miss is the missing schedule, not the
-        goodput model."""
-        t = plan.time
-        hidden = (t.step_s - t.exposed_comm_s["ep"]) / t.step_s
-        error = plan.cost.gpu_hours * hidden / DEEPSEEK_PUBLISHED_GPU_HOURS - 1
-        assert abs(error) <= 0.20, f"{error:+.1%}"
+@pytest.mark.xfail(strict=True, reason="plan3d's step-time model has no DualPipe: the EP all-to-all DeepSeek overlaps "
+                                       "with compute is exposed (5.7 s of a 24.3 s step), so the GPU-hours come out "
+                                       "26% high (3.37M against 2.664M)")
+def test_deepseek_v3_gpu_hours_within_20pct(deepseek_plan):
+    error = deepseek_plan.cost.gpu_hours / DEEPSEEK_PUBLISHED_GPU_HOURS - 1
+    assert abs(error) <= 0.20, f"predicted {deepseek_plan.cost.gpu_hours / 1e6:.3f}M GPU-hours, {error:+.1%}"
+
+
+def test_deepseek_v3_miss_is_the_exposed_expert_all_to_all(deepseek_plan):
+    """Without the exposed EP all-to-all (what DualPipe hides behind the paired micro-batch's compute) the same
+    plan's GPU-hours fall within 20% of the published figure (2.58M, -3%): the miss is the missing schedule, not the
+    goodput model (96.7% here: one interruption every 24.7 h on 2,048 GPUs)."""
+    p = deepseek_plan
+    t = p.time
+    hidden = (t.step_s - t.exposed_comm_s["ep"]) / t.step_s
+    error = p.cost.gpu_hours * hidden / DEEPSEEK_PUBLISHED_GPU_HOURS - 1
+    assert abs(error) <= 0.20, f"{error:+.1%}"
+    assert 0.96 < p.cost.goodput_fraction < 0.98
+    assert p.cost.usd_per_gpu_hour == 2.0 and p.cost.price_date == "2024-12-27"
