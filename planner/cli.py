@@ -405,7 +405,7 @@ SpOpt = Annotated[bool, typer.Option("--sequence-parallel/--no-sequence-parallel
 FirstOpt = Annotated[Optional[int], typer.Option("--first-stage-layers", min=1)]
 LastOpt = Annotated[Optional[int], typer.Option("--last-stage-layers", min=1)]
 LayoutStrOpt = Annotated[Optional[str], typer.Option(
-    "--pipeline-model-parallel-layout", help="Megatron per-stage layout, e.g. 'Et*3|(tttt|)*6tttL' (E embedding, t "
+    "--pipeline-model-parallel-layout", help="Megatron per-stage layout, e.g. 'Et*7|t*9|t*9|t*7L' (E embedding, t "
                                              "decoder layer, m MTP layer, L loss; chunk i on pipeline rank i % pp)")]
 RecomputeModulesOpt = Annotated[Optional[str], typer.Option(
     "--recompute-modules", help="selective recompute modules, comma-separated (Megatron --recompute-modules): "
