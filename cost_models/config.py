@@ -49,6 +49,11 @@ class TrainingJob(BaseModel):
                            "GPU before the data-parallel sharding: DeepSpeed without deepspeed.zero.Init, or a loader "
                            "that builds the full model on each rank; False = built sharded (Megatron, torchtitan's "
                            "meta-device init, zero.Init)")
+    expert_load_imbalance: float | None = Field(
+        None, ge=1.0, description="dropless MoE routing: the busiest expert's routed tokens over the mean in one "
+                                  "micro-batch (1.0 = balanced, as with Megatron --moe-router-force-load-balancing); "
+                                  "None = cost_models/moe_imbalance.py's sourced default (2.21 for 256 experts, 1.61 "
+                                  "for 8). Sets how far the busiest expert-parallel rank exceeds the balanced share")
     cross_entropy_fusion_impl: Literal["native", "te"] = Field(
         "native", description="Megatron --cross-entropy-fusion-impl: 'native' (Megatron's fused vocab-parallel "
                               "cross entropy, bf16 logits + fp32 copy kept) or 'te' (Transformer Engine "

@@ -33,7 +33,8 @@ Activations per layer and micro-batch: Korthikanti et al. 2022 (K22) Sec. 4.1 te
 generalised to GQA/MLA projection widths, gated MLPs (SwiGLU's fc1 output is ``2f`` wide), fused attention (no
 ``5*a*s^2*b`` score term, only the fp32 log-sum-exp ``4*a*s*b``), dropout on/off (1-byte masks), context
 parallelism (each rank holds ``s/cp`` tokens), MoE (``top_k`` token copies dispatched and combined, the expert
-FFN width, fp32 router logits, capacity factor) and FP8 (GEMM inputs kept in 1-byte FP8 by Transformer Engine).
+FFN width, fp32 router logits; the busiest expert-parallel rank holds more than the balanced share under dropless
+routing, ``cost_models/moe_imbalance.py``, or exactly a padded capacity factor) and FP8 (GEMM inputs kept in 1-byte FP8 by Transformer Engine).
 Recompute: ``selective`` drops what ``recompute_modules`` names (Megatron ``--recompute-modules``; default
 ``core_attn``, the attention core of K22 / ``--recompute-activations``): ``layernorm`` the 16-bit norm outputs,
 ``mla_up_proj`` MLA's Q, K, V, ``moe_act`` the expert fc2 inputs, ``mlp`` / ``moe`` / ``shared_experts`` the whole
@@ -82,6 +83,7 @@ from model_zoo.spec import ModelSpec
 from .config import BYTES_16BIT, BYTES_FP32, ParallelConfig, TrainingJob
 from .layout import chunk_layer_counts, stage_layer_ranges
 from .memory_buffers import BufferInputs, backend_buffers, merge, moe_dispatch_buffers, pipeline_p2p_buffers
+from .moe_imbalance import rank_load_ratio
 
 Framework = Literal["megatron", "deepspeed", "torchtitan"]
 FRAMEWORKS: tuple[str, ...] = ("megatron", "deepspeed", "torchtitan")
@@ -359,6 +361,7 @@ def activation_bytes_per_layer(model: ModelSpec, job: TrainingJob, par: Parallel
     gemm_in = 1 if job.precision == "fp8" else BYTES_16BIT  # TE keeps FP8 GEMM inputs (1 byte)
     mult = 2 if model.gated_mlp else 1
     is_moe = model.moe is not None and model.is_moe_layer(layer)
+    capacity_factor = expert_buffer_factor(model, job, par, capacity_factor) if is_moe else capacity_factor
     f = (model.moe.dense_ffn_hidden_size if model.moe and model.moe.dense_ffn_hidden_size else model.ffn_hidden_size)
 
     if framework == "torchtitan" and par.recompute == "selective":
@@ -405,10 +408,23 @@ def activation_bytes_per_layer(model: ModelSpec, job: TrainingJob, par: Parallel
     return outside + attn + mlp
 
 
+def expert_buffer_factor(model: ModelSpec, job: TrainingJob, par: ParallelConfig,
+                         capacity_factor: float | None = None) -> float:
+    """Routed token copies held by the busiest expert-parallel rank over the balanced share (dimensionless): the
+    capacity factor when one pads the expert buffers (``--moe-expert-capacity-factor`` with
+    ``--moe-pad-expert-input-to-capacity``: every expert holds exactly that many), else dropless routing's
+    imbalance ``moe_imbalance.rank_load_ratio`` for ``job.expert_load_imbalance`` (1 at ep 1, growing with ep)."""
+    if capacity_factor:
+        return capacity_factor
+    if model.moe is None:
+        return 1.0
+    return rank_load_ratio(model.moe.num_experts, par.ep, getattr(job, "expert_load_imbalance", None))
+
+
 def _moe_bytes(model: ModelSpec, par: ParallelConfig, sb: float, gemm_in: int, mult: int,
                capacity_factor: float | None, mods: frozenset[str] = frozenset()) -> float:
-    """MoE layer activations: ``k`` routed copies of every token (uniform routing; with a capacity factor the
-    expert buffers are padded to ``capacity_factor`` times that), each stored as the expert fc1 GEMM input (the
+    """MoE layer activations: ``k`` routed copies of every token times ``capacity_factor`` (the busiest rank's
+    share over the balanced one, ``expert_buffer_factor``: dropless imbalance, or padding to a capacity), each stored as the expert fc1 GEMM input (the
     dispatched token, h, kept by the grouped GEMM in its input dtype: 1 byte in FP8; the fused permutation's backward
     needs only the routing map), the expert fc1 output (mult*f_e), the fc2 input (f_e) and the un-permutation input
     (the fc2 output, 2h bytes, kept for the gradient of the routing probabilities); shared experts as a dense MLP;
@@ -504,7 +520,7 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
     moe_copies = 0.0
     if model.moe is not None:
         local = tokens / (par.tp if par.sequence_parallel else 1)
-        moe_copies = local * model.moe.top_k * (capacity_factor or 1.0)
+        moe_copies = local * model.moe.top_k * expert_buffer_factor(model, job, par, capacity_factor)
     out: list[StageMemory] = []
     for stage, layers in enumerate(ranges):
         sp = stage_params(model, par, stage, layers, vocab)

@@ -221,8 +221,9 @@ def backend_buffers(framework: str, b: BufferInputs, pp: int) -> Buffers:
 
 
 def moe_dispatch_buffers(routed_token_copies: float, hidden_size: int, ep: int) -> Buffers:
-    """Expert-parallel all-to-all buffers of the running MoE layer (``routed_token_copies`` = token copies this rank
-    sends, ``tokens x top_k x capacity factor``; balanced routing, so it also receives as many).
+    """Expert-parallel all-to-all buffers of the running MoE layer (``routed_token_copies`` = token copies the
+    busiest rank receives, ``tokens x top_k x`` its share over the balanced one: dropless imbalance or a padded
+    capacity, ``cost_models.memory.expert_buffer_factor``).
 
     With ``ep > 1`` the dispatch sends the permuted token copies and receives the other ranks' copies for its own
     experts: Megatron-LM ``MoEAlltoAllTokenDispatcher`` (``token_dispatcher.py``: ``dispatch_preprocess`` permutes,
@@ -231,8 +232,8 @@ def moe_dispatch_buffers(routed_token_copies: float, hidden_size: int, ep: int) 
     Only the sorted receive buffer is kept for the expert GEMM (stored activations); during the exchange one more
     copy of the routed tokens is alive (the send buffer, then the unsorted receive buffer), and the combine's backward
     exchanges the gradients the same way: ``2 * copies * h`` bytes (16-bit) in forward and in backward. With
-    ``ep == 1`` the all-to-all returns its input (no copy). Dropless routing is taken as balanced; a capacity factor
-    (``--capacity-factor``) states the imbalance bound, and scales ``routed_token_copies``.
+    ``ep == 1`` the all-to-all returns its input (no copy). The receive side is the larger one on the busiest rank
+    (it sends its balanced ``tokens x top_k`` and receives more), so the copy is counted at the received size.
     """
     out = _empty()
     if ep <= 1:

@@ -75,6 +75,7 @@ class JobOptions(TypedDict, total=False):
     at_risk_margin: float
     full_model_init: bool
     flops_convention: Literal["megatron", "palm"]
+    expert_load_imbalance: float | None
 
 
 class LayoutOptions(JobOptions, total=False):
@@ -197,11 +198,13 @@ def _check_keys(options: dict[str, Any], allowed: frozenset[str], where: str) ->
 def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = None, *, gpus: int | None = None,
                 nodes: int | None = None, global_batch_size: int = 1024, seq_length: int = 4096,
                 precision: str = "bf16", flash_attention: bool = True, dropout: bool = False,
-                framework: str | None = None, full_model_init: bool = False) -> Inputs:
+                framework: str | None = None, full_model_init: bool = False,
+                expert_load_imbalance: float | None = None) -> Inputs:
     """Resolve the model (default ``llama3.1-8b``), the cluster (default ``dgx-h100``), the GPU count (``gpus`` or
     ``nodes``; default the cluster's default node count: a multiple of the node size, or a divisor of it for a job
     on part of one node) and the job (``full_model_init``: every rank first materializes its whole 16-bit model,
-    DeepSpeed without ``zero.Init``; checked as the init phase).
+    DeepSpeed without ``zero.Init``; checked as the init phase; ``expert_load_imbalance``: dropless MoE routing's
+    busiest expert over the mean in one micro-batch, None = ``cost_models/moe_imbalance.py``'s default).
 
     Raises ``ModelSpecError`` / ``ClusterSpecError`` (unreadable or invalid files, unknown names, a GPU count that
     is not whole nodes) and ``PlanInputError`` (an option outside its allowed values).
@@ -233,15 +236,22 @@ def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = No
     n = resolve_num_gpus(c, gpus, nodes)
     if precision not in c.supported_precisions:
         raise PlanInputError(f"--precision {precision}: {c.gpu.name} supports {', '.join(c.supported_precisions)}")
+    if expert_load_imbalance is not None and (isinstance(expert_load_imbalance, bool)
+                                              or not isinstance(expert_load_imbalance, (int, float))
+                                              or not 1.0 <= expert_load_imbalance < float("inf")):
+        raise PlanInputError(f"--expert-load-imbalance {expert_load_imbalance!r}: must be a number >= 1 (the busiest "
+                             f"expert's routed tokens over the mean; 1 = balanced)")
     job = TrainingJob(global_batch_size=global_batch_size, seq_length=seq_length, precision=precision,
                       flash_attention=bool(flash_attention), dropout=bool(dropout), framework=fw,
-                      full_model_init=bool(full_model_init))
+                      full_model_init=bool(full_model_init),
+                      expert_load_imbalance=None if expert_load_imbalance is None else float(expert_load_imbalance))
     return Inputs(m, c, n, job)
 
 
 def _job_kwargs(options: dict[str, Any]) -> dict[str, Any]:
     return {k: options[k] for k in ("gpus", "nodes", "global_batch_size", "seq_length", "precision",
-                                    "flash_attention", "dropout", "framework", "full_model_init") if k in options}
+                                    "flash_attention", "dropout", "framework", "full_model_init",
+                                    "expert_load_imbalance") if k in options}
 
 
 def _fraction(field: str, value: float | None, default: float) -> float:

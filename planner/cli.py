@@ -86,6 +86,11 @@ FullInitOpt = Annotated[bool, typer.Option(
     "--full-model-init/--sharded-init",
     help="each rank first materializes its whole 16-bit model (DeepSpeed without zero.Init): checked as the init "
          "phase")]
+ImbalanceOpt = Annotated[Optional[float], typer.Option(
+    "--expert-load-imbalance", min=1.0,
+    help="dropless MoE: the busiest expert's routed tokens over the mean in one micro-batch (1 = balanced, e.g. "
+         "--moe-router-force-load-balancing); sets how much more the busiest EP rank holds (default: 2.21 for 256 "
+         "experts, 1.61 for 8; cost_models/moe_imbalance.py)")]
 FlopsOpt = Annotated[Optional[FlopsConv], typer.Option(
     "--flops-convention", help="model FLOPs behind TFLOP/s and MFU: megatron (causal attention halved, "
                                "Megatron-LM's logger) or palm (6N + 12LHQT, torchtitan)")]
@@ -296,6 +301,7 @@ def plan(
     pin_zero: Annotated[Optional[int], typer.Option("--zero-stage", min=0, max=3, help="pin ZeRO stage")] = None,
     pin_rc: Annotated[Optional[RecomputeOpt], typer.Option("--recompute", help="pin recompute")] = None,
     flops_convention: FlopsOpt = None, at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT,
+    expert_load_imbalance: ImbalanceOpt = None,
     train_tokens: TrainTokensOpt = None, gpu_hour_price: PriceOpt = None, async_checkpoint: AsyncCkptOpt = False,
     interruption_rate: RateOpt = None, restart_s: RestartOpt = None, pue: PueOpt = None,
     deadline_days: Annotated[Optional[float], typer.Option(
@@ -334,7 +340,7 @@ def plan(
                 vpp=pin_vpp, micro_batch_size=pin_mbs, zero_stage=pin_zero, recompute=_value(pin_rc),
                 train_tokens=train_tokens, gpu_hour_price=gpu_hour_price, async_checkpoint=async_checkpoint,
                 interruption_rate=interruption_rate, restart_s=restart_s, pue=pue, deadline_days=deadline_days,
-                at_risk_margin=at_risk_margin)
+                at_risk_margin=at_risk_margin, expert_load_imbalance=expert_load_imbalance)
     if choice.kind != "single":
         if emit is not None:
             raise PlanInputError("--emit writes one plan: give one --cluster")
@@ -428,7 +434,8 @@ MasterDtypeOpt = Annotated[str, typer.Option(
 def _layout(model, cluster, gpus, nodes, global_batch_size, seq_length, precision, flash_attention, dropout,
             framework, memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute,
             recompute_num_layers, sequence_parallel, first_stage_layers, last_stage_layers,
-            flops_convention=None, at_risk_margin=AT_RISK_DEFAULT, full_model_init=False, **knobs) -> dict:
+            flops_convention=None, at_risk_margin=AT_RISK_DEFAULT, full_model_init=False,
+            expert_load_imbalance=None, **knobs) -> dict:
     """The options of a one-layout command as the API's keyword arguments (``planner.api.LayoutOptions``)."""
     return dict(model=model, cluster=cluster, gpus=gpus, nodes=nodes, global_batch_size=global_batch_size,
                 seq_length=seq_length, precision=precision.value, flash_attention=flash_attention, dropout=dropout,
@@ -437,7 +444,7 @@ def _layout(model, cluster, gpus, nodes, global_batch_size, seq_length, precisio
                 recompute_num_layers=recompute_num_layers, sequence_parallel=sequence_parallel,
                 first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
                 flops_convention=_value(flops_convention), at_risk_margin=at_risk_margin,
-                full_model_init=full_model_init, **_knobs(**knobs))
+                full_model_init=full_model_init, expert_load_imbalance=expert_load_imbalance, **_knobs(**knobs))
 
 
 def _knobs(pipeline_layout=None, recompute_modules=None, recompute_method="block", optimizer_cpu_offload=0.0,
@@ -472,7 +479,7 @@ def evaluate(
     recompute_method: RecomputeMethodOpt = "block",
     optimizer_cpu_offload: OffloadOpt = 0.0, param_cpu_offload: ParamOffloadOpt = False,
     exp_avg_dtype: MomentDtypeOpt = "fp32", exp_avg_sq_dtype: MomentDtypeOpt = "fp32",
-    main_params_dtype: MasterDtypeOpt = "fp32",
+    main_params_dtype: MasterDtypeOpt = "fp32", expert_load_imbalance: ImbalanceOpt = None,
     train_tokens: TrainTokensOpt = None, gpu_hour_price: PriceOpt = None, async_checkpoint: AsyncCkptOpt = False,
     interruption_rate: RateOpt = None, restart_s: RestartOpt = None, pue: PueOpt = None,
 ) -> None:
@@ -490,7 +497,8 @@ def evaluate(
         sequence_parallel, first_stage_layers, last_stage_layers, flops_convention, at_risk_margin, full_model_init,
         pipeline_layout=pipeline_layout, recompute_modules=recompute_modules, recompute_method=recompute_method,
         optimizer_cpu_offload=optimizer_cpu_offload, param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype,
-        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype),
+        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype,
+        expert_load_imbalance=expert_load_imbalance),
         train_tokens=train_tokens, gpu_hour_price=gpu_hour_price, async_checkpoint=async_checkpoint,
         interruption_rate=interruption_rate, restart_s=restart_s, pue=pue)
     i = doc.input
@@ -517,7 +525,7 @@ def memory(
     recompute_method: RecomputeMethodOpt = "block",
     optimizer_cpu_offload: OffloadOpt = 0.0, param_cpu_offload: ParamOffloadOpt = False,
     exp_avg_dtype: MomentDtypeOpt = "fp32", exp_avg_sq_dtype: MomentDtypeOpt = "fp32",
-    main_params_dtype: MasterDtypeOpt = "fp32",
+    main_params_dtype: MasterDtypeOpt = "fp32", expert_load_imbalance: ImbalanceOpt = None,
 ) -> None:
     """Per-stage memory breakdown of one configuration (largest terms first, the total of each phase: init,
     forward, backward, optimizer; the backend buffers named).
@@ -533,7 +541,8 @@ def memory(
         memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute, recompute_num_layers,
         sequence_parallel, first_stage_layers, last_stage_layers, None, at_risk_margin, full_model_init, pipeline_layout=pipeline_layout, recompute_modules=recompute_modules, recompute_method=recompute_method,
         optimizer_cpu_offload=optimizer_cpu_offload, param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype,
-        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype))
+        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype,
+        expert_load_imbalance=expert_load_imbalance))
     if plot is not None:
         plot_memory(rep.estimate, plot, rep.title, at_risk_margin)
     if fmt == Fmt.json:
@@ -572,7 +581,7 @@ def explain(
     recompute_method: RecomputeMethodOpt = "block",
     optimizer_cpu_offload: OffloadOpt = 0.0, param_cpu_offload: ParamOffloadOpt = False,
     exp_avg_dtype: MomentDtypeOpt = "fp32", exp_avg_sq_dtype: MomentDtypeOpt = "fp32",
-    main_params_dtype: MasterDtypeOpt = "fp32",
+    main_params_dtype: MasterDtypeOpt = "fp32", expert_load_imbalance: ImbalanceOpt = None,
 ) -> None:
     """List every constraint of one given configuration with its slack (same options as ``evaluate``).
 
@@ -585,7 +594,8 @@ def explain(
         memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute, recompute_num_layers,
         sequence_parallel, first_stage_layers, last_stage_layers, None, at_risk_margin, full_model_init, pipeline_layout=pipeline_layout, recompute_modules=recompute_modules, recompute_method=recompute_method,
         optimizer_cpu_offload=optimizer_cpu_offload, param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype,
-        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype))
+        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype,
+        expert_load_imbalance=expert_load_imbalance))
     ex, par, i = rep.explanation, rep.parallel, rep.inputs
     where = f"{i.model.name} on {i.num_gpus} x {i.cluster.gpu.name} ({i.cluster.name})"
     if timeline is not None:
