@@ -105,6 +105,10 @@ class NodeSpec(BaseModel):
         gt=0, description="GPUs in one NVLink domain (8 on DGX, 72 on GB200 NVL72); a multiple of gpus_per_node"
     )
     nvls: bool = Field(False, description="NVLink SHARP (in-switch all-reduce, NCCL NVLS) available")
+    host_memory_bandwidth_bytes_per_s: float | None = Field(
+        None, gt=0, description="peak DRAM bandwidth of the node's CPUs, all sockets together, bytes/s (DGX H100: 2 "
+                                "sockets x 8 channels x DDR5-4800 x 8 bytes = 614.4e9); shared by the node's GPUs' "
+                                "host-side work (CPU Adam under optimizer offload). None = not known")
     source: str = Field(min_length=1, description="where each value came from")
 
     @model_validator(mode="after")
@@ -259,6 +263,19 @@ class ClusterSpec(BaseModel):
     @property
     def nvlink_domain_size(self) -> int:
         return self.node.nvlink_domain_size
+
+    @property
+    def host_link_bytes_per_s(self) -> float | None:
+        """GPU-to-host bandwidth per GPU per direction, bytes/s (``operations.storage.host_link_bytes_per_s``: PCIe
+        Gen5 x16 64e9 on DGX H100, NVLink-C2C on GB200); None when the cluster file does not give it."""
+        return self.operations.storage.host_link_bytes_per_s
+
+    @property
+    def host_memory_bandwidth_per_gpu(self) -> float | None:
+        """The node's host DRAM bandwidth shared by its GPUs, bytes/s per GPU (``node.host_memory_bandwidth_bytes_per_s``
+        / ``gpus_per_node``); None when not given."""
+        bw = self.node.host_memory_bandwidth_bytes_per_s
+        return None if bw is None else bw / self.node.gpus_per_node
 
     def _no_dtype(self, what: str, dtype: str) -> ClusterSpecError:
         return ClusterSpecError(

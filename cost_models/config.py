@@ -17,6 +17,9 @@ FlopsConvention = Literal["megatron", "palm"]
 #: Megatron-LM ``--recompute-modules`` choices (megatron/training/arguments.py; megatron-core
 #: ``TransformerConfig.recompute_modules``).
 RecomputeModule = Literal["core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"]
+#: Megatron-LM ``--offload-modules`` choices (fine-grained activation offloading; cost_models/activation_offload.py).
+OffloadModule = Literal["attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act",
+                        "fused_group_mlp"]
 #: Megatron-LM ``--exp-avg-dtype`` / ``--exp-avg-sq-dtype`` choices (precision-aware optimizer).
 OptimizerStateDtype = Literal["fp32", "fp16", "bf16", "fp8"]
 
@@ -130,9 +133,20 @@ class ParallelConfig(BaseModel):
         0.0, ge=0.0, le=1.0, description="Megatron --optimizer-cpu-offload --optimizer-offload-fraction: share of the "
                                          "fp32 master weights and Adam moments kept in host memory (0 = none)")
 
+    offload_modules: tuple[OffloadModule, ...] | None = Field(
+        None, description="Megatron --fine-grained-activation-offloading --offload-modules: submodules whose saved "
+                          "activations go to host memory in forward and come back before backward "
+                          "(cost_models/activation_offload.py); None = no activation offloading")
     param_cpu_offload: bool = Field(
         False, description="DeepSpeed ZeRO-3 offload_param {device: cpu}: the 16-bit parameter partitions live in "
                            "host memory (with optimizer_cpu_offload_fraction 1.0: ZeRO-Infinity's CPU tier)")
+
+    @model_validator(mode="after")
+    def _offload_rules(self) -> "ParallelConfig":
+        if self.offload_modules:
+            from .activation_offload import check_offload_modules
+            check_offload_modules(self.offload_modules)
+        return self
 
     @model_validator(mode="after")
     def _sp_needs_tp(self) -> "ParallelConfig":

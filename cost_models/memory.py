@@ -81,6 +81,7 @@ from cluster_specs.spec import ClusterSpec
 from model_zoo.spec import ModelSpec
 
 from .config import BYTES_16BIT, BYTES_FP32, ParallelConfig, TrainingJob
+from .activation_offload import OFFLOAD_RESIDENT_LAYERS, offloaded_bytes
 from .layout import chunk_layer_counts, stage_layer_ranges
 from .memory_buffers import BufferInputs, backend_buffers, merge, moe_dispatch_buffers, pipeline_p2p_buffers
 from .moe_imbalance import rank_load_ratio
@@ -352,7 +353,21 @@ def _attention_widths(model: ModelSpec) -> tuple[float, float, float, float]:
 def activation_bytes_per_layer(model: ModelSpec, job: TrainingJob, par: ParallelConfig, layer: int,
                                framework: str = "megatron", capacity_factor: float | None = None) -> float:
     """Stored activation bytes of one decoder layer for one micro-batch on one GPU under ``par.recompute``
-    ``none`` or ``selective`` (K22 Sec. 4.1, generalised as described in the module docstring)."""
+    ``none`` or ``selective`` (K22 Sec. 4.1, generalised as described in the module docstring): the sum of
+    ``activation_terms_per_layer``."""
+    return sum(activation_terms_per_layer(model, job, par, layer, framework, capacity_factor).values())
+
+
+def activation_terms_per_layer(model: ModelSpec, job: TrainingJob, par: ParallelConfig, layer: int,
+                               framework: str = "megatron",
+                               capacity_factor: float | None = None) -> dict[str, float]:
+    """``activation_bytes_per_layer`` split by the tensor that holds the bytes (one micro-batch, one GPU):
+    ``attn_norm_in`` / ``mlp_norm_in`` (the two norm inputs), ``qkv_in`` / ``fc1_in`` (the QKV and fc1 GEMM inputs:
+    the norm outputs), ``dropout_masks``, ``qkv`` (Q, K, V), ``attn_out`` (the attention output, also the output
+    projection's input), ``mla_latent``, ``softmax_stats`` (fp32 log-sum-exp, or the unfused softmax/dropout
+    scores), ``fc1_out`` / ``fc2_in`` (dense MLP), the MoE terms of ``_moe_terms``, and ``saved`` (torchtitan's
+    per-op selective policy, not split). Activation offloading (``cost_models/activation_offload.py``) moves some
+    of them to the host."""
     b, s, h, t = par.micro_batch_size, job.seq_length / par.cp, model.hidden_size, par.tp
     sb = s * b
     a = model.num_attention_heads
@@ -369,43 +384,47 @@ def activation_bytes_per_layer(model: ModelSpec, job: TrainingJob, par: Parallel
         mm = q_w + kv_w + v_w + h + (mult * f + h if not is_moe else 0)  # wq wk wv wo (w1 w3) w2
         saved = sb * BYTES_16BIT * (h + 0.5 * mm) / t + sb * BYTES_16BIT * q_w / t + 4 * a * sb / t
         if is_moe:
-            saved += _moe_bytes(model, par, sb, gemm_in, mult, capacity_factor) * 0.5
-        return saved
+            saved += sum(_moe_terms(model, par, sb, gemm_in, mult, capacity_factor).values()) * 0.5
+        return {"saved": saved}
 
     mods = recompute_modules_of(par)
+    out: dict[str, float] = {}
     # Outside the TP region (split only under SP): 2 norm inputs (2+2), QKV and fc1 GEMM inputs, 2 dropout masks.
     # ``layernorm`` recompute discards the norm outputs (output-discarding checkpoint); in FP8 the GEMMs keep their
     # own 1-byte copies of them, so only 16-bit GEMM inputs go.
-    norm_out = 0 if ("layernorm" in mods and gemm_in == BYTES_16BIT) else 2 * gemm_in
-    outside = sb * h * (2 * BYTES_16BIT + norm_out + 2 * drop)
-    if par.sequence_parallel:
-        outside /= t
-        if framework == "torchtitan":
-            # DTensor SP: the QKV and fc1 linears save their all-gathered (Replicate) input, full size; Megatron
-            # re-gathers it in backward instead (torchtitan parallelize_llama.py apply_tp: PrepareModuleInput
-            # desired_input_layouts=Replicate() before attention and feed_forward).
-            outside += sb * h * 2 * gemm_in * (1 - 1 / t)
+    norm_out = 0 if ("layernorm" in mods and gemm_in == BYTES_16BIT) else gemm_in
+    sp = t if par.sequence_parallel else 1
+    out["attn_norm_in"] = out["mlp_norm_in"] = sb * h * BYTES_16BIT / sp
+    out["qkv_in"] = out["fc1_in"] = sb * h * norm_out / sp
+    out["dropout_masks"] = sb * h * 2 * drop / sp
+    if par.sequence_parallel and framework == "torchtitan":
+        # DTensor SP: the QKV and fc1 linears save their all-gathered (Replicate) input, full size; Megatron
+        # re-gathers it in backward instead (torchtitan parallelize_llama.py apply_tp: PrepareModuleInput
+        # desired_input_layouts=Replicate() before attention and feed_forward).
+        out["qkv_in"] += sb * h * gemm_in * (1 - 1 / t)
+        out["fc1_in"] += sb * h * gemm_in * (1 - 1 / t)
     # Attention inside TP: Q, K, V and the attention output O (kept for the attention backward; O is also the
     # output-projection GEMM input).
     ctx_w = v_w if model.mla is not None else q_w  # attention output = output-projection input
     # ``mla_up_proj`` recompute (MLA only) discards Q, K, V after the attention forward and recomputes them from
     # the stored latents before its backward (output-discarding checkpoint).
     qkv = 0 if ("mla_up_proj" in mods and model.mla is not None) else q_w + kv_w + v_w
-    attn = sb * (BYTES_16BIT * qkv + gemm_in * ctx_w) / t
-    attn += sb * BYTES_16BIT * latent
+    out["qkv"] = sb * BYTES_16BIT * qkv / t
+    out["attn_out"] = sb * gemm_in * ctx_w / t
+    out["mla_latent"] = sb * BYTES_16BIT * latent
     if job.flash_attention:
-        attn += 4 * a * sb / t  # fp32 log-sum-exp per head and token
+        out["softmax_stats"] = 4 * a * sb / t  # fp32 log-sum-exp per head and token
     elif "core_attn" not in mods:
         # K22: softmax output 2as^2b, dropout mask as^2b, dropout output 2as^2b (queries local s/cp, keys all s).
-        attn += (2 + 3 * drop) * a * s * job.seq_length * b / t
+        out["softmax_stats"] = (2 + 3 * drop) * a * s * job.seq_length * b / t
     if is_moe:
-        mlp = 0.0 if "moe" in mods else _moe_bytes(model, par, sb, gemm_in, mult, capacity_factor, mods)
-    elif "mlp" in mods:
-        mlp = 0.0  # the dense MLP is checkpointed: only its input (counted above) is kept
-    else:
+        if "moe" not in mods:
+            out.update(_moe_terms(model, par, sb, gemm_in, mult, capacity_factor, mods))
+    elif "mlp" not in mods:  # else the dense MLP is checkpointed: only its input (fc1_in) is kept
         # fc1 output (mult*f, the activation's input) and fc2 input (f, a GEMM input).
-        mlp = sb * (BYTES_16BIT * mult * f + gemm_in * f) / t
-    return outside + attn + mlp
+        out["fc1_out"] = sb * BYTES_16BIT * mult * f / t
+        out["fc2_in"] = sb * gemm_in * f / t
+    return out
 
 
 def expert_buffer_factor(model: ModelSpec, job: TrainingJob, par: ParallelConfig,
@@ -421,18 +440,21 @@ def expert_buffer_factor(model: ModelSpec, job: TrainingJob, par: ParallelConfig
     return rank_load_ratio(model.moe.num_experts, par.ep, getattr(job, "expert_load_imbalance", None))
 
 
-def _moe_bytes(model: ModelSpec, par: ParallelConfig, sb: float, gemm_in: int, mult: int,
-               capacity_factor: float | None, mods: frozenset[str] = frozenset()) -> float:
-    """MoE layer activations: ``k`` routed copies of every token times ``capacity_factor`` (the busiest rank's
-    share over the balanced one, ``expert_buffer_factor``: dropless imbalance, or padding to a capacity), each stored as the expert fc1 GEMM input (the
-    dispatched token, h, kept by the grouped GEMM in its input dtype: 1 byte in FP8; the fused permutation's backward
-    needs only the routing map), the expert fc1 output (mult*f_e), the fc2 input (f_e) and the un-permutation input
-    (the fc2 output, 2h bytes, kept for the gradient of the routing probabilities); shared experts as a dense MLP;
-    fp32 router logits and probabilities (Megatron ``moe_utils.permute``/``unpermute``, ``router.py``,
-    ``experts.py`` TEGroupedMLP). Tokens per GPU: under sequence parallelism each TP rank routes its own ``s/tp``
-    tokens and the expert-TP group all-gathers them, ``s*b*etp/tp`` (Megatron ``token_dispatcher.py``: all-to-all
-    over the TP x EP group with etp 1, all-gather over ETP otherwise; etp = tp gives the whole ``s*b``). Selective recompute ``mods``: ``moe_act`` discards the expert (and shared-expert) activation
-    outputs, the fc2 inputs (output-discarding checkpoint); ``shared_experts`` checkpoints the shared experts."""
+def _moe_terms(model: ModelSpec, par: ParallelConfig, sb: float, gemm_in: int, mult: int,
+               capacity_factor: float | None, mods: frozenset[str] = frozenset()) -> dict[str, float]:
+    """MoE layer activations by tensor: ``k`` routed copies of every token times ``capacity_factor`` (the busiest
+    rank's share over the balanced one, ``expert_buffer_factor``: dropless imbalance, or padding to a capacity), each
+    stored as the expert fc1 GEMM input (``expert_fc1_in``: the dispatched token, h, kept by the grouped GEMM in its
+    input dtype: 1 byte in FP8; the fused permutation's backward needs only the routing map), the expert fc1 output
+    (``expert_fc1_out``, mult*f_e), the fc2 input (``expert_fc2_in``, f_e) and the un-permutation input
+    (``unpermute_in``: the fc2 output, 2h bytes, kept for the gradient of the routing probabilities); shared
+    experts as a dense MLP (``shared_experts``); fp32 router logits and probabilities (``router``) (Megatron
+    ``moe_utils.permute``/``unpermute``, ``router.py``, ``experts.py`` TEGroupedMLP). Tokens per GPU: under
+    sequence parallelism each TP rank routes its own ``s/tp`` tokens and the expert-TP group all-gathers them,
+    ``s*b*etp/tp`` (Megatron ``token_dispatcher.py``: all-to-all over the TP x EP group with etp 1, all-gather over
+    ETP otherwise; etp = tp gives the whole ``s*b``). Selective recompute ``mods``: ``moe_act`` discards the expert
+    (and shared-expert) activation outputs, the fc2 inputs (output-discarding checkpoint); ``shared_experts``
+    checkpoints the shared experts."""
     moe = model.moe
     assert moe is not None
     h, k = model.hidden_size, moe.top_k
@@ -441,12 +463,14 @@ def _moe_bytes(model: ModelSpec, par: ParallelConfig, sb: float, gemm_in: int, m
     fc2_in = 0 if "moe_act" in mods else gemm_in
     local = sb / par.tp if par.sequence_parallel else sb  # tokens this rank routes
     routed = min(sb, local * par.expert_tp)  # tokens whose copies reach this rank's experts
-    mlp = routed * k * cf * ((gemm_in + BYTES_16BIT) * h + BYTES_16BIT * mult * fe + fc2_in * fe)
+    copies = routed * k * cf
+    out = {"expert_fc1_in": copies * gemm_in * h, "unpermute_in": copies * BYTES_16BIT * h,
+           "expert_fc1_out": copies * BYTES_16BIT * mult * fe, "expert_fc2_in": copies * fc2_in * fe}
     if moe.shared_expert_ffn_hidden_size and "shared_experts" not in mods:
         fs = moe.shared_expert_ffn_hidden_size / par.tp
-        mlp += sb * (BYTES_16BIT * mult * fs + fc2_in * fs)
-    mlp += local * 2 * BYTES_FP32 * moe.num_experts  # fp32 router logits + probabilities
-    return mlp
+        out["shared_experts"] = sb * (BYTES_16BIT * mult * fs + fc2_in * fs)
+    out["router"] = local * 2 * BYTES_FP32 * moe.num_experts  # fp32 router logits + probabilities
+    return out
 
 
 def layer_input_bytes(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> float:
@@ -514,9 +538,13 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
     reserve = float(cluster.calibration.memory_reserve_bytes if reserve_bytes is None else reserve_bytes)
     tokens = job.seq_length / par.cp * par.micro_batch_size
     # activations depend on the layer only through is_moe_layer (dense or MoE MLP)
-    act_by_kind = {model.is_moe_layer(i): activation_bytes_per_layer(model, job, par, i, fw, capacity_factor)
-                   for i in _kind_representatives(model)}
-    # token copies one rank routes through the expert-parallel all-to-all (as ``_moe_bytes``)
+    terms_by_kind = {model.is_moe_layer(i): activation_terms_per_layer(model, job, par, i, fw, capacity_factor)
+                     for i in _kind_representatives(model)}
+    act_by_kind = {k: sum(v.values()) for k, v in terms_by_kind.items()}
+    # bytes activation offloading moves to the host per layer (cost_models/activation_offload.py)
+    off_mods = getattr(par, "offload_modules", None)
+    off_by_kind = {k: offloaded_bytes(v, off_mods) for k, v in terms_by_kind.items()}
+    # token copies one rank routes through the expert-parallel all-to-all (as ``_moe_terms``)
     moe_copies = 0.0
     if model.moe is not None:
         local = tokens / (par.tp if par.sequence_parallel else 1)
@@ -535,6 +563,10 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
             idx += [model.num_layers - 1] * model.num_mtp_layers
         per_layer = [act_by_kind[model.is_moe_layer(i)] for i in idx]
         biggest = max(per_layer, default=0.0)
+        # what a layer that is not recomputed keeps on the GPU (its offloaded tensors are on the host)
+        kept = sorted((act_by_kind[model.is_moe_layer(i)] - off_by_kind[model.is_moe_layer(i)],
+                       off_by_kind[model.is_moe_layer(i)]) for i in idx)
+        offloaded = 0.0
         def chunks_of_stage() -> list[int]:
             return chunk_layer_counts(model.num_layers, par)[stage] if par.vpp > 1 else [len(layers)]
         if par.recompute == "full" and par.recompute_num_layers and getattr(par, "recompute_method", "") == "uniform":
@@ -549,16 +581,20 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
                 n_rc = len(per_layer)
             else:  # Megatron's block method: the first N layers of each model chunk (per virtual stage)
                 n_rc = min(len(per_layer), sum(min(par.recompute_num_layers, c) for c in chunks_of_stage()))
-            stored = layer_in * n_rc + sum(sorted(per_layer)[: len(per_layer) - n_rc])
+            rest = kept[: len(per_layer) - n_rc]
+            stored = layer_in * n_rc + sum(k for k, _ in rest)
+            offloaded = max((o for _, o in rest), default=0.0)
             working = 2 * biggest if n_rc else biggest  # recomputed layer + the gradients of its activations
         else:
-            stored = sum(per_layer)
+            stored = sum(k for k, _ in kept)
+            offloaded = max((o for _, o in kept), default=0.0)
             working = biggest
         if stage == 0:
             stored += TOKEN_ID_BYTES * tokens + (tokens * model.hidden_size if job.dropout else 0) / (
                 par.tp if par.sequence_parallel else 1)
         n_inflight = in_flight_microbatches(par, stage, m)
-        acts = stored * n_inflight
+        # offloaded layers: the last group of each name kept and one layer in flight stay on the GPU
+        acts = stored * n_inflight + OFFLOAD_RESIDENT_LAYERS * offloaded
         logits = 0.0
         if stage == par.pp - 1:
             per_el = LOGITS_BYTES_PER_ELEMENT[fw]

@@ -114,7 +114,9 @@ from .config import BYTES_16BIT, BYTES_FP32, FlopsConvention, ParallelConfig, Tr
 from .flops import (attention_core_flops_per_token, layer_gemm_shapes, recomputed_layers,
                     step_hardware_flops, step_model_flops)
 from .layout import GroupPlacement, LayoutError, group_placement, parse_pipeline_layout, stage_layer_ranges
-from .memory import stage_params
+from .activation_offload import offloaded_bytes, transfer_exposed_s
+from .memory import activation_terms_per_layer, stage_params
+from .optimizer_offload import offloaded_optimizer_step
 from .pipeline import simulate
 
 #: HBM bytes moved per local parameter by one fused Adam step (4+4+4+4 read, 4+4+4 write, 2 write = 30, plus
@@ -543,7 +545,15 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     # decoder layers that full recompute re-runs (all, or the first recompute_num_layers of each chunk)
     rc_layers = set(recomputed_layers(model, par))
     kinds = {"gemm": 0.0, "attention": 0.0, "memory_bound": 0.0}
-    exposed_mb = {"tp": [0.0] * par.pp, "cp": [0.0] * par.pp, "ep": [0.0] * par.pp}
+    exposed_mb = {"tp": [0.0] * par.pp, "cp": [0.0] * par.pp, "ep": [0.0] * par.pp, "host": [0.0] * par.pp}
+    # activation offloading: bytes each layer copies to the host in forward and back before backward
+    # (cost_models/activation_offload.py), over the cluster's host link
+    off_mods = getattr(par, "offload_modules", None)
+    off_kind = {k: offloaded_bytes(activation_terms_per_layer(model, job, par, i, fw_base), off_mods)
+                for k, i in ((False, 0), (True, next((j for j in range(model.num_layers)
+                                                       if model.is_moe_layer(j)), None))) if i is not None} \
+        if off_mods else {}
+    link = cluster.host_link_bytes_per_s
     for r, layers in enumerate(ranges):
         lay = list(layers)
         chunks = chunk_lists[r] if chunk_lists is not None else [
@@ -573,8 +583,13 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
                     rc = comp_f + comm_f
                 elif par.recompute == "selective":
                     rc = _selective_recompute_s(x, par)
+                off = 0.0 if full_i else off_kind.get(model.moe is not None and model.is_moe_layer(i), 0.0)
+                if off:
+                    # the copy runs under the layer's forward (D2H) and under its backward (H2D reload)
+                    off = transfer_exposed_s(off, comp_f, link) + transfer_exposed_s(off, comp_b + rc, link)
+                    exposed_mb["host"][r] += off
                 f += comp_f + comm_f
-                bw += comp_b + comm_b + rc
+                bw += comp_b + comm_b + rc + off
                 exposed_mb["tp"][r] += 2 * x.tp * tp_exp + (x.tp * tp_exp if full_i else 0)
                 exposed_mb["cp"][r] += 3 * x.cp
                 exposed_mb["ep"][r] += ep_exp * (2 * x.ep + (x.ep if full_i else 0))
@@ -689,6 +704,10 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
         # until a trace settles it (calibration choice, documented in the module docstring)
         # HSDP: torchtitan all-reduces across the replicas only in the last micro-batch
         # (``set_requires_all_reduce(is_last)``, pytorch/torchtitan PR 4505); Megatron-FSDP in every one
+        if getattr(par, "param_cpu_offload", False):
+            # ZeRO-Infinity CPU tier: each gather first copies this rank's 16-bit partition from host memory
+            # (``offload_param``; partitioned_param_coordinator fetches it to the GPU before the all-gather)
+            ag_t += BYTES_16BIT * sp_max.dense / shard / (cluster.host_link_bytes_per_s or float("inf"))
         rs_mb = rs_t if fw_base in FSDP_REDUCE_EVERY_MICROBATCH else 0.0
         rs_mb += 0.0 if fw_base == "torchtitan" else rep_ar_t
         fwd_mb = fsdp_exposed_s(ag_t, 0.0, first_fwd, n_units)
@@ -716,13 +735,21 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     local_params = sp_max.dense / (shard if par.zero_stage >= 1 else 1) + \
         sp_max.expert / (par.expert_dp if par.zero_stage >= 1 else 1)
     optimizer = ADAM_HBM_BYTES_PER_PARAM * local_params / hbm
+    offload_f = getattr(par, "optimizer_cpu_offload_fraction", 0.0)
+    if offload_f > 0:
+        # (part of) the optimizer in host memory: gradient and parameter copies and CPU Adam
+        # (cost_models/optimizer_offload.py)
+        optimizer = offloaded_optimizer_step(cluster, fw_base, local_params, offload_f, optimizer,
+                                             grad_bytes=grad_b, num_microbatches=m, backward_s=last_bwd).exposed_s
 
     exposed = {"tp": m * exposed_mb["tp"][busiest], "cp": m * exposed_mb["cp"][busiest],
                "ep": m * exposed_mb["ep"][busiest], "pp": 0.0, "dp": dp_exposed}
+    if off_mods:
+        exposed["host"] = m * exposed_mb["host"][busiest]
     # P2P sends on the warm-up / cool-down critical path (the steady state overlaps them with compute)
     exposed["pp"] = min(bubble, 2 * (par.pp - 1) * v * p2p) if par.pp > 1 else 0.0
     step = pipeline_s + dp_exposed + optimizer
-    compute = busy - exposed["tp"] - exposed["cp"] - exposed["ep"]
+    compute = busy - exposed["tp"] - exposed["cp"] - exposed["ep"] - exposed.get("host", 0.0)
     # embedding, output layer, cross-entropy, MTP and host-bound time are the rest of the busiest rank's compute
     kinds["other"] = max(0.0, compute - sum(kinds.values()))
     n_gpus = par.world_size
