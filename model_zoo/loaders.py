@@ -532,8 +532,8 @@ def load_model_file(path: str | Path) -> ModelSpec:
 
 
 def load_model(ref: str | Path) -> ModelSpec:
-    """A built-in name, a path to our YAML, or a path to a HF ``config.json`` (or a directory
-    holding one)."""
+    """A built-in name, a path to our YAML, a path to a HF ``config.json`` (or a directory holding one), or a
+    Hugging Face Hub id ``org/name[@revision]``, tried in that order (``model_zoo.hub`` documents the rule)."""
     s = str(ref)
     if isinstance(ref, str) and s.strip().lower() in _zoo():
         return get_model(s)
@@ -545,6 +545,10 @@ def load_model(ref: str | Path) -> ModelSpec:
         raise ModelSpecError(f"{p}: directory has no config.json")
     if p.exists():
         return load_model_file(p)
+    from .hub import fetch_config, is_hub_id
+    if isinstance(ref, str) and is_hub_id(s):
+        config, path = fetch_config(s)
+        return from_hf_config(config, name=s, where=f"{s} config.json", source=f"https://huggingface.co/{s}")
     if p.suffix.lower() in (".json", ".yaml", ".yml") or "/" in s or "\\" in s:
         raise ModelSpecError(f"{s}: no such file")
     raise _unknown(s)
