@@ -50,8 +50,30 @@ class Framework(str, Enum):
     torchtitan = "torchtitan"
 
 
-#: ``--emit`` targets: the frameworks themselves
-Emit = Framework
+class Emit(str, Enum):
+    """``--emit`` targets: the frameworks whose rules plan3d models, and Colossal-AI (planned under Megatron-LM's
+    rules unless --framework says otherwise)."""
+    megatron = "megatron"
+    deepspeed = "deepspeed"
+    torchtitan = "torchtitan"
+    colossalai = "colossalai"
+
+
+class Launcher(str, Enum):
+    scripts = "scripts"
+    k8s = "k8s"
+
+
+LauncherOpt = Annotated[Launcher, typer.Option(
+    "--launcher", help="with --emit: scripts (torchrun + Slurm, default) or k8s (a Kubeflow PyTorchJob manifest)")]
+
+
+def _rules(framework, emit):
+    """The framework whose rules plan and evaluate apply: --framework, else the --emit target when plan3d models
+    it, else Megatron-LM (Colossal-AI's TP/SP follow Megatron's)."""
+    if framework is not None:
+        return framework
+    return Framework(emit.value) if emit is not None and emit.value in Framework.__members__ else Framework.megatron
 
 
 class FlopsConv(str, Enum):
@@ -137,7 +159,8 @@ def _plans_table(doc, title: str):
     return t
 
 
-def _emit(doc, emit: Emit, output: Path | None, rank: int, framework: str | None = None) -> None:
+def _emit(doc, emit: Emit, output: Path | None, rank: int, framework: str | None = None,
+          launcher: Launcher = Launcher.scripts) -> None:
     """``--emit``: without ``--output`` print the plan's main config to stdout (Megatron command line, DeepSpeed
     JSON, torchtitan TOML); with ``--output DIR`` write every file of planner.emit.emit_files into DIR.
     An infeasible configuration (``evaluate``) is refused (exit 1): every emitted config passes the checker.
@@ -148,17 +171,26 @@ def _emit(doc, emit: Emit, output: Path | None, rank: int, framework: str | None
     if plan is not None and not plan.feasible:
         raise NoFeasiblePlan(f"plan #{rank} is infeasible, nothing emitted: {'; '.join(plan.violations)}")
     try:
-        files = emit_files(doc, emit.value, rank)
+        files = emit_files(doc, emit.value, rank, launcher.value)
     except EmitUnsupported as e:  # a valid plan the target framework cannot run: like an infeasible plan
-        raise NoFeasiblePlan(str(e)) from None
+        ok = [p.rank for p in doc.plans if p.feasible and emit.value not in p.launch.unsupported]
+        hint = f"; plan #{ok[0]} can run on {emit.value} (--rank {ok[0]})" if ok else ""
+        raise NoFeasiblePlan(f"{e}{hint}") from None
     except EmitError as e:  # no such rank
         raise PlanInputError(str(e)) from None
-    if framework is not None and framework != emit.value:
+    if framework is not None and framework != emit.value and emit.value not in Framework.__members__:
+        sys.stderr.write(f"plan3d: note: memory and time were computed under {framework} rules (plan3d has no "
+                         f"{emit.value} cost rules); the emitted arguments express the same layout\n")
+    elif framework is not None and framework != emit.value:
         sys.stderr.write(f"plan3d: note: memory and time were computed under {framework} rules; {emit.value} "
                          f"runs the layout its own way (plan with --framework {emit.value} to rank under its "
                          f"rules)\n")
     if output is None:
-        if emit == Emit.megatron:
+        if launcher == Launcher.k8s:
+            text = files["pytorchjob.yaml"]
+        elif emit == Emit.colossalai:
+            text = files["colossalai_plugin.py"]
+        elif emit == Emit.megatron:
             args = next(p for p in doc.plans if p.rank == rank).launch.megatron
             text = " \\\n  ".join(["pretrain_gpt.py"] + _pair_args(args)) + "\n"
         else:
@@ -185,11 +217,15 @@ def _emit(doc, emit: Emit, output: Path | None, rank: int, framework: str | None
 
 
 def _render(doc, fmt: Fmt, output: Path | None, emit: Emit | None, title: str, rank: int = 1,
-            framework: str | None = None) -> None:
+            framework: str | None = None, launcher: Launcher = Launcher.scripts) -> None:
     from .document import to_json
     if emit is not None:
-        _emit(doc, emit, output, rank, framework)
+        _emit(doc, emit, output, rank, framework, launcher)
         return
+    if launcher != Launcher.scripts:
+        from .errors import PlanInputError
+        raise PlanInputError(f"--launcher {launcher.value} applies to --emit: give --emit "
+                             f"{'|'.join(e.value for e in Emit)}")
     if fmt == Fmt.json:
         _write(to_json(doc), output)
         return
@@ -228,6 +264,7 @@ def plan(
         "--emit", help="the launch config of the top plan (or --rank N): printed, or with --output DIR, written "
                        "as files (args, config, torchrun and Slurm scripts)")] = None,
     rank: Annotated[int, typer.Option("--rank", min=1, help="which plan --emit writes (1 = best)")] = 1,
+    launcher: LauncherOpt = Launcher.scripts,
     solver: Annotated[SolverOpt, typer.Option("--solver", help="cpsat (default) or enumerate (brute force, the "
                                                                "oracle)")] = SolverOpt.cpsat,
     objective: Annotated[ObjectiveOpt, typer.Option(
@@ -255,9 +292,9 @@ def plan(
     from .errors import PlanInputError
 
     if rank != 1 and emit is None:
-        raise PlanInputError(f"--rank {rank} selects the plan --emit writes: give --emit megatron|deepspeed|torchtitan")
-    if framework is None:  # an explicit --framework wins; else plan under the rules of the --emit target
-        framework = emit if emit is not None else Framework.megatron
+        raise PlanInputError(f"--rank {rank} selects the plan --emit writes: give --emit "
+                             f"{'|'.join(e.value for e in Emit)}")
+    framework = _rules(framework, emit)  # an explicit --framework wins; else the rules of the --emit target
     doc = api_plan(model, cluster, gpus=gpus, nodes=nodes, global_batch_size=global_batch_size,
                    seq_length=seq_length, precision=precision.value, flash_attention=flash_attention,
                    dropout=dropout, framework=framework.value, memory_headroom=memory_headroom,
@@ -270,7 +307,7 @@ def plan(
             f"plan3d: {i.model.name} on {i.cluster.num_gpus} x {i.cluster.gpu} ({i.cluster.name}), GBS "
             f"{i.job.global_batch_size} x seq {i.job.seq_length}, {i.job.precision}: top {len(doc.plans)} of "
             f"{'' if stats.exact else 'at most '}{stats.num_feasible} feasible ({stats.num_candidates} examined)",
-            rank, framework.value)
+            rank, framework.value, launcher)
 
 
 def _value(opt):
@@ -323,6 +360,7 @@ def evaluate(
     emit: Annotated[Optional[Emit], typer.Option(
         "--emit", help="print (or with --output DIR write) this framework's launch config of the configuration; "
                        "refused when the configuration is infeasible")] = None,
+    launcher: LauncherOpt = Launcher.scripts,
     flops_convention: FlopsOpt = None,
 ) -> None:
     """Evaluate one given configuration (feasible or not). Options left out take Megatron-LM's defaults.
@@ -331,15 +369,14 @@ def evaluate(
     stages get fewer layers (Megatron's --decoder-first/last-pipeline-num-layers).
     """
     from .api import evaluate as api_evaluate
-    if framework is None:
-        framework = emit if emit is not None else Framework.megatron
+    framework = _rules(framework, emit)
     doc = api_evaluate(**_layout(
         model, cluster, gpus, nodes, global_batch_size, seq_length, precision, flash_attention, dropout, framework,
         memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute, recompute_num_layers,
         sequence_parallel, first_stage_layers, last_stage_layers, flops_convention))
     i = doc.input
     _render(doc, fmt, output, emit, f"plan3d evaluate: {i.model.name} on {i.cluster.num_gpus} x {i.cluster.gpu} "
-                                    f"({i.cluster.name})", framework=framework.value)
+                                    f"({i.cluster.name})", framework=framework.value, launcher=launcher)
 
 
 @app.command()
