@@ -121,3 +121,15 @@ def test_llama4_model_card(name, card_total_b):
 def test_nemotron_4_15b_paper():
     m = mz.get_model("nemotron-4-15b")
     assert near(_emb(m), 3.2) and near(m.num_parameters() - _emb(m), 12.5)  # 3.146B and 12.483B
+
+
+@pytest.mark.parametrize("written,zoo", [("Llama3.1 70B", "llama3.1-70b"), ("llama3.1-70b", "llama3.1-70b"),
+                                         ("LLAMA 3.1 70B", "llama3.1-70b"), ("Qwen3 235B-A22B", "qwen3-235b-a22b"),
+                                         ("gpt_oss_120b", "gpt-oss-120b"), ("Kimi K2", "kimi-k2"),
+                                         ("Nemotron-4 15B (base)", "nemotron-4-15b")])
+def test_dataset_row_names_resolve_to_zoo(written, zoo):
+    from planner.validation import _model_for
+    notes: list[str] = []
+    m = _model_for({"id": "r", "model": {"name": written}}, notes)
+    assert not isinstance(m, str), m
+    assert m.num_parameters() == mz.get_model(zoo).num_parameters()
