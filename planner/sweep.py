@@ -28,7 +28,7 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from cluster_specs import ClusterSpecError
 from model_zoo import ModelSpecError
@@ -69,6 +69,15 @@ class Grid(BaseModel):
         if bad:
             raise ValueError(f"must be positive integers, got {bad}")
         return v
+
+    @model_validator(mode="after")
+    def _targets(self) -> "Grid":
+        has = (self.target_step_s is not None) + (self.target_tokens_per_day is not None)
+        if "min-gpus" in self.objectives and has != 1:
+            raise ValueError("objective min-gpus needs exactly one of target_step_s, target_tokens_per_day")
+        if "min-gpus" not in self.objectives and has:
+            raise ValueError("target_step_s / target_tokens_per_day apply to objective min-gpus only")
+        return self
 
     @property
     def num_scenarios(self) -> int:
@@ -141,7 +150,9 @@ def load_grid(source: str | os.PathLike[str] | dict[str, Any] | Grid) -> Grid:
         return Grid(**source)
     except ValidationError as e:
         err = e.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"]) or "grid"
+        loc = ".".join(str(x) for x in err["loc"])
+        if not loc:  # a rule across fields
+            raise PlanInputError(f"grid: {err['msg']}") from None
         raise PlanInputError(f"grid: {loc}: {err['msg']} (got {err.get('input')!r})") from None
 
 

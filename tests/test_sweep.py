@@ -64,10 +64,19 @@ def test_jsonl_and_csv(rows_serial):
     ({**GRID, "objectives": ["fastest"]}, "grid: objectives.0"),
     ({**GRID, "gpus": [0]}, "grid: gpus: Value error, must be positive integers"),
     ({**GRID, "tp": 2}, "grid: tp: Extra inputs are not permitted"),
+    ({**GRID, "objectives": ["min-gpus"]}, "grid: Value error, objective min-gpus needs exactly one of"),
 ])
 def test_bad_grid_one_line(grid, says):
     with pytest.raises(PlanInputError, match=says):
         load_grid(grid)
+
+
+def test_min_gpus_rows():
+    rows = sweep({"models": ["llama3.1-8b"], "clusters": ["dgx-h100"], "gpus": [64], "global_batch_sizes": [256],
+                  "objectives": ["min-gpus"], "target_step_s": 20.0}, max_workers=1)
+    doc = planner.plan("llama3.1-8b", "dgx-h100", gpus=64, global_batch_size=256, objective="min-gpus",
+                       target_step_s=20.0, top_k=1)
+    assert rows[0].status == "ok" and rows[0].num_gpus == doc.input.cluster.num_gpus < 64
 
 
 def test_scalars_become_lists():
