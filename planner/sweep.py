@@ -275,43 +275,48 @@ def to_csv(rows: list[SweepRow]) -> str:
 
 
 def plot_sweep(rows: list[SweepRow], path: str | os.PathLike[str]) -> None:
-    """Tokens/s and GPU-hours per billion tokens against GPUs, one line per (model, cluster, batch, sequence
-    length, objective), to PNG/SVG/PDF (matplotlib, the ``plot`` extra). Infeasible scenarios are left out."""
+    """Tokens/s and GPU-hours per 1e9 tokens against GPUs to PNG/SVG/PDF (matplotlib, the ``plot`` extra): one
+    line per scenario series, colour = model, line style = cluster, marker = the other varied settings (batch,
+    sequence length, objective). Infeasible and invalid scenarios are left out (the title counts them)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         raise PlanInputError("--plot needs matplotlib: pip install 'plan3d[plot]'") from None
-    series: dict[str, list[SweepRow]] = {}
-    for r in rows:
-        if r.status == "ok":
-            key = f"{r.model} / {r.cluster}"
-            extra = {len({x.global_batch_size for x in rows}) > 1: f" gbs {r.global_batch_size}",
-                     len({x.seq_length for x in rows}) > 1: f" seq {r.seq_length}"}
-            key += "".join(v for k, v in extra.items() if k)
-            if len({x.objective for x in rows}) > 1:
-                key += f" {r.objective}"
-            series.setdefault(key, []).append(r)
-    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 5))
-    for key, pts in series.items():
+    ok = [r for r in rows if r.status == "ok"]
+    models = list(dict.fromkeys(r.model for r in rows))
+    clusters = list(dict.fromkeys(r.cluster for r in rows))
+    varied = [f for f in ("global_batch_size", "seq_length", "objective") if len({getattr(r, f) for r in rows}) > 1]
+    others = list(dict.fromkeys(tuple(getattr(r, f) for f in varied) for r in rows))
+    colors = plt.get_cmap("tab10" if len(models) <= 10 else "tab20").colors
+    styles, markers = ["-", "--", ":", "-."], ["o", "s", "^", "D", "v", "P", "X", "*"]
+    short = {"global_batch_size": "gbs", "seq_length": "seq", "objective": ""}
+    series: dict[tuple, list[SweepRow]] = {}
+    for r in ok:
+        series.setdefault((r.model, r.cluster, tuple(getattr(r, f) for f in varied)), []).append(r)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 5.5))
+    for (model, cluster, other), pts in series.items():
         pts = sorted(pts, key=lambda r: r.num_gpus)
+        label = f"{model} / {cluster}" + "".join(f" {short[f]} {v}".replace("  ", " ") for f, v in zip(varied, other))
+        kw = dict(color=colors[models.index(model) % len(colors)], linestyle=styles[clusters.index(cluster) % 4],
+                  marker=markers[others.index(other) % len(markers)], label=label)
         x = [r.num_gpus for r in pts]
-        a.plot(x, [r.tokens_per_s for r in pts], marker="o", label=key)
-        b.plot(x, [r.gpu_hours_per_billion_tokens for r in pts], marker="o", label=key)
+        a.plot(x, [r.tokens_per_s for r in pts], **kw)
+        b.plot(x, [r.gpu_hours_per_billion_tokens for r in pts], **kw)
     for ax, ylabel in ((a, "tokens/s (whole job)"), (b, "GPU-hours per 1e9 tokens")):
         ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
         ax.set_xlabel("GPUs")
         ax.set_ylabel(ylabel)
-        ax.grid(True, alpha=0.3)
-    a.set_yscale("log")
+        ax.grid(True, which="both", alpha=0.3)
     a.set_title("throughput of the best plan")
     b.set_title("cost (GPU time per token)")
-    n_bad = sum(r.status != "ok" for r in rows)
-    fig.suptitle(f"plan3d sweep: {len(rows)} scenarios, {n_bad} infeasible or invalid (not drawn)")
+    fig.suptitle(f"plan3d sweep: {len(rows)} scenarios, {len(rows) - len(ok)} infeasible or invalid (not drawn)")
     handles, labels = a.get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(4, max(1, len(labels))), fontsize=8)
-    fig.tight_layout(rect=(0, 0.05 + 0.03 * ((len(labels) - 1) // 4), 1, 0.95))
+    ncol = min(4, max(1, len(labels)))
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8)
+    fig.tight_layout(rect=(0, min(0.5, 0.04 * (1 + (len(labels) - 1) // ncol)), 1, 0.95))
     try:
         fig.savefig(path, dpi=110)
     except (OSError, ValueError) as e:
