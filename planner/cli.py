@@ -81,7 +81,8 @@ class FlopsConv(str, Enum):
     palm = "palm"
 
 
-ModelOpt = Annotated[str, typer.Option("--model", "-m", help="built-in name, our YAML, a HF config.json path, or a Hub id org/name")]
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help="built-in name, our YAML, a HF config.json path, "
+                                                              "or a Hugging Face Hub id org/name[@revision]")]
 ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="built-in name or YAML path")]
 GpusOpt = Annotated[Optional[int], typer.Option("--gpus", min=1, help="number of GPUs (multiple of the node size)")]
 NodesOpt = Annotated[Optional[int], typer.Option("--nodes", min=1, help="number of nodes")]

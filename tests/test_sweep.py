@@ -119,3 +119,13 @@ def test_cli_sweep_errors(tmp_path, run_cli):
     assert r.exit_code == 2 and "--plot writes sweep.png" in r.stderr
     r = run_cli("sweep", str(grid), "--executor", "dask")
     assert r.exit_code == 2 and "--executor dask: must be one of process, ray" in r.stderr
+
+
+def test_cli_jsonl_equals_api(tmp_path, run_cli, rows_serial):
+    import yaml
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(yaml.safe_dump(GRID))
+    r = run_cli("sweep", str(grid), "--workers", "2")
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout == to_jsonl(rows_serial)
+    assert "6 scenarios, 3 planned, 3 infeasible or invalid" in r.stderr
