@@ -32,8 +32,8 @@ Mapping (plan -> plugin keyword):
   flash attention stores anyway; without flash attention it has no keyword: refused.
 
 Refused with the knob named (``EmitUnsupported``): the above, schedules other than 1F1B / interleaved 1F1B,
-Megatron pipeline layouts, embedding/loss-accounted splits, HSDP, per-module recompute, low-precision optimizer
-states and optimizer CPU offload.
+Megatron pipeline layouts, embedding/loss-accounted splits, HSDP, per-module or uniform-method recompute,
+low-precision optimizer states or master weights, and optimizer / parameter CPU offload.
 """
 from __future__ import annotations
 
@@ -109,8 +109,14 @@ def check_colossalai(model: ModelSpec, job: TrainingJob, par: ParallelConfig) ->
     if par.recompute == "full" and par.recompute_num_layers is not None and par.pp == 1:
         raise _refuse(f"recompute_num_layers {par.recompute_num_layers} with pp 1", "partial checkpointing needs "
                                                                                    "the pipeline forward")
-    if par.exp_avg_dtype != "fp32" or par.exp_avg_sq_dtype != "fp32":
-        raise _refuse("exp_avg_dtype/exp_avg_sq_dtype", "optimizer states are fp32")
+    if par.recompute == "full" and par.recompute_num_layers is not None and par.recompute_method != "block":
+        raise _refuse(f"recompute_method {par.recompute_method}", "checkpointing takes the first layers of each "
+                                                                  "stage (Megatron's block method)")
+    if par.exp_avg_dtype != "fp32" or par.exp_avg_sq_dtype != "fp32" or par.main_params_dtype != "fp32":
+        raise _refuse("exp_avg_dtype/exp_avg_sq_dtype/main_params_dtype", "optimizer states and master weights are "
+                                                                          "fp32")
+    if par.param_cpu_offload:
+        raise _refuse("param_cpu_offload", "HybridParallelPlugin offloads optimizer states only (cpu_offload)")
     if par.optimizer_cpu_offload_fraction:
         raise _refuse("optimizer_cpu_offload_fraction", "cpu_offload moves the whole optimizer, not a fraction")
     if job.global_batch_size % (par.micro_batch_size * par.dp):
