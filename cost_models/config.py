@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Precision = Literal["bf16", "fp16", "fp8"]
 Recompute = Literal["none", "selective", "full"]
@@ -141,12 +141,13 @@ class ParallelConfig(BaseModel):
         False, description="DeepSpeed ZeRO-3 offload_param {device: cpu}: the 16-bit parameter partitions live in "
                            "host memory (with optimizer_cpu_offload_fraction 1.0: ZeRO-Infinity's CPU tier)")
 
-    @model_validator(mode="after")
-    def _offload_rules(self) -> "ParallelConfig":
-        if self.offload_modules:
+    @field_validator("offload_modules")
+    @classmethod
+    def _offload_rules(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if v:
             from .activation_offload import check_offload_modules
-            check_offload_modules(self.offload_modules)
-        return self
+            check_offload_modules(v)
+        return v
 
     @model_validator(mode="after")
     def _sp_needs_tp(self) -> "ParallelConfig":

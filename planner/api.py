@@ -99,6 +99,7 @@ class LayoutOptions(JobOptions, total=False):
     last_stage_layers: int | None
     pipeline_layout: str | None
     recompute_modules: tuple[str, ...] | None
+    offload_modules: tuple[str, ...] | None
     recompute_method: Literal["block", "uniform"]
     optimizer_cpu_offload: float
     param_cpu_offload: bool
@@ -278,6 +279,7 @@ def parallel_config(inputs: Inputs, *, tp: int = 1, pp: int = 1, cp: int = 1, ep
                     recompute_num_layers: int | None = None, sequence_parallel: bool = False,
                     first_stage_layers: int | None = None, last_stage_layers: int | None = None,
                     pipeline_layout: str | None = None, recompute_modules: tuple[str, ...] | None = None,
+                    offload_modules: tuple[str, ...] | None = None,
                     recompute_method: str = "block",
                     optimizer_cpu_offload: float = 0.0, param_cpu_offload: bool = False,
                     exp_avg_dtype: str = "fp32", exp_avg_sq_dtype: str = "fp32",
@@ -285,7 +287,8 @@ def parallel_config(inputs: Inputs, *, tp: int = 1, pp: int = 1, cp: int = 1, ep
     """The ``ParallelConfig`` of one given layout on ``inputs`` (``dp`` derived as GPUs / (tp x pp x cp)).
 
     Memory knobs (``cost_models.config.ParallelConfig``): ``pipeline_layout`` (Megatron
-    ``--pipeline-model-parallel-layout``, a custom per-stage layer list), ``recompute_modules`` (``--recompute-modules``
+    ``--pipeline-model-parallel-layout``, a custom per-stage layer list), ``offload_modules`` (Megatron
+    ``--offload-modules``: activation offloading to host memory), ``recompute_modules`` (``--recompute-modules``
     under selective recompute), ``recompute_method`` (``--recompute-method`` block | uniform with
     ``recompute_num_layers``), ``optimizer_cpu_offload`` (share of the optimizer in host memory: Megatron
     ``--optimizer-offload-fraction``, DeepSpeed ``offload_optimizer``), ``param_cpu_offload`` (DeepSpeed ZeRO-3
@@ -325,6 +328,7 @@ def parallel_config(inputs: Inputs, *, tp: int = 1, pp: int = 1, cp: int = 1, ep
                               account_for_embedding_in_pipeline_split=account,
                               account_for_loss_in_pipeline_split=account, pipeline_layout=pipeline_layout,
                               recompute_modules=tuple(recompute_modules) if recompute_modules else None,
+                              offload_modules=tuple(offload_modules) if offload_modules else None,
                               recompute_method=recompute_method,
                               optimizer_cpu_offload_fraction=optimizer_cpu_offload,
                               param_cpu_offload=bool(param_cpu_offload), exp_avg_dtype=exp_avg_dtype,

@@ -458,6 +458,10 @@ LayoutStrOpt = Annotated[Optional[str], typer.Option(
 RecomputeModulesOpt = Annotated[Optional[str], typer.Option(
     "--recompute-modules", help="selective recompute modules, comma-separated (Megatron --recompute-modules): "
                                 "core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts")]
+OffloadModulesOpt = Annotated[Optional[str], typer.Option(
+    "--offload-modules", help="activation offloading to host memory, comma-separated (Megatron "
+                              "--fine-grained-activation-offloading --offload-modules): attn_norm, qkv_linear, core_attn, "
+                              "attn_proj, mlp_norm, expert_fc1, moe_act, fused_group_mlp")]
 OffloadOpt = Annotated[float, typer.Option(
     "--optimizer-cpu-offload", min=0.0, max=1.0,
     help="share of the optimizer states in host memory (Megatron --optimizer-offload-fraction; DeepSpeed "
@@ -490,10 +494,14 @@ def _layout(model, cluster, gpus, nodes, global_batch_size, seq_length, precisio
 
 
 def _knobs(pipeline_layout=None, recompute_modules=None, recompute_method="block", optimizer_cpu_offload=0.0,
+           offload_modules=None,
            param_cpu_offload=False, exp_avg_dtype="fp32", exp_avg_sq_dtype="fp32", main_params_dtype="fp32") -> dict:
     """The memory knobs of a one-layout command as API keyword arguments (``planner.api.parallel_config``)."""
-    mods = tuple(m.strip() for m in recompute_modules.split(",") if m.strip()) if recompute_modules else None
+    def split(text):
+        return tuple(m.strip() for m in text.split(",") if m.strip()) if text else None
+    mods = split(recompute_modules)
     return dict(pipeline_layout=pipeline_layout, recompute_modules=mods, recompute_method=recompute_method,
+                offload_modules=split(offload_modules),
                 optimizer_cpu_offload=optimizer_cpu_offload,
                 param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype, exp_avg_sq_dtype=exp_avg_sq_dtype,
                 main_params_dtype=main_params_dtype)
@@ -519,6 +527,7 @@ def evaluate(
     flops_convention: FlopsOpt = None, at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT,
     full_model_init: FullInitOpt = False,
     pipeline_layout: LayoutStrOpt = None, recompute_modules: RecomputeModulesOpt = None,
+    offload_modules: OffloadModulesOpt = None,
     recompute_method: RecomputeMethodOpt = "block",
     optimizer_cpu_offload: OffloadOpt = 0.0, param_cpu_offload: ParamOffloadOpt = False,
     exp_avg_dtype: MomentDtypeOpt = "fp32", exp_avg_sq_dtype: MomentDtypeOpt = "fp32",
@@ -538,6 +547,7 @@ def evaluate(
         memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute, recompute_num_layers,
         sequence_parallel, first_stage_layers, last_stage_layers, flops_convention, at_risk_margin, full_model_init,
         pipeline_layout=pipeline_layout, recompute_modules=recompute_modules, recompute_method=recompute_method,
+        offload_modules=offload_modules,
         optimizer_cpu_offload=optimizer_cpu_offload, param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype,
         exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype,
         expert_load_imbalance=expert_load_imbalance),
@@ -565,6 +575,7 @@ def memory(
         "--capacity-factor", min=1.0, help="MoE expert capacity factor (pads expert buffers; default: dropless)")] = None,
     at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT, full_model_init: FullInitOpt = False,
     pipeline_layout: LayoutStrOpt = None, recompute_modules: RecomputeModulesOpt = None,
+    offload_modules: OffloadModulesOpt = None,
     recompute_method: RecomputeMethodOpt = "block",
     optimizer_cpu_offload: OffloadOpt = 0.0, param_cpu_offload: ParamOffloadOpt = False,
     exp_avg_dtype: MomentDtypeOpt = "fp32", exp_avg_sq_dtype: MomentDtypeOpt = "fp32",
@@ -583,6 +594,7 @@ def memory(
         model, cluster, gpus, nodes, global_batch_size, seq_length, precision, flash_attention, dropout, framework,
         memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute, recompute_num_layers,
         sequence_parallel, first_stage_layers, last_stage_layers, None, at_risk_margin, full_model_init, pipeline_layout=pipeline_layout, recompute_modules=recompute_modules, recompute_method=recompute_method,
+        offload_modules=offload_modules,
         optimizer_cpu_offload=optimizer_cpu_offload, param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype,
         exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype,
         expert_load_imbalance=expert_load_imbalance))
@@ -621,6 +633,7 @@ def explain(
         "--timeline", help="draw the simulated pipeline schedule to FILE.svg or FILE.png")] = None,
     at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT, full_model_init: FullInitOpt = False,
     pipeline_layout: LayoutStrOpt = None, recompute_modules: RecomputeModulesOpt = None,
+    offload_modules: OffloadModulesOpt = None,
     recompute_method: RecomputeMethodOpt = "block",
     optimizer_cpu_offload: OffloadOpt = 0.0, param_cpu_offload: ParamOffloadOpt = False,
     exp_avg_dtype: MomentDtypeOpt = "fp32", exp_avg_sq_dtype: MomentDtypeOpt = "fp32",
@@ -636,6 +649,7 @@ def explain(
         model, cluster, gpus, nodes, global_batch_size, seq_length, precision, flash_attention, dropout, framework,
         memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute, recompute_num_layers,
         sequence_parallel, first_stage_layers, last_stage_layers, None, at_risk_margin, full_model_init, pipeline_layout=pipeline_layout, recompute_modules=recompute_modules, recompute_method=recompute_method,
+        offload_modules=offload_modules,
         optimizer_cpu_offload=optimizer_cpu_offload, param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype,
         exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype,
         expert_load_imbalance=expert_load_imbalance))

@@ -57,6 +57,9 @@ def check_deepspeed(model: ModelSpec | None, job: TrainingJob, par: ParallelConf
     if offload > 0 and (par.zero_stage == 0 or (offload < 1 and par.zero_stage < 3)):
         raise EmitError(f"optimizer_cpu_offload_fraction {offload:g} at zero_stage {par.zero_stage}: DeepSpeed offloads "
                         f"the optimizer at ZeRO stage 1-3, a partial ratio at stage 3 only (offload_config.py)")
+    if getattr(par, "offload_modules", None):
+        raise EmitError(f"offload_modules {','.join(par.offload_modules)}: DeepSpeed has no per-module activation "
+                        f"offloading (its cpu_checkpointing offloads full-recompute checkpoints only)")
     if getattr(par, "param_cpu_offload", False) and par.zero_stage != 3:
         raise EmitError("param_cpu_offload: DeepSpeed offloads parameters at ZeRO stage 3 only (offload_param)")
     hsdp = getattr(par, "hsdp_shard_size", None)

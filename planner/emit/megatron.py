@@ -317,15 +317,24 @@ def parallel_args(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> li
     if master == "bf16" and par.zero_stage < 2:
         raise EmitError("main_params_dtype bf16: Megatron keeps bf16 master weights only under Megatron-FSDP "
                         "(--megatron-fsdp-main-params-dtype, zero_stage 2 or 3); --main-params-dtype allows fp32 or fp16")
-    if (m1, m2, master) != ("fp32", "fp32", "fp32"):
+    offload = getattr(par, "optimizer_cpu_offload_fraction", 0.0)
+    if (m1, m2, master) != ("fp32", "fp32", "fp32") or offload > 0:
+        # the optimizer CPU offload runs on the precision-aware optimizer's code path (arguments.py: "must be used
+        # in conjunction with --use-precision-aware-optimizer")
         add(["--use-precision-aware-optimizer", "--exp-avg-dtype", m1, "--exp-avg-sq-dtype", m2])
         if master == "fp16":
             add(["--main-params-dtype", "fp16"])
         elif master == "bf16":
             add(["--megatron-fsdp-main-params-dtype", "bf16"])
-    offload = getattr(par, "optimizer_cpu_offload_fraction", 0.0)
     if offload > 0:
-        add(["--optimizer-cpu-offload", "--optimizer-offload-fraction", f"{offload:g}"])
+        # the copies and the CPU step pipelined per parameter, as cost_models/optimizer_offload.py times them
+        add(["--optimizer-cpu-offload", "--optimizer-offload-fraction", f"{offload:g}",
+             "--overlap-cpu-optimizer-d2h-h2d"])
+    off_mods = getattr(par, "offload_modules", None)
+    if off_mods:
+        # fine-grained activation offloading (cost_models/activation_offload.py); with Transformer Engine >= 2.10
+        # Megatron also needs NVTE_CPU_OFFLOAD_V1=1 in the environment (arguments.py validate_args)
+        add(["--fine-grained-activation-offloading", "--offload-modules", *off_mods])
     if sharded_dp:
         a.append("--overlap-grad-reduce")
         if par.zero_stage >= 1:
