@@ -28,8 +28,11 @@ from .operations import OperationsSpec
 
 #: Training precisions the planner may choose, in display order. Other keys of
 #: ``GPUSpec.peak_flops`` (tf32, fp32, fp6, fp4) are kept as data but are not offered as a
-#: training precision.
+#: training precision; fp32 training (``FP32_TRAINING``) is offered on GPUs with a TF32 peak.
 TRAINING_PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8")
+#: Single-precision training: fp32 tensors, GEMMs on TF32 tensor cores (``cost_models.config.TrainingJob``), so it
+#: needs the GPU's ``tf32`` peak; its GEMM efficiency is the 16-bit one (same tensor cores, no TF32 MAMF figure).
+FP32_TRAINING = "fp32"
 
 #: dtype spellings accepted by :meth:`ClusterSpec.peak_flops` and friends.
 DTYPE_ALIASES: dict[str, str] = {
@@ -225,10 +228,11 @@ class ClusterSpec(BaseModel):
             raise ValueError(
                 f"calibration.gemm_efficiency has dtype(s) {', '.join(extra)} that gpu.peak_flops lacks"
             )
-        missing = [d for d in self.supported_precisions if d not in self.calibration.gemm_efficiency]
+        missing = [d for d in self.supported_precisions
+                   if d != FP32_TRAINING and d not in self.calibration.gemm_efficiency]
         if missing:
             raise ValueError(f"calibration.gemm_efficiency has no entry for precision(s): {', '.join(missing)}")
-        if not self.supported_precisions:
+        if not [d for d in self.supported_precisions if d != FP32_TRAINING]:
             raise ValueError(
                 f"gpu.peak_flops has none of the training precisions {', '.join(TRAINING_PRECISIONS)}"
             )
@@ -248,8 +252,10 @@ class ClusterSpec(BaseModel):
     # ----------------------------------------------------------------- derived quantities
     @property
     def supported_precisions(self) -> list[str]:
-        """Training precisions (subset of bf16, fp16, fp8, in that order) this GPU has a dense peak for."""
-        return [d for d in TRAINING_PRECISIONS if d in self.gpu.peak_flops]
+        """Training precisions (subset of bf16, fp16, fp8, in that order, then fp32 when the GPU has a TF32 peak)
+        this GPU has a dense peak for."""
+        out = [d for d in TRAINING_PRECISIONS if d in self.gpu.peak_flops]
+        return out + [FP32_TRAINING] if "tf32" in self.gpu.peak_flops else out
 
     @property
     def usable_memory_bytes(self) -> int:

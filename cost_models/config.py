@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-Precision = Literal["bf16", "fp16", "fp8"]
+Precision = Literal["bf16", "fp16", "fp8", "fp32"]
 Recompute = Literal["none", "selective", "full"]
 Schedule = Literal["1f1b", "interleaved", "gpipe", "zb-h1"]
 FlopsConvention = Literal["megatron", "palm"]
@@ -29,11 +29,23 @@ BYTES_16BIT = 2
 BYTES_FP32 = 4
 
 
+def compute_bytes(precision: str) -> int:
+    """Bytes per element of the parameters' compute copy and of the activations: 4 for ``fp32`` training (fp32
+    parameters, gradients and activations; GEMMs on TF32 tensor cores), 2 otherwise (bf16 / fp16, and FP8 runs,
+    whose activations outside the GEMMs stay 16-bit)."""
+    return BYTES_FP32 if precision == "fp32" else BYTES_16BIT
+
+
 class TrainingJob(BaseModel):
     """What is trained: global batch (sequences), sequence length (tokens), precision, optimizer.
 
     ``precision`` selects the GEMM rate: ``fp8`` runs GEMMs at the FP8 rate with bf16 parameters and
-    activations elsewhere (Transformer Engine's recipe); weights/optimizer bytes are unchanged.
+    activations elsewhere (Transformer Engine's recipe); weights/optimizer bytes are unchanged. ``fp32`` trains
+    in single precision: 4-byte parameters, gradients and activations, no separate master copy (Megatron
+    ``dist_optimizer.md`` "fp32 param, fp32 grad": 16 bytes, 8 + 8/d distributed), GEMMs on the TF32 tensor cores
+    (Transformer Engine's cuBLASLt GEMMs default to ``CUBLAS_COMPUTE_32F_FAST_TF32``; PyTorch's own matmuls need
+    ``TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1``, which the emitters set) at the TF32 dense peak, the peak MFU is
+    reported against.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

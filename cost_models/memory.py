@@ -80,7 +80,7 @@ from typing import Literal
 from cluster_specs.spec import ClusterSpec
 from model_zoo.spec import ModelSpec
 
-from .config import BYTES_16BIT, BYTES_FP32, ParallelConfig, TrainingJob
+from .config import BYTES_16BIT, BYTES_FP32, ParallelConfig, TrainingJob, compute_bytes
 from .activation_offload import OFFLOAD_RESIDENT_LAYERS, offloaded_bytes
 from .layout import chunk_layer_counts, stage_layer_ranges
 from .memory_buffers import BufferInputs, backend_buffers, merge, moe_dispatch_buffers, pipeline_p2p_buffers
@@ -220,7 +220,8 @@ class MemoryEstimate:
 
 def state_bytes(framework: str, grad_reduce_in_bf16: bool = False, *, fp8_params: bool = False,
                 moment_bytes: float = ADAM_MOMENT_BYTES_PER_PARAM, optimizer_offload_fraction: float = 0.0,
-                param_offload: bool = False, master_bytes: float = MASTER_WEIGHT_BYTES_PER_PARAM) -> StateBytes:
+                param_offload: bool = False, master_bytes: float = MASTER_WEIGHT_BYTES_PER_PARAM,
+                fp32: bool = False) -> StateBytes:
     """Bytes per parameter of the model states on the GPU before sharding (module docstring gives the sources).
 
     Megatron only: ``fp8_params`` (``--fp8-param-gather``, per-tensor recipe) stores 1-byte weights;
@@ -234,9 +235,17 @@ def state_bytes(framework: str, grad_reduce_in_bf16: bool = False, *, fp8_params
     ``estimate_zero2_model_states_mem_needs(cpu_offload=True)`` keeps only the 16-bit parameters, ``2P``, on the
     GPU). ``param_offload`` (DeepSpeed ZeRO-3 ``offload_param``) keeps no 16-bit parameter partition on the GPU
     (``estimate_zero3_model_states_mem_needs(cpu_offload_params=True)``: only the ``4 * largest_layer`` buffer).
+
+    ``fp32`` (single-precision training, ``TrainingJob.precision`` fp32): Megatron keeps fp32 weights and gradients
+    and no master copy, 4 + 4 + 8 = 16 (Megatron ``docs/user-guide/features/dist_optimizer.md``, row "fp32 param,
+    fp32 grad": 16, distributed 8 + 8/d); DeepSpeed's ZeRO optimizer still clones its partition into an fp32 master
+    (``stage_1_and_2.py``: ``single_partition_of_fp32_groups`` ``.clone().float()``), so its 2-byte terms become 4:
+    4 + (4 + 4) + 12; torchtitan's FSDP2 states are fp32 already (16).
     """
     keep = 1.0 - optimizer_offload_fraction
     if framework == "megatron":
+        if fp32:
+            return StateBytes(BYTES_FP32, BYTES_FP32, moment_bytes * keep)
         opt = (master_bytes + moment_bytes) * keep
         return StateBytes(FP8_PARAM_BYTES if fp8_params else WEIGHT_BYTES_PER_PARAM,
                           BYTES_16BIT if grad_reduce_in_bf16 else GRAD_BYTES_PER_PARAM, opt)
@@ -244,8 +253,9 @@ def state_bytes(framework: str, grad_reduce_in_bf16: bool = False, *, fp8_params
         # 16-bit grads (2) + fp32 grads (4); the 16-bit grads stay replicated under ZeRO-1. CPU offload moves the
         # fp32 gradient partition, the master weights and Adam to the host (and the 16-bit gradient partition of
         # ZeRO-2: the estimator keeps 2P alone on the GPU).
-        return StateBytes(0.0 if param_offload else BYTES_16BIT, BYTES_16BIT + BYTES_FP32 * keep,
-                          OPTIMIZER_BYTES_PER_PARAM * keep, gradients_replicated=BYTES_16BIT)
+        w = BYTES_FP32 if fp32 else BYTES_16BIT
+        return StateBytes(0.0 if param_offload else w, w + BYTES_FP32 * keep,
+                          OPTIMIZER_BYTES_PER_PARAM * keep, gradients_replicated=w)
     if framework == "torchtitan":
         return StateBytes(BYTES_FP32, BYTES_FP32, 2 * BYTES_FP32)
     raise ValueError(f"framework {framework!r}: allowed values are {', '.join(FRAMEWORKS)}")
@@ -373,7 +383,8 @@ def activation_terms_per_layer(model: ModelSpec, job: TrainingJob, par: Parallel
     a = model.num_attention_heads
     q_w, kv_w, v_w, latent = _attention_widths(model)
     drop = 1 if job.dropout else 0
-    gemm_in = 1 if job.precision == "fp8" else BYTES_16BIT  # TE keeps FP8 GEMM inputs (1 byte)
+    ab = compute_bytes(job.precision)  # 16-bit activations, 4 bytes in fp32 training
+    gemm_in = 1 if job.precision == "fp8" else ab  # TE keeps FP8 GEMM inputs (1 byte)
     mult = 2 if model.gated_mlp else 1
     is_moe = model.moe is not None and model.is_moe_layer(layer)
     capacity_factor = expert_buffer_factor(model, job, par, capacity_factor) if is_moe else capacity_factor
@@ -382,9 +393,9 @@ def activation_terms_per_layer(model: ModelSpec, job: TrainingJob, par: Parallel
     if framework == "torchtitan" and par.recompute == "selective":
         # Per-op SAC: the layer input, attention output + fp32 LSE, and every second matmul output (half of all).
         mm = q_w + kv_w + v_w + h + (mult * f + h if not is_moe else 0)  # wq wk wv wo (w1 w3) w2
-        saved = sb * BYTES_16BIT * (h + 0.5 * mm) / t + sb * BYTES_16BIT * q_w / t + 4 * a * sb / t
+        saved = sb * ab * (h + 0.5 * mm) / t + sb * ab * q_w / t + 4 * a * sb / t
         if is_moe:
-            saved += sum(_moe_terms(model, par, sb, gemm_in, mult, capacity_factor).values()) * 0.5
+            saved += sum(_moe_terms(model, par, sb, gemm_in, mult, capacity_factor, ab=ab).values()) * 0.5
         return {"saved": saved}
 
     mods = recompute_modules_of(par)
@@ -392,9 +403,9 @@ def activation_terms_per_layer(model: ModelSpec, job: TrainingJob, par: Parallel
     # Outside the TP region (split only under SP): 2 norm inputs (2+2), QKV and fc1 GEMM inputs, 2 dropout masks.
     # ``layernorm`` recompute discards the norm outputs (output-discarding checkpoint); in FP8 the GEMMs keep their
     # own 1-byte copies of them, so only 16-bit GEMM inputs go.
-    norm_out = 0 if ("layernorm" in mods and gemm_in == BYTES_16BIT) else gemm_in
+    norm_out = 0 if ("layernorm" in mods and gemm_in == ab) else gemm_in
     sp = t if par.sequence_parallel else 1
-    out["attn_norm_in"] = out["mlp_norm_in"] = sb * h * BYTES_16BIT / sp
+    out["attn_norm_in"] = out["mlp_norm_in"] = sb * h * ab / sp
     out["qkv_in"] = out["fc1_in"] = sb * h * norm_out / sp
     out["dropout_masks"] = sb * h * 2 * drop / sp
     if par.sequence_parallel and framework == "torchtitan":
@@ -409,9 +420,9 @@ def activation_terms_per_layer(model: ModelSpec, job: TrainingJob, par: Parallel
     # ``mla_up_proj`` recompute (MLA only) discards Q, K, V after the attention forward and recomputes them from
     # the stored latents before its backward (output-discarding checkpoint).
     qkv = 0 if ("mla_up_proj" in mods and model.mla is not None) else q_w + kv_w + v_w
-    out["qkv"] = sb * BYTES_16BIT * qkv / t
+    out["qkv"] = sb * ab * qkv / t
     out["attn_out"] = sb * gemm_in * ctx_w / t
-    out["mla_latent"] = sb * BYTES_16BIT * latent
+    out["mla_latent"] = sb * ab * latent
     if job.flash_attention:
         out["softmax_stats"] = 4 * a * sb / t  # fp32 log-sum-exp per head and token
     elif "core_attn" not in mods:
@@ -419,10 +430,10 @@ def activation_terms_per_layer(model: ModelSpec, job: TrainingJob, par: Parallel
         out["softmax_stats"] = (2 + 3 * drop) * a * s * job.seq_length * b / t
     if is_moe:
         if "moe" not in mods:
-            out.update(_moe_terms(model, par, sb, gemm_in, mult, capacity_factor, mods))
+            out.update(_moe_terms(model, par, sb, gemm_in, mult, capacity_factor, mods, ab))
     elif "mlp" not in mods:  # else the dense MLP is checkpointed: only its input (fc1_in) is kept
         # fc1 output (mult*f, the activation's input) and fc2 input (f, a GEMM input).
-        out["fc1_out"] = sb * BYTES_16BIT * mult * f / t
+        out["fc1_out"] = sb * ab * mult * f / t
         out["fc2_in"] = sb * gemm_in * f / t
     return out
 
@@ -441,7 +452,8 @@ def expert_buffer_factor(model: ModelSpec, job: TrainingJob, par: ParallelConfig
 
 
 def _moe_terms(model: ModelSpec, par: ParallelConfig, sb: float, gemm_in: int, mult: int,
-               capacity_factor: float | None, mods: frozenset[str] = frozenset()) -> dict[str, float]:
+               capacity_factor: float | None, mods: frozenset[str] = frozenset(),
+               ab: int = BYTES_16BIT) -> dict[str, float]:
     """MoE layer activations by tensor: ``k`` routed copies of every token times ``capacity_factor`` (the busiest
     rank's share over the balanced one, ``expert_buffer_factor``: dropless imbalance, or padding to a capacity), each
     stored as the expert fc1 GEMM input (``expert_fc1_in``: the dispatched token, h, kept by the grouped GEMM in its
@@ -464,11 +476,11 @@ def _moe_terms(model: ModelSpec, par: ParallelConfig, sb: float, gemm_in: int, m
     local = sb / par.tp if par.sequence_parallel else sb  # tokens this rank routes
     routed = min(sb, local * par.expert_tp)  # tokens whose copies reach this rank's experts
     copies = routed * k * cf
-    out = {"expert_fc1_in": copies * gemm_in * h, "unpermute_in": copies * BYTES_16BIT * h,
-           "expert_fc1_out": copies * BYTES_16BIT * mult * fe, "expert_fc2_in": copies * fc2_in * fe}
+    out = {"expert_fc1_in": copies * gemm_in * h, "unpermute_in": copies * ab * h,
+           "expert_fc1_out": copies * ab * mult * fe, "expert_fc2_in": copies * fc2_in * fe}
     if moe.shared_expert_ffn_hidden_size and "shared_experts" not in mods:
         fs = moe.shared_expert_ffn_hidden_size / par.tp
-        out["shared_experts"] = sb * (BYTES_16BIT * mult * fs + fc2_in * fs)
+        out["shared_experts"] = sb * (ab * mult * fs + fc2_in * fs)
     out["router"] = local * 2 * BYTES_FP32 * moe.num_experts  # fp32 router logits + probabilities
     return out
 
@@ -476,7 +488,7 @@ def _moe_terms(model: ModelSpec, par: ParallelConfig, sb: float, gemm_in: int, m
 def layer_input_bytes(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> float:
     """Bytes of one layer's input (the checkpoint kept under full recompute): ``2*s*b*h``, ``/tp`` under SP
     (K22 Table 2 "full recompute" row; derived note in formulas.md Sec. 2)."""
-    x = BYTES_16BIT * job.seq_length / par.cp * par.micro_batch_size * model.hidden_size
+    x = compute_bytes(job.precision) * job.seq_length / par.cp * par.micro_batch_size * model.hidden_size
     return x / par.tp if par.sequence_parallel else x
 
 
@@ -532,7 +544,7 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
     expert_shard = par.expert_dp
     z = par.zero_stage
     bf16_grads = bool(getattr(par, "grad_reduce_in_bf16", False))
-    state_opts = state_options_of(par)
+    state_opts = {**state_options_of(par), "fp32": job.precision == "fp32"}
     ranges = stage_layer_ranges(model.num_layers, par)
     layer_in = layer_input_bytes(model, job, par)
     reserve = float(cluster.calibration.memory_reserve_bytes if reserve_bytes is None else reserve_bytes)
@@ -600,6 +612,10 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
             per_el = LOGITS_BYTES_PER_ELEMENT[fw]
             if fw == "megatron" and getattr(job, "cross_entropy_fusion_impl", "native") == "te":
                 per_el = TE_CROSS_ENTROPY_BYTES_PER_ELEMENT
+            if fw == "megatron" and job.precision == "fp32":
+                # the output layer already yields fp32 logits: no separate fp32 copy (``.float()`` returns them), and
+                # both fused losses write the gradient in place
+                per_el = BYTES_FP32
             logits = tokens * vocab / par.tp * per_el
         fwd_transient = 0.0
         if not job.flash_attention and par.recompute != "full":
@@ -609,10 +625,12 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
         # Data-parallel and pipeline buffers of the backend (cost_models/memory_buffers.py, each from its source).
         bufs = merge(
             backend_buffers(fw, BufferInputs(zero_stage=z, stage_params=sp.total, largest_layer=sp.largest_layer,
-                                             largest_module=sp.largest_module, dp_shard=dense_shard), par.pp),
+                                             largest_module=sp.largest_module, dp_shard=dense_shard,
+                                             elem_bytes=compute_bytes(job.precision)), par.pp),
             pipeline_p2p_buffers(fw, stage, par.pp, par.vpp, m, n_inflight * par.vpp, layer_in),
             moe_dispatch_buffers(moe_copies if any(model.is_moe_layer(i) for i in layers) else 0.0,
-                                 model.hidden_size, par.ep))
+                                 model.hidden_size, par.ep,
+                                 compute_bytes(job.precision)))
 
         # Optimizer step temporaries.
         if fw == "megatron":
@@ -627,7 +645,7 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
         # Initialization: the states exist; a full-model init first holds the stage's whole 16-bit model
         # (DeepSpeed 0.19.8 ``DeepSpeedEngine._configure_distributed_model``: ``self.module.to(self.device)`` unless
         # the model was built under ``zero.Init``, before the ZeRO optimizer partitions it).
-        full_model = BYTES_16BIT * sp.total if getattr(job, "full_model_init", False) else 0.0
+        full_model = compute_bytes(job.precision) * sp.total if getattr(job, "full_model_init", False) else 0.0
         init_extra = max(0.0, full_model - states)
         if full_model:
             bufs["init"] = {"full_model_materialized": full_model}

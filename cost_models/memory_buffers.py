@@ -49,13 +49,16 @@ class BufferInputs:
     ``stage_params``: parameters on this GPU before data-parallel sharding (after TP/EP); ``largest_layer``: the
     largest decoder layer's parameters (the FSDP unit; also taken as Megatron-FSDP's mean unit, decoder layers
     being alike); ``largest_module``: DeepSpeed's ``largest_layer_params`` (largest single module);
-    ``dp_shard``: ranks the states are sharded over."""
+    ``dp_shard``: ranks the states are sharded over; ``elem_bytes``: the 16-bit dtype's 2 bytes, 4 under fp32
+    training (every "16-bit" buffer below is then fp32)."""
 
     zero_stage: int
     stage_params: float
     largest_layer: float
     largest_module: float
     dp_shard: int
+    #: bytes per element of the gathered parameters and of the gradient buckets: 2 (16-bit), 4 in fp32 training
+    elem_bytes: int = BYTES_16BIT
 
 
 def _empty() -> Buffers:
@@ -92,10 +95,10 @@ def megatron_buffers(b: BufferInputs) -> Buffers:
         return out
     unit = max(MEGATRON_FSDP_COMM_UNIT_ELEMENTS, 2 * layer) if b.zero_stage >= 3 else \
         MEGATRON_FSDP_COMM_UNIT_ELEMENTS
-    rs_queue = BYTES_16BIT * min(p, unit + 2 * layer)
+    rs_queue = b.elem_bytes * min(p, unit + 2 * layer)
     out["backward"]["fsdp_grad_reduce_queue"] = rs_queue
     if b.zero_stage >= 3:
-        gathered = BYTES_16BIT * min(p, 2 * layer + unit / 2)
+        gathered = b.elem_bytes * min(p, 2 * layer + unit / 2)
         out["forward"]["fsdp_param_gather"] = gathered
         out["backward"]["fsdp_param_gather"] = gathered
     return out
@@ -120,13 +123,13 @@ def deepspeed_buffers(b: BufferInputs) -> Buffers:
     out = _empty()
     p = b.stage_params
     if b.zero_stage in (1, 2) and b.dp_shard > 1:
-        bucket = BYTES_16BIT * min(DEEPSPEED_REDUCE_BUCKET_ELEMENTS, p)
+        bucket = b.elem_bytes * min(DEEPSPEED_REDUCE_BUCKET_ELEMENTS, p)
         out["backward"]["zero_reduce_bucket"] = DEEPSPEED_IPG_BUFFERS * bucket
         out["optimizer"]["zero_reduce_bucket"] = bucket
     elif b.zero_stage >= 3:
-        gather = 4 * b.largest_module
-        prefetch = BYTES_16BIT * min(DEEPSPEED_PREFETCH_BUCKET_ELEMENTS, p)
-        ipg = BYTES_16BIT * min(DEEPSPEED_REDUCE_BUCKET_ELEMENTS, p)
+        gather = 2 * b.elem_bytes * b.largest_module
+        prefetch = b.elem_bytes * min(DEEPSPEED_PREFETCH_BUCKET_ELEMENTS, p)
+        ipg = b.elem_bytes * min(DEEPSPEED_REDUCE_BUCKET_ELEMENTS, p)
         for ph in ("forward", "backward"):
             out[ph]["zero3_gather"] = gather
             out[ph]["zero3_prefetch_bucket"] = prefetch
@@ -154,14 +157,16 @@ def torchtitan_buffers(b: BufferInputs, pp: int) -> Buffers:
     if b.zero_stage < 3:
         return out
     if pp > 1:
-        out["forward"]["fsdp_unsharded_params"] = BYTES_16BIT * b.stage_params
-        out["backward"]["fsdp_unsharded_params"] = BYTES_16BIT * b.stage_params
+        out["forward"]["fsdp_unsharded_params"] = b.elem_bytes * b.stage_params
+        out["backward"]["fsdp_unsharded_params"] = b.elem_bytes * b.stage_params
         out["backward"]["fsdp_accumulated_grads"] = BYTES_FP32 * b.stage_params
         return out
-    gathered = 2 * BYTES_16BIT * b.largest_layer
+    gathered = 2 * b.elem_bytes * b.largest_layer
     out["forward"]["fsdp_param_gather"] = gathered
     out["backward"]["fsdp_param_gather"] = gathered
-    out["backward"]["fsdp_reduce_scatter"] = (BYTES_16BIT + BYTES_FP32) * b.largest_layer
+    # the fp32 reduce copy is the gradient itself in fp32 training
+    out["backward"]["fsdp_reduce_scatter"] = (b.elem_bytes + (BYTES_FP32 if b.elem_bytes != BYTES_FP32 else 0)) * \
+        b.largest_layer
     return out
 
 
@@ -220,7 +225,8 @@ def backend_buffers(framework: str, b: BufferInputs, pp: int) -> Buffers:
     return megatron_buffers(b)
 
 
-def moe_dispatch_buffers(routed_token_copies: float, hidden_size: int, ep: int) -> Buffers:
+def moe_dispatch_buffers(routed_token_copies: float, hidden_size: int, ep: int,
+                         elem_bytes: int = BYTES_16BIT) -> Buffers:
     """Expert-parallel all-to-all buffers of the running MoE layer (``routed_token_copies`` = token copies the
     busiest rank receives, ``tokens x top_k x`` its share over the balanced one: dropless imbalance or a padded
     capacity, ``cost_models.memory.expert_buffer_factor``).
@@ -231,14 +237,15 @@ def moe_dispatch_buffers(routed_token_copies: float, hidden_size: int, ep: int) 
     when a rank holds several experts); torchtitan ``ExpertParallel._token_dispatch`` (``all_to_all_single_autograd``).
     Only the sorted receive buffer is kept for the expert GEMM (stored activations); during the exchange one more
     copy of the routed tokens is alive (the send buffer, then the unsorted receive buffer), and the combine's backward
-    exchanges the gradients the same way: ``2 * copies * h`` bytes (16-bit) in forward and in backward. With
+    exchanges the gradients the same way: ``elem_bytes * copies * h`` bytes (16-bit, or 4 in fp32 training) in
+    forward and in backward. With
     ``ep == 1`` the all-to-all returns its input (no copy). The receive side is the larger one on the busiest rank
     (it sends its balanced ``tokens x top_k`` and receives more), so the copy is counted at the received size.
     """
     out = _empty()
     if ep <= 1:
         return out
-    copy = BYTES_16BIT * routed_token_copies * hidden_size
+    copy = elem_bytes * routed_token_copies * hidden_size
     out["forward"]["ep_all_to_all"] = copy
     out["backward"]["ep_all_to_all"] = copy
     return out

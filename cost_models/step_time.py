@@ -110,7 +110,7 @@ from cluster_specs.spec import ClusterSpec
 from model_zoo.spec import ModelSpec
 
 from .comm import collective_time
-from .config import BYTES_16BIT, BYTES_FP32, FlopsConvention, ParallelConfig, TrainingJob
+from .config import BYTES_16BIT, BYTES_FP32, FlopsConvention, ParallelConfig, TrainingJob, compute_bytes
 from .flops import (attention_core_flops_per_token, layer_gemm_shapes, recomputed_layers,
                     step_hardware_flops, step_model_flops)
 from .layout import GroupPlacement, LayoutError, group_placement, parse_pipeline_layout, stage_layer_ranges
@@ -313,13 +313,23 @@ def _half(cluster: ClusterSpec) -> str:
     return "bf16" if "bf16" in cluster.gpu.peak_flops else "fp16"
 
 
+def peak_dtype(cluster: ClusterSpec, precision: str) -> str:
+    """The tensor-core dtype whose dense peak a job's MFU (and its attention and 16-bit work) is measured against:
+    ``tf32`` for fp32 training (its GEMMs run on the TF32 tensor cores: ``TrainingJob``), else the 16-bit one
+    (also for FP8 runs, as the published FP8 summaries report MFU)."""
+    return "tf32" if precision == "fp32" and "tf32" in cluster.gpu.peak_flops else _half(cluster)
+
+
 def _gemm_rate(cluster: ClusterSpec, precision: str) -> float:
     """Large-GEMM FLOP/s: dense peak x MAMF efficiency x the sustained clock under the board power limit
-    (``ClusterSpec.clock_fraction``, 1 without a power cap)."""
+    (``ClusterSpec.clock_fraction``, 1 without a power cap). fp32 training runs its GEMMs at the TF32 peak with the
+    16-bit MAMF efficiency (same tensor cores; no TF32 MAMF measurement in hardware.yaml)."""
     cal = cluster.calibration.gemm_efficiency
     half = _half(cluster)
     if precision == "fp8" and "fp8" in cluster.gpu.peak_flops:
         return cluster.gpu.peak_flops["fp8"] * cal.get("fp8", cal.get(half, 0.7)) * cluster.clock_fraction
+    if precision == "fp32":
+        precision = peak_dtype(cluster, precision)
     p = precision if precision in cluster.gpu.peak_flops else half
     return cluster.gpu.peak_flops[p] * cal.get(p, cal.get(half, 0.7)) * cluster.clock_fraction
 
@@ -379,9 +389,10 @@ def _layer_cost(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: P
     """Forward costs of one decoder layer for one micro-batch on one GPU (seconds)."""
     fe = FRAMEWORK_COMPUTE_EFFICIENCY.get(framework, 1.0)
     rate = _gemm_rate(cluster, job.precision) * fe
-    half_peak = cluster.gpu.peak_flops[_half(cluster)] * fe
+    half_peak = cluster.gpu.peak_flops[peak_dtype(cluster, job.precision)] * fe
+    ab = compute_bytes(job.precision)  # bytes per activation element (4 in fp32 training)
     hbm = _hbm(cluster)
-    el = 1.0 if job.precision == "fp8" else float(BYTES_16BIT)
+    el = 1.0 if job.precision == "fp8" else float(ab)
     b, s, h = par.micro_batch_size, job.seq_length, model.hidden_size
     tok = b * s / par.cp  # tokens through this rank's layer (sequence split by CP)
     c = _LayerCost()
@@ -421,8 +432,9 @@ def _layer_cost(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: P
         c.attn_b = ATTN_BWD_FACTOR * c.attn_f
     else:
         fl = attention_core_flops_per_token(model, s, causal_halved=False) * tok * heads_frac
-        scores = BYTES_16BIT * b * model.num_attention_heads * heads_frac * s * s / par.cp
-        c.attn_f = fl / (fe * _gemm_rate(cluster, _half(cluster))) + UNFUSED_SCORE_PASSES * scores / hbm
+        scores = ab * b * model.num_attention_heads * heads_frac * s * s / par.cp
+        c.attn_f = fl / (fe * _gemm_rate(cluster, "fp32" if ab == BYTES_FP32 else _half(cluster))) + \
+            UNFUSED_SCORE_PASSES * scores / hbm
         c.attn_b = 2.0 * c.attn_f
     # memory-bound elementwise work
     passes = ELEMENTWISE_PASSES.get(framework, ELEMENTWISE_PASSES["megatron"])
@@ -436,8 +448,8 @@ def _layer_cost(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: P
     else:
         ffn_act = model.ffn_hidden_size / par.tp
     act = (3 if model.gated_mlp else 2) * tok * ffn_act
-    c.mem = BYTES_16BIT * (passes * hid + act + extra) / hbm
-    c.mem_mlp = BYTES_16BIT * (act + extra) / hbm
+    c.mem = ab * (passes * hid + act + extra) / hbm
+    c.mem_mlp = ab * (act + extra) / hbm
     if job.precision == "fp8":
         # FP8 quantisation of each GEMM's activation input (read 16-bit, write 8-bit) and of its weight
         # (Transformer Engine casts per micro-batch): 3 bytes per element, backward casts the output gradient too
@@ -449,13 +461,13 @@ def _layer_cost(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: P
             cast += FP8_CAST_BYTES * (tok * share * count * k / (1 if shard == "tp" else par.tp) + count * k * n / div)
         c.mem += cast / hbm
     # tensor parallel: 2 collectives forward (AR, or AG + RS under SP: same bytes)
-    act_bytes = BYTES_16BIT * tok * h
+    act_bytes = ab * tok * h
     if par.tp > 1:
         c.tp = 2 * collective_time("all_reduce", act_bytes, groups["tp"], cluster)
     if par.cp > 1:
         kv_w = (model.num_kv_heads * model.head_dim if model.mla is None
                 else model.num_attention_heads * (model.mla.qk_nope_head_dim + model.mla.qk_rope_head_dim))
-        kv_bytes = 2 * BYTES_16BIT * tok * kv_w / min(par.tp, max(1, model.num_kv_heads))
+        kv_bytes = 2 * ab * tok * kv_w / min(par.tp, max(1, model.num_kv_heads))
         step = collective_time("p2p", kv_bytes, groups["cp"], cluster)
         # forward: cp-1 ring steps, each hidden behind one block of attention compute
         c.cp = max(0.0, (par.cp - 1) * step - c.attn_f * (par.cp - 1) / par.cp)
@@ -466,7 +478,7 @@ def _layer_cost(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: P
         g = groups["ep"]
         copies = ep_domain_copies(model.moe.num_experts, model.moe.top_k, g.num_domains,
                                   model.moe.n_group, model.moe.topk_group)
-        disp = (1.0 if job.precision == "fp8" else BYTES_16BIT) + BYTES_16BIT
+        disp = (1.0 if job.precision == "fp8" else ab) + ab
         c.ep = collective_time("all_to_all", disp * tok * copies * h / par.tp, g, cluster)
     return c
 
@@ -506,7 +518,8 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     vocab = model.padded_vocab_size(par.tp)
     hbm = _hbm(cluster)
     rate = _gemm_rate(cluster, job.precision) * FRAMEWORK_COMPUTE_EFFICIENCY.get(framework, 1.0)
-    el = 1.0 if job.precision == "fp8" else float(BYTES_16BIT)
+    ab = compute_bytes(job.precision)
+    el = 1.0 if job.precision == "fp8" else float(ab)
     tok = b * s / par.cp
 
     cache: dict[tuple, _LayerCost] = {}
@@ -608,7 +621,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
                     f += x.gemm + x.attn_f + x.mem + proj + x.tp * tp_exp + x.ep * ep_exp
                     bw += 2 * (x.gemm + x.mem + proj) + x.attn_b + x.tp * tp_exp + x.ep * ep_exp
             if r == 0 and c == 0:
-                emb = 2 * BYTES_16BIT * tok * h / hbm  # embedding gather + write
+                emb = 2 * ab * tok * h / hbm  # embedding gather + write
                 f += emb
                 bw += 2 * emb
             fwd_v[c * par.pp + r] = f
@@ -629,7 +642,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
 
     p2p = 0.0
     if par.pp > 1:
-        p2p_bytes = BYTES_16BIT * tok * h / (par.tp if par.sequence_parallel else 1)
+        p2p_bytes = ab * tok * h / (par.tp if par.sequence_parallel else 1)
         p2p = collective_time("p2p", p2p_bytes, groups["pp"], cluster)
     sim = simulate(par.pipeline_schedule, par.pp, m, fwd_v, bwd_v, vpp=v, p2p_s=p2p)
     pipeline_s = sim.makespan
@@ -649,7 +662,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     grad_b = BYTES_16BIT if getattr(par, "grad_reduce_in_bf16", False) else BYTES_FP32
     # bytes per gathered parameter: 16-bit, or 1-byte FP8 weights with ``--fp8-param-gather`` under a per-tensor
     # FP8 recipe (Transformer Engine Float8Tensor; ``cost_models.memory.FP8_PARAM_BYTES``)
-    param_b = 1.0 if getattr(par, "fp8_param_gather", False) and job.precision == "fp8" else float(BYTES_16BIT)
+    param_b = 1.0 if getattr(par, "fp8_param_gather", False) and job.precision == "fp8" else float(ab)
     hsdp = getattr(par, "hsdp_shard_size", None)
     hsdp = hsdp if par.zero_stage >= 3 and hsdp and 1 < hsdp < shard and shard % hsdp == 0 else None
     if shard > 1:
@@ -662,7 +675,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
             # ``communication_data_type``, ``allreduce_bucket`` casts the fp32 buffer; pipe/engine.py
             # ``_bf16_reduce_grads``); BLOOM needed PyTorch 1.11's NCCL "which supports BF16 comms" for it
             # (bigscience tr11-176B-ml README)
-            rs_t = collective_time("all_reduce", BYTES_16BIT * sp_max.dense, dp_group, cluster)
+            rs_t = collective_time("all_reduce", ab * sp_max.dense, dp_group, cluster)
             ag_t = collective_time("all_gather", param_b * sp_max.dense, dp_group, cluster)
         elif hsdp:
             # HSDP (ZeRO-3 within ``hsdp_shard_size`` ranks, replicated across): gathers and reduce-scatters stay in
@@ -683,7 +696,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
         rs_t += collective_time("reduce_scatter" if par.zero_stage else "all_reduce",
                                 BYTES_FP32 * sp_max.expert, edp, cluster)
         if par.zero_stage:
-            ag_t += collective_time("all_gather", BYTES_16BIT * sp_max.expert, edp, cluster)
+            ag_t += collective_time("all_gather", ab * sp_max.expert, edp, cluster)
     if model.tie_word_embeddings and par.pp > 1:
         # first and last stage all-reduce the shared embedding's fp32 gradient after the pipeline drains
         # (Megatron-LM ``finalize_model_grads._allreduce_word_embedding_grads``; DeepSpeed ``ReduceTiedGrads``)
@@ -707,7 +720,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
         if getattr(par, "param_cpu_offload", False):
             # ZeRO-Infinity CPU tier: each gather first copies this rank's 16-bit partition from host memory
             # (``offload_param``; partitioned_param_coordinator fetches it to the GPU before the all-gather)
-            ag_t += BYTES_16BIT * sp_max.dense / shard / (cluster.host_link_bytes_per_s or float("inf"))
+            ag_t += ab * sp_max.dense / shard / (cluster.host_link_bytes_per_s or float("inf"))
         rs_mb = rs_t if fw_base in FSDP_REDUCE_EVERY_MICROBATCH else 0.0
         rs_mb += 0.0 if fw_base == "torchtitan" else rep_ar_t
         fwd_mb = fsdp_exposed_s(ag_t, 0.0, first_fwd, n_units)
@@ -756,14 +769,14 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     mf = step_model_flops(model, job, convention)
     # HFU in the same convention: model FLOPs plus what recompute re-executes (PaLM App. B)
     hf = mf + step_hardware_flops(model, job, par) - step_model_flops(model, job, "megatron")
-    peak_dtype = "bf16" if "bf16" in cluster.gpu.peak_flops else "fp16"
-    peak = cluster.gpu.peak_flops[peak_dtype]
+    mfu_dtype = peak_dtype(cluster, job.precision)
+    peak = cluster.gpu.peak_flops[mfu_dtype]
     return StepEstimate(
         step_s=step, compute_s=compute, bubble_s=bubble, optimizer_s=optimizer, exposed_comm_s=exposed,
         bubble_fraction=bubble / step if step > 0 else 0.0, num_microbatches=m,
         tokens_per_s=job.tokens_per_step / step, model_flops=mf, hardware_flops=hf,
         tflops_per_gpu=mf / step / n_gpus / 1e12, mfu=mf / (step * n_gpus * peak),
-        hfu=hf / (step * n_gpus * peak), peak_flops_per_gpu=peak, mfu_peak_dtype=peak_dtype,
+        hfu=hf / (step * n_gpus * peak), peak_flops_per_gpu=peak, mfu_peak_dtype=mfu_dtype,
         flops_convention=convention,
         stage_forward_s=fwd_v, stage_backward_s=bwd_v, p2p_s=p2p, pp=par.pp, schedule=par.pipeline_schedule,
         framework=framework, compute_breakdown_s=kinds)

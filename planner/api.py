@@ -47,7 +47,7 @@ if TYPE_CHECKING:  # heavy imports stay lazy: the CLI's start-up only pays for w
     ClusterLike = str | os.PathLike[str] | ClusterSpec
 
 #: Allowed values of the enumerated options (the CLI's choices; the API checks them itself).
-PRECISIONS = ("bf16", "fp16", "fp8")
+PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
 FRAMEWORKS = ("megatron", "deepspeed", "torchtitan")
 FLOPS_CONVENTIONS = ("megatron", "palm")
 RECOMPUTE_CHOICES = ("none", "selective", "full")
@@ -69,7 +69,7 @@ class JobOptions(TypedDict, total=False):
     nodes: int | None
     global_batch_size: int
     seq_length: int
-    precision: Literal["bf16", "fp16", "fp8"]
+    precision: Literal["bf16", "fp16", "fp8", "fp32"]
     flash_attention: bool
     dropout: bool
     framework: Literal["megatron", "deepspeed", "torchtitan"] | None
@@ -239,6 +239,12 @@ def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = No
     n = resolve_num_gpus(c, gpus, nodes)
     if precision not in c.supported_precisions:
         raise PlanInputError(f"--precision {precision}: {c.gpu.name} supports {', '.join(c.supported_precisions)}")
+    if precision == "fp32" and flash_attention and fw in ("megatron", "deepspeed"):
+        # Transformer Engine's DotProductAttention picks its unfused backend for fp32 (FlashAttention and cuDNN
+        # fused attention take fp16/bf16 only), so a fused-attention fp32 plan would not be the run that happens
+        raise PlanInputError(f"--precision fp32 with --framework {fw}: fused attention has no fp32 kernel (Transformer "
+                             f"Engine runs its unfused attention); add --no-flash-attention, or use --framework "
+                             f"torchtitan (PyTorch SDPA's memory-efficient kernel takes fp32)")
     if expert_load_imbalance is not None and (isinstance(expert_load_imbalance, bool)
                                               or not isinstance(expert_load_imbalance, (int, float))
                                               or not 1.0 <= expert_load_imbalance < float("inf")):

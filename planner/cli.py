@@ -25,6 +25,7 @@ class Precision(str, Enum):
     bf16 = "bf16"
     fp16 = "fp16"
     fp8 = "fp8"
+    fp32 = "fp32"
 
 
 class RecomputeOpt(str, Enum):
@@ -91,7 +92,9 @@ GpusOpt = Annotated[Optional[int], typer.Option(
 NodesOpt = Annotated[Optional[int], typer.Option("--nodes", min=1, help="number of nodes")]
 GbsOpt = Annotated[int, typer.Option("--global-batch-size", min=1, help="sequences per optimizer step")]
 SeqOpt = Annotated[int, typer.Option("--seq-length", min=1, help="tokens per sequence")]
-PrecOpt = Annotated[Precision, typer.Option("--precision", help="GEMM precision")]
+PrecOpt = Annotated[Precision, typer.Option(
+    "--precision", help="GEMM precision: bf16, fp16, fp8, or fp32 (single precision, GEMMs on the TF32 tensor cores, "
+                        "MFU against the TF32 peak)")]
 FmtOpt = Annotated[Fmt, typer.Option("--format", help="table or json")]
 OutOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="write the output to this file")]
 #: Same default as planner.checks.DEFAULT_MEMORY_HEADROOM (a test keeps them equal; not imported here to keep
@@ -170,7 +173,8 @@ def _plans_table(doc, title: str, at_risk_margin: float = AT_RISK_DEFAULT):
                f"{at_risk_margin:.0%} of capacity), OOM = over it; full N/chunk = the first N layers of each model chunk recomputed (Megatron --recompute-method block)")
     thr = next((p.throughput for p in doc.plans if p.throughput), None)
     if thr is not None:
-        caption += (f"; MFU = model FLOPs ({thr.flops_convention} count) / dense 16-bit peak "
+        kind = "TF32" if thr.mfu_peak_dtype == "tf32" else "16-bit"
+        caption += (f"; MFU = model FLOPs ({thr.flops_convention} count) / dense {kind} peak "
                     f"{thr.peak_flops_per_gpu / 1e12:.0f} TFLOP/s per GPU")
     t = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     from .cost_report import money

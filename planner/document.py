@@ -142,7 +142,8 @@ class ThroughputInfo(_Strict):
     hfu: float
     flops_convention: str
     peak_flops_per_gpu: float
-    #: number format of ``peak_flops_per_gpu`` (the MFU denominator; the 16-bit peak also for FP8 runs)
+    #: number format of ``peak_flops_per_gpu`` (the MFU denominator; the 16-bit peak also for FP8 runs, the TF32 peak
+    #: for fp32 training, whose GEMMs run on the TF32 tensor cores)
     mfu_peak_dtype: str = "bf16"
 
 

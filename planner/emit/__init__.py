@@ -88,6 +88,20 @@ def _parts(framework: str, launch, header: str) -> tuple[dict[str, str], str, li
             "-m torchtitan.train", ["--job.config_file", "$CONFIG_DIR/torchtitan.toml"], {}, [], [])
 
 
+def job_env(precision: str, args: list[str]) -> dict[str, str]:
+    """Environment variables a launch needs for the precision and the knobs in its ``args``: fp32 training runs
+    PyTorch's own matmuls on TF32 tensor cores only with ``TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1`` (read by
+    ``at::Context::allowTF32CuBLAS``; torch's default is off, and neither Megatron-LM nor torchtitan turns it on),
+    as ``cost_models.config.TrainingJob`` times it; Megatron's fine-grained activation offloading needs
+    ``NVTE_CPU_OFFLOAD_V1=1`` with Transformer Engine >= 2.10 (``validate_args``: "to avoid offloading weights")."""
+    env = {}
+    if precision == "fp32":
+        env["TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"] = "1"
+    if "--fine-grained-activation-offloading" in args:
+        env["NVTE_CPU_OFFLOAD_V1"] = "1"
+    return env
+
+
 def emit_files(doc, framework: str, rank: int = 1, launcher: str = "scripts") -> dict[str, str]:
     """File name -> content for plan ``rank`` (1 = best) of ``doc`` (a ``PlanDocument``): the framework's config
     files and, with ``launcher="scripts"``, ``launch_torchrun.sh`` + ``launch_slurm.sbatch``; with
@@ -121,6 +135,7 @@ def emit_files(doc, framework: str, rank: int = 1, launcher: str = "scripts") ->
                 "megatron_deepspeed_unsupported.txt": f"# {header}\n# Megatron-DeepSpeed launch not emitted: "
                                                       f"{launch.unsupported['megatron_deepspeed']}\n"}
     configs, entry, args, env, data, train = _parts(framework, launch, header)
+    env = {**env, **job_env(doc.input.job.precision, args)}
     if launcher == "k8s":
         from .k8s import CONFIG_DIR, job_name, pytorchjob_manifest
         cmd = ["torchrun", "--nnodes", str(launch.nodes), "--nproc-per-node", str(launch.gpus_per_node),

@@ -108,6 +108,8 @@ def deepspeed_config(job: TrainingJob, par: ParallelConfig, model: ModelSpec | N
     if job.precision == "fp16":
         cfg["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
                        "hysteresis": 2, "min_loss_scale": 1}
+    elif job.precision == "fp32":
+        pass  # no fp16/bf16 section: DeepSpeed trains the fp32 model as it is
     else:
         # fp8 GEMMs run under Transformer Engine inside the model; DeepSpeed keeps bf16 weights.
         cfg["bf16"] = {"enabled": True}
@@ -206,6 +208,7 @@ def megatron_deepspeed_args(model: ModelSpec, job: TrainingJob, par: ParallelCon
         a.append("--checkpoint-activations")
         if par.tp > 1:
             a.append("--partition-activations")
-    a.append("--fp16" if job.precision == "fp16" else "--bf16")
+    if job.precision != "fp32":  # Megatron-DeepSpeed trains fp32 without --fp16/--bf16
+        a.append("--fp16" if job.precision == "fp16" else "--bf16")
     add(["--zero-stage", str(par.zero_stage), "--deepspeed", "--deepspeed_config", "ds_config.json"])
     return a

@@ -341,7 +341,7 @@ def parallel_args(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> li
             a.append("--overlap-param-gather")
     if job.precision == "fp16":
         a.append("--fp16")
-    else:
+    elif job.precision != "fp32":  # fp32 is Megatron's default (no --bf16/--fp16): fp32 params, FP32Optimizer
         a.append("--bf16")
     if job.precision == "fp8":
         modules = getattr(par, "recompute_modules", None) or ()

@@ -47,7 +47,7 @@ TORCHTITAN_REGISTRY: dict[str, tuple[str, str]] = {
 }
 
 _SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "gpipe": "GPipe", "zb-h1": "InterleavedZeroBubble"}
-_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16"}
+_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16", "fp32": "float32"}
 
 
 def _stage_layers(model: ModelSpec, par: ParallelConfig) -> tuple[int, int, int]:
