@@ -130,6 +130,7 @@ class StageParams:
     expert: float  # after EP x ETP sharding; states sharded over the expert data-parallel group
     largest_layer: float  # params of the largest decoder layer on this GPU (FSDP/ZeRO-3 gather unit)
     largest_module: float = 0.0  # params of the largest single module (DeepSpeed's ``largest_layer_params``)
+    output_layer: float = 0.0  # params of the final norm + output layer on this GPU (last stage; an FSDP unit)
 
     @property
     def total(self) -> float:
@@ -337,10 +338,12 @@ def stage_params(model: ModelSpec, par: ParallelConfig, stage: int, layers: rang
         extra = model.embedding_params() - model.vocab_size * h  # learned positions / embedding norm
         dense += emb_table + extra
         largest_module = max(largest_module, model.vocab_size * h / tp)
+    output_layer = 0.0
     if stage == par.pp - 1:
         out = model.output_params()
         final_norm = out - (0 if model.tie_word_embeddings else model.vocab_size * h)
         dense += final_norm
+        output_layer = final_norm + emb_table
         if not model.tie_word_embeddings or par.pp > 1:
             dense += emb_table
             largest_module = max(largest_module, model.vocab_size * h / tp)
@@ -348,7 +351,8 @@ def stage_params(model: ModelSpec, par: ParallelConfig, stage: int, layers: rang
             mp = model.mtp_layer_params()
             dense += model.num_mtp_layers * (mp.tp_sharded / tp + mp.replicated)
             expert += model.num_mtp_layers * mp.expert / ets
-    return StageParams(dense=dense, expert=expert, largest_layer=largest, largest_module=largest_module)
+    return StageParams(dense=dense, expert=expert, largest_layer=largest, largest_module=largest_module,
+                       output_layer=output_layer)
 
 
 def _attention_widths(model: ModelSpec) -> tuple[float, float, float, float]:
@@ -626,6 +630,7 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
         bufs = merge(
             backend_buffers(fw, BufferInputs(zero_stage=z, stage_params=sp.total, largest_layer=sp.largest_layer,
                                              largest_module=sp.largest_module, dp_shard=dense_shard,
+                                             output_layer=sp.output_layer,
                                              elem_bytes=compute_bytes(job.precision)), par.pp),
             pipeline_p2p_buffers(fw, stage, par.pp, par.vpp, m, n_inflight * par.vpp, layer_in),
             moe_dispatch_buffers(moe_copies if any(model.is_moe_layer(i) for i in layers) else 0.0,

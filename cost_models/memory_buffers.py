@@ -38,6 +38,9 @@ DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
 DEEPSPEED_IPG_BUFFERS = 2
 #: DeepSpeed ZeRO-3 ``stage3_prefetch_bucket_size`` default, elements (``deepspeed/runtime/zero/config.py``).
 DEEPSPEED_PREFETCH_BUCKET_ELEMENTS = 50_000_000
+#: DeepSpeed ZeRO-3 ``stage3_max_reuse_distance`` default, elements (``deepspeed/runtime/zero/config.py``;
+#: ``stage3_max_live_parameters`` has the same default and caps only the prefetch).
+DEEPSPEED_MAX_REUSE_DISTANCE_ELEMENTS = 1_000_000_000
 
 PHASE_NAMES = ("forward", "backward", "optimizer")  # the init phase has no backend buffers
 
@@ -59,6 +62,8 @@ class BufferInputs:
     dp_shard: int
     #: bytes per element of the gathered parameters and of the gradient buckets: 2 (16-bit), 4 in fp32 training
     elem_bytes: int = BYTES_16BIT
+    #: the final norm + output layer's parameters on this GPU (last pipeline stage; 0 elsewhere)
+    output_layer: float = 0.0
 
 
 def _empty() -> Buffers:
@@ -119,6 +124,13 @@ def deepspeed_buffers(b: BufferInputs) -> Buffers:
       16-bit elements in forward and backward (``PartitionedParameterCoordinator``), and the IPG reduce bucket,
       ``reduce_bucket_size`` elements of the 16-bit dtype allocated once at init and kept (``DeepSpeedZeroOptimizer_
       Stage3.__init__``: ``bucket.buffer = torch.empty(self.reduce_bucket_size, ...)``).
+    * ZeRO-3 parameters kept gathered for reuse: after a module runs, its parameters are not released if the trace
+      shows them used again within ``stage3_max_reuse_distance`` (1e9) parameters (``partitioned_param_coordinator
+      .py`` ``__params_to_release``). At the end of forward the last modules' parameters come back first in
+      backward, after about twice the parameters that follow them, so the last ``max_reuse_distance / 2`` of the
+      stage's parameters stay gathered from their forward to their backward: ``2 * min(P_stage, 5e8)`` in forward
+      (at its end) and in backward (at its start). (``stage3_max_live_parameters`` bounds only the prefetch:
+      ``max_params_to_prefetch = min(max_available - n_available, prefetch_bucket)``.)
     """
     out = _empty()
     p = b.stage_params
@@ -130,9 +142,11 @@ def deepspeed_buffers(b: BufferInputs) -> Buffers:
         gather = 2 * b.elem_bytes * b.largest_module
         prefetch = b.elem_bytes * min(DEEPSPEED_PREFETCH_BUCKET_ELEMENTS, p)
         ipg = b.elem_bytes * min(DEEPSPEED_REDUCE_BUCKET_ELEMENTS, p)
+        retained = b.elem_bytes * min(p, DEEPSPEED_MAX_REUSE_DISTANCE_ELEMENTS / 2)
         for ph in ("forward", "backward"):
             out[ph]["zero3_gather"] = gather
             out[ph]["zero3_prefetch_bucket"] = prefetch
+            out[ph]["zero3_reuse_retained"] = retained
         for ph in PHASE_NAMES:
             out[ph]["zero3_reduce_bucket"] = ipg
     return out
@@ -146,7 +160,14 @@ def torchtitan_buffers(b: BufferInputs, pp: int) -> Buffers:
       unsharded 16-bit parameters and the next one's, all-gathered ahead by FSDP2's implicit prefetch
       (``2 * 2 * block``); backward adds the block's 16-bit unsharded gradients and their fp32 copy for the
       reduce-scatter (``reduce_dtype`` fp32: ``foreach_reduce`` copies into a ``reduce_dtype`` input,
-      ``(2 + 4) * block``).
+      ``(2 + 4) * block``). The final norm and output layer are one more unit (``apply_fsdp``:
+      ``fully_shard([model.norm, model.lm_head], reshard_after_forward=policy == "always")``: under the default
+      policy it is not even resharded after forward, "since FSDP would prefetch them immediately"), the first to run
+      backward: while its weight gradient is computed, with the loss's logits buffers still alive, it holds its
+      unsharded 16-bit weights and 16-bit gradients and the last block is prefetched, ``(2 + 2) * head + 2 * block``
+      (the fp32 reduce copy comes in the post-backward hook, once autograd has freed the logits' gradient); in
+      forward, its weights (``2 * head``) once the last block is freed. With a vocabulary of 128k that unit is 2.4x
+      a Llama-3.1-8B block, so the head, not a block, sets the backward buffers of the last stage.
     * PP: no resharding after forward, so the stage's 16-bit parameters stay gathered (``2 * P_stage``), and with
       gradient sync off between micro-batches (``torch/distributed/pipelining/stage.py``
       ``_backward_maybe_with_nosync``: ``set_requires_gradient_sync(False)``) the unsharded gradients accumulate in
@@ -161,12 +182,19 @@ def torchtitan_buffers(b: BufferInputs, pp: int) -> Buffers:
         out["backward"]["fsdp_unsharded_params"] = b.elem_bytes * b.stage_params
         out["backward"]["fsdp_accumulated_grads"] = BYTES_FP32 * b.stage_params
         return out
-    gathered = 2 * b.elem_bytes * b.largest_layer
+    # the fp32 reduce copy is the gradient itself in fp32 training
+    grad = b.elem_bytes + (BYTES_FP32 if b.elem_bytes != BYTES_FP32 else 0)
+    layer, head = b.largest_layer, b.output_layer
+    if head and b.elem_bytes * (2 * head + layer) > (2 * b.elem_bytes + grad) * layer:
+        # the output layer's unit binds (docstring): weights + gradients at its backward, its weights in forward
+        out["forward"]["fsdp_param_gather"] = b.elem_bytes * max(2 * layer, head)
+        out["backward"]["fsdp_param_gather"] = b.elem_bytes * (head + layer)
+        out["backward"]["fsdp_unsharded_grads"] = b.elem_bytes * head
+        return out
+    gathered = 2 * b.elem_bytes * layer
     out["forward"]["fsdp_param_gather"] = gathered
     out["backward"]["fsdp_param_gather"] = gathered
-    # the fp32 reduce copy is the gradient itself in fp32 training
-    out["backward"]["fsdp_reduce_scatter"] = (b.elem_bytes + (BYTES_FP32 if b.elem_bytes != BYTES_FP32 else 0)) * \
-        b.largest_layer
+    out["backward"]["fsdp_reduce_scatter"] = grad * layer
     return out
 
 

@@ -381,13 +381,14 @@ class _PlanSetup:
     deadline_days: float | None
     cost: Any  # planner.cost.CostOptions | None
     space: Any  # planner.space.SearchSpace
+    at_risk_margin: float = DEFAULT_AT_RISK_MARGIN
 
     def problem(self):
         """The deadline searches' ``planner.cost_search.Problem`` on this setup's cluster."""
         from .cost_search import Problem
         i = self.inputs
         return Problem(i.model, i.cluster, i.job, self.space, self.headroom, i.job.framework, self.solver,
-                       self.convention, self.cost)
+                       self.convention, self.cost, self.at_risk_margin)
 
 
 def _plan_setup(model, cluster, options: dict[str, Any]) -> _PlanSetup:
@@ -434,7 +435,8 @@ def _plan_setup(model, cluster, options: dict[str, Any]) -> _PlanSetup:
         if o.get(k) is not None:
             sp_kw[k] = (o[k],)
     return _PlanSetup(inputs, objective, solver, conv, headroom, top_k, within, step_t, tok_t,
-                      None if deadline is None else float(deadline), cost, SearchSpace(**sp_kw))
+                      None if deadline is None else float(deadline), cost, SearchSpace(**sp_kw),
+                      _at_risk_margin(o.get("at_risk_margin")))
 
 
 def plan(model: ModelLike | None = None, cluster: ClusterLike | None = None,
@@ -468,7 +470,7 @@ def plan(model: ModelLike | None = None, cluster: ClusterLike | None = None,
     elif st.objective == "min-gpus":
         from .search import fewest_gpus
         res, n = fewest_gpus(m, c, job, n, top_k, space, headroom, fw, st.solver, st.target_step_s,
-                             st.target_tokens_per_day, st.convention)
+                             st.target_tokens_per_day, st.convention, at_risk_margin=margin)
     else:
         from .search import run_search
         res = run_search(m, c, job, n, top_k, space, headroom, fw, st.solver, st.objective,

@@ -11,7 +11,7 @@ from cost_models.config import ParallelConfig, TrainingJob
 from cost_models.layout import uneven_split
 from cost_models.memory import (activation_bytes_per_layer, estimate_memory, in_flight_microbatches,
                                 model_state_terms)
-from model_zoo import get_model
+from model_zoo import get_model, load_model_file
 from model_zoo.spec import ModelSpec
 
 from pathlib import Path
@@ -640,3 +640,36 @@ def test_optimizer_state_precision_bytes_and_emission():
     assert args[args.index("--main-params-dtype") + 1] == "fp16" and "--use-precision-aware-optimizer" in args
     with pytest.raises(EmitError, match="bf16 master weights only under Megatron-FSDP"):
         megatron_args(m, job, ParallelConfig(dp=8, zero_stage=1, main_params_dtype="bf16"))
+
+
+def test_torchtitan_output_layer_unit_binds_at_the_start_of_backward():
+    # torchtitan apply_fsdp: fully_shard([norm, lm_head]) is its own FSDP unit, the first to run backward. With
+    # Llama 3's 128,256-token vocabulary it holds 525M parameters, 2.4x a 218M decoder block: while its weight
+    # gradient is computed it keeps its 16-bit weights and gradients, and the last block is prefetched
+    c = get_cluster("dgx-h100")
+    job = TrainingJob(global_batch_size=16, seq_length=8192, framework="torchtitan")
+    par = ParallelConfig(dp=8, zero_stage=3, micro_batch_size=2)
+    m = get_model("llama3.1-8b")
+    head = m.vocab_size * m.hidden_size + m.hidden_size
+    block = m.layer_params(0).tp_sharded + m.layer_params(0).replicated
+    b = estimate_memory(m, c, job, par).stages[0].buffer_terms
+    assert b["backward"]["fsdp_param_gather"] == pytest.approx(2 * (head + block))
+    assert b["backward"]["fsdp_unsharded_grads"] == pytest.approx(2 * head)
+    assert b["forward"]["fsdp_param_gather"] == pytest.approx(2 * head)  # 2 x head > 2 x 2 blocks
+    # Llama-2-7B's 32,000-token head (131M) is smaller than its blocks (202M): the blocks bind, as before
+    m2 = get_model("llama2-7b")
+    blk = m2.layer_params(0).tp_sharded + m2.layer_params(0).replicated
+    b2 = estimate_memory(m2, c, job, par).stages[0].buffer_terms
+    assert "fsdp_unsharded_grads" not in b2["backward"]
+    assert b2["backward"]["fsdp_reduce_scatter"] == pytest.approx((2 + 4) * blk)
+
+
+def test_deepspeed_zero3_keeps_the_last_half_reuse_distance_gathered():
+    # DeepSpeed ZeRO-3 does not release a module's parameters when the trace reuses them within
+    # stage3_max_reuse_distance (1e9) parameters (partitioned_param_coordinator.py __params_to_release): the last
+    # 5e8 parameters of forward stay gathered into backward. F02's LLaMA-7B: 1e9 bytes (fp16); a 124M GPT-2: all.
+    assert _f02(3).stages[0].buffer_terms["backward"]["zero3_reuse_retained"] == pytest.approx(2 * 5e8)
+    m = load_model_file(DATA / "hf_configs" / "gpt2.json")
+    job = TrainingJob(global_batch_size=8, seq_length=1024, framework="deepspeed")
+    st = estimate_memory(m, get_cluster("dgx-h100"), job, ParallelConfig(dp=8, zero_stage=3)).stages[0]
+    assert st.buffer_terms["forward"]["zero3_reuse_retained"] == pytest.approx(2 * st.num_parameters)
