@@ -54,6 +54,23 @@ class Framework(str, Enum):
 Emit = Framework
 
 
+class ScheduleOpt(str, Enum):
+    """Pipeline schedules (``cost_models.config.Schedule``; which framework runs which: ``checks.FRAMEWORK_SCHEDULES``)."""
+    f1b = "1f1b"
+    interleaved = "interleaved"
+    gpipe = "gpipe"
+    zb_h1 = "zb-h1"
+    zb_v = "zb-v"
+    dualpipe = "dualpipe"
+    dualpipev = "dualpipev"
+    combined_1f1b = "combined-1f1b"
+
+
+ScheduleOptT = Annotated[Optional[ScheduleOpt], typer.Option(
+    "--pipeline-schedule", help="pipeline schedule (default 1f1b, interleaved when --vpp > 1); zb-v and dualpipev "
+                                "run two chunks per rank (--vpp 2)")]
+
+
 class FlopsConv(str, Enum):
     megatron = "megatron"
     palm = "palm"
@@ -274,6 +291,7 @@ def plan(
     pin_mbs: Annotated[Optional[int], typer.Option("--micro-batch-size", min=1, help="pin micro-batch size")] = None,
     pin_zero: Annotated[Optional[int], typer.Option("--zero-stage", min=0, max=3, help="pin ZeRO stage")] = None,
     pin_rc: Annotated[Optional[RecomputeOpt], typer.Option("--recompute", help="pin recompute")] = None,
+    pin_schedule: ScheduleOptT = None,
     flops_convention: FlopsOpt = None,
 ) -> None:
     """Search the parallel layouts and print the best plans (default: llama3.1-8b on one dgx-h100 node)."""
@@ -301,6 +319,8 @@ def plan(
         sp_kw["zero_stage"] = (pin_zero,)
     if pin_rc is not None:
         sp_kw["recompute"] = (pin_rc.value,)
+    if pin_schedule is not None:
+        sp_kw["pipeline_schedule"] = (pin_schedule.value,)
     space = SearchSpace(**sp_kw)
     from .checks import DEFAULT_MEMORY_HEADROOM
     headroom = DEFAULT_MEMORY_HEADROOM if memory_headroom is None else memory_headroom
@@ -347,6 +367,7 @@ def evaluate(
     sequence_parallel: Annotated[bool, typer.Option("--sequence-parallel/--no-sequence-parallel")] = False,
     first_stage_layers: Annotated[Optional[int], typer.Option("--first-stage-layers", min=1)] = None,
     last_stage_layers: Annotated[Optional[int], typer.Option("--last-stage-layers", min=1)] = None,
+    pipeline_schedule: ScheduleOptT = None,
     memory_headroom: HeadroomOpt = HEADROOM_DEFAULT,
     framework: Annotated[Optional[Framework], typer.Option(
         "--framework", help="framework whose rules apply (default: the --emit target, else megatron)")] = None,
@@ -364,7 +385,7 @@ def evaluate(
     par, m, c, n, job = _parallel_from_options(
         model, cluster, gpus, nodes, global_batch_size, seq_length, precision, tp, pp, cp, ep, etp, vpp,
         micro_batch_size, zero_stage, recompute, recompute_num_layers, sequence_parallel, first_stage_layers,
-        last_stage_layers)
+        last_stage_layers, pipeline_schedule)
     from .document import build_document
     from .evaluate import evaluate as run_eval
     if framework is None:
@@ -393,6 +414,7 @@ def memory(
     sequence_parallel: Annotated[bool, typer.Option("--sequence-parallel/--no-sequence-parallel")] = False,
     first_stage_layers: Annotated[Optional[int], typer.Option("--first-stage-layers", min=1)] = None,
     last_stage_layers: Annotated[Optional[int], typer.Option("--last-stage-layers", min=1)] = None,
+    pipeline_schedule: ScheduleOptT = None,
     flash_attention: Annotated[bool, typer.Option("--flash-attention/--no-flash-attention")] = True,
     dropout: Annotated[bool, typer.Option("--dropout/--no-dropout", help="dropout layers present")] = False,
     memory_headroom: HeadroomOpt = HEADROOM_DEFAULT, framework: FrameworkOpt = Framework.megatron,
@@ -408,7 +430,7 @@ def memory(
     par, m, c, n, job = _parallel_from_options(
         model, cluster, gpus, nodes, global_batch_size, seq_length, precision, tp, pp, cp, ep, etp, vpp,
         micro_batch_size, zero_stage, recompute, recompute_num_layers, sequence_parallel, first_stage_layers,
-        last_stage_layers)
+        last_stage_layers, pipeline_schedule)
     job = job.model_copy(update={"framework": framework.value, "flash_attention": flash_attention,
                                  "dropout": dropout})
     from .document import build_document, to_json
@@ -452,7 +474,8 @@ def memory(
 
 
 def _parallel_from_options(model, cluster, gpus, nodes, gbs, seq, precision, tp, pp, cp, ep, etp, vpp, mbs,
-                           zero_stage, recompute, recompute_num_layers, sequence_parallel, first, last):
+                           zero_stage, recompute, recompute_num_layers, sequence_parallel, first, last,
+                           schedule=None):
     from cost_models.config import ParallelConfig
     from cost_models.layout import uneven_split
 
@@ -474,7 +497,8 @@ def _parallel_from_options(model, cluster, gpus, nodes, gbs, seq, precision, tp,
                          micro_batch_size=mbs, zero_stage=zero_stage, recompute=recompute.value,
                          recompute_num_layers=recompute_num_layers, sequence_parallel=sequence_parallel,
                          first_stage_layers=first, last_stage_layers=last,
-                         account_for_embedding_in_pipeline_split=account, account_for_loss_in_pipeline_split=account)
+                         account_for_embedding_in_pipeline_split=account, account_for_loss_in_pipeline_split=account,
+                         schedule=schedule.value if schedule is not None else None)
     return par, m, c, n, job
 
 
@@ -495,6 +519,7 @@ def explain(
     sequence_parallel: Annotated[bool, typer.Option("--sequence-parallel/--no-sequence-parallel")] = False,
     first_stage_layers: Annotated[Optional[int], typer.Option("--first-stage-layers", min=1)] = None,
     last_stage_layers: Annotated[Optional[int], typer.Option("--last-stage-layers", min=1)] = None,
+    pipeline_schedule: ScheduleOptT = None,
     memory_headroom: Annotated[Optional[float], typer.Option(
         "--memory-headroom", min=0.0, max=0.5, help="fraction of GPU memory kept free (default 0.05)")] = None,
     framework: FrameworkOpt = Framework.megatron,
@@ -509,7 +534,7 @@ def explain(
     par, m, c, n, job = _parallel_from_options(
         model, cluster, gpus, nodes, global_batch_size, seq_length, precision, tp, pp, cp, ep, etp, vpp,
         micro_batch_size, zero_stage, recompute, recompute_num_layers, sequence_parallel, first_stage_layers,
-        last_stage_layers)
+        last_stage_layers, pipeline_schedule)
     from .checks import DEFAULT_MEMORY_HEADROOM
     from .explain import explain_config, explanation_rows, format_slack
     headroom = DEFAULT_MEMORY_HEADROOM if memory_headroom is None else memory_headroom

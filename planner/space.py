@@ -60,6 +60,7 @@ class SearchSpace:
     recompute: tuple[str, ...] = RECOMPUTE
     sequence_parallel: tuple[bool, ...] = (True, False)
     vpp: tuple[int, ...] | None = None
+    pipeline_schedule: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -182,7 +182,7 @@ def test_validators_catch_broken_megatron_configs():
 @needs_ds
 def test_validators_catch_broken_deepspeed_configs():
     par = ParallelConfig(tp=8, pp=1, dp=16, micro_batch_size=2, zero_stage=2)
-    cfg = launch_fields(get_model("llama3.1-70b"), JOB, par, 8)["deepspeed"]
+    cfg = launch_fields(get_model("llama2-70b"), JOB, par, 8)["deepspeed"]
     check_deepspeed(JOB, par, cfg)
     with pytest.raises(AssertionError, match="Check batch related parameters"):
         deepspeed_validate(cfg, 8)  # the wrong data-parallel size breaks micro x GAS x dp

@@ -12,7 +12,7 @@ import json
 from cost_models.config import ParallelConfig, TrainingJob
 from model_zoo.spec import ModelSpec
 
-from .deepspeed import check_deepspeed, deepspeed_config, megatron_deepspeed_args
+from .deepspeed import check_deepspeed, check_ds_config_alone, deepspeed_config, megatron_deepspeed_args
 from .megatron import (SCRIPT_DATA_ARGS, SCRIPT_TRAIN_ARGS, EmitError, EmitUnsupported, launch_script, megatron_args,
                        pair_args)
 from .torchtitan import torchtitan_overrides, torchtitan_toml
@@ -43,6 +43,12 @@ def launch_fields(model: ModelSpec, job: TrainingJob, par: ParallelConfig, gpus_
     attempt("megatron_deepspeed", "megatron_deepspeed", lambda: megatron_deepspeed_args(model, job, par))
     attempt("torchtitan_toml", "torchtitan", lambda: torchtitan_toml(model, job, par))
     attempt("torchtitan_overrides", "torchtitan", lambda: torchtitan_overrides(model, job, par))
+    if out["deepspeed"] is not None and out["megatron_deepspeed"] is None:
+        try:  # without a Megatron-DeepSpeed launch the JSON alone must carry every knob
+            check_ds_config_alone(job, par)
+        except EmitError as e:
+            out["deepspeed"] = None
+            unsupported["deepspeed"] = f"{e}; and no Megatron-DeepSpeed launch: {unsupported['megatron_deepspeed']}"
     out["unsupported"] = unsupported
     return out
 
@@ -86,7 +92,8 @@ def emit_files(doc, framework: str, rank: int = 1) -> dict[str, str]:
                 **scripts("pretrain_gpt.py", args, env, SCRIPT_DATA_ARGS, SCRIPT_TRAIN_ARGS)}
     if framework == "deepspeed" and "megatron_deepspeed" in launch.unsupported:
         # ds_config.json is valid for any DeepSpeed training script that builds the model itself (HF Trainer,
-        # accelerate, custom loops); only the Megatron-DeepSpeed launch cannot express this plan.
+        # accelerate, custom loops); only the Megatron-DeepSpeed launch cannot express this plan. The JSON alone
+        # must then carry every knob of the plan (check_ds_config_alone)
         return {"ds_config.json": json.dumps(launch.deepspeed, indent=2) + "\n",
                 "megatron_deepspeed_unsupported.txt": f"# {header}\n# Megatron-DeepSpeed launch not emitted: "
                                                       f"{launch.unsupported['megatron_deepspeed']}\n"}
