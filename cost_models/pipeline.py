@@ -27,7 +27,9 @@ use:
   hides behind each other's compute.
 
 Closed forms of the new schedules (bubble time, ``F``/``B``/``W`` per chunk, ``B`` the full backward, ``F&B`` an
-overlapped pair): ZB-V 0 when ``F = B - W = W`` (Qi et al. 2024, arXiv 2405.15362); DualPipe and DualPipeV
+overlapped pair): ZB-V a parallelogram with no idle time once a rank has started when ``F = B - W = W`` (Qi et al.
+2024, arXiv 2405.15362: "zero bubble" between steps with their optimizer post-validation; per step the ``(p-1) F``
+start-up remains, half of ZB-H1's ``(p-1) F`` since a chunk is half a stage); DualPipe and DualPipeV
 ``(PP/2 - 1)(F&B + B - 3W)`` with ``PP`` stages (DeepSeek-V3 report, arXiv 2412.19437, Table 2: ``PP = p`` for
 DualPipe, ``2p`` for DualPipeV on ``p`` ranks); combined 1F1B the interleaved bubble.
 
@@ -66,7 +68,9 @@ def bubble_ratio(schedule: Schedule, pp: int, m: int, vpp: int = 1) -> float:
     if schedule == "zb-h1":
         return (pp - 1) / (3 * m)
     if schedule == "zb-v":
-        return 0.0
+        # a parallelogram: (p - 1) F of start-up per step over 2 chunks x m x 3F (zero across steps only with the
+        # paper's optimizer post-validation, which Megatron and torch do not run)
+        return (pp - 1) / (6 * m)
     if schedule == "dualpipe":
         # (p/2 - 1)(F&B + B - 3W) with F&B = F + B, B = 2F, W = F: (p - 2) F over m (F + B) = 3 m F
         return (pp - 2) / (3 * m)

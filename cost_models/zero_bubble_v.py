@@ -9,8 +9,9 @@ ranks, ``2p`` stages in a V (rank ``r`` holds stages ``r`` and ``2p-1-r``), the 
 remaining W. The order is built for ``max(2p-1, m)`` micro-batches and the ops of micro-batches ``>= m`` are
 dropped, as torch does.
 
-Bubble 0 when ``F = I = W`` (the paper's Sec. 6 / Fig. 8 claim, checked by tests/test_schedules.py); activation
-memory as 1F1B (``p`` micro-batches of a whole rank's layers).
+With ``F = I = W`` no rank idles once it has started (the paper's "zero bubble", across steps with its optimizer
+post-validation); per step the ``(p-1) F`` start-up of the parallelogram remains (tests/test_schedules.py).
+Activation memory as 1F1B (``2p`` half-stage chunks = ``p`` micro-batches of a whole rank's layers).
 """
 from __future__ import annotations
 

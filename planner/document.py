@@ -20,7 +20,8 @@ from .emit import launch_fields
 from .evaluate import Evaluation
 
 #: 1.1 (additive): parallel.account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split
-SCHEMA_VERSION = "1.1"
+#: 1.2 (additive): launch.env (framework -> environment variables of its launch)
+SCHEMA_VERSION = "1.2"
 
 
 def _r(x: float) -> float:
@@ -151,6 +152,9 @@ class LaunchInfo(_Strict):
     torchtitan_toml: str | None = Field(None, description="torchtitan 0.2.x JobConfig TOML")
     torchtitan_overrides: list[str] | None = Field(None, description="torchtitan 0.3.x command-line overrides")
     unsupported: dict[str, str] = Field(default_factory=dict, description="framework -> why it cannot run the plan")
+    env: dict[str, dict[str, str]] = Field(
+        default_factory=dict, description="framework (megatron, deepspeed, torchtitan) -> environment variables its "
+                                          "launch needs (planner/emit/env.py); only frameworks that can run the plan")
 
 
 class PlanInfo(_Strict):
@@ -222,7 +226,7 @@ def plan_info(rank: int, ev: Evaluation, model: ModelSpec, cluster: ClusterSpec,
                              flops_convention=st.flops_convention, peak_flops_per_gpu=_r(st.peak_flops_per_gpu),
                              mfu_peak_dtype=getattr(st, "mfu_peak_dtype", "bf16"))
     gpn = cluster.node.gpus_per_node
-    launch = LaunchInfo(**launch_fields(model, job, par, gpn))
+    launch = LaunchInfo(**launch_fields(model, job, par, gpn, cluster))
     return PlanInfo(rank=rank, feasible=ev.feasible, violations=[v.message for v in ev.violations],
                     parallel=parallel_info(par, job), memory=mem, time=tim, throughput=thr, launch=launch)
 

@@ -8,8 +8,8 @@ The independent checker (``planner.checks``) re-checks every emitted plan withou
 Rules (sources in ``planner.checks``): heads and KV heads by tp, tp within the NVLink domain, layers by pp (or a
 Megatron first/last uneven split), sequence by 2*cp (and by cp*tp under SP), experts by ep and the expert grid
 ``ep*etp`` dividing ``dp*cp*tp``, global batch by ``mbs*dp``, interleaving only with ``m % pp == 0`` and stage
-layer counts divisible by vpp, SP forced when tp > 1 and ep > 1 (Megatron), DeepSpeed pipeline with ZeRO <= 1,
-torchtitan with ZeRO 0 or 3 (FSDP2) and no interleaving over an uneven split.
+layer counts divisible by vpp, SP forced when tp > 1 and ep > 1 (Megatron), DeepSpeed pipeline with ZeRO <= 1 over an even
+layer split, torchtitan with ZeRO 0 or 3 (FSDP2) and no interleaving over an uneven split.
 """
 from __future__ import annotations
 
@@ -113,7 +113,9 @@ def structures(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpu
             if space.pp is not None and pp not in space.pp:
                 continue
             split = layer_split(model, pp)
-            if split is None:
+            if split is None or (framework == "deepspeed" and split != (None, None)):
+                # Megatron-DeepSpeed balances the layers itself (partition_method 'type:transformer', front-loaded:
+                # 126 over 16 as 14 x 8 + 2 x 7), which no first/last split describes: the emitter refuses those
                 continue
             for cp in divisors(num_gpus // (tp * pp)):
                 if space.cp is not None and cp not in space.cp:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 
+from cluster_specs.spec import ClusterSpec
 from cost_models.config import ParallelConfig, TrainingJob
 from model_zoo.spec import ModelSpec
 
 from .deepspeed import check_deepspeed, check_ds_config_alone, deepspeed_config, megatron_deepspeed_args
+from .env import launch_env
 from .megatron import (SCRIPT_DATA_ARGS, SCRIPT_TRAIN_ARGS, EmitError, EmitUnsupported, launch_script, megatron_args,
                        pair_args)
 from .torchtitan import torchtitan_overrides, torchtitan_toml
@@ -23,9 +25,11 @@ __all__ = ["megatron_args", "deepspeed_config", "megatron_deepspeed_args", "torc
 FRAMEWORKS = ("megatron", "deepspeed", "torchtitan")
 
 
-def launch_fields(model: ModelSpec, job: TrainingJob, par: ParallelConfig, gpus_per_node: int) -> dict:
-    """The plan document's ``launch`` section: nodes, GPUs per node, and each framework's arguments. A
-    framework that cannot run the plan gets ``None`` and its one-line reason under ``unsupported``."""
+def launch_fields(model: ModelSpec, job: TrainingJob, par: ParallelConfig, gpus_per_node: int,
+                  cluster: ClusterSpec | None = None) -> dict:
+    """The plan document's ``launch`` section: nodes, GPUs per node, each framework's arguments and the
+    environment variables of its launch (``env.launch_env``; NVLS needs ``cluster``). A framework that cannot run
+    the plan gets ``None`` and its one-line reason under ``unsupported``."""
     world = par.world_size
     out: dict = {"nodes": max(1, world // gpus_per_node), "gpus_per_node": min(gpus_per_node, world),
                  "world_size": world}
@@ -50,6 +54,7 @@ def launch_fields(model: ModelSpec, job: TrainingJob, par: ParallelConfig, gpus_
             out["deepspeed"] = None
             unsupported["deepspeed"] = f"{e}; and no Megatron-DeepSpeed launch: {unsupported['megatron_deepspeed']}"
     out["unsupported"] = unsupported
+    out["env"] = {fw: launch_env(fw, par, cluster) for fw in FRAMEWORKS if fw not in unsupported}
     return out
 
 
@@ -76,6 +81,7 @@ def emit_files(doc, framework: str, rank: int = 1) -> dict[str, str]:
         raise EmitUnsupported(f"plan #{rank} cannot run on {framework}: {launch.unsupported[framework]}")
     name = doc.input.model.name
     header = _header(framework, name, rank, launch)
+    env = launch.env.get(framework, {})  # the scripts export exactly the document's launch.env
 
     def scripts(entry: str, args: list[str], env: dict[str, str], data: list[str], train: list[str]) -> dict:
         return {f"launch_{kind}.{ext}": launch_script(kind, entry, args, launch.nodes, launch.gpus_per_node,
@@ -84,10 +90,6 @@ def emit_files(doc, framework: str, rank: int = 1) -> dict[str, str]:
 
     if framework == "megatron":
         args = launch.megatron
-        # Megatron-LM's example scripts export CUDA_DEVICE_MAX_CONNECTIONS=1 (examples/gpt3/
-        # train_gpt3_175b_distributed.sh); Megatron-FSDP forbids it ("FSDP always requires
-        # CUDA_DEVICE_MAX_CONNECTIONS value large than one", validate_args).
-        env = {} if "--use-megatron-fsdp" in args else {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
         return {"megatron_args.txt": "\n".join(pair_args(args)) + "\n",
                 **scripts("pretrain_gpt.py", args, env, SCRIPT_DATA_ARGS, SCRIPT_TRAIN_ARGS)}
     if framework == "deepspeed" and "megatron_deepspeed" in launch.unsupported:
@@ -103,7 +105,7 @@ def emit_files(doc, framework: str, rank: int = 1) -> dict[str, str]:
         # Megatron-DeepSpeed reads real data only: set DATA_ARGS (--data-path, --vocab-file, --merge-file).
         return {"ds_config.json": json.dumps(launch.deepspeed, indent=2) + "\n",
                 "megatron_deepspeed_args.txt": "\n".join(pair_args(args)) + "\n",
-                **scripts("pretrain_gpt.py", in_script, {}, [], SCRIPT_TRAIN_ARGS)}
+                **scripts("pretrain_gpt.py", in_script, env, [], SCRIPT_TRAIN_ARGS)}
     return {"torchtitan.toml": launch.torchtitan_toml,
             "torchtitan_overrides.txt": "\n".join(pair_args(launch.torchtitan_overrides)) + "\n",
-            **scripts("-m torchtitan.train", ["--job.config_file", "$CONFIG_DIR/torchtitan.toml"], {}, [], [])}
+            **scripts("-m torchtitan.train", ["--job.config_file", "$CONFIG_DIR/torchtitan.toml"], env, [], [])}
