@@ -16,7 +16,7 @@ from cost_models.pipeline import bubble_ratio, in_flight_chunks, op_orders, simu
 from cost_models.pipeline_ops import fb_seconds, peak_in_flight
 from cost_models.zero_bubble_v import zbv_orders
 from model_zoo import get_model
-from planner.evaluate import evaluate
+from planner.evaluation import evaluate
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 # F, B (full backward = input + weight gradient), W per chunk with F = B - W = W (the published "F = B = W" case)
