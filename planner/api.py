@@ -312,6 +312,11 @@ def plan(model: ModelLike | None = None, cluster: ClusterLike | None = None,
         _choice("recompute", o["recompute"], RECOMPUTE_CHOICES)
     if o.get("pipeline_schedule") is not None:
         _choice("pipeline_schedule", o["pipeline_schedule"], SCHEDULE_CHOICES)
+        from .space import SEARCH_SCHEDULES
+        searched = ("1f1b", "interleaved", *SEARCH_SCHEDULES[inputs.job.framework])
+        if o["pipeline_schedule"] not in searched:
+            raise PlanInputError(f"--pipeline-schedule {o['pipeline_schedule']}: {inputs.job.framework} plans search "
+                                 f"{', '.join(searched)} (evaluate takes any schedule)")
     from .document import build_document
     from .space import SearchSpace
     one = lambda x: None if x is None else (x,)  # noqa: E731

@@ -26,8 +26,8 @@ Rules and their sources (formulas.md Sec. 7.1 "Checks enforced"; field_cases.md 
 * pipeline schedule: the framework runs it (``FRAMEWORK_SCHEDULES``); ZB-V and DualPipeV two chunks per rank in a V
   over an even split of 2·pp virtual stages (torch ``ScheduleZBVZeroBubble`` / ``ScheduleDualPipeV``); DualPipe an
   even pp and an even num_microbatches >= 2·pp, DualPipeV >= 2·pp (deepseek-ai/DualPipe asserts); Megatron's
-  combined 1F1B a MoE model with ep > 1, virtual stages when pp > 1, no full recompute, at most one MTP layer
-  (megatron-core ``TransformerConfig``), no Megatron-FSDP with virtual stages (``combined_1f1b.py``).
+  combined 1F1B a MoE model with ep > 1, virtual stages when pp > 1, no full recompute, at most one MTP layer and
+  then pp > 1 (megatron-core 0.16.1 ``TransformerConfig.__post_init__``), no Megatron-FSDP with virtual stages (``combined_1f1b.py``).
 * memory of every stage <= capacity x (1 - headroom).
 """
 from __future__ import annotations
@@ -255,9 +255,10 @@ def schedule_constraints(model: ModelSpec, par: ParallelConfig, m: int, framewor
         rc_ok = par.recompute != "full" and "moe" not in (par.recompute_modules or ())
         add(Constraint("schedule_combined_recompute", rc_ok, 0.0 if rc_ok else -1.0, "",
                        f"combined 1F1B: no full recompute and no 'moe' recompute module (recompute {par.recompute})"))
-        mtp_ok = model.num_mtp_layers <= 1
-        add(Constraint("schedule_combined_mtp", mtp_ok, 1.0 - model.num_mtp_layers, "MTP layers",
-                       f"combined 1F1B supports at most one MTP layer ({model.num_mtp_layers})"))
+        mtp_ok = model.num_mtp_layers == 0 or (model.num_mtp_layers == 1 and p > 1)
+        add(Constraint("schedule_combined_mtp", mtp_ok, 0.0 if mtp_ok else -1.0, "",
+                       f"combined 1F1B supports at most one MTP layer, and only with pp > 1 (MTP layers "
+                       f"{model.num_mtp_layers}, pp {p})"))
         fsdp_ok = not (v > 1 and par.zero_stage >= 2)
         add(Constraint("schedule_combined_fsdp", fsdp_ok, 0.0 if fsdp_ok else -1.0, "",
                        "combined 1F1B with virtual pipeline stages does not run Megatron-FSDP (zero_stage "
