@@ -18,7 +18,7 @@ Rules and their sources (formulas.md Sec. 7.1 "Checks enforced"; field_cases.md 
 * DeepSpeed's pipeline engine supports ZeRO stage <= 1 only (``deepspeed/runtime/pipe/engine.py``; F19).
 * Megatron-DeepSpeed cannot combine its Ulysses sequence parallelism (cp > 1) with Megatron SP (``megatron/initialize.py``).
 * torchtitan: no ZeRO-1/2 (FSDP2 shards weights, gradients and optimizer state together: ``zero_stage`` 0 or 3
-  only; torchtitan ``parallelize_llama``), no interleaved virtual stages with uneven first/last splits
+  only; torchtitan ``parallelize_llama``), sequence parallelism with any TP (``apply_tp``: SequenceParallel norms), no interleaved virtual stages with uneven first/last splits
   (torchtitan splits by module names, not by Megatron's first/last counts) — torchtitan docs
   ``docs/composability.md``.
 * vocabulary padding: the padded vocabulary (multiple of ``128*tp``, Megatron ``_vocab_size_with_padding``)
@@ -180,6 +180,10 @@ def constraint_report(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, 
             add(Constraint("torchtitan_ddp_1d", False, -1.0, "",
                            "torchtitan runs zero 0 as DDP, which does not combine with tp/pp/cp/ep "
                            "(\"DDP has not supported > 1D parallelism\", models/llama3/infra/parallelize.py)"))
+        if par.tp > 1:
+            add(Constraint("torchtitan_tp_sp", par.sequence_parallel, 0.0 if par.sequence_parallel else -1.0, "",
+                           "torchtitan's tensor parallelism shards the norms over the sequence: sequence parallel "
+                           "with tp > 1 (models/llama3/infra/parallelize.py apply_tp, SequenceParallel)"))
         uneven = par.first_stage_layers is not None or par.last_stage_layers is not None
         if par.vpp > 1 and uneven:
             add(Constraint("torchtitan_uneven_vpp", False, -1.0, "",

@@ -55,6 +55,9 @@ BRANCH_CASES = [
     # HSDP (shard within 8 ranks, 8 replicas) and bf16 gradient reduction
     ("llama3.1-8b", ParallelConfig(tp=1, pp=1, dp=64, zero_stage=3, hsdp_shard_size=8, grad_reduce_in_bf16=True),
      "bf16"),
+    # Megatron's combined 1F1B (--overlap-moe-expert-parallel-comm --delay-wgrad-compute): EP > 1, VPP with PP > 1
+    ("mixtral-8x7b", ParallelConfig(tp=2, pp=4, dp=16, ep=8, etp=1, vpp=2, sequence_parallel=True, zero_stage=1,
+                                    schedule="combined-1f1b"), "bf16"),
 ]
 
 
@@ -371,3 +374,27 @@ def test_emit_for_another_framework_than_the_ranking_says_so(run_cli):
 def test_emit_output_that_looks_like_a_file_is_refused(run_cli, tmp_path):
     r = run_cli("plan", "--emit", "megatron", "--output", str(tmp_path / "args.json"))
     assert r.exit_code == 2 and "--output is a directory" in r.stderr and not (tmp_path / "args.json").exists()
+
+
+def test_combined_1f1b_is_megatrons_overlap_flags_and_refused_elsewhere():
+    name, par, prec = BRANCH_CASES[-1]
+    lf = launch_fields(get_model(name), _job(prec), par, 8)
+    a = parse_argv(lf["megatron"])
+    assert a["overlap_moe_expert_parallel_comm"] is True and a["delay_wgrad_compute"] is True
+    assert a["num_layers_per_virtual_pipeline_stage"] == 4  # 32 layers / pp 4 / vpp 2
+    assert "combined-1f1b" in lf["unsupported"]["torchtitan"] and "vpp 2" in lf["unsupported"]["deepspeed"]
+
+
+@pytest.mark.parametrize("schedule,name", [("zb-v", "ZBVZeroBubble"), ("dualpipev", "DualPipeV")])
+def test_v_schedules_are_torchtitans_and_refused_by_megatron(schedule, name):
+    par = ParallelConfig(tp=2, pp=4, dp=4, vpp=2, zero_stage=3, sequence_parallel=True, schedule=schedule)
+    lf = launch_fields(get_model("llama3.1-8b"), JOB, par, 8)
+    t = tomllib.loads(lf["torchtitan_toml"])
+    p = t["parallelism"]
+    # 32 layers over 2 x 4 V stages: 4 per stage; torch refuses compiled stage modules for these schedules
+    assert (p["pipeline_parallel_schedule"], p["pipeline_parallel_layers_per_stage"]) == (name, 4)
+    assert t["compile"]["components"] == ["loss"]
+    assert p.get("pipeline_parallel_expert_parallel_overlap", False) == (schedule == "dualpipev")
+    assert lf["unsupported"]["megatron"].startswith(f"pipeline schedule {schedule}: Megatron-LM runs")
+    dual = launch_fields(get_model("llama3.1-8b"), JOB, par.model_copy(update={"schedule": "dualpipe", "vpp": 1}), 8)
+    assert {"megatron", "deepspeed", "torchtitan"} <= set(dual["unsupported"])  # DualPipe runs in none of them

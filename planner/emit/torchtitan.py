@@ -86,6 +86,9 @@ def check_torchtitan(model: ModelSpec, job: TrainingJob, par: ParallelConfig) ->
     if par.zero_stage == 0 and (par.tp, par.pp, par.cp, par.ep) != (1, 1, 1, 1) and par.dp * par.cp > 1:
         raise EmitError("zero_stage 0 with tp/pp/cp/ep: torchtitan's DDP does not combine with other dimensions "
                         "(\"DDP has not supported > 1D parallelism\"); plan with --framework torchtitan")
+    if par.tp > 1 and not par.sequence_parallel:
+        raise EmitError(f"sequence_parallel off with tp {par.tp}: torchtitan's tensor parallelism shards the norms "
+                        f"over the sequence (apply_tp: SequenceParallel)")
     if par.recompute_num_layers is not None:
         raise EmitError(f"recompute_num_layers {par.recompute_num_layers}: torchtitan's full activation "
                         f"checkpointing wraps every block")
