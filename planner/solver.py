@@ -8,7 +8,8 @@ How it works (DESIGN.md "The solver proposes, the scalar model disposes"):
 2. **Factorized tables of lower bounds**, built per structure from the cost models' own functions, evaluated once
    per layer *type* (dense / MoE) and once per distinct pipeline stage (stages with the same layer mix share their
    terms; the lowest index holds the most in-flight micro-batches). With ``k = (structure, micro-batch,
-   recompute)``:
+   recompute, pipeline schedule)`` (the default schedule's rows below; the framework's other schedules, combined
+   1F1B / ZB-V / DualPipeV, get rows of weaker but valid bounds from ``_schedule_rows``):
 
    * step seconds >= ``P[k, sp, vpp] + E[k, zero]``: ``P`` bounds the pipeline makespan from the per-layer costs of
      ``cost_models.step_time`` (``_layer_cost``): the busiest rank's ``m x (forward + backward)`` plus the
@@ -58,8 +59,8 @@ from model_zoo.spec import ModelSpec
 from .checks import DEFAULT_MEMORY_HEADROOM
 from .evaluation import Evaluation, evaluate
 from .recompute import PARTIAL_RECOMPUTE_FRAMEWORKS, dominated_by_no_recompute, with_fewest_recomputed_layers
-from .space import (MAX_VPP, SEARCH_SCHEDULES, SearchSpace, Structure, micro_batch_options, sp_options, structures,
-                    to_parallel, vpp_options, zero_options)
+from .space import (MAX_VPP, SEARCH_SCHEDULES, SearchSpace, Structure, micro_batch_options, schedule_options,
+                    sp_options, structures, to_parallel, vpp_options, zero_options)
 
 ZEROS = (0, 1, 2, 3)
 V = MAX_VPP
@@ -98,7 +99,8 @@ def _layer_types(model: ModelSpec) -> _Types:
 
 @dataclass
 class Tables:
-    """Factorized tables over ``k = (structure, mbs, recompute)`` (see module docstring). Seconds and bytes."""
+    """Factorized tables over ``k = (structure, mbs, recompute, pipeline schedule)`` (see module docstring; schedule
+    None is the default 1F1B / interleaved, the others' rows come from ``_schedule_rows``). Seconds and bytes."""
 
     keys: list[tuple[Structure, int, str, str | None]] = field(default_factory=list)  # + pipeline schedule
     A: list = field(default_factory=list)  # [k][v]   compute + bubble (s)
@@ -109,6 +111,11 @@ class Tables:
     Z: list = field(default_factory=list)  # [k][sp][z] bound on pipeline + hidden-DP/ZeRO-3 terms (s), 0 if none
     O: list = field(default_factory=list)  # [k][z] optimizer + fully exposed DP (s)
     slots: int = 1
+
+    def add(self, key: tuple, A, P, E, W, X, Z, O) -> None:
+        """Append the row of ``key`` = (structure, mbs, recompute, schedule)."""
+        for attr, row in zip(("keys", "A", "P", "E", "W", "X", "Z", "O"), (key, A, P, E, W, X, Z, O)):
+            getattr(self, attr).append(row)
 
     def arrays(self):
         n = len(self.keys)
@@ -461,14 +468,12 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
                         for v in vpps:
                             xs[int(sp)][v - 1] = stored * inflight[v][j] + biggest
                     Xk.append(xs)
-                T.keys.append((st, mbs, rc, None))
-                T.A.append(A)
-                T.P.append(P)
-                T.E.append(E)
-                T.W.append(Wk)
-                T.X.append(Xk)
-                T.Z.append(Zk)
-                T.O.append(O)
+                # a --pipeline-schedule pin may exclude the default schedule (1f1b / interleaved) at some vpp
+                for v in vpps:
+                    if None not in schedule_options(model, st, m, v, zs[0], rc, framework, space):
+                        A[v - 1] = INVALID
+                if any(a != INVALID for a in A):
+                    T.add((st, mbs, rc, None), A, P, E, Wk, Xk, Zk, O)
                 if other_sched:
                     _schedule_rows(T, model, job, st, mbs, m, rc, vpps, zs, sps, groups, slot_fb, acts, O, fws, shard,
                                    edp, vocab, reserve, logit_bpe, tok, lg + ce, emb, framework, space,
@@ -509,7 +514,6 @@ def _schedule_rows(T: Tables, model, job, st, mbs, m, rc, vpps, zs, sps, groups,
     from cost_models.layout import holds_embedding, holds_output
     from cost_models.pipeline import PAIRING_SCHEDULES
 
-    from .space import schedule_options
     for sched in SEARCH_SCHEDULES.get(framework, ()):
         vz = {(v, z) for v in vpps for z in zs
               if sched in schedule_options(model, st, m, v, z, rc, framework, space)}
@@ -551,14 +555,7 @@ def _schedule_rows(T: Tables, model, job, st, mbs, m, rc, vpps, zs, sps, groups,
                 for v in vs:
                     xs[int(sp)][v - 1] = stored * inflight_of(pars[v])[j] + max(present, default=0.0)
             Xk.append(xs)
-        T.keys.append((st, mbs, rc, sched))
-        T.A.append(A)
-        T.P.append(P)
-        T.E.append(E)
-        T.W.append(Wk)
-        T.X.append(Xk)
-        T.Z.append([[0.0] * 4 for _ in range(2)])
-        T.O.append(O)
+        T.add((st, mbs, rc, sched), A, P, E, Wk, Xk, [[0.0] * 4 for _ in range(2)], O)
 
 
 @dataclass

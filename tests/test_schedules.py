@@ -246,3 +246,15 @@ def test_combined_1f1b_hides_expert_all_to_all():
     assert comb.step.step_s < inter.step.step_s
     # one more chunk in flight than interleaved (Megatron's extra warm-up forward)
     assert comb.memory.stages[0].in_flight_microbatches == inter.memory.stages[0].in_flight_microbatches + 0.5
+
+
+def test_plan_pins_a_schedule_the_framework_runs(run_cli):
+    r = run_cli("plan", "-m", "llama3.1-8b", "--gpus", "16", "--global-batch-size", "64", "--framework", "torchtitan",
+                "--pipeline-schedule", "zb-v", "--top-k", "2", "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    plans = r.json()["plans"]
+    assert plans and all(p["parallel"]["pipeline_schedule"] == "zb-v" and p["parallel"]["vpp"] == 2 for p in plans)
+    assert plans[0]["launch"]["torchtitan_toml"] and "ZBVZeroBubble" in plans[0]["launch"]["torchtitan_toml"]
+    r = run_cli("plan", "--pipeline-schedule", "dualpipe")
+    assert r.exit_code == 2 and "--pipeline-schedule dualpipe: megatron plans search 1f1b, interleaved, " \
+                                "combined-1f1b" in r.stderr

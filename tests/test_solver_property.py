@@ -93,6 +93,9 @@ def test_wrong_bounds_only_cost_speed_not_correctness(monkeypatch):
                                                      tp=(1, 2)), "combined-1f1b"),
     # torchtitan's ZB-V and DualPipeV next to 1F1B and interleaved 1F1B
     ("llama3.1-8b", 16, 64, "torchtitan", SearchSpace(micro_batch_size=(1,), recompute=("none", "full")), "zb-v"),
+    # a pin (plan --pipeline-schedule dualpipev) removes the default schedule's rows
+    ("llama3.1-8b", 16, 64, "torchtitan", SearchSpace(micro_batch_size=(1, 2), pipeline_schedule=("dualpipev",)),
+     "dualpipev"),
 ])
 def test_cpsat_equals_enumerator_with_pipeline_schedules(name, gpus, gbs, framework, space, schedule):
     """The schedule knob (space.schedule_options, solver._schedule_rows) keeps CP-SAT == enumerate."""

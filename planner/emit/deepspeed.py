@@ -27,7 +27,7 @@ from __future__ import annotations
 from cost_models.config import ParallelConfig, TrainingJob
 from model_zoo.spec import ModelSpec
 
-from .megatron import EmitError
+from .megatron import EmitError, recipe_knobs_set
 
 #: DeepSpeed's documented defaults for ZeRO bucket sizes (elements), ``runtime/zero/config.py``
 #: (``reduce_bucket_size`` and ``allgather_bucket_size`` default 5e8).
@@ -93,14 +93,8 @@ def check_deepspeed(model: ModelSpec | None, job: TrainingJob, par: ParallelConf
     if par.recompute == "selective" and par.recompute_modules and tuple(par.recompute_modules) != ("core_attn",):
         raise EmitError(f"recompute_modules {','.join(par.recompute_modules)}: Megatron-DeepSpeed's selective "
                         f"recompute is the attention core only")
-    for knob, on in (("grad_reduce_in_bf16", par.grad_reduce_in_bf16), ("fp8_param_gather", par.fp8_param_gather),
-                     ("exp_avg_dtype " + par.exp_avg_dtype, par.exp_avg_dtype != "fp32"),
-                     ("exp_avg_sq_dtype " + par.exp_avg_sq_dtype, par.exp_avg_sq_dtype != "fp32"),
-                     (f"optimizer_cpu_offload_fraction {par.optimizer_cpu_offload_fraction:g}",
-                      par.optimizer_cpu_offload_fraction > 0),
-                     ("cross_entropy_fusion_impl te", getattr(job, "cross_entropy_fusion_impl", "native") == "te")):
-        if on:
-            raise EmitError(f"{knob}: DeepSpeed has no setting that runs it as plan3d evaluated it")
+    for knob in recipe_knobs_set(job, par)[:1]:
+        raise EmitError(f"{knob}: DeepSpeed has no setting that runs it as plan3d evaluated it")
 
 
 def deepspeed_config(job: TrainingJob, par: ParallelConfig, model: ModelSpec | None = None) -> dict:

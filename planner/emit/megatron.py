@@ -228,6 +228,19 @@ def model_args(model: ModelSpec, job: TrainingJob) -> list[str]:
     return a
 
 
+def recipe_knobs_set(job: TrainingJob, par: ParallelConfig) -> list[str]:
+    """The Megatron-LM recipe knobs ``par`` / ``job`` set away from their defaults (bf16 gradient reduction, FP8
+    weights, low-precision Adam moments, optimizer offload, Transformer Engine's cross entropy), each as the knob
+    with its value: the other frameworks have no setting that runs them as plan3d evaluates them."""
+    return [knob for knob, on in (
+        ("grad_reduce_in_bf16", par.grad_reduce_in_bf16), ("fp8_param_gather", par.fp8_param_gather),
+        (f"exp_avg_dtype {par.exp_avg_dtype}", par.exp_avg_dtype != "fp32"),
+        (f"exp_avg_sq_dtype {par.exp_avg_sq_dtype}", par.exp_avg_sq_dtype != "fp32"),
+        (f"optimizer_cpu_offload_fraction {par.optimizer_cpu_offload_fraction:g}",
+         par.optimizer_cpu_offload_fraction > 0),
+        ("cross_entropy_fusion_impl te", getattr(job, "cross_entropy_fusion_impl", "native") == "te")) if on]
+
+
 #: Pipeline schedules Megatron-LM runs: 1F1B and interleaved 1F1B (``pipeline_parallel/schedules.py``) and the
 #: combined 1F1B of ``--overlap-moe-expert-parallel-comm`` (``combined_1f1b.py``).
 MEGATRON_SCHEDULES = ("1f1b", "interleaved", "combined-1f1b")

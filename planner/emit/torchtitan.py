@@ -43,7 +43,7 @@ from __future__ import annotations
 from cost_models.config import ParallelConfig, TrainingJob
 from model_zoo.spec import ModelSpec
 
-from .megatron import EmitError
+from .megatron import EmitError, recipe_knobs_set
 
 #: plan3d model name -> (torchtitan model name, flavor) for models with a torchtitan definition (torchtitan
 #: ``models/llama3/__init__.py`` llama3_configs "8B"/"70B"/"405B"; ``models/deepseek_v3`` "671B").
@@ -95,17 +95,11 @@ def check_torchtitan(model: ModelSpec, job: TrainingJob, par: ParallelConfig) ->
     if par.recompute == "selective" and par.recompute_modules:
         raise EmitError(f"recompute_modules {','.join(par.recompute_modules)}: Megatron's selective recompute modules; "
                         f"torchtitan's selective mode is its per-op policy")
-    for knob, on in (("grad_reduce_in_bf16", par.grad_reduce_in_bf16), ("fp8_param_gather", par.fp8_param_gather),
-                     ("exp_avg_dtype " + par.exp_avg_dtype, par.exp_avg_dtype != "fp32"),
-                     ("exp_avg_sq_dtype " + par.exp_avg_sq_dtype, par.exp_avg_sq_dtype != "fp32"),
-                     (f"optimizer_cpu_offload_fraction {par.optimizer_cpu_offload_fraction:g}",
-                      par.optimizer_cpu_offload_fraction > 0),
-                     ("precision fp8", job.precision == "fp8"), ("unfused attention", not job.flash_attention),
-                     ("dropout", job.dropout),
-                     ("cross_entropy_fusion_impl te", getattr(job, "cross_entropy_fusion_impl", "native") == "te")):
-        if on:
-            raise EmitError(f"{knob}: torchtitan has no setting that runs it as plan3d evaluated it "
-                            f"(planner/emit/torchtitan.py)")
+    job_knobs = [k for k, on in (("precision fp8", job.precision == "fp8"),
+                                 ("unfused attention", not job.flash_attention), ("dropout", job.dropout)) if on]
+    for knob in (recipe_knobs_set(job, par) + job_knobs)[:1]:
+        raise EmitError(f"{knob}: torchtitan has no setting that runs it as plan3d evaluated it "
+                        f"(planner/emit/torchtitan.py)")
 _DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16"}
 
 
