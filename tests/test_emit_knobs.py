@@ -37,6 +37,7 @@ def plan_knobs(model, job: TrainingJob, par: ParallelConfig) -> dict:
             "etp": par.expert_tp if par.ep > 1 else None, "vpp": par.vpp, "mbs": par.micro_batch_size,
             "gbs": job.global_batch_size, "zero": par.zero_stage, "sp": par.sequence_parallel,
             "recompute": par.recompute, "recompute_num_layers": par.recompute_num_layers,
+            "recompute_method": par.recompute_method if par.recompute_num_layers else None,
             "schedule": "1f1b" if pp1 and par.pipeline_schedule != "combined-1f1b" else _schedule(par),
             "precision": job.precision, "flash": job.flash_attention, "dropout": job.dropout}
 
@@ -53,13 +54,16 @@ def megatron_knobs(model, a: dict) -> dict:
     strategy = a.get("data_parallel_sharding_strategy")
     zero = {"optim_grads": 2, "optim_grads_params": 3}.get(strategy, 1 if a.get("use_distributed_optimizer") else 0)
     rc = a.get("recompute_granularity", "none")
-    n_rc = a["recompute_num_layers"] if a.get("recompute_method") == "block" else None
+    method = a.get("recompute_method")
+    n_rc = None if method is None or (method == "uniform" and a["recompute_num_layers"] == 1) else \
+        a["recompute_num_layers"]
     ep = a.get("expert_model_parallel_size", 1)
     sched = "combined-1f1b" if a.get("overlap_moe_expert_parallel_comm") else "interleaved" if vpp > 1 else "1f1b"
     return {"tp": tp, "pp": pp, "cp": cp, "dp": None, "ep": ep,
             "etp": a.get("expert_tensor_parallel_size", tp) if ep > 1 else None, "vpp": vpp,
             "mbs": a["micro_batch_size"], "gbs": a["global_batch_size"], "zero": zero,
-            "sp": bool(a.get("sequence_parallel")), "recompute": rc, "recompute_num_layers": n_rc, "schedule": sched,
+            "sp": bool(a.get("sequence_parallel")), "recompute": rc, "recompute_num_layers": n_rc,
+            "recompute_method": method if n_rc else None, "schedule": sched,
             "precision": "fp8" if "fp8_format" in a else "fp16" if a.get("fp16") else "bf16",
             "flash": a.get("attention_backend") != "unfused", "dropout": a.get("attention_dropout") != 0.0}
 
@@ -73,7 +77,8 @@ def deepspeed_knobs(model, a: dict, ds: dict) -> dict:
     return {"tp": a["tensor_model_parallel_size"], "pp": a["pipeline_model_parallel_size"],
             "cp": a.get("ds_sequence_parallel_size", 1), "dp": None, "ep": ep, "etp": 1 if ep > 1 else None,
             "vpp": 1, "mbs": a["micro_batch_size"], "gbs": a["global_batch_size"], "zero": a["zero_stage"],
-            "sp": bool(a.get("sequence_parallel")), "recompute": rc, "recompute_num_layers": None, "schedule": "1f1b",
+            "sp": bool(a.get("sequence_parallel")), "recompute": rc, "recompute_num_layers": None,
+            "recompute_method": None, "schedule": "1f1b",
             "precision": "fp8" if a.get("fp8_hybrid") else "fp16" if a.get("fp16") else "bf16",
             "flash": bool(a.get("use_flash_attn_v2")), "dropout": a.get("attention_dropout") != 0.0}
 
@@ -99,7 +104,7 @@ def torchtitan_knobs(model, t: dict) -> dict:
             "etp": p.get("expert_tensor_parallel_degree") if ep > 1 else None, "vpp": vpp,
             "mbs": p["pipeline_parallel_microbatch_size"] if pp > 1 else tr["local_batch_size"],
             "gbs": tr["global_batch_size"], "zero": 3 if sharded else 0, "sp": p["tensor_parallel_degree"] > 1,
-            "recompute": t["activation_checkpoint"]["mode"], "recompute_num_layers": None,
+            "recompute": t["activation_checkpoint"]["mode"], "recompute_num_layers": None, "recompute_method": None,
             "schedule": TT_SCHEDULES[p["pipeline_parallel_schedule"]] if pp > 1 else "1f1b",
             "precision": {"bfloat16": "bf16", "float16": "fp16"}[tr["mixed_precision_param"]], "flash": True,
             "dropout": False}
@@ -180,6 +185,8 @@ OFF_SPACE = [
     ("precision fp8", {}, {"precision": "fp8"}), ("unfused attention", {}, {"flash_attention": False}),
     ("dropout", {}, {"dropout": True}), ("cross_entropy_fusion_impl", {}, {"cross_entropy_fusion_impl": "te"}),
     ("sequence_parallel", {"sequence_parallel": False, "ep": 1}, {}),
+    ("recompute_method", {"recompute": "full", "recompute_num_layers": 2, "recompute_method": "uniform"}, {}),
+    ("main_params_dtype", {"main_params_dtype": "fp16"}, {}), ("param_cpu_offload", {"param_cpu_offload": True}, {}),
 ]
 
 

@@ -228,17 +228,21 @@ def model_args(model: ModelSpec, job: TrainingJob) -> list[str]:
     return a
 
 
-def recipe_knobs_set(job: TrainingJob, par: ParallelConfig) -> list[str]:
+def recipe_knobs_set(job: TrainingJob, par: ParallelConfig, expressed: tuple[str, ...] = ()) -> list[str]:
     """The Megatron-LM recipe knobs ``par`` / ``job`` set away from their defaults (bf16 gradient reduction, FP8
-    weights, low-precision Adam moments, optimizer offload, Transformer Engine's cross entropy), each as the knob
-    with its value: the other frameworks have no setting that runs them as plan3d evaluates them."""
-    return [knob for knob, on in (
-        ("grad_reduce_in_bf16", par.grad_reduce_in_bf16), ("fp8_param_gather", par.fp8_param_gather),
-        (f"exp_avg_dtype {par.exp_avg_dtype}", par.exp_avg_dtype != "fp32"),
-        (f"exp_avg_sq_dtype {par.exp_avg_sq_dtype}", par.exp_avg_sq_dtype != "fp32"),
-        (f"optimizer_cpu_offload_fraction {par.optimizer_cpu_offload_fraction:g}",
+    weights, low-precision Adam moments or master weights, optimizer offload, Transformer Engine's cross entropy),
+    each as the knob with its value, less those in ``expressed`` (the caller's framework has a setting for them):
+    the other frameworks have no setting that runs them as plan3d evaluates them."""
+    return [knob for name, knob, on in (
+        ("grad_reduce_in_bf16", "grad_reduce_in_bf16", par.grad_reduce_in_bf16),
+        ("fp8_param_gather", "fp8_param_gather", par.fp8_param_gather),
+        ("exp_avg_dtype", f"exp_avg_dtype {par.exp_avg_dtype}", par.exp_avg_dtype != "fp32"),
+        ("exp_avg_sq_dtype", f"exp_avg_sq_dtype {par.exp_avg_sq_dtype}", par.exp_avg_sq_dtype != "fp32"),
+        ("main_params_dtype", f"main_params_dtype {par.main_params_dtype}", par.main_params_dtype != "fp32"),
+        ("optimizer_cpu_offload_fraction", f"optimizer_cpu_offload_fraction {par.optimizer_cpu_offload_fraction:g}",
          par.optimizer_cpu_offload_fraction > 0),
-        ("cross_entropy_fusion_impl te", getattr(job, "cross_entropy_fusion_impl", "native") == "te")) if on]
+        ("cross_entropy_fusion_impl", "cross_entropy_fusion_impl te",
+         getattr(job, "cross_entropy_fusion_impl", "native") == "te")) if on and name not in expressed]
 
 
 #: Pipeline schedules Megatron-LM runs: 1F1B and interleaved 1F1B (``pipeline_parallel/schedules.py``) and the
@@ -261,6 +265,8 @@ def check_megatron(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> N
     if par.recompute_num_layers is not None and par.recompute != "full":
         raise EmitError(f"recompute_num_layers {par.recompute_num_layers} with recompute {par.recompute}: "
                         f"--recompute-num-layers applies to full recompute")
+    if getattr(par, "param_cpu_offload", False):
+        raise EmitError("param_cpu_offload: Megatron-LM has no parameter CPU offload (DeepSpeed ZeRO-3 offload_param)")
     if getattr(par, "fp8_param_gather", False) and job.precision != "fp8":
         raise EmitError(f"fp8_param_gather with precision {job.precision}: --fp8-param-gather needs FP8 training")
 
@@ -324,7 +330,7 @@ def parallel_args(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> li
         if par.recompute_num_layers is None:
             add(["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"])
         else:
-            add(["--recompute-granularity", "full", "--recompute-method", "block",
+            add(["--recompute-granularity", "full", "--recompute-method", getattr(par, "recompute_method", "block"),
                  "--recompute-num-layers", str(par.recompute_num_layers)])
     sharded_dp = par.dp * par.cp > 1
     if par.zero_stage >= 1:
@@ -343,8 +349,16 @@ def parallel_args(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> li
     if getattr(par, "grad_reduce_in_bf16", False):
         a.append("--grad-reduce-in-bf16")
     m1, m2 = getattr(par, "exp_avg_dtype", "fp32"), getattr(par, "exp_avg_sq_dtype", "fp32")
-    if (m1, m2) != ("fp32", "fp32"):
+    master = getattr(par, "main_params_dtype", "fp32")
+    if master == "bf16" and par.zero_stage < 2:
+        raise EmitError("main_params_dtype bf16: Megatron keeps bf16 master weights only under Megatron-FSDP "
+                        "(--megatron-fsdp-main-params-dtype, zero_stage 2 or 3); --main-params-dtype allows fp32 or fp16")
+    if (m1, m2, master) != ("fp32", "fp32", "fp32"):
         add(["--use-precision-aware-optimizer", "--exp-avg-dtype", m1, "--exp-avg-sq-dtype", m2])
+        if master == "fp16":
+            add(["--main-params-dtype", "fp16"])
+        elif master == "bf16":
+            add(["--megatron-fsdp-main-params-dtype", "bf16"])
     offload = getattr(par, "optimizer_cpu_offload_fraction", 0.0)
     if offload > 0:
         add(["--optimizer-cpu-offload", "--optimizer-offload-fraction", f"{offload:g}"])

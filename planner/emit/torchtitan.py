@@ -95,7 +95,8 @@ def check_torchtitan(model: ModelSpec, job: TrainingJob, par: ParallelConfig) ->
     if par.recompute == "selective" and par.recompute_modules:
         raise EmitError(f"recompute_modules {','.join(par.recompute_modules)}: Megatron's selective recompute modules; "
                         f"torchtitan's selective mode is its per-op policy")
-    job_knobs = [k for k, on in (("precision fp8", job.precision == "fp8"),
+    job_knobs = [k for k, on in (("param_cpu_offload", par.param_cpu_offload),
+                                 ("precision fp8", job.precision == "fp8"),
                                  ("unfused attention", not job.flash_attention), ("dropout", job.dropout)) if on]
     for knob in (recipe_knobs_set(job, par) + job_knobs)[:1]:
         raise EmitError(f"{knob}: torchtitan has no setting that runs it as plan3d evaluated it "
@@ -143,6 +144,9 @@ def torchtitan_settings(model: ModelSpec, job: TrainingJob, par: ParallelConfig)
                 "pipeline_parallel_degree": par.pp}
     if getattr(par, "pipeline_layout", None) is not None:
         raise EmitError("pipeline_layout: torchtitan has no Megatron layout string (it splits by layers per stage)")
+    if par.recompute == "full" and par.recompute_num_layers is not None:
+        raise EmitError(f"recompute_num_layers {par.recompute_num_layers}: torchtitan's full activation checkpointing "
+                        "wraps every transformer block (activation_checkpoint.mode full), no subset or group of N")
     emb = int(getattr(par, "account_for_embedding_in_pipeline_split", False))
     loss = int(getattr(par, "account_for_loss_in_pipeline_split", False))
     if par.pp > 1 and (emb or loss):
