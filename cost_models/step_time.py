@@ -113,7 +113,7 @@ from .comm import collective_time
 from .config import BYTES_16BIT, BYTES_FP32, FlopsConvention, ParallelConfig, TrainingJob
 from .flops import (attention_core_flops_per_token, layer_gemm_shapes, recomputed_layers,
                     step_hardware_flops, step_model_flops)
-from .layout import (GroupPlacement, LayoutError, group_placement, parse_pipeline_layout, rank_layers,
+from .layout import (GroupPlacement, LayoutError, group_placement, parse_pipeline_layout, rank_stages,
                      stage_layer_ranges, virtual_stage)
 from .memory import stage_params
 from .pipeline import PAIRING_SCHEDULES, chunks_per_rank, simulate
@@ -643,8 +643,9 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     bubble = max(0.0, pipeline_s - busy)
 
     # data-parallel gradient reduction / parameter gather on the most loaded stage
-    sp_max = max((stage_params(model, par, st, lay, vocab) for st, lay in enumerate(rank_layers(model.num_layers, par))),
-                 key=lambda x: x.total)
+    # parameters each rank holds: its layers (by the layout's chunks when one is given), both stages under DualPipe
+    held = [[i for s in rank_stages(par, r) for i in ranges[s]] for r in range(par.pp)]
+    sp_max = max((stage_params(model, par, st, lay, vocab) for st, lay in enumerate(held)), key=lambda x: x.total)
     cp_g, dp_g = groups["cp"], groups["dp"]
     shard = par.dp * par.cp
     dp_group = GroupPlacement(shard, dp_g.ranks_per_domain * (cp_g.size if cp_g.intra_domain else 1)) \
