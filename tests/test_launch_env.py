@@ -117,7 +117,7 @@ def test_env_is_per_runnable_framework():
     m = get_model("llama2-70b")
     lf = launch_fields(m, JOB, ParallelConfig(tp=8, pp=2, dp=4, vpp=5, zero_stage=1, sequence_parallel=True), 8,
                        get_cluster("dgx-h100"))
-    assert "deepspeed" in lf["unsupported"] and set(lf["env"]) == {"megatron"}  # vpp: DeepSpeed refuses
+    assert "deepspeed" in lf["unsupported"] and set(lf["env"]) == {"megatron", "colossalai"}  # DeepSpeed: vpp
 
 
 def test_schema_documents_env(run_cli):

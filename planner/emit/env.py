@@ -20,7 +20,8 @@ device reports multicast support; 1 makes NCCL fail at start-up instead of silen
 plan did not time (NVIDIA/nccl ``src/transport/nvls.cc`` ``NCCL_PARAM(NvlsEnable, "NVLS_ENABLE", 2)``).
 
 torchtitan: ``PYTORCH_ALLOC_CONF=expandable_segments:True``, what torchtitan's launcher sets
-(``run_train.sh``, v0.2.2) and under which its published memory figures were measured.
+(``run_train.sh``, v0.2.2) and under which its published memory figures were measured. Colossal-AI: the NCCL
+setting only.
 """
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def megatron_env(par: ParallelConfig) -> dict[str, str]:
 
 def launch_env(framework: str, par: ParallelConfig, cluster: ClusterSpec | None = None) -> dict[str, str]:
     """Environment variables of ``framework``'s launch of ``par`` (``megatron``, ``deepspeed`` (the
-    Megatron-DeepSpeed launch) or ``torchtitan``), sorted by name."""
+    Megatron-DeepSpeed launch), ``torchtitan`` or ``colossalai``), sorted by name."""
     env: dict[str, str] = {}
     if framework in ("megatron", "deepspeed"):
         # Megatron-DeepSpeed keeps Megatron-LM's rule (its examples export CUDA_DEVICE_MAX_CONNECTIONS=1); its

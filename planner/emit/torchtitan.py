@@ -43,7 +43,7 @@ from __future__ import annotations
 from cost_models.config import ParallelConfig, TrainingJob
 from model_zoo.spec import ModelSpec
 
-from .megatron import EmitError, recipe_knobs_set
+from .megatron import EmitError, recipe_knobs_set, unexpressed_features
 
 #: plan3d model name -> (torchtitan model name, flavor) for models with a torchtitan definition (torchtitan
 #: ``models/llama3/__init__.py`` llama3_configs "8B"/"70B"/"405B"; ``models/deepseek_v3`` "671B").
@@ -123,6 +123,9 @@ def torchtitan_settings(model: ModelSpec, job: TrainingJob, par: ParallelConfig)
         EmitError: a knob torchtitan cannot express (``check_torchtitan``), or a layer split it cannot build.
     """
     check_torchtitan(model, job, par)
+    feature = unexpressed_features(model)
+    if feature is not None:
+        raise EmitError(f"{feature}: no torchtitan 0.2 flavor of plan3d's carries it")
     if par.ep > 1 and par.expert_tp not in (1, par.tp):
         raise EmitError(f"etp {par.expert_tp}: torchtitan allows expert tensor parallel 1 or = tp ({par.tp})")
     name, flavor = TORCHTITAN_MODELS.get(model.name, ("llama3", model.name))
