@@ -249,11 +249,37 @@ def plan(
     pin_zero: Annotated[Optional[int], typer.Option("--zero-stage", min=0, max=3, help="pin ZeRO stage")] = None,
     pin_rc: Annotated[Optional[RecomputeOpt], typer.Option("--recompute", help="pin recompute")] = None,
     flops_convention: FlopsOpt = None,
+    timeline: Annotated[Optional[Path], typer.Option(
+        "--timeline", help="pools (--cluster NAME:NODES,...): draw plan #--rank's schedule across the pools to "
+                           "FILE.svg|png")] = None,
 ) -> None:
-    """Search the parallel layouts and print the best plans (default: llama3.1-8b on one dgx-h100 node)."""
+    """Search the parallel layouts and print the best plans (default: llama3.1-8b on one dgx-h100 node).
+
+    --cluster NAME:NODES,NAME:NODES (or a YAML with pools:) plans one job over pools of different GPUs.
+    """
     from .api import plan as api_plan
     from .errors import PlanInputError
 
+    from cluster_specs.pools import is_pools_file
+    if cluster is not None and (":" in cluster or is_pools_file(cluster)):
+        given = [f for f, v in (("--gpus", gpus), ("--nodes", nodes), ("--pp", pin_pp), ("--vpp", pin_vpp),
+                                ("--target-step-s", target_step_s), ("--within", within),
+                                ("--target-tokens-per-day", target_tokens_per_day)) if v is not None]
+        if given or objective != ObjectiveOpt.throughput or solver != SolverOpt.cpsat:
+            raise PlanInputError(f"{', '.join(given) or '--objective/--solver'}: a plan over pools takes the pools' "
+                                 f"node counts from --cluster NAME:NODES,... and chooses pp and the layout itself")
+        if framework is not None and framework != Framework.megatron or emit not in (None, Emit.megatron):
+            raise PlanInputError("--framework/--emit: a plan over pools is a Megatron-LM --pipeline-model-parallel-"
+                                 "layout; use megatron")
+        _plan_pools(model, cluster, dict(
+            global_batch_size=global_batch_size, seq_length=seq_length, precision=precision.value,
+            flash_attention=flash_attention, dropout=dropout, memory_headroom=memory_headroom,
+            flops_convention=_value(flops_convention), top_k=max(top_k, rank), tp=pin_tp, cp=pin_cp, ep=pin_ep,
+            micro_batch_size=pin_mbs, zero_stage=pin_zero, recompute=_value(pin_rc)), fmt, output, emit, rank, timeline)
+        return
+    if timeline is not None:
+        raise PlanInputError("--timeline on plan draws a plan over pools; for one cluster use plan3d explain "
+                             "... --timeline FILE")
     if rank != 1 and emit is None:
         raise PlanInputError(f"--rank {rank} selects the plan --emit writes: give --emit megatron|deepspeed|torchtitan")
     if framework is None:  # an explicit --framework wins; else plan under the rules of the --emit target
@@ -271,6 +297,33 @@ def plan(
             f"{i.job.global_batch_size} x seq {i.job.seq_length}, {i.job.precision}: top {len(doc.plans)} of "
             f"{'' if stats.exact else 'at most '}{stats.num_feasible} feasible ({stats.num_candidates} examined)",
             rank, framework.value)
+
+
+def _plan_pools(model, cluster, opts: dict, fmt: Fmt, output: Path | None, emit: Emit | None, rank: int,
+                timeline: Path | None) -> None:
+    """``plan --cluster NAME:NODES,...``: the plans over the pools (planner.pools.plan_pools), as a table (plans and
+    pool subsets), JSON or the Megatron launch of plan #rank; ``--timeline`` draws plan #rank's schedule."""
+    from .pools import plan_pools
+    doc = plan_pools(model, cluster, **opts)
+    if timeline is not None:
+        from .pool_report import draw_pools_timeline
+        draw_pools_timeline(doc, timeline, rank)
+    if emit is not None:
+        _emit(doc, emit, output, rank, "megatron")
+    elif fmt == Fmt.json:
+        _write(doc.model_dump_json(), output)
+    else:
+        import io
+
+        from rich.console import Console
+
+        from .pool_report import plans_table, subsets_table
+        buf = io.StringIO() if output is not None else None
+        con = Console(file=buf, width=200) if buf is not None else Console(width=max(200, Console().width))
+        con.print(plans_table(doc))
+        con.print(subsets_table(doc))
+        if buf is not None:
+            _write(buf.getvalue(), output)
 
 
 def _value(opt):

@@ -19,7 +19,8 @@ from .checks import AT_RISK_FRACTION
 from .emit import launch_fields
 from .evaluation import Evaluation
 
-#: 1.1 (additive): parallel.account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split
+#: 1.1 (additive): parallel.account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split,
+#: parallel.pipeline_layout (null unless the plan sets per-stage layers)
 SCHEMA_VERSION = "1.1"
 
 
@@ -90,6 +91,8 @@ class ParallelInfo(_Strict):
     last_stage_layers: int | None
     account_for_embedding_in_pipeline_split: bool
     account_for_loss_in_pipeline_split: bool
+    pipeline_layout: str | None = Field(None, description="Megatron --pipeline-model-parallel-layout (per-stage "
+                                                          "layers), when the plan sets one")
 
 
 class StageMemoryInfo(_Strict):
@@ -208,7 +211,7 @@ def parallel_info(par: ParallelConfig, job: TrainingJob) -> ParallelInfo:
         recompute_num_layers=par.recompute_num_layers, pipeline_schedule=par.pipeline_schedule,
         first_stage_layers=par.first_stage_layers, last_stage_layers=par.last_stage_layers,
         account_for_embedding_in_pipeline_split=par.account_for_embedding_in_pipeline_split,
-        account_for_loss_in_pipeline_split=par.account_for_loss_in_pipeline_split)
+        account_for_loss_in_pipeline_split=par.account_for_loss_in_pipeline_split, pipeline_layout=par.pipeline_layout)
 
 
 def plan_info(rank: int, ev: Evaluation, model: ModelSpec, cluster: ClusterSpec, job: TrainingJob) -> PlanInfo:

@@ -20,8 +20,11 @@ MAX_DRAWN_MICROBATCHES = 64
 _COLORS = {"F": "#4C72B0", "B": "#55A868", "W": "#8172B2", "dp": "#C44E52", "opt": "#CCB974"}
 
 
-def draw_timeline(step: StepEstimate, path: str | Path, title: str = "") -> Path:
-    """Write the schedule picture of ``step`` to ``path`` (``.svg`` or ``.png``); returns the path."""
+def draw_timeline(step: StepEstimate, path: str | Path, title: str = "", row_labels: list[str] | None = None,
+                  bands: list[tuple[int, int, str]] | None = None) -> Path:
+    """Write the schedule picture of ``step`` to ``path`` (``.svg`` or ``.png``); returns the path. ``row_labels``:
+    one label per stage (default ``stage r``); ``bands``: (first stage, last stage, label) ranges shaded alternately
+    behind the rows (the pools of a mixed cluster)."""
     p = Path(path)
     fmt = p.suffix.lower().lstrip(".")
     if fmt not in ("svg", "png"):
@@ -41,6 +44,10 @@ def draw_timeline(step: StepEstimate, path: str | Path, title: str = "") -> Path
     from matplotlib.patches import Patch
 
     fig, ax = plt.subplots(figsize=(12, 0.45 * pp + 1.8))
+    for k, (lo, hi, label) in enumerate(bands or []):
+        ax.axhspan(lo - 0.5, hi + 0.5, color="#F2F2F2" if k % 2 == 0 else "#E0E8F0", zorder=0)
+        ax.text(1.005, 1 - (lo + hi + 1) / 2 / pp, label, transform=ax.transAxes, rotation=90, va="center",
+                ha="left", fontsize=7, color="#555555")
     for op in sim.ops:
         ax.barh(op.rank, op.end - op.start, left=op.start, height=0.8, color=_COLORS[op.kind],
                 edgecolor="white", linewidth=0.3)
@@ -50,7 +57,7 @@ def draw_timeline(step: StepEstimate, path: str | Path, title: str = "") -> Path
         if dp > 0:
             ax.barh(r, dp, left=end, height=0.8, color=_COLORS["dp"])
         ax.barh(r, step.optimizer_s, left=end + dp, height=0.8, color=_COLORS["opt"])
-    ax.set_yticks(range(pp), [f"stage {r}" for r in range(pp)])
+    ax.set_yticks(range(pp), row_labels or [f"stage {r}" for r in range(pp)])
     ax.invert_yaxis()
     ax.set_xlabel("seconds" + (f" (first {m} of {step.num_microbatches} micro-batches)"
                                if m < step.num_microbatches else ""))
