@@ -656,6 +656,59 @@ def validate(
         sys.exit(1)
 
 
+@app.command()
+def fallback(
+    max_lost_nodes: Annotated[int, typer.Option("--max-lost-nodes", min=1, help="plan for losing 1..K nodes")],
+    plan_file: Annotated[Optional[Path], typer.Option(
+        "--plan", help="plan document (plan3d plan --format json); without it the job options are planned first")] = None,
+    rank: Annotated[int, typer.Option("--rank", min=1, help="which plan of --plan is running (1 = best)")] = 1,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="as plan (default: --plan's model)")] = None,
+    cluster: Annotated[Optional[str], typer.Option("--cluster", "-c", help="as plan (default: --plan's)")] = None,
+    gpus: GpusOpt = None, nodes: NodesOpt = None,
+    global_batch_size: Annotated[Optional[int], typer.Option("--global-batch-size", min=1)] = None,
+    seq_length: Annotated[Optional[int], typer.Option("--seq-length", min=1)] = None,
+    precision: Annotated[Optional[Precision], typer.Option("--precision")] = None,
+    flash_attention: Annotated[Optional[bool], typer.Option("--flash-attention/--no-flash-attention")] = None,
+    dropout: Annotated[Optional[bool], typer.Option("--dropout/--no-dropout")] = None,
+    framework: Annotated[Optional[Framework], typer.Option(
+        "--framework", help="rules and resharding path (default megatron)")] = None,
+    memory_headroom: HeadroomOpt = HEADROOM_DEFAULT, flops_convention: FlopsOpt = None,
+    fmt: FmtOpt = Fmt.table, output: OutOpt = None,
+    plot: Annotated[Optional[Path], typer.Option(
+        "--plot", help="draw retained throughput against lost nodes to FILE.png|svg")] = None,
+) -> None:
+    """Fallback plans after losing 1..K nodes: the best plan keeping the checkpoint's layout and the best of any
+    layout (with its resharding path), the throughput each retains and the GPUs it leaves idle."""
+    from .fallback import fallback as api_fallback
+    from .errors import PlanInputError
+    job = {k: v for k, v in dict(gpus=gpus, nodes=nodes, global_batch_size=global_batch_size, seq_length=seq_length,
+                                 precision=_value(precision), flash_attention=flash_attention, dropout=dropout,
+                                 framework=_value(framework)).items() if v is not None}
+    if plan_file is not None:
+        clash = sorted(set(job) & {"gpus", "nodes", "global_batch_size", "seq_length", "precision"})
+        if clash:
+            raise PlanInputError(f"{', '.join('--' + k.replace('_', '-') for k in clash)}: taken from --plan's "
+                                 f"document; leave them out or plan again")
+    doc = api_fallback(model, cluster, plan=plan_file, max_lost_nodes=max_lost_nodes, rank=rank,
+                       memory_headroom=memory_headroom, flops_convention=_value(flops_convention), **job)
+    if plot is not None:
+        from .fallback_report import plot_fallback
+        plot_fallback(doc, plot)
+    if fmt == Fmt.json:
+        _write(doc.model_dump_json(), output)
+        return
+    import io
+
+    from rich.console import Console
+
+    from .fallback_report import fallback_table
+    buf = io.StringIO() if output is not None else None
+    con = Console(file=buf, width=220) if buf is not None else Console(width=max(220, Console().width))
+    con.print(fallback_table(doc))
+    if buf is not None:
+        _write(buf.getvalue(), output)
+
+
 ShowOpt = Annotated[Optional[str], typer.Option("--show", help="print this entry as YAML (a template for your own)")]
 
 
