@@ -679,7 +679,7 @@ def fallback(
 ) -> None:
     """Fallback plans after losing 1..K nodes: the best plan keeping the checkpoint's layout and the best of any
     layout (with its resharding path), the throughput each retains and the GPUs it leaves idle."""
-    from .fallback import fallback as api_fallback
+    from .fallback_plans import fallback as api_fallback
     from .errors import PlanInputError
     job = {k: v for k, v in dict(gpus=gpus, nodes=nodes, global_batch_size=global_batch_size, seq_length=seq_length,
                                  precision=_value(precision), flash_attention=flash_attention, dropout=dropout,

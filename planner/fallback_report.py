@@ -1,4 +1,4 @@
-"""Text and picture of a fallback table (``planner.fallback.FallbackDocument``)."""
+"""Text and picture of a fallback table (``planner.fallback_plans.FallbackDocument``)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 from rich.table import Table
 
 from .errors import PlanInputError
-from .fallback import FallbackDocument
+from .fallback_plans import FallbackDocument
 
 
 def _layout(p) -> str:

@@ -217,8 +217,10 @@ class _Costs:
         return StageArrays(layer_s, extra, base, mem_layer, lim, caps)
 
 
-def _arrangements(mixed: MixedCluster, d: int, num_layers: int, usable: list[int]) -> list[_Arr]:
-    """Every non-empty subset of the usable pools in every order, each pool holding floor(G_i / d) stages."""
+def _arrangements(mixed: MixedCluster, d: int, num_layers: int, usable: list[int],
+                  orders: set[tuple[int, ...]] | None = None) -> list[_Arr]:
+    """Every non-empty subset of the usable pools in every order (or only ``orders``), each pool holding
+    floor(G_i / d) stages."""
     per = {}
     for i in usable:
         gpn = mixed.pools[i].cluster.node.gpus_per_node
@@ -231,8 +233,10 @@ def _arrangements(mixed: MixedCluster, d: int, num_layers: int, usable: list[int
     pools = sorted(per)
     for k in range(1, len(pools) + 1):
         for sub in itertools.combinations(pools, k):
-            orders = itertools.permutations(sub) if len(sub) <= MAX_PERMUTED_POOLS else [sub]
-            for order in orders:
+            perms = itertools.permutations(sub) if len(sub) <= MAX_PERMUTED_POOLS else [sub]
+            for order in perms:
+                if orders is not None and tuple(order) not in orders:
+                    continue
                 stages = tuple(per[i] for i in order)
                 if sum(stages) <= num_layers:
                     out.append(_Arr(tuple(order), stages))
@@ -288,9 +292,11 @@ def _key(p: PoolPlan) -> tuple:
 
 def search_pools(model: ModelSpec, mixed: MixedCluster, job: TrainingJob, top_k: int = 5,
                  space: SearchSpace = SearchSpace(), memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
-                 convention: FlopsConvention = "megatron", homogeneous: bool = True) -> PoolsSearchResult:
+                 convention: FlopsConvention = "megatron", homogeneous: bool = True,
+                 orders: list[tuple[int, ...]] | None = None) -> PoolsSearchResult:
     """The best ``top_k`` plans over the pools of ``mixed`` and the best plan of every subset of pools (module
-    docstring). ``homogeneous``: also plan each single pool with the homogeneous search (its whole space)."""
+    docstring). ``homogeneous``: also plan each single pool with the homogeneous search (its whole space).
+    ``orders``: only these pipeline orders of pools (tuples of pool indices; default every subset in every order)."""
     t0 = time.perf_counter()
     tm: dict[str, float] = {}
     L = model.num_layers
@@ -311,7 +317,7 @@ def search_pools(model: ModelSpec, mixed: MixedCluster, job: TrainingJob, top_k:
     rc_least = max(space.recompute, key=("none", "selective", "full").index)
     max_d = max((mixed.pools[i].num_gpus for i in usable), default=0)
     for d in range(1, max_d + 1):
-        arrs = _arrangements(mixed, d, L, usable)
+        arrs = _arrangements(mixed, d, L, usable, None if orders is None else {tuple(o) for o in orders})
         if not arrs:
             continue
         for st in structures(model, widest, job, d, sp1, "megatron"):
@@ -411,7 +417,7 @@ def search_pools(model: ModelSpec, mixed: MixedCluster, job: TrainingJob, top_k:
     tm["search"] = time.perf_counter() - t1
     t2 = time.perf_counter()
     if homogeneous:
-        for idx in usable:
+        for idx in (i for i in usable if orders is None or (i,) in orders):
             plan = _homogeneous(model, mixed, job, idx, space, memory_headroom, convention)
             if plan is None:
                 continue
@@ -429,7 +435,8 @@ def search_pools(model: ModelSpec, mixed: MixedCluster, job: TrainingJob, top_k:
             if plan is None:
                 missing = [mixed.pools[j].name for j in sub if j not in usable]
                 reason = (f"{', '.join(missing)}: no {job.precision} rate" if missing else
-                          "no configuration fits (memory, or no stage size that tiles every pool's nodes)")
+                          "not searched (orders)" if orders is not None and not any(set(o) == set(sub) for o in orders)
+                          else "no configuration fits (memory, or no stage size that tiles every pool's nodes)")
             subsets.append(SubsetResult(sub, plan, reason))
     subsets.sort(key=lambda s: (s.plan is None, _key(s.plan) if s.plan else (), s.pools))
     tm["total"] = time.perf_counter() - t0

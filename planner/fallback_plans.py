@@ -1,4 +1,5 @@
-"""``planner.fallback``: the plans to restart with after losing 1..K nodes, computed before the failure.
+"""``planner.fallback``: the plans to restart with after losing 1..K nodes, computed before the failure (this module
+is ``fallback_plans`` so that ``planner.fallback`` stays the function).
 
     >>> import planner
     >>> fb = planner.fallback(plan="plans.json", max_lost_nodes=8)          # a plan document (plan3d plan --format json)
