@@ -2,7 +2,7 @@
 is ``fallback_plans`` so that ``planner.fallback`` stays the function).
 
     >>> import planner
-    >>> fb = planner.fallback(plan="plans.json", max_lost_nodes=8)          # a plan document (plan3d plan --format json)
+    >>> fb = planner.fallback(plan="plans.json", max_lost_nodes=8)   # a plan document (plan3d plan --format json)
     >>> fb = planner.fallback("llama3.1-405b", "dgx-h100", gpus=16384, global_batch_size=2048, seq_length=8192,
     ...                       max_lost_nodes=8)                              # or the job: plans it first
     >>> [(f.lost_nodes, f.choice, f.throughput_retained) for f in fb.fallbacks]
@@ -25,14 +25,13 @@ Each carries ``throughput_retained`` (its tokens/s over the original plan's, bot
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, PrivateAttr
 
-from .document import SCHEMA_VERSION, InputInfo, PlanInfo, _r, _Strict, input_info, plan_info
+from .document import SCHEMA_VERSION, InputInfo, PlanInfo, _r, _Strict, input_info, plan_info, to_json
 from .errors import PlanInputError
 
 if TYPE_CHECKING:
@@ -100,7 +99,7 @@ class FallbackDocument(_Strict):
 
     def model_dump_json(self, **kwargs: Any) -> str:
         """Deterministic JSON (as ``PlanDocument.model_dump_json``)."""
-        return super().model_dump_json(**kwargs) if kwargs else json.dumps(self.model_dump(mode="json"), indent=2) + "\n"
+        return super().model_dump_json(**kwargs) if kwargs else to_json(self)
 
 
 def _parallel_of(info) -> Any:
@@ -149,7 +148,7 @@ def fallback(model: Any = None, cluster: Any = None, *, plan: Any = None, max_lo
     from cluster_specs import load_cluster
     from model_zoo import load_model
 
-    from .api import FLOPS_CONVENTIONS, _choice, _headroom, load_inputs
+    from .api import FLOPS_CONVENTIONS, _at_risk_margin, _choice, _headroom, load_inputs
     from .evaluation import evaluate
     from .fallback_search import best_fallbacks, keep_layout, min_gpus
     from .space import SearchSpace
@@ -161,6 +160,7 @@ def fallback(model: Any = None, cluster: Any = None, *, plan: Any = None, max_lo
     o = dict(options)
     conv = _choice("flops_convention", o.get("flops_convention") or "megatron", FLOPS_CONVENTIONS)
     headroom = _headroom(o.get("memory_headroom"))
+    margin = _at_risk_margin(o.get("at_risk_margin"))
     if plan is not None:
         doc = _load_plan(plan)
         if not 1 <= rank <= len(doc.plans):
@@ -202,12 +202,12 @@ def fallback(model: Any = None, cluster: Any = None, *, plan: Any = None, max_lo
     t_keep = time.perf_counter() - t0 - t_orig
     space = SearchSpace()
     res = best_fallbacks(m, c, job, list(counts.values()), space, headroom, fw, conv,
-                         known={g: ev for g, (ev, _) in keeps.items() if ev is not None})
+                         known={g: ev for g, (ev, _) in keeps.items() if ev is not None}, at_risk_margin=margin)
     t_best = time.perf_counter() - t0 - t_orig - t_keep
     base = orig.step.tokens_per_s
 
     def info(ev, g: int, load: str) -> FallbackPlanInfo:
-        p = plan_info(1, ev, m, c, job)
+        p = plan_info(1, ev, m, c, job, margin)
         return FallbackPlanInfo(**p.model_dump(), throughput_retained=_r(ev.step.tokens_per_s / base),
                                 idle_gpus=g - ev.parallel.world_size, resharding=load)
 
@@ -226,9 +226,10 @@ def fallback(model: Any = None, cluster: Any = None, *, plan: Any = None, max_lo
                                      throughput_retained=None if pick is None else pick.throughput_retained,
                                      idle_gpus=None if pick is None else pick.idle_gpus))
     out = FallbackDocument(input=input_info(m, c, job, inputs.num_gpus), framework=fw,
-                           original=plan_info(1, orig, m, c, job), max_lost_nodes=max_lost_nodes,
+                           original=plan_info(1, orig, m, c, job, margin), max_lost_nodes=max_lost_nodes,
                            min_gpus_keep_layout=min_gpus(par), fallbacks=entries)
-    out._stats = {"timings_s": {"original": t_orig, "keep_layout": t_keep, "best": t_best,
-                                "total": time.perf_counter() - t0, **{f"best_{k}": v for k, v in res.timings_s.items()}},
+    tm = {"original": t_orig, "keep_layout": t_keep, "best": t_best, "total": time.perf_counter() - t0}
+    tm.update({f"best_{k}": v for k, v in res.timings_s.items()})
+    out._stats = {"timings_s": tm,
                   "num_worlds": res.num_worlds, "solved_worlds": res.solved}
     return out

@@ -18,16 +18,19 @@ world sizes can win is what makes this fast:
   the micro-batch count ``GBS / (mbs x dp)`` (a power of two) is not a multiple of pp: no interleaving (Megatron
   requires ``m % pp == 0``) and the 1F1B bubble ``(pp - 1) / m`` stays. Losing one node of 16,384 H100s leaves
   the choice between half the GPUs with the original interleaved layout and ~94% of them with an odd pp.
-* Every candidate world size gets a throughput upper bound from a lower bound of the step time of each of its
-  structures: ``m x`` the busiest stage's layers x the fastest per-layer forward + backward of that (tp, cp,
-  micro-batch) (``planner.pool_costs.layer_times``, the step model's own per-layer terms), with the busiest stage
-  holding at least ``ceil(L / pp)`` layers, and, where the micro-batch count rules out interleaving, the 1F1B bound
-  ``max_k (sum_{r<k} t_r + m t_k)`` at its least over every split of the layers (all ``pp`` terms equal:
-  ``L t / (1 - (1 - 1/m)^pp)``; ``pool_split.lower_bound``). World sizes are solved exactly (``run_search``, restricted to the pipeline sizes whose bound can still win) in
-  decreasing order of their bound, and for each count of lost nodes the search stops when no remaining world size
-  that fits can beat the best plan found: the answer is the exact best of ``plan``'s space over all ``W <= G'``.
-  The bound's set of world sizes is a superset of what ``planner.space.structures`` accepts (tp by the head count
-  and NVLink domain, pp by the layer split, cp by the sequence, dp by the global batch).
+* Every candidate world size gets a lower bound of the step time of each structure (tp, pp, cp, dp) that forms it:
+  the fastest forward + backward of a layer at that (tp, cp, micro-batch) (``planner.pool_costs.layer_times``, the
+  step model's own per-layer terms) and the embedding and output-layer seconds on the end stages, over the layer
+  split the search uses for that pp (``planner.space.layer_split``); where some micro-batch count allows
+  interleaving, the busiest rank's ``m`` forwards and backwards (``m max_r t_r``), where none does, the 1F1B bound
+  ``max_k (sum_{r<k} t_r + m t_k)`` (``pool_split.lower_bound``). Memory, DP traffic, recompute and the optimizer
+  only add to it. World sizes are taken in increasing order of their bound and solved exactly (``run_search``,
+  restricted to the (tp, pp, cp) whose bound is below the best step found so far for a count of lost nodes the
+  world size fits); one whose every structure is slower than the best plans found for all the counts it fits is
+  skipped. So the answer is the exact best of ``plan``'s space over all ``W <= G'`` (``tests/test_fallback.py``
+  checks it against planning every world size). The bound's world sizes are a superset of what
+  ``planner.space.structures`` accepts (tp by the head count and NVLink domain, pp by the layer split, cp by the
+  sequence, dp by the global batch); it assumes the schedules ``plan`` ranks (1F1B, interleaved).
 """
 from __future__ import annotations
 
@@ -162,9 +165,10 @@ def _world_bounds(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, max_
 
 def best_fallbacks(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, gpu_counts: list[int],
                    space: SearchSpace, headroom: float, framework: str, convention: FlopsConvention,
-                   known: dict[int, Evaluation] | None = None) -> BestResult:
+                   known: dict[int, Evaluation] | None = None, at_risk_margin: float | None = None) -> BestResult:
     """The exact best plan of ``plan``'s space on at most ``g`` GPUs for every ``g`` in ``gpu_counts`` (module
-    docstring). ``known``: a feasible plan per count (e.g. keep_layout's), used only as a starting bound."""
+    docstring). ``known``: a feasible plan per count (e.g. keep_layout's), used only as a starting bound.
+    ``at_risk_margin``: each world size's plan is ``plan``'s first (plans clearing the margin rank first)."""
     from .search import run_search
     t0 = time.perf_counter()
     tm: dict[str, float] = {}
@@ -197,7 +201,8 @@ def best_fallbacks(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, gpu
         sp = SearchSpace(tp=tps, pp=pps, cp=cps, ep=space.ep,
                          micro_batch_size=space.micro_batch_size, zero_stage=space.zero_stage,
                          recompute=space.recompute, sequence_parallel=space.sequence_parallel, vpp=space.vpp)
-        res = run_search(model, cluster, job, w, 1, sp, headroom, framework, convention=convention)
+        res = run_search(model, cluster, job, w, 1, sp, headroom, framework, convention=convention,
+                         at_risk_margin=at_risk_margin)
         solved.append(w)
         if not res.plans:
             continue

@@ -293,10 +293,11 @@ def _key(p: PoolPlan) -> tuple:
 def search_pools(model: ModelSpec, mixed: MixedCluster, job: TrainingJob, top_k: int = 5,
                  space: SearchSpace = SearchSpace(), memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
                  convention: FlopsConvention = "megatron", homogeneous: bool = True,
-                 orders: list[tuple[int, ...]] | None = None) -> PoolsSearchResult:
+                 orders: list[tuple[int, ...]] | None = None, at_risk_margin: float | None = None) -> PoolsSearchResult:
     """The best ``top_k`` plans over the pools of ``mixed`` and the best plan of every subset of pools (module
     docstring). ``homogeneous``: also plan each single pool with the homogeneous search (its whole space).
-    ``orders``: only these pipeline orders of pools (tuples of pool indices; default every subset in every order)."""
+    ``orders``: only these pipeline orders of pools (tuples of pool indices; default every subset in every order).
+    ``at_risk_margin``: passed to the homogeneous search (plans clearing it rank first, as in ``plan``)."""
     t0 = time.perf_counter()
     tm: dict[str, float] = {}
     L = model.num_layers
@@ -418,7 +419,7 @@ def search_pools(model: ModelSpec, mixed: MixedCluster, job: TrainingJob, top_k:
     t2 = time.perf_counter()
     if homogeneous:
         for idx in (i for i in usable if orders is None or (i,) in orders):
-            plan = _homogeneous(model, mixed, job, idx, space, memory_headroom, convention)
+            plan = _homogeneous(model, mixed, job, idx, space, memory_headroom, convention, at_risk_margin)
             if plan is None:
                 continue
             found.append(plan)
@@ -444,11 +445,12 @@ def search_pools(model: ModelSpec, mixed: MixedCluster, job: TrainingJob, top_k:
 
 
 def _homogeneous(model: ModelSpec, mixed: MixedCluster, job: TrainingJob, idx: int, space: SearchSpace,
-                 headroom: float, convention: FlopsConvention) -> PoolPlan | None:
+                 headroom: float, convention: FlopsConvention, at_risk_margin: float | None) -> PoolPlan | None:
     """The homogeneous search's best plan on pool ``idx`` alone, as a ``PoolPlan``."""
     from .search import run_search
     pool = mixed.pools[idx]
-    res = run_search(model, pool.cluster, job, pool.num_gpus, 1, space, headroom, "megatron", convention=convention)
+    res = run_search(model, pool.cluster, job, pool.num_gpus, 1, space, headroom, "megatron", convention=convention,
+                     at_risk_margin=at_risk_margin)
     if not res.plans:
         return None
     par = res.plans[0].parallel

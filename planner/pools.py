@@ -15,14 +15,13 @@ and every stage's pool, layers, seconds and memory, and the best plan of every s
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, PrivateAttr
 
-from .document import (SCHEMA_VERSION, InputInfo, JobInfo, MemoryInfo, ModelInfo, PlanInfo, StageMemoryInfo,
-                       _r, _Strict, input_info, plan_info)
+from .document import (SCHEMA_VERSION, JobInfo, ModelInfo, PlanInfo, _r, _Strict, input_info, memory_info,
+                       plan_info, to_json)
 from .errors import NoFeasiblePlan, PlanInputError
 
 if TYPE_CHECKING:
@@ -42,6 +41,7 @@ if TYPE_CHECKING:
         dropout: bool
         framework: Literal["megatron"] | None
         memory_headroom: float
+        at_risk_margin: float
         flops_convention: Literal["megatron", "palm"]
         top_k: int
         homogeneous: bool
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
         recompute: Literal["none", "selective", "full"] | None
 
 _KEYS = frozenset({"global_batch_size", "seq_length", "precision", "flash_attention", "dropout", "framework",
-                   "memory_headroom", "flops_convention", "top_k", "homogeneous", "tp", "cp", "ep",
+                   "memory_headroom", "at_risk_margin", "flops_convention", "top_k", "homogeneous", "tp", "cp", "ep",
                    "micro_batch_size", "zero_stage", "recompute"})
 
 
@@ -158,30 +158,26 @@ class PoolsDocument(_Strict):
 
     def model_dump_json(self, **kwargs: Any) -> str:
         """Deterministic JSON (as ``PlanDocument.model_dump_json``)."""
-        return super().model_dump_json(**kwargs) if kwargs else json.dumps(self.model_dump(mode="json"), indent=2) + "\n"
+        return super().model_dump_json(**kwargs) if kwargs else to_json(self)
 
 
 def _plan_info(rank: int, p: PoolPlan, model: ModelSpec, mixed: MixedCluster, job: TrainingJob,
-               headroom: float) -> PoolPlanInfo:
+               headroom: float, margin: float) -> PoolPlanInfo:
     from cost_models.memory import MemoryEstimate
 
-    from .checks import AT_RISK_FRACTION, Violation
+    from .checks import Violation
     from .evaluation import Evaluation
     est, par = p.estimate, p.parallel
     first = mixed.pools[p.stage_pool[0]].cluster
-    ev = Evaluation(par, MemoryEstimate(est.stages, first.gpu.memory_bytes), est.step,
-                    [Violation("pools", v) for v in p.violations])
-    base = plan_info(rank, ev, model, first, job)
     b = est.binding_stage(headroom)
     s, cap = est.stages[b], est.capacity_bytes[b]
-    base.memory = MemoryInfo(
+    ev = Evaluation(par, MemoryEstimate(est.stages, cap), est.step, [Violation("pools", v) for v in p.violations])
+    base = plan_info(rank, ev, model, first, job, margin)
+    # the stage with the least headroom at its own pool's capacity (the pools' capacities differ)
+    base.memory = memory_info(MemoryEstimate(est.stages, cap), margin).model_copy(update=dict(
         peak_bytes=round(s.total), capacity_bytes=cap, headroom_bytes=round(cap - s.total), peak_stage=b,
-        at_risk=cap * (1 - AT_RISK_FRACTION) < s.total <= cap,
-        breakdown={k: round(v) for k, v in s.terms().items()},
-        stages=[StageMemoryInfo(stage=x.stage, num_layers=x.num_layers, total_bytes=round(x.total),
-                                in_flight_microbatches=_r(x.in_flight_microbatches),
-                                breakdown={k: round(v) for k, v in x.terms().items()}, peak_phase=x.phase,
-                                phases={k: round(v) for k, v in x.phases.items()}) for x in est.stages])
+        at_risk=cap * (1 - margin) < s.total <= cap,
+        breakdown={k: round(v) for k, v in s.terms().items()}))
     d = par.tp * par.cp * par.dp
     uses, stages = [], []
     for i in dict.fromkeys(p.stage_pool):
@@ -202,13 +198,13 @@ def _plan_info(rank: int, p: PoolPlan, model: ModelSpec, mixed: MixedCluster, jo
 
 
 def build_pools_document(model: ModelSpec, mixed: MixedCluster, job: TrainingJob, res: PoolsSearchResult,
-                         headroom: float) -> PoolsDocument:
+                         headroom: float, margin: float) -> PoolsDocument:
     """The document of a pools search (plans in rank order, subsets best first)."""
     base = input_info(model, mixed.pools[0].cluster, job, mixed.pools[0].num_gpus)
     pools = [PoolInfo(name=p.name, gpu=p.cluster.gpu.name, num_nodes=p.num_nodes,
                       gpus_per_node=p.cluster.node.gpus_per_node, num_gpus=p.num_gpus,
                       memory_bytes_per_gpu=p.cluster.gpu.memory_bytes,
-                      peak_flops_per_gpu=p.cluster.gpu.peak_flops.get("bf16", p.cluster.gpu.peak_flops.get("fp16", 0.0)))
+                      peak_flops_per_gpu=p.cluster.gpu.peak_flops.get("bf16", p.cluster.gpu.peak_flops.get("fp16", 0)))
              for p in mixed.pools]
     n = mixed.network
     cl = MixedClusterInfo(name=mixed.name, num_gpus=mixed.num_gpus, pools=pools,
@@ -228,7 +224,8 @@ def build_pools_document(model: ModelSpec, mixed: MixedCluster, job: TrainingJob
                                   num_gpus=p.parallel.world_size, pipeline_layout=p.parallel.pipeline_layout,
                                   source=p.source, reason=None))
     doc = PoolsDocument(input=PoolsInputInfo(model=base.model, cluster=cl, job=base.job),
-                        plans=[_plan_info(k + 1, p, model, mixed, job, headroom) for k, p in enumerate(res.plans)],
+                        plans=[_plan_info(k + 1, p, model, mixed, job, headroom, margin)
+                               for k, p in enumerate(res.plans)],
                         subsets=subsets)
     doc._plans = res.plans
     doc._stats = {"num_candidates": res.num_candidates, "num_split": res.num_split,
@@ -248,14 +245,15 @@ def plan_pools(model: Any = None, cluster: Any = None, **options: Unpack[PoolsOp
     """Plan the job over the pools of ``cluster`` (``resolve_pools``): the best ``top_k`` plans (default 5) and the
     best plan of every subset of pools (``planner.pool_search``). ``options``: the job (``global_batch_size`` 1024,
     ``seq_length`` 4096, ``precision`` bf16, ``flash_attention``, ``dropout``, ``memory_headroom`` 0.05,
-    ``flops_convention``), ``framework`` (megatron only: the plan is a Megatron ``--pipeline-model-parallel-layout``),
-    pins (``tp``, ``cp``, ``ep``, ``micro_batch_size``, ``zero_stage``, ``recompute``) and ``homogeneous`` (True: also
-    plan each single pool with the homogeneous search's whole space).
+    ``at_risk_margin``, ``flops_convention``), ``framework`` (megatron only: the plan is a Megatron
+    ``--pipeline-model-parallel-layout``), pins (``tp``, ``cp``, ``ep``, ``micro_batch_size``, ``zero_stage``,
+    ``recompute``) and ``homogeneous`` (True: also plan each single pool with the homogeneous search's whole space).
 
     Raises ``PlanInputError`` / ``ClusterSpecError`` / ``ModelSpecError`` (bad input) and ``NoFeasiblePlan``
     (no plan fits on any subset of the pools; the message names each subset's reason).
     """
-    from .api import FLOPS_CONVENTIONS, RECOMPUTE_CHOICES, _check_keys, _choice, _headroom, load_inputs
+    from .api import (FLOPS_CONVENTIONS, RECOMPUTE_CHOICES, _at_risk_margin, _check_keys, _choice, _headroom,
+                      load_inputs)
     from .pool_search import search_pools
     from .space import SearchSpace
     _check_keys(options, _KEYS, "plan over pools")
@@ -272,6 +270,7 @@ def plan_pools(model: Any = None, cluster: Any = None, **options: Unpack[PoolsOp
                          flash_attention=o.get("flash_attention", True), dropout=o.get("dropout", False))
     conv = _choice("flops_convention", o.get("flops_convention") or "megatron", FLOPS_CONVENTIONS)
     headroom = _headroom(o.get("memory_headroom"))
+    margin = _at_risk_margin(o.get("at_risk_margin"))
     top_k = o.get("top_k", 5)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise PlanInputError(f"--top-k {top_k!r}: must be a positive integer")
@@ -282,8 +281,9 @@ def plan_pools(model: Any = None, cluster: Any = None, **options: Unpack[PoolsOp
         if o.get(k) is not None:
             kw[k] = (o[k],)
     space = SearchSpace(**kw)
-    res = search_pools(inputs.model, mixed, inputs.job, top_k, space, headroom, conv, bool(o.get("homogeneous", True)))
+    res = search_pools(inputs.model, mixed, inputs.job, top_k, space, headroom, conv, bool(o.get("homogeneous", True)),
+                       at_risk_margin=margin)
     if not res.plans:
         why = "; ".join(f"{'+'.join(mixed.pools[i].name for i in s.pools)}: {s.reason}" for s in res.subsets)
         raise NoFeasiblePlan(f"no plan fits on any subset of the pools ({why})")
-    return build_pools_document(inputs.model, mixed, inputs.job, res, headroom)
+    return build_pools_document(inputs.model, mixed, inputs.job, res, headroom, margin)

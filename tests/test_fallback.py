@@ -109,7 +109,8 @@ def test_fallback_cli(run_cli, plans_json, tmp_path):
     assert "keep layout" in r.stdout and "restart with" in r.stdout
     j = run_cli("fallback", "--plan", str(plans_json), "--max-lost-nodes", "2", "--format", "json")
     assert j.exit_code == 0 and len(j.json()["fallbacks"]) == 2
-    for args, msg in ((["--max-lost-nodes", "4"], "lose at most 3"), (["--max-lost-nodes", "1", "--rank", "9"], "--rank 9"),
+    for args, msg in ((["--max-lost-nodes", "4"], "lose at most 3"),
+                      (["--max-lost-nodes", "1", "--rank", "9"], "--rank 9"),
                       (["--max-lost-nodes", "1", "--gpus", "16"], "taken from --plan")):
         e = run_cli("fallback", "--plan", str(plans_json), *args)
         assert e.exit_code == 2 and msg in e.stderr and len(e.stderr.strip().splitlines()) == 1

@@ -39,7 +39,7 @@ def _layout(counts):
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
 def test_cost_tables_equal_the_step_and_memory_models(name, cluster, kw, precision, recompute):
     """Per-stage seconds from the tables equal estimate_step's per-stage forward + backward (to rounding), and the
-    tables' memory is a lower bound of estimate_memory's per-stage peak (equal for a dense Megatron layout)."""
+    tables' memory is a lower bound of estimate_memory's per-stage peak (within 1% for a dense Megatron layout)."""
     m = get_model(name)
     job = TrainingJob(global_batch_size=1024, seq_length=4096, precision=precision)
     pp, L = 4, m.num_layers
@@ -61,8 +61,8 @@ def test_cost_tables_equal_the_step_and_memory_models(name, cluster, kw, precisi
         per = facts.per_layer(f)
         lb = facts.base(r, pp, f) + sum(per[kinds[i]] for i in range(start, start + n))
         assert lb <= mem.stages[r].total * (1 + 1e-12)
-        if name == "llama3.1-8b":
-            assert lb == pytest.approx(mem.stages[r].total, rel=1e-12)
+        if name == "llama3.1-8b":  # dense Megatron: only the backend buffers are left out (MiBs of GiBs)
+            assert lb == pytest.approx(mem.stages[r].total, rel=0.01)
         start += n
     assert lt.p2p_s == pytest.approx(est.p2p_s)
 
@@ -76,9 +76,10 @@ def _instances(draw):
     stages = []
     for _ in range(p):
         tau = draw(st.sampled_from([0.7, 1.0, 2.5]))
-        stages.append(StageSpec((tau, tau * draw(st.sampled_from([0.5, 1.0, 1.7]))), draw(st.sampled_from([0, 0.3, 1.7])),
-                                draw(st.floats(0, 3)), (1.0, draw(st.sampled_from([0.5, 1.0, 2.0]))),
-                                draw(st.floats(3, 12)), draw(st.sampled_from([None, None, 2, 4]))))
+        layer_s = (tau, tau * draw(st.sampled_from([0.5, 1.0, 1.7])))
+        stages.append(StageSpec(layer_s, draw(st.sampled_from([0, 0.3, 1.7])), draw(st.floats(0, 3)),
+                                (1.0, draw(st.sampled_from([0.5, 1.0, 2.0]))), draw(st.floats(3, 12)),
+                                draw(st.sampled_from([None, None, 2, 4]))))
     return stages, L, draw(st.integers(1, 12)), kinds
 
 
