@@ -5,8 +5,8 @@ from pathlib import Path
 
 from rich.table import Table
 
-from .errors import PlanInputError
 from .fallback_plans import FallbackDocument
+from .plotting import picture_path, pyplot, save
 
 
 def _layout(p) -> str:
@@ -41,17 +41,8 @@ def fallback_table(doc: FallbackDocument) -> Table:
 
 def plot_fallback(doc: FallbackDocument, path: str | Path) -> Path:
     """Retained throughput against lost nodes: keep-layout, best, and the chosen plan (``.png`` or ``.svg``)."""
-    p = Path(path)
-    fmt = p.suffix.lower().lstrip(".")
-    if fmt not in ("svg", "png"):
-        raise PlanInputError(f"--plot {p}: file must end in .svg or .png")
-    try:
-        import matplotlib
-    except ImportError:
-        raise PlanInputError(f"--plot {p}: needs matplotlib (pip install 'plan3d[plot]')") from None
-    matplotlib.use("Agg")
-    matplotlib.rcParams["svg.hashsalt"] = "plan3d"
-    import matplotlib.pyplot as plt
+    p, fmt = picture_path("--plot", path)
+    plt = pyplot(f"--plot {p}")
     ks = [f.lost_nodes for f in doc.fallbacks]
     keep = [f.keep_layout.throughput_retained if f.keep_layout else float("nan") for f in doc.fallbacks]
     chosen = [f.throughput_retained if f.throughput_retained is not None else float("nan") for f in doc.fallbacks]
@@ -70,10 +61,4 @@ def plot_fallback(doc: FallbackDocument, path: str | Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower left")
     fig.tight_layout()
-    try:
-        fig.savefig(p, format=fmt, metadata={"Date": None} if fmt == "svg" else None)
-    except OSError as e:
-        raise PlanInputError(f"--plot {p}: {e.strerror}") from None
-    finally:
-        plt.close(fig)
-    return p
+    return save(fig, p, fmt, "--plot")

@@ -24,11 +24,13 @@ never lowers the best throughput.
 one that minimises the 1F1B makespan model (``pool_split``; exact over all contiguous splits with the memory caps).
 Candidates are then evaluated by the full cost model (``cost_models.pools.estimate_pools``: simulated schedule, DP
 and optimizer per pool, exact per-stage memory) in increasing order of a lower bound of their step time, first the
-fluid bound ``m x max(T_fluid, max_r(t_r with one layer))`` (no split can have a slower-free stage) and then the
-split's own bound (``pool_split.lower_bound``), until the bound exceeds the K-th best step time found: the top K
-are exactly the best K candidates under the full cost model, each with its makespan-optimal split. A stage whose
-exact memory exceeds its pool's capacity (a buffer the tables leave out) gets its layer cap lowered by one and the
-candidate is split again (exact: memory grows with the layer count).
+fluid bound ``m x max(T_fluid, max_r t_r(1 layer))`` (``T_fluid``: the slowest stage if layers could be split
+fractionally at each pool's speed; no split's slowest stage is faster) and then the split's own bound
+(``pool_split.lower_bound``), until the bound exceeds the K-th best step time found and each subset of pools'
+best: the top K, and the best of each subset, are exactly the best candidates under the full cost model, each with
+its makespan-optimal split. A stage whose exact memory exceeds its pool's capacity (a buffer the tables leave out)
+gets its layer cap lowered by one and the candidate is split again (exact with one layer kind: a stage's memory
+grows with its layer count; with dense and MoE layers mixed, a cap also rules out lighter layers on that stage).
 """
 from __future__ import annotations
 
@@ -312,10 +314,10 @@ def search_pools(model: ModelSpec, mixed: MixedCluster, job: TrainingJob, top_k:
     sp1 = SearchSpace(tp=space.tp, pp=(1,), cp=space.cp, ep=space.ep, micro_batch_size=space.micro_batch_size,
                       zero_stage=zeros, recompute=space.recompute, sequence_parallel=space.sequence_parallel)
     cands: list[_Cand] = []
-    # per (structure, arrangement): the knobs with the least memory (smallest micro-batch, SP on, the most
-    # recompute, the highest ZeRO stage): if its memory caps cannot hold the model, no sibling's can
-    least: dict[tuple, _Cand] = {}
-    rc_least = max(space.recompute, key=("none", "selective", "full").index)
+    # per (structure, arrangement) and recompute: the knobs with the least memory (smallest micro-batch, SP on, the
+    # highest ZeRO stage); if none of these fits, no sibling does (full recompute's doubled working set can exceed
+    # no recompute on a one-layer stage, so every recompute choice is tried)
+    least: dict[tuple, list[_Cand]] = {}
     max_d = max((mixed.pools[i].num_gpus for i in usable), default=0)
     for d in range(1, max_d + 1):
         arrs = _arrangements(mixed, d, L, usable, None if orders is None else {tuple(o) for o in orders})
@@ -332,7 +334,8 @@ def search_pools(model: ModelSpec, mixed: MixedCluster, job: TrainingJob, top_k:
             z_least = max((z for z in zeros if z == 0 or st.dp * st.cp > 1), default=None)
             if mbss and sps and z_least is not None:
                 for arr in fit:
-                    least[st, arr] = _Cand(0.0, (), st, arr, min(mbss), max(sps), rc_least, z_least)
+                    least[st, arr] = [_Cand(0.0, (), st, arr, min(mbss), max(sps), rc, z_least)
+                                      for rc in space.recompute]
             for mbs, sp, rc in itertools.product(mbss, sps, space.recompute):
                 m = job.global_batch_size // (mbs * st.dp)
                 times = {i: costs.times(i, st, mbs, sp, rc) for i in pools_in}
@@ -405,9 +408,8 @@ def search_pools(model: ModelSpec, mixed: MixedCluster, job: TrainingJob, top_k:
             continue
         g = (c.st, c.arr)
         if g not in group_fits:
-            lc = least[g]
-            group_fits[g] = memory_fits(costs.arrays(lc, job.global_batch_size // (lc.mbs * lc.st.dp)), L,
-                                        sorted(kinds))
+            group_fits[g] = any(memory_fits(costs.arrays(lc, job.global_batch_size // (lc.mbs * lc.st.dp)), L,
+                                            sorted(kinds)) for lc in least[g])
         if not group_fits[g]:
             continue
         m = job.global_batch_size // (c.mbs * c.st.dp)

@@ -12,7 +12,7 @@ from pathlib import Path
 from cost_models.pipeline import simulate
 from cost_models.step_time import StepEstimate
 
-from .errors import PlanInputError
+from .plotting import picture_path, pyplot, save
 
 #: Above this many ops the drawing would be unreadable (and slow): only the first micro-batches are drawn.
 MAX_DRAWN_MICROBATCHES = 64
@@ -25,22 +25,13 @@ def draw_timeline(step: StepEstimate, path: str | Path, title: str = "", row_lab
     """Write the schedule picture of ``step`` to ``path`` (``.svg`` or ``.png``); returns the path. ``row_labels``:
     one label per stage (default ``stage r``); ``bands``: (first stage, last stage, label) ranges shaded alternately
     behind the rows (the pools of a mixed cluster)."""
-    p = Path(path)
-    fmt = p.suffix.lower().lstrip(".")
-    if fmt not in ("svg", "png"):
-        raise PlanInputError(f"--timeline {p}: file must end in .svg or .png")
+    p, fmt = picture_path("--timeline", path)
     pp = step.pp
     vpp = len(step.stage_forward_s) // pp
     m = min(step.num_microbatches, MAX_DRAWN_MICROBATCHES)
     sim = simulate(step.schedule, pp, m, step.stage_forward_s, step.stage_backward_s, vpp=vpp, p2p_s=step.p2p_s,
                    record=True)
-    try:
-        import matplotlib
-    except ImportError:
-        raise PlanInputError(f"--timeline {p}: needs matplotlib (pip install 'plan3d[plot]')") from None
-    matplotlib.use("Agg")
-    matplotlib.rcParams["svg.hashsalt"] = "plan3d"  # deterministic SVG element ids: same input, same bytes
-    import matplotlib.pyplot as plt
+    plt = pyplot(f"--timeline {p}")
     from matplotlib.patches import Patch
 
     fig, ax = plt.subplots(figsize=(12, 0.45 * pp + 1.8))
@@ -72,11 +63,5 @@ def draw_timeline(step: StepEstimate, path: str | Path, title: str = "", row_lab
                        Patch(color=_COLORS["opt"], label="optimizer step")],
               loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=5, fontsize=8, frameon=False)
     fig.tight_layout()
-    try:
-        fig.savefig(p, format=fmt, metadata={"Date": None} if fmt == "svg" else None)
-    except OSError as e:
-        raise PlanInputError(f"--timeline {p}: {e.strerror}") from None
-    finally:
-        plt.close(fig)
-    return p
+    return save(fig, p, fmt, "--timeline")
 
