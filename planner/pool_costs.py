@@ -14,8 +14,8 @@ micro-batch, sequence parallel, recompute):
   ``memory.model_state_terms``), stored activations per layer times the micro-batches the stage holds in flight
   (``memory.activation_bytes_per_layer``, ``layer_input_bytes`` under full recompute,
   ``memory.in_flight_microbatches``), the backward working set, token ids, logits and the calibrated reserve: the
-  backward phase of ``memory.estimate_memory`` without the buffers and transients, so it is a lower bound of the
-  exact per-stage estimate, which then decides (``planner.pool_search`` lowers a stage's layer cap and re-splits when a
+  backward phase of ``memory.estimate_memory`` with its pipeline and expert-parallel buffers
+  (``memory_buffers``) but without the other transients, so it is a lower bound of the exact per-stage estimate, which then decides (``planner.pool_search`` lowers a stage's layer cap and re-splits when a
   term left out here binds).
 """
 from __future__ import annotations
@@ -30,6 +30,7 @@ from cost_models.config import BYTES_16BIT, ParallelConfig, TrainingJob
 from cost_models.layout import group_placement
 from cost_models.memory import (LOGITS_BYTES_PER_ELEMENT, TOKEN_ID_BYTES, activation_bytes_per_layer,
                                 layer_input_bytes, model_state_terms, stage_params, state_options_of)
+from cost_models.memory_buffers import moe_dispatch_buffers, pipeline_p2p_buffers
 from model_zoo.spec import ModelSpec
 
 
@@ -61,6 +62,16 @@ class LayerTimes:
     first_s: float
     last_s: float
     p2p_s: float
+    #: the forward part of ``layer_s``, ``first_s`` and ``last_s`` (seconds)
+    layer_f: tuple[float, float] = (0.0, 0.0)
+    first_f: float = 0.0
+    last_f: float = 0.0
+
+    @property
+    def forward_share(self) -> float:
+        """The largest forward / (forward + backward) of a layer kind or end stage (<= 1/2 here)."""
+        pairs = list(zip(self.layer_f, self.layer_s)) + [(self.first_f, self.first_s), (self.last_f, self.last_s)]
+        return max((f / t for f, t in pairs if t > 0), default=0.0)
 
 
 def layer_times(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
@@ -76,7 +87,7 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: P
     rate = stm._gemm_rate(cluster, job.precision) * stm.FRAMEWORK_COMPUTE_EFFICIENCY.get(framework, 1.0)
     el = 1.0 if job.precision == "fp8" else float(BYTES_16BIT)
     fp8_recipe = "mx" if "fp4" in cluster.gpu.peak_flops else "cs"
-    per_kind = [0.0, 0.0]
+    per_kind, fwd = [0.0, 0.0], [0.0, 0.0]
     lc: dict[int, object] = {}
     for kind, i in representatives(kinds).items():
         x = stm._layer_cost(model, cluster, job, par, i, framework, groups)
@@ -93,17 +104,21 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: P
         rc = comp_f + comm_f if par.recompute == "full" else (
             stm._selective_recompute_s(x, par) if par.recompute == "selective" else 0.0)
         per_kind[kind] = comp_f + comm_f + comp_b + comm_b + rc
+        fwd[kind] = comp_f + comm_f
     lg = stm.gemm_time(tok, h, vocab / par.tp, rate, hbm, el)
     ce = stm.CE_PASSES * tok * vocab / par.tp / hbm
     last = (1 + model.num_mtp_layers) * (3 * lg + 2 * ce)
+    last_f = (1 + model.num_mtp_layers) * (lg + ce)
     if model.num_mtp_layers:
         x = lc[kinds[-1]]
         proj = stm.gemm_time(tok, 2 * h, h / par.tp, rate, hbm, el)
         last += model.num_mtp_layers * (3 * (x.gemm + x.mem + proj) + x.attn_f + x.attn_b + 2 * (x.tp + x.ep))
-    first = 3 * (2 * BYTES_16BIT * tok * h / hbm)
+        last_f += model.num_mtp_layers * (x.gemm + x.attn_f + x.mem + proj + x.tp + x.ep)
+    emb = 2 * BYTES_16BIT * tok * h / hbm
+    first = 3 * emb
     p2p_bytes = BYTES_16BIT * tok * h / (par.tp if par.sequence_parallel else 1)
     p2p = collective_time("p2p", p2p_bytes, groups["pp"], cluster) if par.pp > 1 else 0.0
-    return LayerTimes((per_kind[0], per_kind[1]), first, last, p2p)
+    return LayerTimes((per_kind[0], per_kind[1]), first, last, p2p, (fwd[0], fwd[1]), emb, last_f)
 
 
 @dataclass(frozen=True)
@@ -112,7 +127,8 @@ class StageMemoryFacts:
     pool: model states per decoder layer of each kind, stored activations per layer of each kind and per in-flight
     micro-batch, the backward working set (the smaller kind's: a lower bound), the first stage's embedding states
     and token ids per in-flight micro-batch, the last stage's output-layer states, its activations per in-flight
-    micro-batch (MTP layers) and its logits, and the reserve."""
+    micro-batch (MTP layers) and its logits, the reserve, and the backward's buffers: the gradient a non-last stage
+    receives and, when every layer is MoE, the expert-parallel all-to-all copy (``cost_models.memory_buffers``)."""
 
     layer_states: tuple[float, float]
     layer_act: tuple[float, float]
@@ -123,14 +139,18 @@ class StageMemoryFacts:
     last_act: float
     logits: float
     reserve: float
+    p2p_recv: float = 0.0
+    ep_buffers: float = 0.0
 
     def base(self, stage: int, pp: int, in_flight: float) -> float:
-        """Bytes of stage ``stage`` (of ``pp``) with no decoder layer."""
-        b = self.reserve + self.working
+        """Bytes of stage ``stage`` (of ``pp``) with no decoder layer (backward phase)."""
+        b = self.reserve + self.working + self.ep_buffers
         if stage == 0:
             b += self.first_states + self.first_act * in_flight
         if stage == pp - 1:
             b += self.last_states + self.last_act * in_flight + self.logits
+        else:
+            b += self.p2p_recv
         return b
 
     def per_layer(self, in_flight: float) -> tuple[float, float]:
@@ -167,10 +187,15 @@ def stage_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: 
         par.tp if par.sequence_parallel else 1)
     last_kind = kinds[-1]
     mtp_act = model.num_mtp_layers * (full_act[list(reps).index(last_kind)] if par.recompute != "full" else lin)
+    p2p = pipeline_p2p_buffers(framework, 0, 2, 1, 1, 1.0, lin)["backward"]
+    ep = 0.0
+    if model.moe is not None and set(kinds) == {1}:
+        copies = tokens / (par.tp if par.sequence_parallel else 1) * model.moe.top_k
+        ep = sum(moe_dispatch_buffers(copies, model.hidden_size, par.ep)["backward"].values())
     return StageMemoryFacts(
         layer_states=(layer_states[0], layer_states[1]), layer_act=(layer_act[0], layer_act[1]), working=working,
         first_states=states(stage_params(model, par, 0, range(0), vocab)), first_act=tok_ids,
         last_states=states(stage_params(model, par, par.pp - 1, range(0), vocab)), last_act=mtp_act,
         logits=tokens * vocab / par.tp * LOGITS_BYTES_PER_ELEMENT[framework],
-        reserve=float(cluster.calibration.memory_reserve_bytes))
+        reserve=float(cluster.calibration.memory_reserve_bytes), p2p_recv=sum(p2p.values()), ep_buffers=ep)
 

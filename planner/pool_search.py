@@ -50,7 +50,7 @@ from model_zoo.spec import ModelSpec
 
 from .checks import DEFAULT_MEMORY_HEADROOM, check_config
 from .pool_costs import LayerTimes, StageMemoryFacts, layer_kinds, layer_times, stage_memory
-from .pool_split import Split, StageArrays, best_split, memory_fits
+from .pool_split import Split, StageArrays, best_split, lower_bound_1f1b, memory_fits
 from .space import SearchSpace, Structure, micro_batch_options, sp_options, structures
 
 #: ZeRO stages searched across pools: Megatron's DDP (0) and distributed optimizer (1).
@@ -192,6 +192,21 @@ class _Costs:
             self._f[pp, m] = np.array([in_flight_microbatches(par, r, m) for r in range(pp)], dtype=float)
         return self._f[pp, m]
 
+    def forward_s(self, c: "_Cand", layers: tuple[int, ...]) -> list[float]:
+        """Forward seconds of one micro-batch on each stage of ``c`` holding ``layers[r]`` decoder layers."""
+        out, a, pp = [], 0, c.arr.pp
+        for r, pool in enumerate(c.arr.stage_pool()):
+            lt = self.times(pool, c.st, c.mbs, c.sp, c.rc)
+            f = sum(lt.layer_f[k] for k in self.kinds[a:a + layers[r]])
+            f += (lt.first_f if r == 0 else 0.0) + (lt.last_f if r == pp - 1 else 0.0)
+            out.append(f)
+            a += layers[r]
+        return out
+
+    def bound(self, c: "_Cand", split: Split, m: int) -> float:
+        """A lower bound of the candidate's full step time with this split (``pool_split.lower_bound_1f1b``)."""
+        return lower_bound_1f1b(split.stage_s, self.forward_s(c, split.layers), m)
+
     def arrays(self, c: "_Cand", m: int) -> StageArrays:
         """The candidate's stages for ``pool_split.best_split``: seconds and bytes per layer on each stage's pool."""
         pp = c.arr.pp
@@ -245,20 +260,35 @@ def _arrangements(mixed: MixedCluster, d: int, num_layers: int, usable: list[int
     return out
 
 
-def _pre_bound(times: dict[int, LayerTimes], arr: _Arr, num_layers: int, m: int, kinds: set[int]) -> float:
-    """``m x`` a lower bound of the largest stage time of any split (module docstring): the fluid balance of
-    ``num_layers`` layers at each pool's fastest layer kind, and no stage below one layer."""
-    tau = {i: min(times[i].layer_s[k] for k in kinds) for i in arr.order}
+def _pre_bound(times: dict[int, LayerTimes], arr: _Arr, m: int, kind_counts: dict[int, int]) -> float:
+    """A lower bound of the step time over every split (module docstring), from ``T``, a lower bound of the slowest
+    stage's seconds, and ``S``, of the sum of the stage seconds: ``max(m T, S + c T)`` with ``c = m - 1 - max(pp - 1,
+    m - 1) phi`` (``phi`` the largest forward share of a stage's seconds): ``pool_split.lower_bound_1f1b`` at the
+    slowest stage is at least that.
+
+    ``T``: the fluid balance of the layers over the stages at each pool's speed, and no stage below one layer; with
+    layers of several kinds, in units of the most frequent kind ``k*``: a layer of kind ``k`` takes at least
+    ``rho_k = min over pools of tau_k / tau_k*`` units, and stage ``r`` holds ``(T - e_r) / tau_{r,k*}`` units within
+    ``T``, so ``T >= (sum_l rho_{k(l)} + sum_r e_r / tau_{r,k*}) / sum_r 1 / tau_{r,k*}``. ``S``: every layer at its
+    fastest pool, plus the end stages' fixed seconds."""
+    ref = max(kind_counts, key=lambda k: (kind_counts[k], -k))
+    tau = {i: times[i].layer_s[ref] for i in arr.order}
+    rho = {k: min(times[i].layer_s[k] / tau[i] for i in arr.order) for k in kind_counts}
+    units = sum(rho[k] * n for k, n in kind_counts.items())
     first, last = arr.order[0], arr.order[-1]
     e_first, e_last = times[first].first_s, times[last].last_s
     speed = sum(n / tau[i] for i, n in zip(arr.order, arr.stages))
-    t_fluid = (num_layers + e_first / tau[first] + e_last / tau[last]) / speed
-    one = max(tau[i] for i in arr.order)
+    t_fluid = (units + e_first / tau[first] + e_last / tau[last]) / speed
+    one = {i: min(times[i].layer_s[k] for k in kind_counts) for i in arr.order}
     if arr.pp == 1:
-        one = tau[first] + e_first + e_last
+        least = one[first] + e_first + e_last
     else:
-        one = max(one, tau[first] + e_first, tau[last] + e_last)
-    return m * max(t_fluid, one)
+        least = max(max(one.values()), one[first] + e_first, one[last] + e_last)
+    T = max(t_fluid, least)
+    S = sum(n * min(times[i].layer_s[k] for i in arr.order) for k, n in kind_counts.items()) + e_first + e_last
+    phi = max(times[i].forward_share for i in arr.order)
+    c = m - 1 - max(arr.pp - 1, m - 1) * phi
+    return max(m * T, S + max(0.0, c) * T)
 
 
 def _config(model: ModelSpec, c: _Cand, split: Split) -> ParallelConfig:
@@ -304,11 +334,11 @@ def search_pools(model: ModelSpec, mixed: MixedCluster, job: TrainingJob, top_k:
     tm: dict[str, float] = {}
     L = model.num_layers
     kinds_l = layer_kinds(model)
-    kinds = set(kinds_l)
+    kind_counts = {k: kinds_l.count(k) for k in set(kinds_l)}
     usable = [i for i, p in enumerate(mixed.pools) if job.precision in p.cluster.supported_precisions]
     limit = {i: p.cluster.gpu.memory_bytes * (1 - memory_headroom) for i, p in enumerate(mixed.pools)}
     costs = _Costs(model, mixed, job, limit)
-    mixed_kinds = None if len(kinds) == 1 else kinds_l
+    all_kinds = kinds_l  # best_split takes the one-kind fast path itself (kind 1 for all-MoE stacks)
     widest = max(mixed.pools, key=lambda p: p.cluster.node.nvlink_domain_size).cluster
     zeros = tuple(z for z in space.zero_stage if z in POOL_ZERO_STAGES)
     sp1 = SearchSpace(tp=space.tp, pp=(1,), cp=space.cp, ep=space.ep, micro_batch_size=space.micro_batch_size,
@@ -340,7 +370,7 @@ def search_pools(model: ModelSpec, mixed: MixedCluster, job: TrainingJob, top_k:
                 m = job.global_batch_size // (mbs * st.dp)
                 times = {i: costs.times(i, st, mbs, sp, rc) for i in pools_in}
                 for arr in fit:
-                    pre = _pre_bound(times, arr, L, m, kinds)
+                    pre = _pre_bound(times, arr, m, kind_counts)
                     for z in zeros:
                         if z >= 1 and st.dp * st.cp == 1:
                             continue
@@ -385,9 +415,9 @@ def search_pools(model: ModelSpec, mixed: MixedCluster, job: TrainingJob, top_k:
                         caps[r] = split.layers[r] - 1
                 c2 = _Cand(c.pre_lb, c.key, c.st, c.arr, c.mbs, c.sp, c.rc, c.zero, caps)
                 n_split += 1
-                s2 = best_split(costs.arrays(c2, m), L, m, mixed_kinds)
+                s2 = best_split(costs.arrays(c2, m), L, m, all_kinds)
                 if s2 is not None:
-                    heapq.heappush(heap, (s2.lower_bound_s, c2.key, next(seq), c2, s2))
+                    heapq.heappush(heap, (costs.bound(c2, s2, m), c2.key, next(seq), c2, s2))
                 continue
             plan = PoolPlan(par, c.arr.stage_pool(), est,
                             _violations(model, mixed, job, par, c.arr.stage_pool(), est, memory_headroom),
@@ -409,14 +439,14 @@ def search_pools(model: ModelSpec, mixed: MixedCluster, job: TrainingJob, top_k:
         g = (c.st, c.arr)
         if g not in group_fits:
             group_fits[g] = any(memory_fits(costs.arrays(lc, job.global_batch_size // (lc.mbs * lc.st.dp)), L,
-                                            sorted(kinds)) for lc in least[g])
+                                            all_kinds) for lc in least[g])
         if not group_fits[g]:
             continue
         m = job.global_batch_size // (c.mbs * c.st.dp)
         n_split += 1
-        split = best_split(costs.arrays(c, m), L, m, mixed_kinds)
+        split = best_split(costs.arrays(c, m), L, m, all_kinds)
         if split is not None:
-            heapq.heappush(heap, (split.lower_bound_s, c.key, next(seq), c, split))
+            heapq.heappush(heap, (costs.bound(c, split, m), c.key, next(seq), c, split))
     tm["search"] = time.perf_counter() - t1
     t2 = time.perf_counter()
     if homogeneous:

@@ -106,6 +106,22 @@ def lower_bound(stage_s, m: int) -> float:
     return float(np.max(before + m * t))
 
 
+def lower_bound_1f1b(stage_s, stage_f, m: int) -> float:
+    """A tighter 1F1B bound with the forward seconds ``stage_f`` of each stage known: besides ``lower_bound``, stage
+    ``k`` cannot run the backward of the first micro-batch before its forward crossed every stage and its backward
+    the stages after ``k``; by then it ran at most ``pp - k`` forwards (1F1B's warm-up, Megatron-LM
+    ``forward_backward_pipelining_without_interleaving``), so ``m`` backwards and ``max(0, m - pp + k)`` forwards
+    remain, and after its last backward the stages before it still run theirs:
+    ``sum_r F_r + sum_{r != k} B_r + m B_k + max(0, m - pp + k) F_k``."""
+    t = np.asarray(stage_s, dtype=float)
+    f = np.asarray(stage_f, dtype=float)
+    b = t - f
+    p = len(t)
+    k = np.arange(p)
+    lb2 = f.sum() + b.sum() - b + m * b + np.maximum(0, m - p + k) * f
+    return max(lower_bound(t, m), float(lb2.max()))
+
+
 def _split(layers, stage_s, m: int) -> Split:
     return Split(tuple(int(x) for x in layers), tuple(float(x) for x in stage_s), makespan_model(stage_s, m),
                  lower_bound(stage_s, m))
@@ -144,11 +160,15 @@ def memory_caps(stages: StageArrays, num_layers: int, kinds: list[int] | None = 
     return np.where(stages.max_layers >= 0, np.minimum(cap, stages.max_layers), cap)
 
 
-def memory_fits(stages: StageArrays, num_layers: int, kinds: list[int] | None = None) -> bool:
-    """Whether the stages' memory caps can hold ``num_layers`` layers, one at least on each stage (a necessary
-    condition for ``best_split`` to find a split; sufficient with one layer kind)."""
-    cap = memory_caps(stages, num_layers, kinds)
-    return bool(cap.min() >= 1 and cap.sum() >= num_layers)
+def memory_fits(stages: StageArrays, num_layers: int, layer_kinds: list[int] | None = None) -> bool:
+    """Whether the stages' memory caps can hold the ``num_layers`` layers (of kinds ``layer_kinds``, default all of
+    kind 0) in order, at least one on each stage: exactly when ``best_split`` finds a split."""
+    kinds = sorted(set(layer_kinds)) if layer_kinds is not None else [0]
+    if len(kinds) == 1:
+        cap = memory_caps(stages, num_layers, kinds)
+        return bool(cap.min() >= 1 and cap.sum() >= num_layers)
+    px = _Prefix(stages, num_layers, layer_kinds)
+    return bool(px.room.min() >= 0 and px.fits(math.inf))
 
 
 # ------------------------------------------------------------------------------------------------ one layer kind
@@ -192,30 +212,55 @@ def _uniform(stages: StageArrays, L: int, m: int, kind: int) -> Split | None:
 
 
 # ------------------------------------------------------------------------------------------- several layer kinds
+class _Prefix:
+    """Prefix sums over the layers, per stage: seconds ``C[r][b] - C[r][a]`` and bytes ``B[r][b] - B[r][a]`` of
+    layers ``[a, b)`` on stage ``r``."""
+
+    def __init__(self, stages: StageArrays, L: int, layer_kinds: list[int]):
+        kinds = np.asarray(layer_kinds, dtype=int)
+        zero = np.zeros((len(stages), 1))
+        self.C = np.hstack([zero, np.cumsum(stages.layer_s[:, kinds], axis=1)])
+        self.B = np.hstack([zero, np.cumsum(stages.mem_layer[:, kinds], axis=1)])
+        self.room = stages.mem_limit - stages.mem_base
+        self.extra = stages.extra_s
+        self.most = np.where(stages.max_layers >= 0, stages.max_layers, L)
+        self.L = L
+        self.starts = np.arange(L + 1)
+
+    def reach(self, r: int, T: float) -> np.ndarray:
+        """reach[a]: the largest b with layers [a, b) within stage r's time ``T`` and memory (b = a: none fit);
+        non-decreasing in a (the costs are positive)."""
+        C, B = self.C[r], self.B[r]
+        bt = np.searchsorted(C, C + (T - self.extra[r]) * (1 + REL_EPS) + 1e-300, side="right") - 1
+        bm = np.searchsorted(B, B + self.room[r] * (1 + REL_EPS) + 1e-300, side="right") - 1
+        out = np.minimum(np.minimum(bt, bm), self.starts + self.most[r])
+        return np.maximum(np.minimum(out, self.L), self.starts)
+
+    def fits(self, T: float) -> bool:
+        """Whether the stages can hold every layer in order, at least one each, within ``T`` (exact: the layer
+        indices a stage can end at, propagated stage by stage; greedy packing is not exact with several kinds, as a
+        slow stage may take only a light layer)."""
+        L = self.L
+        ends = np.zeros(L + 1, dtype=bool)
+        ends[0] = True
+        for r in range(len(self.extra)):
+            rc = self.reach(r, T)
+            starts = np.nonzero(ends)[0]
+            diff = np.zeros(L + 2, dtype=int)
+            np.add.at(diff, starts + 1, 1)
+            np.add.at(diff, rc[starts] + 1, -1)
+            ends = np.cumsum(diff)[:L + 1] > 0  # ends b with a < b <= reach[a] for a start a
+            if not ends.any():
+                return False
+        return bool(ends[L])
+
+
 def _mixed(stages: StageArrays, L: int, m: int, layer_kinds: list[int]) -> Split | None:
     p = len(stages)
-    kinds = np.asarray(layer_kinds, dtype=int)
-    # prefix sums per stage of seconds and bytes over the layers: C[r][b] - C[r][a] = layers [a, b) on stage r
-    C = [np.concatenate(([0.0], np.cumsum(stages.layer_s[r][kinds]))) for r in range(p)]
-    B = [np.concatenate(([0.0], np.cumsum(stages.mem_layer[r][kinds]))) for r in range(p)]
-    room = list(stages.mem_limit - stages.mem_base)
-    extra = [float(x) for x in stages.extra_s]
-    most_of = [L if x < 0 else int(x) for x in stages.max_layers]
-    if min(room) < 0:
+    px = _Prefix(stages, L, layer_kinds)
+    if px.room.min() < 0 or not px.fits(math.inf):
         return None
-
-    def reach(r: int, T: float) -> list[int]:
-        """reach[a]: the largest b with layers [a, b) within stage r's time T and memory (b = a: none fit)."""
-        out, b = [0] * (L + 1), 0
-        lim_t = T - extra[r]
-        most = most_of[r]
-        for a in range(L + 1):
-            b = max(b, a)
-            while b < L and b + 1 - a <= most and C[r][b + 1] - C[r][a] <= lim_t * (1 + REL_EPS) and \
-                    B[r][b + 1] - B[r][a] <= room[r] * (1 + REL_EPS):
-                b += 1
-            out[a] = b
-        return out
+    C, extra = px.C, [float(x) for x in stages.extra_s]
 
     def solve(T: float) -> tuple[float, list[int]] | None:
         """Least sum of stage times with every stage <= T (None: infeasible), and the layers per stage."""
@@ -223,9 +268,10 @@ def _mixed(stages: StageArrays, L: int, m: int, layer_kinds: list[int]) -> Split
         best[0] = 0.0
         choice: list[list[int]] = []
         for r in range(p):
-            rc = reach(r, T)
+            rc = px.reach(r, T).tolist()
+            Cr = C[r].tolist()
             nxt, arg = [math.inf] * (L + 1), [-1] * (L + 1)
-            g = [best[a] - C[r][a] for a in range(L + 1)]
+            g = [best[a] - Cr[a] for a in range(L + 1)]
             dq: deque[int] = deque()
             a_next = 0
             # b: end of stage r's range; valid starts a: a < b <= rc[a]; rc is non-decreasing, so valid starts for
@@ -240,7 +286,7 @@ def _mixed(stages: StageArrays, L: int, m: int, layer_kinds: list[int]) -> Split
                 while dq and rc[dq[0]] < b:
                     dq.popleft()
                 if dq:
-                    nxt[b] = g[dq[0]] + C[r][b] + extra[r]
+                    nxt[b] = g[dq[0]] + Cr[b] + extra[r]
                     arg[b] = dq[0]
             best = nxt
             choice.append(arg)
@@ -255,26 +301,24 @@ def _mixed(stages: StageArrays, L: int, m: int, layer_kinds: list[int]) -> Split
     def times(n: list[int]) -> list[float]:
         out, a = [], 0
         for r, k in enumerate(n):
-            out.append(C[r][a + k] - C[r][a] + extra[r])
+            out.append(float(C[r][a + k] - C[r][a]) + extra[r])
             a += k
         return out
 
-    inf_sol = solve(math.inf)
-    if inf_sol is None:
-        return None
-    s_inf = inf_sol[0]
-    # candidate thresholds: the stage times of ranges some stage can hold
-    vals = set()
+    s_inf = solve(math.inf)[0]
+    # candidate thresholds: the stage times of the ranges each stage can hold (memory and layer caps)
+    vals = []
     for r in range(p):
-        for a in range(L):
-            for b in range(a + 1, L + 1):
-                if B[r][b] - B[r][a] > room[r] * (1 + REL_EPS) or b - a > most_of[r]:
-                    break
-                vals.add(C[r][b] - C[r][a] + extra[r])
-    values = sorted(vals)
-    lo = bisect_left(range(len(values)), True, key=lambda i: solve(values[i]) is not None)
+        D = C[r][None, :] - C[r][:, None] + extra[r]
+        ok = (np.triu(np.ones((L + 1, L + 1), dtype=bool), 1)
+              & (px.B[r][None, :] - px.B[r][:, None] <= px.room[r] * (1 + REL_EPS))
+              & (px.starts[None, :] - px.starts[:, None] <= px.most[r]))
+        vals.append(D[ok])
+    values = np.unique(np.concatenate(vals))
+    lo = bisect_left(range(len(values)), True, key=lambda i: px.fits(float(values[i])))
     best: Split | None = None
     for T in values[lo:]:
+        T = float(T)
         if best is not None and (m - 1) * T + s_inf >= best.makespan_model_s * (1 - REL_EPS):
             break
         sol = solve(T)

@@ -39,7 +39,7 @@ def _layout(counts):
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
 def test_cost_tables_equal_the_step_and_memory_models(name, cluster, kw, precision, recompute):
     """Per-stage seconds from the tables equal estimate_step's per-stage forward + backward (to rounding), and the
-    tables' memory is a lower bound of estimate_memory's per-stage peak (within 1% for a dense Megatron layout)."""
+    tables' memory is a lower bound of estimate_memory's per-stage peak (equal with one layer kind)."""
     m = get_model(name)
     job = TrainingJob(global_batch_size=1024, seq_length=4096, precision=precision)
     pp, L = 4, m.num_layers
@@ -61,8 +61,8 @@ def test_cost_tables_equal_the_step_and_memory_models(name, cluster, kw, precisi
         per = facts.per_layer(f)
         lb = facts.base(r, pp, f) + sum(per[kinds[i]] for i in range(start, start + n))
         assert lb <= mem.stages[r].total * (1 + 1e-12)
-        if name == "llama3.1-8b":  # dense Megatron: only the backend buffers are left out (MiBs of GiBs)
-            assert lb == pytest.approx(mem.stages[r].total, rel=0.01)
+        if name != "deepseek-v3":  # one layer kind, Megatron ZeRO 0: the backward phase exactly
+            assert lb == pytest.approx(mem.stages[r].total, rel=1e-9)
         start += n
     assert lt.p2p_s == pytest.approx(est.p2p_s)
 
@@ -263,3 +263,14 @@ def test_pools_document_is_the_plan_format():
     assert p["memory"]["capacity_bytes"] in {pool["memory_bytes_per_gpu"] for pool in d["input"]["cluster"]["pools"]}
     with pytest.raises(planner.PlanInputError, match="use megatron"):
         planner.plan_pools("llama3.1-8b", "dgx-h100:1,dgx-a100-80g:1", framework="deepspeed")
+
+
+def test_moe_models_split_over_pools():
+    """All-MoE layers (Mixtral) take the one-kind path with the MoE kind's costs; the mixed plan beats either pool."""
+    mc = mixed_cluster([(H100, 4), (A100, 4)])
+    res = search_pools(get_model("mixtral-8x7b"), mc, TrainingJob(global_batch_size=256, seq_length=4096), top_k=1,
+                       homogeneous=False)
+    best = res.plans[0]
+    assert set(best.stage_pool) == {0, 1}
+    by = {s.pools: s.plan.tokens_per_s for s in res.subsets if s.plan}
+    assert best.tokens_per_s >= max(by[(0,)], by[(1,)])
