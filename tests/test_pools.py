@@ -267,8 +267,8 @@ def test_pools_document_is_the_plan_format():
 
 def test_moe_models_split_over_pools():
     """All-MoE layers (Mixtral) take the one-kind path with the MoE kind's costs; the mixed plan beats either pool."""
-    mc = mixed_cluster([(H100, 4), (A100, 4)])
-    res = search_pools(get_model("mixtral-8x7b"), mc, TrainingJob(global_batch_size=256, seq_length=4096), top_k=1,
+    mc = mixed_cluster([(H100, 2), (A100, 2)])
+    res = search_pools(get_model("mixtral-8x7b"), mc, TrainingJob(global_batch_size=128, seq_length=4096), top_k=1,
                        homogeneous=False)
     best = res.plans[0]
     assert set(best.stage_pool) == {0, 1}
