@@ -14,9 +14,9 @@ micro-batch, sequence parallel, recompute):
   ``memory.model_state_terms``), stored activations per layer times the micro-batches the stage holds in flight
   (``memory.activation_bytes_per_layer``, ``layer_input_bytes`` under full recompute,
   ``memory.in_flight_microbatches``), the backward working set, token ids, logits and the calibrated reserve: the
-  backward phase of ``memory.estimate_memory`` with its pipeline and expert-parallel buffers
-  (``memory_buffers``) but without the other transients, so it is a lower bound of the exact per-stage estimate, which then decides (``planner.pool_search`` lowers a stage's layer cap and re-splits when a
-  term left out here binds).
+  backward phase of ``memory.estimate_memory`` with its pipeline and expert-parallel buffers (``memory_buffers``)
+  but without the other transients, so it is a lower bound of the exact per-stage estimate, which then decides
+  (``planner.pool_search`` lowers a stage's layer cap and re-splits when a term left out here binds).
 """
 from __future__ import annotations
 

@@ -20,17 +20,17 @@ Single pools are also planned by the homogeneous search (``planner.search.run_se
 uneven first/last splits, ZeRO 2/3), so leaving a pool out is always among the answers and adding a slower pool
 never lowers the best throughput.
 
-**Exactness.** For each candidate (structure, pools in order, micro-batch, sp, recompute, ZeRO) the split is the
-one that minimises the 1F1B makespan model (``pool_split``; exact over all contiguous splits with the memory caps).
+**Exactness.** For each candidate (structure, pools in order, micro-batch, sp, recompute, ZeRO) the split is the one
+that minimises the 1F1B makespan model (``pool_split``; exact over all contiguous splits with the memory caps).
 Candidates are then evaluated by the full cost model (``cost_models.pools.estimate_pools``: simulated schedule, DP
-and optimizer per pool, exact per-stage memory) in increasing order of a lower bound of their step time, first the
-fluid bound ``m x max(T_fluid, max_r t_r(1 layer))`` (``T_fluid``: the slowest stage if layers could be split
-fractionally at each pool's speed; no split's slowest stage is faster) and then the split's own bound
-(``pool_split.lower_bound``), until the bound exceeds the K-th best step time found and each subset of pools'
-best: the top K, and the best of each subset, are exactly the best candidates under the full cost model, each with
-its makespan-optimal split. A stage whose exact memory exceeds its pool's capacity (a buffer the tables leave out)
-gets its layer cap lowered by one and the candidate is split again (exact with one layer kind: a stage's memory
-grows with its layer count; with dense and MoE layers mixed, a cap also rules out lighter layers on that stage).
+and optimizer per pool, exact per-stage memory) in increasing order of a lower bound of their step time, first one
+valid for every split (``_pre_bound``: the fluid balance of the layers at each pool's speed and the 1F1B fill) and
+then the split's own (``pool_split.lower_bound_1f1b``), until the bound exceeds the K-th best step time found and
+each subset of pools' best: the top K, and the best of each subset, are exactly the best candidates under the full
+cost model, each with its makespan-optimal split. A stage whose exact memory exceeds its pool's capacity (a buffer
+the tables leave out) gets its layer cap lowered by one and the candidate is split again (exact with one layer kind:
+a stage's memory grows with its layer count; with dense and MoE layers mixed, a cap also rules out lighter layers on
+that stage).
 """
 from __future__ import annotations
 
