@@ -481,7 +481,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
                   convention: FlopsConvention = "megatron", framework: str | None = None,
                   tp_comm_overlap: bool | None = None, overlap_dp: bool | None = None,
                   ep_overlap: bool = False, full_cuda_graph: bool = False,
-                  fp8_recipe: str | None = None) -> StepEstimate:
+                  fp8_recipe: str | None = None, stages: frozenset[int] | None = None) -> StepEstimate:
     """Step time of ``par`` on ``cluster`` (see module docstring). Raises ``LayoutError`` on an impossible split.
 
     ``framework`` selects the kernel set (``ELEMENTWISE_PASSES``: megatron, nemo, deepspeed, torchtitan,
@@ -496,6 +496,9 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     (Transformer Engine's default per-tensor recipe on Hopper).
     ``par.pipeline_layout`` (Megatron ``--pipeline-model-parallel-layout``) places the layers per model chunk instead
     of the even / first-last split; the embedding sits on the first chunk, the output layer and MTP on the last.
+    ``stages``: the pipeline ranks whose per-rank terms are reported (busiest rank, exposed TP/CP/EP, data-parallel
+    reduction of the largest stage, optimizer step); None = all. A pipeline whose stages sit on pools of different
+    GPUs and networks (``cost_models.pools``) times each pool's ranks on that pool's cluster.
     """
     framework = framework or getattr(job, "framework", None) or "megatron"
     fw_base = framework.split("_")[0]
@@ -618,8 +621,10 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
             fwd_v[k] = f
             bwd_v[k] = bw
     # per-kind compute on the busiest rank (for the breakdown)
-    busiest = max(range(par.pp), key=lambda r: sum(fwd_v[virtual_stage(par, r, c)] + bwd_v[virtual_stage(par, r, c)]
-                                                   for c in range(v)))
+    own = (lambda r: True) if stages is None else stages.__contains__
+    busiest = max((r for r in range(par.pp) if own(r)),
+                  key=lambda r: sum(fwd_v[virtual_stage(par, r, c)] + bwd_v[virtual_stage(par, r, c)]
+                                    for c in range(v)))
     for i in ranges[busiest]:
         x = lc(i)
         full = i in rc_layers
@@ -645,7 +650,8 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     # data-parallel gradient reduction / parameter gather on the most loaded stage
     # parameters each rank holds: its layers (by the layout's chunks when one is given), both stages under DualPipe
     held = [[i for s in rank_stages(par, r) for i in ranges[s]] for r in range(par.pp)]
-    sp_max = max((stage_params(model, par, st, lay, vocab) for st, lay in enumerate(held)), key=lambda x: x.total)
+    sp_max = max((stage_params(model, par, st, lay, vocab) for st, lay in enumerate(held) if own(st)),
+                 key=lambda x: x.total)
     cp_g, dp_g = groups["cp"], groups["dp"]
     shard = par.dp * par.cp
     dp_group = GroupPlacement(shard, dp_g.ranks_per_domain * (cp_g.size if cp_g.intra_domain else 1)) \

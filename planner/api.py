@@ -490,8 +490,8 @@ def _resolve_clusters(clusters) -> list:
     if isinstance(clusters, str):
         choice = parse_cluster_option(clusters)
         if choice.kind == "pools":
-            raise PlanInputError(f"--cluster {clusters!r}: NAME:NODES pools of one mixed-GPU cluster are not "
-                                 f"supported yet; give NAME,NAME,... to compare clusters")
+            raise PlanInputError(f"--cluster {clusters!r}: NAME:NODES pools make one mixed-GPU cluster, planned by "
+                                 f"planner.plan_pools; give NAME,NAME,... to compare clusters")
         clusters = list(choice.names)
     if not clusters:
         raise PlanInputError("--cluster: give at least one cluster to compare")

@@ -22,7 +22,8 @@ from .evaluation import Evaluation
 
 #: 1.1 (additive): parallel.account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split
 #: 1.2 (additive): plans[].cost, the whole-run cost of --train-tokens (planner/cost.py); launch.colossalai
-#:     (Colossal-AI plugin arguments)
+#:     (Colossal-AI plugin arguments); parallel.pipeline_layout (null unless the plan sets per-stage layers: plans
+#:     over pools, planner/pools.py)
 #: 1.3 (additive): launch.env (framework -> environment variables of its launch, planner/emit/env.py)
 SCHEMA_VERSION = "1.3"
 
@@ -94,6 +95,8 @@ class ParallelInfo(_Strict):
     last_stage_layers: int | None
     account_for_embedding_in_pipeline_split: bool
     account_for_loss_in_pipeline_split: bool
+    pipeline_layout: str | None = Field(None, description="Megatron --pipeline-model-parallel-layout (per-stage "
+                                                          "layers), when the plan sets one")
 
 
 class StageMemoryInfo(_Strict):
@@ -256,7 +259,7 @@ def parallel_info(par: ParallelConfig, job: TrainingJob) -> ParallelInfo:
         recompute_num_layers=par.recompute_num_layers, pipeline_schedule=par.pipeline_schedule,
         first_stage_layers=par.first_stage_layers, last_stage_layers=par.last_stage_layers,
         account_for_embedding_in_pipeline_split=par.account_for_embedding_in_pipeline_split,
-        account_for_loss_in_pipeline_split=par.account_for_loss_in_pipeline_split)
+        account_for_loss_in_pipeline_split=par.account_for_loss_in_pipeline_split, pipeline_layout=par.pipeline_layout)
 
 
 def memory_info(est: MemoryEstimate, at_risk_margin: float = DEFAULT_AT_RISK_MARGIN) -> MemoryInfo:
