@@ -8,7 +8,7 @@ from cost_models.config import ParallelConfig, TrainingJob
 from cost_models.memory import activation_terms_per_layer, estimate_memory, model_state_terms
 from cost_models.step_time import _gemm_rate, estimate_step
 from model_zoo import get_model
-from planner.emit import job_env
+from planner.emit.env import launch_env
 from planner.emit.deepspeed import deepspeed_config, megatron_deepspeed_args
 from planner.emit.megatron import megatron_args
 from planner.emit.torchtitan import torchtitan_settings
@@ -72,8 +72,9 @@ def test_fp32_is_emitted_without_16bit_flags_and_with_tf32_enabled():
     tt = torchtitan_settings(m, TrainingJob(precision="fp32"), ParallelConfig(dp=8, zero_stage=3))
     assert tt["training"]["mixed_precision_param"] == "float32"
     # torch's matmuls run TF32 only when allowed: at::Context reads TORCH_ALLOW_TF32_CUBLAS_OVERRIDE
-    assert job_env("fp32", a) == {"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "1"}
-    assert job_env("bf16", a) == {}
+    assert launch_env("megatron", par, job=job) == {"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "1"}
+    assert launch_env("torchtitan", par, job=job)["TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"] == "1"
+    assert launch_env("megatron", par, job=TrainingJob()) == {}
 
 
 def test_fp32_needs_a_tf32_peak_and_an_fp32_attention_kernel(run_cli):
