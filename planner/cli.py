@@ -106,7 +106,13 @@ def _load(model: str | None, cluster: str | None, gpus: int | None, nodes: int |
     n = resolve_num_gpus(c, gpus, nodes)
     if precision not in c.supported_precisions:
         raise PlanInputError(f"--precision {precision}: {c.gpu.name} supports {', '.join(c.supported_precisions)}")
-    return m, c, n, TrainingJob(global_batch_size=gbs, seq_length=seq, precision=precision)
+    from pydantic import ValidationError
+    try:
+        job = TrainingJob(global_batch_size=gbs, seq_length=seq, precision=precision)
+    except ValidationError as e:
+        from .errors import option_error
+        raise option_error(e, {"global_batch_size": "--global-batch-size", "seq_length": "--seq-length"}) from None
+    return m, c, n, job
 
 
 def _write(text: str, output: Path | None) -> None:
@@ -522,13 +528,13 @@ def explain(
             raise PlanInputError(f"--timeline {timeline}: the configuration has no step estimate (invalid layout)")
         draw_timeline(ex.evaluation.step, timeline, f"{m.name} on {n} x {c.gpu.name} ({c.name})")
     if fmt == Fmt.json:
-        import json
         st = ex.evaluation.step
         doc = {"model": m.name, "cluster": c.name, "num_gpus": n, "parallel": par.model_dump(mode="json"),
                "feasible": ex.evaluation.feasible, "memory_headroom": headroom, "framework": framework.value,
                "constraints": explanation_rows(ex),
                "step_s": st.step_s if st else None, "tokens_per_s": st.tokens_per_s if st else None}
-        _write(json.dumps(doc, indent=2, sort_keys=True) + "\n", output)
+        from .document import dumps_finite
+        _write(dumps_finite(doc, "explain report", indent=2, sort_keys=True) + "\n", output)
     else:
         from rich.console import Console
         from rich.table import Table
@@ -717,8 +723,18 @@ def schema() -> None:
     sys.stdout.write(json.dumps(json_schema(), indent=2) + "\n")
 
 
+def _one_line(text: object) -> str:
+    """``text`` on one line (usage errors and loader messages can hold newlines)."""
+    return " ".join(str(text).split())
+
+
 def main() -> None:
-    """Console-script entry point: run the app, turning every expected error into one line and an exit code."""
+    """Console-script entry point: run the app, turning every expected error into one line and an exit code.
+
+    An exception nobody expected is a bug: one line naming it and where it was raised, exit 3 (``PLAN3D_DEBUG=1``
+    re-raises it with the traceback)."""
+    import os
+
     from typer.exceptions import Abort, Exit, TyperException
 
     from cluster_specs import ClusterSpecError
@@ -728,10 +744,10 @@ def main() -> None:
     try:
         app(standalone_mode=False, prog_name="plan3d")
     except (PlanInputError, ModelSpecError, ClusterSpecError) as e:
-        sys.stderr.write(f"plan3d: error: {e}\n")
+        sys.stderr.write(f"plan3d: error: {_one_line(e)}\n")
         sys.exit(2)
     except NoFeasiblePlan as e:
-        sys.stderr.write(f"plan3d: {e}\n")
+        sys.stderr.write(f"plan3d: {_one_line(e)}\n")
         sys.exit(1)
     except Abort:
         sys.stderr.write("plan3d: aborted\n")
@@ -740,10 +756,16 @@ def main() -> None:
         if type(e).__name__ == "NoArgsIsHelpError":  # typer vendors click: match the class by name  # bare ``plan3d``: the help text, as ``plan3d --help`` prints it
             sys.stderr.write(e.format_message() + "\n")
         else:
-            sys.stderr.write(f"plan3d: error: {e.format_message()}\n")
+            sys.stderr.write(f"plan3d: error: {_one_line(e.format_message())}\n")
         sys.exit(2)
     except Exit as e:
         sys.exit(e.exit_code)
+    except Exception as e:  # a bug: one line, never a traceback (tests/fuzz counts these)
+        if os.environ.get("PLAN3D_DEBUG"):
+            raise
+        from .errors import internal_error_line
+        sys.stderr.write(internal_error_line(e) + "\n")
+        sys.exit(3)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -87,14 +87,14 @@ def emit_files(doc, framework: str, rank: int = 1) -> dict[str, str]:
     if framework == "deepspeed" and "megatron_deepspeed" in launch.unsupported:
         # ds_config.json is valid for any DeepSpeed training script that builds the model itself (HF Trainer,
         # accelerate, custom loops); only the Megatron-DeepSpeed launch cannot express this plan.
-        return {"ds_config.json": json.dumps(launch.deepspeed, indent=2) + "\n",
+        return {"ds_config.json": json.dumps(launch.deepspeed, indent=2, allow_nan=False) + "\n",
                 "megatron_deepspeed_unsupported.txt": f"# {header}\n# Megatron-DeepSpeed launch not emitted: "
                                                       f"{launch.unsupported['megatron_deepspeed']}\n"}
     if framework == "deepspeed":
         args = launch.megatron_deepspeed
         in_script = ["$CONFIG_DIR/ds_config.json" if a == "ds_config.json" else a for a in args]
         # Megatron-DeepSpeed reads real data only: set DATA_ARGS (--data-path, --vocab-file, --merge-file).
-        return {"ds_config.json": json.dumps(launch.deepspeed, indent=2) + "\n",
+        return {"ds_config.json": json.dumps(launch.deepspeed, indent=2, allow_nan=False) + "\n",
                 "megatron_deepspeed_args.txt": "\n".join(pair_args(args)) + "\n",
                 **scripts("pretrain_gpt.py", in_script, {}, [], SCRIPT_TRAIN_ARGS)}
     return {"torchtitan.toml": launch.torchtitan_toml,
