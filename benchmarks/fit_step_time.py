@@ -1,13 +1,13 @@
 """Refit the step-time model's free parameters on the dev rows (coordinate descent on the mean group MAPE).
 
 Prints the fitted values; they are then written by hand, with this provenance, into cost_models/step_time.py,
-planner/validate.py and the cluster YAMLs' calibration. Run: .venv/bin/python benchmarks/fit_step_time.py
+planner/validation.py and the cluster YAMLs' calibration. Run: .venv/bin/python benchmarks/fit_step_time.py
 """
 from __future__ import annotations
 
 import cost_models.step_time as st
-import planner.validate as pv
-from planner.validate import load_rows, validate_row, ValidationReport
+import planner.validation as pv
+from planner.validation import load_rows, validate_row, ValidationReport
 
 ROWS = load_rows()
 ATTN = {"H100": 0.5, "B200": 0.5, "GB200": 0.5, "A100": 0.5}
