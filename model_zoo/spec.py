@@ -5,7 +5,7 @@ INTERFACE SKELETON — field names and method signatures are the contract used b
 """
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Iterable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -214,6 +214,9 @@ class ModelSpec(BaseModel):
         ``(i + 1) % decoder_sparse_step == 0`` is the case ``first_k = step - 1, freq = step``.
         """
         self._check_layer(i)
+        return self._table().moe_mask[i]
+
+    def _moe_rule(self, i: int) -> bool:
         m = self.moe
         if m is None:
             return False
@@ -221,9 +224,34 @@ class ModelSpec(BaseModel):
             return False
         return (i - m.first_k_dense_layers) % m.moe_layer_freq == 0
 
+    def _table(self) -> "_LayerTable":
+        """Per-layer facts computed once per spec object (``_layer_table``): the cost models ask for them per layer,
+        per candidate, so on a 4,096-layer model they dominated the search (issue 14)."""
+        return _layer_table(self)
+
     @property
     def num_moe_layers(self) -> int:
-        return sum(1 for i in range(self.num_layers) if self.is_moe_layer(i))
+        return self._table().num_moe
+
+    @property
+    def moe_layer_mask(self) -> tuple[bool, ...]:
+        """``is_moe_layer(i)`` for every layer i, computed once per spec."""
+        return self._table().moe_mask
+
+    def layer_kinds(self, layers: Iterable[int] | None = None) -> list[tuple[int, int]]:
+        """(a representative layer index, how many) per layer kind (dense, MoE) among ``layers`` (default: all), in
+        order of first appearance. Every per-layer quantity depends on the layer only through its kind, so a sum
+        over layers is a sum over these pairs: O(kinds) for the cost models instead of O(layers)."""
+        t = self._table()
+        if layers is None:
+            return t.kinds
+        mask, first, count = t.moe_mask, {}, {}
+        for i in layers:
+            k = mask[i]
+            if k not in first:
+                first[k], count[k] = i, 0
+            count[k] += 1
+        return [(first[k], count[k]) for k in first]
 
     @property
     def num_dense_layers(self) -> int:
@@ -303,6 +331,13 @@ class ModelSpec(BaseModel):
         return sharded, replicated
 
     def layer_params(self, i: int) -> LayerParams:
+        """Parameter count of decoder layer ``i`` split by how parallelism shards it (``_layer_params``; the same
+        for every layer of a kind, dense or MoE, so computed once per kind)."""
+        self._check_layer(i)
+        t = self._table()
+        return t.moe_params if t.moe_mask[i] else t.dense_params
+
+    def _layer_params(self, i: int) -> LayerParams:
         """Parameter count of decoder layer ``i`` split by how parallelism shards it.
 
         layer = input norm + attention + post-attention norm + (dense MLP | MoE block).
@@ -311,11 +346,10 @@ class ModelSpec(BaseModel):
         width f_e (``expert``, top_k of them ``expert_active``); shared expert(s) of total width
         f_sh TP-sharded; Qwen2-MoE ``shared_expert_gate`` Linear(h, 1, bias=False) replicated.
         """
-        self._check_layer(i)
         h = self.hidden_size
         sharded, replicated = self._attention_params()
         replicated += 2 * self._norm_size  # input_layernorm + post_attention_layernorm
-        if not self.is_moe_layer(i):
+        if not self._moe_rule(i):
             f = self.ffn_hidden_size
             if self.moe is not None and self.moe.dense_ffn_hidden_size is not None:
                 f = self.moe.dense_ffn_hidden_size
@@ -429,3 +463,37 @@ class ModelSpec(BaseModel):
             raise ValueError("tp and make_vocab_size_divisible_by must be >= 1")
         multiple = make_vocab_size_divisible_by * tp
         return -(-self.vocab_size // multiple) * multiple
+
+
+class _LayerTable:
+    """What ``ModelSpec`` computes per layer, once: the MoE mask, the MoE layer count and the parameters of a dense
+    and of a MoE layer (every layer of a kind has the same)."""
+
+    __slots__ = ("moe_mask", "num_moe", "dense_params", "moe_params", "kinds")
+
+    def __init__(self, m: ModelSpec):
+        self.moe_mask = tuple(m._moe_rule(i) for i in range(m.num_layers))
+        self.num_moe = sum(self.moe_mask)
+        dense = next((i for i, x in enumerate(self.moe_mask) if not x), None)
+        moe = next((i for i, x in enumerate(self.moe_mask) if x), None)
+        n = {dense: m.num_layers - self.num_moe, moe: self.num_moe}
+        self.kinds = [(i, n[i]) for i in sorted(x for x in (dense, moe) if x is not None)]
+        self.dense_params = m._layer_params(dense) if dense is not None else None
+        self.moe_params = m._layer_params(moe) if moe is not None else None
+
+
+#: id(spec) -> (spec, its table). Holding the spec keeps its id from being reused; a spec is frozen, and
+#: ``model_copy`` makes a new object (a new entry). Bounded: the oldest entries go first.
+_TABLES: dict[int, tuple[ModelSpec, _LayerTable]] = {}
+_MAX_TABLES = 64
+
+
+def _layer_table(m: ModelSpec) -> _LayerTable:
+    e = _TABLES.get(id(m))
+    if e is not None and e[0] is m:
+        return e[1]
+    t = _LayerTable(m)
+    while len(_TABLES) >= _MAX_TABLES:
+        _TABLES.pop(next(iter(_TABLES)))
+    _TABLES[id(m)] = (m, t)
+    return t

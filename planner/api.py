@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, TypedDict
+from typing import TYPE_CHECKING, Any, Callable, Literal, TypedDict
 
 from .errors import NoFeasiblePlan, PlanInputError
 
@@ -113,6 +113,10 @@ class PlanOptions(JobOptions, total=False):
     micro_batch_size: int | None
     zero_stage: int | None
     recompute: Literal["none", "selective", "full"] | None
+    #: wall seconds that repeated planning may take (min-gpus counts, nearest-change searches; ``None``: no limit;
+    #: default ``planner.progress.DEFAULT_BUDGET_S``) and a callback told each step (a progress line)
+    time_budget_s: float | None
+    progress: Callable[[str], None] | None
 
 
 _JOB_KEYS = frozenset(JobOptions.__annotations__)
@@ -138,6 +142,8 @@ class SearchStats:
     num_candidates: int
     num_feasible: int
     exact: bool
+    #: one line when the search stopped at its time budget (what was not tried), else None
+    note: str | None = None
 
 
 def _flag(field: str) -> str:
@@ -318,18 +324,25 @@ def plan(model: ModelLike | None = None, cluster: ClusterLike | None = None,
     space = SearchSpace(**sp_kw)
     m, c, n, job = inputs.model, inputs.cluster, inputs.num_gpus, inputs.job
     fw = job.framework
+    from .progress import DEFAULT_BUDGET_S, Budget, no_progress
+    seconds = o.get("time_budget_s", DEFAULT_BUDGET_S)
+    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
+                                or not 0 < seconds < float("inf")):
+        raise PlanInputError(f"--time-budget {seconds!r}: must be a positive number of seconds")
+    budget, progress = Budget(seconds), o.get("progress") or no_progress
     if objective == "min-gpus":
         from .search import fewest_gpus
-        res, n = fewest_gpus(m, c, job, n, top_k, space, headroom, fw, solver, step_t, tok_t, conv)
+        res, n = fewest_gpus(m, c, job, n, top_k, space, headroom, fw, solver, step_t, tok_t, conv, budget, progress)
     else:
         from .search import run_search
         res = run_search(m, c, job, n, top_k, space, headroom, fw, solver, objective,
-                         DEFAULT_WITHIN if within is None else within, conv)
+                         DEFAULT_WITHIN if within is None else within, conv, progress)
     if not res.plans:
         from .explanation import why_infeasible
-        raise NoFeasiblePlan(why_infeasible(m, c, job, n, res, space, headroom, fw, step_t, tok_t))
+        raise NoFeasiblePlan(why_infeasible(m, c, job, n, res, space, headroom, fw, step_t, tok_t, budget,
+                                            progress))
     doc = build_document(m, c, job, n, res.plans)
-    doc._search_stats = SearchStats(res.num_candidates, res.num_feasible, res.num_feasible_exact)
+    doc._search_stats = SearchStats(res.num_candidates, res.num_feasible, res.num_feasible_exact, res.note)
     return doc
 
 

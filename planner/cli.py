@@ -249,23 +249,32 @@ def plan(
     pin_zero: Annotated[Optional[int], typer.Option("--zero-stage", min=0, max=3, help="pin ZeRO stage")] = None,
     pin_rc: Annotated[Optional[RecomputeOpt], typer.Option("--recompute", help="pin recompute")] = None,
     flops_convention: FlopsOpt = None,
+    time_budget: Annotated[float, typer.Option(
+        "--time-budget", min=0.0, help="wall seconds for repeated planning: --objective min-gpus and "
+                                                      "the search for the nearest feasible change stop, saying so, "
+                                                      "when it is spent (default 60)")] = 60.0,
 ) -> None:
     """Search the parallel layouts and print the best plans (default: llama3.1-8b on one dgx-h100 node)."""
     from .api import plan as api_plan
     from .errors import PlanInputError
+    from .progress import progress_line
 
     if rank != 1 and emit is None:
         raise PlanInputError(f"--rank {rank} selects the plan --emit writes: give --emit megatron|deepspeed|torchtitan")
     if framework is None:  # an explicit --framework wins; else plan under the rules of the --emit target
         framework = emit if emit is not None else Framework.megatron
-    doc = api_plan(model, cluster, gpus=gpus, nodes=nodes, global_batch_size=global_batch_size,
-                   seq_length=seq_length, precision=precision.value, flash_attention=flash_attention,
-                   dropout=dropout, framework=framework.value, memory_headroom=memory_headroom,
-                   flops_convention=_value(flops_convention), top_k=max(top_k, rank if emit is not None else 1),
-                   solver=solver.value, objective=objective.value, within=within, target_step_s=target_step_s,
-                   target_tokens_per_day=target_tokens_per_day, tp=pin_tp, pp=pin_pp, cp=pin_cp, ep=pin_ep,
-                   vpp=pin_vpp, micro_batch_size=pin_mbs, zero_stage=pin_zero, recompute=_value(pin_rc))
+    with progress_line("plan3d plan") as progress:  # a status line on stderr while it is a terminal
+        doc = api_plan(model, cluster, gpus=gpus, nodes=nodes, global_batch_size=global_batch_size,
+                       seq_length=seq_length, precision=precision.value, flash_attention=flash_attention,
+                       dropout=dropout, framework=framework.value, memory_headroom=memory_headroom,
+                       flops_convention=_value(flops_convention), top_k=max(top_k, rank if emit is not None else 1),
+                       solver=solver.value, objective=objective.value, within=within, target_step_s=target_step_s,
+                       target_tokens_per_day=target_tokens_per_day, tp=pin_tp, pp=pin_pp, cp=pin_cp, ep=pin_ep,
+                       vpp=pin_vpp, micro_batch_size=pin_mbs, zero_stage=pin_zero, recompute=_value(pin_rc),
+                       time_budget_s=time_budget, progress=progress)
     i, stats = doc.input, doc.search_stats
+    if stats.note:
+        sys.stderr.write(f"plan3d: note: {stats.note}\n")
     _render(doc, fmt, output, emit,
             f"plan3d: {i.model.name} on {i.cluster.num_gpus} x {i.cluster.gpu} ({i.cluster.name}), GBS "
             f"{i.job.global_batch_size} x seq {i.job.seq_length}, {i.job.precision}: top {len(doc.plans)} of "

@@ -170,19 +170,19 @@ def _in_flight(pp: int, m: int, v: int) -> tuple[int, int, int]:
         whole = m - m % pp
         if whole == 0:  # simulate falls back to 1F1B over each rank's chunks run back to back
             return min(m, pp), m, pp - 1
-        try:
-            from cost_models.pipeline import _orders
-            seq = _orders("interleaved", pp, min(whole, 4 * pp), v)[0]  # rank 0's in-flight count saturates by 4 pp
-        except Exception:  # pragma: no cover - another module's private API: one round trip is always a bound
-            return whole, whole, pp * v - 1
-        started = done = k = 0
-        for kind, _mb, c in seq:
-            if c == 0:
-                if kind == "F":
-                    started += 1
-                    k = max(k, started - done)
-                else:
-                    done += 1
+        # rank 0's order in Megatron's interleaved schedule (cost_models.pipeline._orders): warm-up forwards, then
+        # one forward and one backward in turn; forwards go group by group of pp micro-batches, chunk 0 first,
+        # backwards chunk v-1 first. Its in-flight count saturates by 4 pp micro-batches.
+        total = min(whole, 4 * pp) * v
+        warm = min(total, 2 * (pp - 1) + (v - 1) * pp)
+        started = sum(1 for i in range(warm) if i % (pp * v) < pp)
+        k, done = started, 0
+        for t in range(total - warm):
+            if (warm + t) % (pp * v) < pp:
+                started += 1
+                k = max(k, started - done)
+            if t % (pp * v) >= (v - 1) * pp:
+                done += 1
         return max(1, k), whole, pp * v - 1
     return min(m, pp), m, pp - 1
 
