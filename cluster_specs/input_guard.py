@@ -28,7 +28,7 @@ ERROR_TYPE = "plausible_range"
 #: Nesting depth and number of values in one input file: the real ones (HF config.json, cluster YAML, model YAML)
 #: are at most 4 levels deep with a few hundred values; the dataset of published runs 5 levels, ~20,000 values.
 MAX_DEPTH = 32
-MAX_VALUES = 1_000_000
+MAX_VALUES = 200_000
 #: Integers longer than any float (1.8e308): no quantity of plan3d needs one; they overflow float arithmetic.
 MAX_INT_BITS = 1024
 

@@ -507,10 +507,16 @@ def validate(
         sys.exit(1)
 
 
-ShowOpt = Annotated[Optional[str], typer.Option("--show", help="print this entry as YAML (a template for your own)")]
+ShowOpt = Annotated[Optional[str], typer.Option("--show", help="print this entry as YAML, or JSON with --format json (a "
+                                                                "template for your own)")]
 
 
-def _show_yaml(data: dict) -> None:
+def _show_yaml(data: dict, fmt: Fmt = Fmt.table) -> None:
+    """One built-in entry: YAML, or JSON with ``--format json`` (both read back by --model / --cluster)."""
+    if fmt == Fmt.json:
+        import json
+        sys.stdout.write(json.dumps(data, indent=2, allow_nan=False) + "\n")
+        return
     import yaml
     sys.stdout.write(yaml.safe_dump(data, sort_keys=False, width=110))
 
@@ -520,7 +526,7 @@ def models(fmt: FmtOpt = Fmt.table, show: ShowOpt = None) -> None:
     """List the built-in models; --show NAME prints one as YAML (the format --model accepts)."""
     from model_zoo import get_model, list_models
     if show is not None:
-        _show_yaml(get_model(show).model_dump(mode="json", exclude_defaults=True))
+        _show_yaml(get_model(show).model_dump(mode="json", exclude_defaults=True), fmt)
         return
     rows = []
     for name in list_models():
@@ -551,7 +557,7 @@ def clusters(fmt: FmtOpt = Fmt.table, show: ShowOpt = None) -> None:
     """List the built-in clusters; --show NAME prints one as YAML (the format --cluster accepts)."""
     from cluster_specs import get_cluster, list_clusters
     if show is not None:
-        _show_yaml(get_cluster(show).model_dump(mode="json"))
+        _show_yaml(get_cluster(show).model_dump(mode="json"), fmt)
         return
     rows = []
     for name in list_clusters():

@@ -35,7 +35,7 @@ def pytest_terminal_summary(terminalreporter):
             if n:
                 tr.write_line(TALLY.summary(g))
     tr.write_line("slowest inputs (wall s / CPU s):")
-    for w, c, g, a in TALLY.slowest[:10]:
+    for w, c, g, a, _ in TALLY.slowest[:10]:
         tr.write_line(f"  {w:7.2f} {c:7.2f}  {g:13s} plan3d {' '.join(a)[:200]}")
     path = Path(os.environ.get("PLAN3D_FUZZ_REPORT", Path(tr.config.rootpath) / ".pytest_cache"
                                / "plan3d_fuzz_report.json"))

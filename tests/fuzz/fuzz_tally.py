@@ -39,15 +39,18 @@ class Tally:
     def __init__(self):
         self.runs: dict[str, int] = defaultdict(int)
         self.findings: dict[str, list[Finding]] = defaultdict(list)
-        self.slowest: list[tuple[float, float, str, list[str]]] = []
+        self.slowest: list[tuple[float, float, str, list[str], dict]] = []
         self.seen: set = set()
 
-    def record(self, group: str, o: Outcome, findings: list[Finding]) -> None:
+    def record(self, group: str, o: Outcome, findings: list[Finding], files=None) -> None:
+        """Count a run; keep it among the slowest (by CPU seconds: the machine's load does not count) with its input
+        files (``files()``: path -> text), so a slow generated input can be reproduced."""
         self.runs[group] += 1
         self.findings[group] += findings
-        self.slowest.append((o.wall_s, o.cpu_s, group, o.argv))
-        self.slowest.sort(key=lambda x: -x[1])  # by CPU seconds: the machine's load does not count
-        del self.slowest[KEEP_SLOWEST:]
+        if len(self.slowest) < KEEP_SLOWEST or o.cpu_s > self.slowest[-1][1]:
+            self.slowest.append((o.wall_s, o.cpu_s, group, o.argv, files() if files else {}))
+            self.slowest.sort(key=lambda x: -x[1])
+            del self.slowest[KEEP_SLOWEST:]
 
     def by_kind(self, group: str) -> dict[str, list[Finding]]:
         out: dict[str, list[Finding]] = defaultdict(list)
@@ -67,8 +70,8 @@ class Tally:
                 "findings": {g: {k: len(v) for k, v in self.by_kind(g).items()} for g in self.runs},
                 "examples": [{"kind": f.kind, "detail": f.detail, "argv": f.argv, "files": f.files}
                              for g in self.runs for fs in self.by_kind(g).values() for f in fs[:3]],
-                "slowest": [{"wall_s": round(w, 3), "cpu_s": round(c, 3), "group": g, "argv": a}
-                            for w, c, g, a in self.slowest]}
+                "slowest": [{"wall_s": round(w, 3), "cpu_s": round(c, 3), "group": g, "argv": a, "files": f}
+                            for w, c, g, a, f in self.slowest]}
 
 
 TALLY = Tally()
@@ -91,7 +94,7 @@ def fuzz_one(group: str, argv: list[str], scratch, rerun: bool = False) -> Outco
     if findings:
         for f in findings:
             f.files = scratch.contents(argv)
-    TALLY.record(group, o, findings)
+    TALLY.record(group, o, findings, lambda: scratch.contents(argv))
     return o
 
 
