@@ -34,6 +34,8 @@ if TYPE_CHECKING:  # heavy imports stay lazy: the CLI's start-up only pays for w
     from cost_models.memory import MemoryEstimate
     from model_zoo.spec import ModelSpec
 
+    from .comparison import ComparisonDocument
+    from .cost_search import SweepPoint
     from .document import PlanDocument
     from .explanation import Explanation
     from .validation import ValidationReport
@@ -48,7 +50,7 @@ FRAMEWORKS = ("megatron", "deepspeed", "torchtitan")
 FLOPS_CONVENTIONS = ("megatron", "palm")
 RECOMPUTE_CHOICES = ("none", "selective", "full")
 SOLVERS = ("cpsat", "enumerate")
-OBJECTIVES = ("throughput", "headroom", "min-gpus")
+OBJECTIVES = ("throughput", "headroom", "min-gpus", "cost")
 #: Default fraction of GPU memory kept free (planner.checks.DEFAULT_MEMORY_HEADROOM; the CLI repeats the value to
 #: keep its start-up light and a test keeps the two equal).
 DEFAULT_HEADROOM = 0.05
@@ -96,15 +98,36 @@ class MemoryOptions(LayoutOptions, total=False):
     capacity_factor: float | None
 
 
-class PlanOptions(JobOptions, total=False):
-    """``plan``: the search's settings and pins (a pinned knob is searched at that value only)."""
+class CostOptions(TypedDict, total=False):
+    """The whole-run cost (``plan`` and ``evaluate``; planner/cost.py): with ``train_tokens`` each plan gets a
+    ``cost`` block. ``gpu_hour_price`` is USD per GPU-hour (one number, ``"NAME=USD,..."`` or a dict by cluster
+    name; default: the cluster's own dated price); ``interruption_rate`` (per GPU-hour), ``restart_s`` and ``pue``
+    override the cluster's figures; ``async_checkpoint`` hides the checkpoint write behind compute."""
+
+    train_tokens: float | None
+    gpu_hour_price: float | str | dict[str, float] | None
+    async_checkpoint: bool
+    interruption_rate: float | None
+    restart_s: float | None
+    pue: float | None
+
+
+class EvaluateOptions(LayoutOptions, CostOptions, total=False):
+    """``evaluate``: one layout, and optionally its whole-run cost."""
+
+
+class PlanOptions(JobOptions, CostOptions, total=False):
+    """``plan``: the search's settings and pins (a pinned knob is searched at that value only). ``objective``
+    ``cost`` is the cheapest plan that trains ``train_tokens`` by ``deadline_days``; ``min-gpus`` takes
+    ``deadline_days`` instead of a rate target."""
 
     top_k: int
     solver: Literal["cpsat", "enumerate"]
-    objective: Literal["throughput", "headroom", "min-gpus"]
+    objective: Literal["throughput", "headroom", "min-gpus", "cost"]
     within: float | None
     target_step_s: float | None
     target_tokens_per_day: float | None
+    deadline_days: float | None
     tp: int | None
     pp: int | None
     cp: int | None
@@ -121,7 +144,8 @@ class PlanOptions(JobOptions, total=False):
 
 _JOB_KEYS = frozenset(JobOptions.__annotations__)
 _LAYOUT_KEYS = frozenset(LayoutOptions.__annotations__) - _JOB_KEYS
-_PLAN_KEYS = frozenset(PlanOptions.__annotations__)
+_COST_KEYS = frozenset(CostOptions.__annotations__)
+_PLAN_KEYS = frozenset(PlanOptions.__annotations__) | _COST_KEYS
 
 
 @dataclass(frozen=True)
@@ -269,6 +293,15 @@ def parallel_config(inputs: Inputs, *, tp: int = 1, pp: int = 1, cp: int = 1, ep
         raise PlanInputError(f"{field} {err.get('input')!r}: {err.get('msg', 'invalid')}") from None
 
 
+def _cost_options(options: dict[str, Any]):
+    """``planner.cost.CostOptions`` of the cost keys in ``options`` (None without ``train_tokens``)."""
+    from .cost import cost_options
+    return cost_options(options.get("train_tokens"), gpu_hour_price=options.get("gpu_hour_price"),
+                        async_checkpoint=bool(options.get("async_checkpoint", False)),
+                        interruptions_per_gpu_hour=options.get("interruption_rate"),
+                        restart_s=options.get("restart_s"), pue=options.get("pue"))
+
+
 def _layout_problem(model, cluster, options: dict[str, Any], where: str):
     """Resolve the options of a one-layout function into (inputs, par, headroom, framework, convention)."""
     _check_keys(options, _JOB_KEYS | _LAYOUT_KEYS, where)
@@ -278,20 +311,35 @@ def _layout_problem(model, cluster, options: dict[str, Any], where: str):
     return inputs, par, _headroom(options.get("memory_headroom")), inputs.job.framework, conv
 
 
-def plan(model: ModelLike | None = None, cluster: ClusterLike | None = None,
-         **options: Unpack[PlanOptions]) -> PlanDocument:
-    """Search the parallel layouts of a job and return the best plans (best first) as the plan document.
+@dataclass(frozen=True)
+class _PlanSetup:
+    """``plan``'s options, checked and resolved (shared with ``compare`` and ``cost_sweep``)."""
 
-    ``options``: the job (``gpus`` or ``nodes``, ``global_batch_size`` 1024, ``seq_length`` 4096, ``precision``
-    bf16, ``flash_attention`` True, ``dropout`` False, ``framework`` megatron, ``memory_headroom`` 0.05,
-    ``flops_convention`` megatron), the search (``top_k`` 5, ``solver`` cpsat|enumerate, ``objective``
-    throughput|headroom|min-gpus with ``within`` / ``target_step_s`` / ``target_tokens_per_day``) and pins
-    (``tp``, ``pp``, ``cp``, ``ep``, ``vpp``, ``micro_batch_size``, ``zero_stage``, ``recompute``).
-    The document's ``search_stats`` tells how many candidates were examined and found feasible.
+    inputs: Inputs
+    objective: str
+    solver: str
+    convention: str
+    headroom: float
+    top_k: int
+    within: float | None
+    target_step_s: float | None
+    target_tokens_per_day: float | None
+    deadline_days: float | None
+    cost: Any  # planner.cost.CostOptions | None
+    space: Any  # planner.space.SearchSpace
+    budget: Any  # planner.progress.Budget: wall seconds for repeated planning
+    progress: Callable[[str], None]  # told each step of repeated planning (a status line)
 
-    Raises ``NoFeasiblePlan`` (nothing fits: the message names the binding constraint, by how much, and the
-    nearest changes that fit) and the input errors of ``load_inputs``.
-    """
+    def problem(self):
+        """The deadline searches' ``planner.cost_search.Problem`` on this setup's cluster."""
+        from .cost_search import Problem
+        i = self.inputs
+        return Problem(i.model, i.cluster, i.job, self.space, self.headroom, i.job.framework, self.solver,
+                       self.convention, self.cost, self.budget, self.progress)
+
+
+def _plan_setup(model, cluster, options: dict[str, Any]) -> _PlanSetup:
+    """Check ``plan``'s options and resolve the inputs (raises the input errors ``plan`` documents)."""
     _check_keys(options, _PLAN_KEYS, "plan")
     o = dict(options)
     objective = _choice("objective", o.get("objective", "throughput"), OBJECTIVES)
@@ -303,8 +351,21 @@ def plan(model: ModelLike | None = None, cluster: ClusterLike | None = None,
             raise PlanInputError(f"{_flag(field)} {v:g}: must be a positive number")
     if within is not None and objective != "headroom":
         raise PlanInputError("--within applies to --objective headroom only")
-    if objective == "min-gpus" and (step_t is None) == (tok_t is None):
-        raise PlanInputError("--objective min-gpus needs exactly one of --target-step-s, --target-tokens-per-day")
+    cost = _cost_options(o)
+    deadline = o.get("deadline_days")
+    if deadline is not None:
+        if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not 0 < deadline < float("inf"):
+            raise PlanInputError(f"--deadline-days {deadline!r}: must be a positive number of days")
+        if objective not in ("cost", "min-gpus"):
+            raise PlanInputError("--deadline-days needs --objective cost or --objective min-gpus")
+        if cost is None:
+            raise PlanInputError("--deadline-days needs --train-tokens (the days depend on how many tokens)")
+    if objective == "cost" and deadline is None:
+        raise PlanInputError("--objective cost needs --deadline-days and --train-tokens (cheapest plan that "
+                             "finishes by the deadline)")
+    if objective == "min-gpus" and sum(v is not None for v in (step_t, tok_t, deadline)) != 1:
+        raise PlanInputError("--objective min-gpus needs exactly one of --target-step-s, --target-tokens-per-day, "
+                             "--deadline-days")
     if objective != "min-gpus" and (step_t is not None or tok_t is not None):
         raise PlanInputError("--target-step-s / --target-tokens-per-day need --objective min-gpus")
     top_k = o.get("top_k", 5)
@@ -314,36 +375,136 @@ def plan(model: ModelLike | None = None, cluster: ClusterLike | None = None,
     headroom = _headroom(o.get("memory_headroom"))
     if o.get("recompute") is not None:
         _choice("recompute", o["recompute"], RECOMPUTE_CHOICES)
-    from .document import build_document
     from .space import SearchSpace
     one = lambda x: None if x is None else (x,)  # noqa: E731
     sp_kw: dict[str, Any] = {k: one(o.get(k)) for k in ("tp", "pp", "cp", "ep", "vpp")}
     for k in ("micro_batch_size", "zero_stage", "recompute"):
         if o.get(k) is not None:
             sp_kw[k] = (o[k],)
-    space = SearchSpace(**sp_kw)
-    m, c, n, job = inputs.model, inputs.cluster, inputs.num_gpus, inputs.job
-    fw = job.framework
     from .progress import DEFAULT_BUDGET_S, Budget, no_progress
     seconds = o.get("time_budget_s", DEFAULT_BUDGET_S)
     if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
                                 or not 0 < seconds < float("inf")):
         raise PlanInputError(f"--time-budget {seconds!r}: must be a positive number of seconds")
-    budget, progress = Budget(seconds), o.get("progress") or no_progress
-    if objective == "min-gpus":
+    return _PlanSetup(inputs, objective, solver, conv, headroom, top_k, within, step_t, tok_t,
+                      None if deadline is None else float(deadline), cost, SearchSpace(**sp_kw), Budget(seconds),
+                      o.get("progress") or no_progress)
+
+
+def plan(model: ModelLike | None = None, cluster: ClusterLike | None = None,
+         **options: Unpack[PlanOptions]) -> PlanDocument:
+    """Search the parallel layouts of a job and return the best plans (best first) as the plan document.
+
+    ``options``: the job (``gpus`` or ``nodes``, ``global_batch_size`` 1024, ``seq_length`` 4096, ``precision``
+    bf16, ``flash_attention`` True, ``dropout`` False, ``framework`` megatron, ``memory_headroom`` 0.05,
+    ``flops_convention`` megatron), the search (``top_k`` 5, ``solver`` cpsat|enumerate, ``objective``
+    throughput|headroom|min-gpus|cost with ``within`` / ``target_step_s`` / ``target_tokens_per_day`` /
+    ``deadline_days``), pins (``tp``, ``pp``, ``cp``, ``ep``, ``vpp``, ``micro_batch_size``, ``zero_stage``,
+    ``recompute``) and the cost options (``train_tokens``, ...: ``CostOptions``; each plan then has a ``cost``).
+    With ``gpus`` an upper bound, ``objective`` min-gpus finds the fewest GPUs that meet the target or deadline and
+    ``cost`` the fewest GPU-hours that finish by ``deadline_days`` (planner/cost_search.py).
+    The document's ``search_stats`` tells how many candidates were examined and found feasible.
+
+    Raises ``NoFeasiblePlan`` (nothing fits: the message names the binding constraint, by how much, and the
+    nearest changes that fit; or no plan meets the deadline, and by how much) and the input errors of
+    ``load_inputs``.
+    """
+    st = _plan_setup(model, cluster, options)
+    from .cost import attach_costs
+    from .document import build_document
+    m, c, n, job = st.inputs.model, st.inputs.cluster, st.inputs.num_gpus, st.inputs.job
+    fw, space, headroom, top_k = job.framework, st.space, st.headroom, st.top_k
+    if st.deadline_days is not None:
+        from .cost_search import cheapest_by_deadline, fewest_gpus_by_deadline
+        by_deadline = cheapest_by_deadline if st.objective == "cost" else fewest_gpus_by_deadline
+        res, n = by_deadline(st.problem(), n, top_k, st.deadline_days)
+    elif st.objective == "min-gpus":
         from .search import fewest_gpus
-        res, n = fewest_gpus(m, c, job, n, top_k, space, headroom, fw, solver, step_t, tok_t, conv, budget, progress)
+        res, n = fewest_gpus(m, c, job, n, top_k, space, headroom, fw, st.solver, st.target_step_s,
+                             st.target_tokens_per_day, st.convention, budget=st.budget, progress=st.progress)
     else:
         from .search import run_search
-        res = run_search(m, c, job, n, top_k, space, headroom, fw, solver, objective,
-                         DEFAULT_WITHIN if within is None else within, conv, progress)
+        res = run_search(m, c, job, n, top_k, space, headroom, fw, st.solver, st.objective,
+                         DEFAULT_WITHIN if st.within is None else st.within, st.convention, st.progress)
     if not res.plans:
         from .explanation import why_infeasible
-        raise NoFeasiblePlan(why_infeasible(m, c, job, n, res, space, headroom, fw, step_t, tok_t, budget,
-                                            progress))
+        raise NoFeasiblePlan(why_infeasible(m, c, job, n, res, space, headroom, fw, st.target_step_s,
+                                            st.target_tokens_per_day, st.budget, st.progress))
     doc = build_document(m, c, job, n, res.plans)
+    attach_costs(doc, res.plans, m, c, job, n, st.cost)
     doc._search_stats = SearchStats(res.num_candidates, res.num_feasible, res.num_feasible_exact, res.note)
     return doc
+
+
+def _resolve_clusters(clusters) -> list:
+    """Built ``ClusterSpec`` objects of ``clusters`` (names, paths, specs, or a ``--cluster`` string with commas)."""
+    from cluster_specs import DEFAULT_CLUSTER, load_cluster
+    from cluster_specs.spec import ClusterSpec
+
+    from .comparison import parse_cluster_option
+    if clusters is None:
+        clusters = [DEFAULT_CLUSTER]
+    if isinstance(clusters, (ClusterSpec, os.PathLike)):
+        clusters = [clusters]
+    if isinstance(clusters, str):
+        choice = parse_cluster_option(clusters)
+        if choice.kind == "pools":
+            raise PlanInputError(f"--cluster {clusters!r}: NAME:NODES pools of one mixed-GPU cluster are not "
+                                 f"supported yet; give NAME,NAME,... to compare clusters")
+        clusters = list(choice.names)
+    if not clusters:
+        raise PlanInputError("--cluster: give at least one cluster to compare")
+    return [c if isinstance(c, ClusterSpec) else load_cluster(os.fspath(c)) for c in clusters]
+
+
+def compare(model: ModelLike | None = None, clusters: str | list[ClusterLike] | None = None,
+            **options: Unpack[PlanOptions]) -> ComparisonDocument:
+    """Plan the same job on several clusters (``"dgx-h100,dgx-h200"`` or a list) and rank them by the best plan's
+    effective days and dollars to train ``train_tokens`` (required). Options as ``plan``: ``gpus`` is shared (with
+    the min-gpus and cost objectives it is each cluster's upper bound). A cluster with no plan (nothing fits, the
+    deadline is missed, its GPUs lack the precision) gets its reason in the row. Raises ``PlanInputError`` without
+    ``train_tokens`` and, when every cluster fails on an input error, the first of them."""
+    from cluster_specs import ClusterSpecError
+    from model_zoo import DEFAULT_MODEL, load_model
+    from model_zoo.spec import ModelSpec
+
+    from .comparison import build_comparison
+    if options.get("train_tokens") is None:
+        raise PlanInputError("--cluster with several clusters ranks them by time and cost to train: give "
+                             "--train-tokens")
+    specs = _resolve_clusters(clusters)
+    m = model if isinstance(model, ModelSpec) else load_model(os.fspath(model) if model is not None else DEFAULT_MODEL)
+    results, input_errors = [], []
+    for c in specs:
+        try:
+            results.append((c.name, plan(m, c, **options), None))
+        except (PlanInputError, ClusterSpecError) as e:
+            input_errors.append(e)
+            results.append((c.name, None, str(e)))
+        except NoFeasiblePlan as e:
+            results.append((c.name, None, str(e)))
+    if len(input_errors) == len(specs):
+        raise input_errors[0]
+    deadline = options.get("deadline_days")
+    return build_comparison(m.name, options.get("objective", "throughput"), float(options["train_tokens"]),
+                            None if deadline is None else float(deadline), results)
+
+
+def cost_sweep(model: ModelLike | None = None, clusters: ClusterLike | list[ClusterLike] | None = None,
+               **options: Unpack[PlanOptions]) -> list[SweepPoint]:
+    """The fastest plan at each GPU count (one node, doubling, up to ``gpus``) on each cluster, with its whole-run
+    cost (``train_tokens`` required): the points ``plan3d plan --plot`` draws (planner/cost_plot.py). Options as
+    ``plan`` (the objective and deadline are not used: every count is swept)."""
+    if options.get("train_tokens") is None:
+        raise PlanInputError("--plot draws cost against days: give --train-tokens")
+    sweep_opts = {k: v for k, v in options.items() if k not in ("objective", "deadline_days", "within",
+                                                                 "target_step_s", "target_tokens_per_day")}
+    from .cost_search import cost_sweep as sweep
+    points: list[SweepPoint] = []
+    for c in _resolve_clusters(clusters):
+        st = _plan_setup(model, c, sweep_opts)
+        points += sweep(st.problem(), st.inputs.num_gpus)
+    return points
 
 
 def _evaluation(inputs: Inputs, par: ParallelConfig, headroom: float, framework: str, convention: str):
@@ -352,16 +513,23 @@ def _evaluation(inputs: Inputs, par: ParallelConfig, headroom: float, framework:
 
 
 def evaluate(model: ModelLike | None = None, cluster: ClusterLike | None = None,
-             **options: Unpack[LayoutOptions]) -> PlanDocument:
+             **options: Unpack[EvaluateOptions]) -> PlanDocument:
     """Evaluate one given configuration, feasible or not: the plan document with one plan, whose ``feasible``
     flag and ``violations`` say whether it fits and which rule it breaks. Options as ``plan``'s job options plus
     the layout (``tp``, ``pp``, ``cp``, ``ep``, ``etp``, ``vpp``, ``micro_batch_size``, ``zero_stage``,
     ``recompute``, ``recompute_num_layers``, ``sequence_parallel``, ``first_stage_layers``, ``last_stage_layers``;
-    Megatron-LM's defaults where left out). Raises only input errors (``PlanInputError`` and the loaders')."""
+    Megatron-LM's defaults where left out) and the cost options (``train_tokens``, ...: ``CostOptions``).
+    Raises only input errors (``PlanInputError`` and the loaders')."""
+    from .cost import attach_costs
     from .document import build_document
-    inputs, par, headroom, fw, conv = _layout_problem(model, cluster, dict(options), "evaluate")
+    o = dict(options)
+    _check_keys(o, _JOB_KEYS | _LAYOUT_KEYS | _COST_KEYS, "evaluate")
+    cost = _cost_options(o)
+    inputs, par, headroom, fw, conv = _layout_problem(
+        model, cluster, {k: v for k, v in o.items() if k not in _COST_KEYS}, "evaluate")
     ev = _evaluation(inputs, par, headroom, fw, conv)
-    return build_document(inputs.model, inputs.cluster, inputs.job, inputs.num_gpus, [ev])
+    doc = build_document(inputs.model, inputs.cluster, inputs.job, inputs.num_gpus, [ev])
+    return attach_costs(doc, [ev], inputs.model, inputs.cluster, inputs.job, inputs.num_gpus, cost)
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ class ObjectiveOpt(str, Enum):
     throughput = "throughput"
     headroom = "headroom"
     min_gpus = "min-gpus"
+    cost = "cost"
 
 
 class Framework(str, Enum):
@@ -60,7 +61,8 @@ class FlopsConv(str, Enum):
 
 
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="built-in name, our YAML, or a HF config.json path")]
-ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="built-in name or YAML path")]
+ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="built-in name or YAML path (plan: A,B,C compares "
+                                                                   "clusters by time and cost)")]
 GpusOpt = Annotated[Optional[int], typer.Option("--gpus", min=1, help="number of GPUs (multiple of the node size)")]
 NodesOpt = Annotated[Optional[int], typer.Option("--nodes", min=1, help="number of nodes")]
 GbsOpt = Annotated[int, typer.Option("--global-batch-size", min=1, help="sequences per optimizer step")]
@@ -81,6 +83,22 @@ FlashOpt = Annotated[bool, typer.Option("--flash-attention/--no-flash-attention"
                                         help="fused attention (no s x s scores stored or streamed; default on)")]
 DropoutOpt = Annotated[bool, typer.Option("--dropout/--no-dropout",
                                           help="dropout layers present (masks stored; default off)")]
+# --- whole-run cost (planner/cost.py) ---
+TrainTokensOpt = Annotated[Optional[float], typer.Option(
+    "--train-tokens", help="tokens to train (e.g. 15.6e12): each plan gets its days, GPU-hours, goodput, energy "
+                           "and dollars")]
+PriceOpt = Annotated[Optional[str], typer.Option(
+    "--gpu-hour-price", help="USD per GPU-hour (2.5), or NAME=USD pairs per cluster (dgx-h100=2.5,dgx-h200=3.1); "
+                             "default: the cluster's own dated price")]
+AsyncCkptOpt = Annotated[bool, typer.Option(
+    "--async-checkpoint/--no-async-checkpoint", help="asynchronous checkpoints (Megatron --async-save, torch DCP "
+                                                     "async_save): the write runs behind compute (default off)")]
+RateOpt = Annotated[Optional[float], typer.Option(
+    "--interruption-rate", help="unexpected job interruptions per GPU-hour (default: the cluster's, Meta's Llama 3 "
+                                "figure 1.97e-5)")]
+RestartOpt = Annotated[Optional[float], typer.Option(
+    "--restart-s", help="seconds from an interruption to training again (default: the cluster's, 388 s)")]
+PueOpt = Annotated[Optional[float], typer.Option("--pue", help="power usage effectiveness (default: the cluster's)")]
 
 
 def _write(text: str, output: Path | None) -> None:
@@ -116,10 +134,19 @@ def _plans_table(doc, title: str):
         caption += (f"; MFU = model FLOPs ({thr.flops_convention} count) / dense 16-bit peak "
                     f"{thr.peak_flops_per_gpu / 1e12:.0f} TFLOP/s per GPU")
     t = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
-    for col in ("#", "tp", "pp", "dp", "cp", "ep", "vpp", "mbs", "zero", "sp", "recompute", "peak GiB",
-                "step s", "tokens/s", "TFLOP/s/GPU", "MFU", "ok"):
+    from .cost_report import money
+    costed = any(p.cost is not None for p in doc.plans)
+    cols = ["#", "tp", "pp", "dp", "cp", "ep", "vpp", "mbs", "zero", "sp", "recompute", "peak GiB",
+            "step s", "tokens/s", "TFLOP/s/GPU", "MFU", "ok"]
+    for col in cols + (["days", "GPU-hours", "$"] if costed else []):
         t.add_column(col, justify="right")
+    if costed:
+        t.caption += "; days: with interruptions, restarts and checkpoints (plan 1 in detail below)"
     for p in doc.plans:
+        extra = []
+        if costed:
+            c = p.cost
+            extra = ["-", "-", "-"] if c is None else [f"{c.effective_days:.4g}", f"{c.gpu_hours:,.0f}", money(c.usd)]
         q = p.parallel
         peak = f"{_gib(p.memory.peak_bytes)}/{_gib(p.memory.capacity_bytes)}" if p.memory else "-"
         if p.memory and p.memory.at_risk:
@@ -133,7 +160,7 @@ def _plans_table(doc, title: str):
                   f"{p.throughput.tokens_per_s:,.0f}" if p.throughput else "-",
                   f"{p.throughput.tflops_per_gpu:.0f}" if p.throughput else "-",
                   f"{p.throughput.mfu:.1%}" if p.throughput else "-",
-                  "yes" if p.feasible else "NO")
+                  "yes" if p.feasible else "NO", *extra)
     return t
 
 
@@ -194,17 +221,25 @@ def _render(doc, fmt: Fmt, output: Path | None, emit: Emit | None, title: str, r
         _write(to_json(doc), output)
         return
     from rich.console import Console
+
+    from .cost_report import cost_lines
+    width = 190 if any(p.cost is not None for p in doc.plans) else 160  # room for days, GPU-hours and $
     if output is not None:
         import io
         buf = io.StringIO()
-        Console(file=buf, width=160).print(_plans_table(doc, title))
+        con = Console(file=buf, width=width)
+        con.print(_plans_table(doc, title))
+        for line in cost_lines(doc):
+            con.print(line, highlight=False)
         _write(buf.getvalue(), output)  # one-line error naming the path and the OS reason
         return
-    console = Console(width=max(160, Console().width))
+    console = Console(width=max(width, Console().width))
     console.print(_plans_table(doc, title))
     for p in doc.plans:
         for v in p.violations:
             console.print(f"  plan {p.rank}: {v}")
+    for line in cost_lines(doc):
+        console.print(line, highlight=False)
 
 
 def _pair_args(args: list[str]) -> list[str]:
@@ -232,8 +267,9 @@ def plan(
                                                                "oracle)")] = SolverOpt.cpsat,
     objective: Annotated[ObjectiveOpt, typer.Option(
         "--objective", help="throughput (default); headroom: most memory headroom within --within of the best "
-                            "throughput; min-gpus: fewest GPUs (up to --gpus) meeting --target-step-s or "
-                            "--target-tokens-per-day")] = ObjectiveOpt.throughput,
+                            "throughput; min-gpus: fewest GPUs (up to --gpus) meeting --target-step-s, "
+                            "--target-tokens-per-day or --deadline-days; cost: fewest GPU-hours (up to --gpus) "
+                            "that train --train-tokens by --deadline-days")] = ObjectiveOpt.throughput,
     within: Annotated[Optional[float], typer.Option("--within", min=0.0, max=1.0,
                                           help="--objective headroom: allowed throughput loss (fraction, default 0.05)")] = None,
     target_step_s: Annotated[Optional[float], typer.Option("--target-step-s", min=0.0,
@@ -249,13 +285,27 @@ def plan(
     pin_zero: Annotated[Optional[int], typer.Option("--zero-stage", min=0, max=3, help="pin ZeRO stage")] = None,
     pin_rc: Annotated[Optional[RecomputeOpt], typer.Option("--recompute", help="pin recompute")] = None,
     flops_convention: FlopsOpt = None,
+    train_tokens: TrainTokensOpt = None, gpu_hour_price: PriceOpt = None, async_checkpoint: AsyncCkptOpt = False,
+    interruption_rate: RateOpt = None, restart_s: RestartOpt = None, pue: PueOpt = None,
+    deadline_days: Annotated[Optional[float], typer.Option(
+        "--deadline-days", help="--objective cost: cheapest plan that trains --train-tokens in this many days; "
+                                "--objective min-gpus: fewest GPUs that do")] = None,
+    plot: Annotated[Optional[Path], typer.Option(
+        "--plot", help="draw cost against days over GPU counts (and clusters) to FILE.png|svg, the Pareto frontier "
+                       "marked (needs --train-tokens)")] = None,
     time_budget: Annotated[float, typer.Option(
-        "--time-budget", min=0.0, help="wall seconds for repeated planning: --objective min-gpus and "
-                                                      "the search for the nearest feasible change stop, saying so, "
-                                                      "when it is spent (default 60)")] = 60.0,
+        "--time-budget", min=0.0, help="wall seconds for repeated planning (--objective min-gpus / cost, the search "
+                                       "for the nearest feasible change, --plot's sweep): it stops, saying so, when "
+                                       "they are spent (default 60)")] = 60.0,
 ) -> None:
-    """Search the parallel layouts and print the best plans (default: llama3.1-8b on one dgx-h100 node)."""
+    """Search the parallel layouts and print the best plans (default: llama3.1-8b on one dgx-h100 node).
+
+    --cluster A,B,C plans the same job on each cluster and ranks them by time and by cost (needs --train-tokens).
+    """
+    from .api import compare as api_compare
+    from .api import cost_sweep
     from .api import plan as api_plan
+    from .comparison import parse_cluster_option
     from .errors import PlanInputError
     from .progress import progress_line
 
@@ -263,15 +313,34 @@ def plan(
         raise PlanInputError(f"--rank {rank} selects the plan --emit writes: give --emit megatron|deepspeed|torchtitan")
     if framework is None:  # an explicit --framework wins; else plan under the rules of the --emit target
         framework = emit if emit is not None else Framework.megatron
+    choice = parse_cluster_option(cluster)
+    if plot is not None:  # checked before the search: a wrong suffix or no token count fails at once
+        from .cost_plot import check_plot_path
+        check_plot_path(plot)
+        if train_tokens is None:
+            raise PlanInputError("--plot draws cost against days: give --train-tokens")
+    opts = dict(gpus=gpus, nodes=nodes, global_batch_size=global_batch_size,
+                seq_length=seq_length, precision=precision.value, flash_attention=flash_attention,
+                dropout=dropout, framework=framework.value, memory_headroom=memory_headroom,
+                flops_convention=_value(flops_convention), top_k=max(top_k, rank if emit is not None else 1),
+                solver=solver.value, objective=objective.value, within=within, target_step_s=target_step_s,
+                target_tokens_per_day=target_tokens_per_day, tp=pin_tp, pp=pin_pp, cp=pin_cp, ep=pin_ep,
+                vpp=pin_vpp, micro_batch_size=pin_mbs, zero_stage=pin_zero, recompute=_value(pin_rc),
+                train_tokens=train_tokens, gpu_hour_price=gpu_hour_price, async_checkpoint=async_checkpoint,
+                interruption_rate=interruption_rate, restart_s=restart_s, pue=pue, deadline_days=deadline_days,
+                time_budget_s=time_budget)
+    if choice.kind != "single":
+        if emit is not None:
+            raise PlanInputError("--emit writes one plan: give one --cluster")
+        cmp = api_compare(model, cluster, **opts)
+        if plot is not None:
+            _plot(cost_sweep(model, cluster, **opts), plot, cmp.model, train_tokens)
+        _render_comparison(cmp, fmt, output)
+        return
     with progress_line("plan3d plan") as progress:  # a status line on stderr while it is a terminal
-        doc = api_plan(model, cluster, gpus=gpus, nodes=nodes, global_batch_size=global_batch_size,
-                       seq_length=seq_length, precision=precision.value, flash_attention=flash_attention,
-                       dropout=dropout, framework=framework.value, memory_headroom=memory_headroom,
-                       flops_convention=_value(flops_convention), top_k=max(top_k, rank if emit is not None else 1),
-                       solver=solver.value, objective=objective.value, within=within, target_step_s=target_step_s,
-                       target_tokens_per_day=target_tokens_per_day, tp=pin_tp, pp=pin_pp, cp=pin_cp, ep=pin_ep,
-                       vpp=pin_vpp, micro_batch_size=pin_mbs, zero_stage=pin_zero, recompute=_value(pin_rc),
-                       time_budget_s=time_budget, progress=progress)
+        doc = api_plan(model, cluster, **opts, progress=progress)
+    if plot is not None:
+        _plot(cost_sweep(model, cluster, **opts), plot, doc.input.model.name, train_tokens)
     i, stats = doc.input, doc.search_stats
     if stats.note:
         sys.stderr.write(f"plan3d: note: {stats.note}\n")
@@ -280,6 +349,38 @@ def plan(
             f"{i.job.global_batch_size} x seq {i.job.seq_length}, {i.job.precision}: top {len(doc.plans)} of "
             f"{'' if stats.exact else 'at most '}{stats.num_feasible} feasible ({stats.num_candidates} examined)",
             rank, framework.value)
+
+
+def _plot(points, path: Path, model_name: str, train_tokens: float) -> None:
+    from .cost_plot import plot_cost_sweep
+    plot_cost_sweep(points, path, f"plan3d: {model_name}, {train_tokens:.4g} tokens: cost against days over GPU "
+                                  f"counts, best plan at each")
+
+
+def _render_comparison(cmp, fmt: Fmt, output: Path | None) -> None:
+    """A multi-cluster comparison: JSON (``ComparisonDocument``) or the ranked table and the reasons of clusters
+    without a plan."""
+    if fmt == Fmt.json:
+        _write(cmp.model_dump_json(), output)
+        return
+    import io
+
+    from rich.console import Console
+
+    from .cost_report import comparison_notes, comparison_table
+    dl = f", deadline {cmp.deadline_days:g} days" if cmp.deadline_days is not None else ""
+    title = (f"plan3d: {cmp.model}, {cmp.train_tokens:.4g} tokens on {len(cmp.rows)} clusters, objective "
+             f"{cmp.objective}{dl}: best plan of each, ranked by time and by cost")
+    buf = io.StringIO() if output is not None else None
+    con = Console(file=buf, width=200) if buf is not None else Console(width=max(200, Console().width))
+    con.print(comparison_table(cmp, title))
+    notes = comparison_notes(cmp)
+    if notes:
+        con.print("clusters without a plan:")
+        for line in notes:
+            con.print(line, highlight=False)
+    if buf is not None:
+        _write(buf.getvalue(), output)
 
 
 def _value(opt):
@@ -333,6 +434,8 @@ def evaluate(
         "--emit", help="print (or with --output DIR write) this framework's launch config of the configuration; "
                        "refused when the configuration is infeasible")] = None,
     flops_convention: FlopsOpt = None,
+    train_tokens: TrainTokensOpt = None, gpu_hour_price: PriceOpt = None, async_checkpoint: AsyncCkptOpt = False,
+    interruption_rate: RateOpt = None, restart_s: RestartOpt = None, pue: PueOpt = None,
 ) -> None:
     """Evaluate one given configuration (feasible or not). Options left out take Megatron-LM's defaults.
 
@@ -345,7 +448,9 @@ def evaluate(
     doc = api_evaluate(**_layout(
         model, cluster, gpus, nodes, global_batch_size, seq_length, precision, flash_attention, dropout, framework,
         memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute, recompute_num_layers,
-        sequence_parallel, first_stage_layers, last_stage_layers, flops_convention))
+        sequence_parallel, first_stage_layers, last_stage_layers, flops_convention),
+        train_tokens=train_tokens, gpu_hour_price=gpu_hour_price, async_checkpoint=async_checkpoint,
+        interruption_rate=interruption_rate, restart_s=restart_s, pue=pue)
     i = doc.input
     _render(doc, fmt, output, emit, f"plan3d evaluate: {i.model.name} on {i.cluster.num_gpus} x {i.cluster.gpu} "
                                     f"({i.cluster.name})", framework=framework.value)
@@ -581,7 +686,7 @@ def clusters(fmt: FmtOpt = Fmt.table, show: ShowOpt = None) -> None:
         t.add_row(r["name"], r["gpu"], f"{r['memory_bytes'] / 2**30:.1f}", str(r["gpus_per_node"]),
                   str(r["nvlink_domain_size"]), f"{(r['peak_bf16_flops'] or 0) / 1e12:.0f}",
                   f"{(r['peak_fp8_flops'] or 0) / 1e12:.0f}" if r["peak_fp8_flops"] else "-",
-                  f"{r['nvlink_bytes_per_s'] / 1e9:.0f}", f"{r['nic_bytes_per_s'] / 1e9:.0f}")
+                  f"{r['nvlink_bytes_per_s'] / 1e9:.0f}", f"{r['nic_bytes_per_s'] / 1e9:.3g}")
     Console(width=200).print(t)
 
 

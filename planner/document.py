@@ -20,7 +20,8 @@ from .emit import launch_fields
 from .evaluation import Evaluation
 
 #: 1.1 (additive): parallel.account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split
-SCHEMA_VERSION = "1.1"
+#: 1.2 (additive): plans[].cost, the whole-run cost of --train-tokens (planner/cost.py)
+SCHEMA_VERSION = "1.2"
 
 
 def _r(x: float) -> float:
@@ -153,6 +154,38 @@ class LaunchInfo(_Strict):
     unsupported: dict[str, str] = Field(default_factory=dict, description="framework -> why it cannot run the plan")
 
 
+class CostInfo(_Strict):
+    """Whole-run cost of training ``train_tokens`` tokens with the plan (cost_models/training_cost.py gives every
+    formula and planner/cost.py the options). Days and hours are wall-clock; ``effective_days`` counts
+    interruptions, restarts and checkpoints (``wall_clock_days / goodput_fraction``) and ``gpu_hours`` is
+    ``effective_days x 24 x GPUs``, what a rental bills."""
+    train_tokens: float
+    steps: int
+    wall_clock_days: float = Field(description="failure-free training time: train_tokens / tokens_per_s, days")
+    effective_days: float = Field(description="with interruptions, restarts and checkpoints: wall_clock_days / "
+                                              "goodput_fraction, days")
+    gpu_hours: float = Field(description="effective_days x 24 x GPUs")
+    goodput_fraction: float = Field(description="useful training time / wall time (Daly 2006)")
+    checkpoint_bytes: int = Field(description="weights + optimizer states of every parameter, bytes")
+    checkpoint_write_s: float = Field(description="checkpoint bytes / storage write bandwidth, seconds")
+    checkpoint_blocking_s: float = Field(description="seconds each checkpoint stops training (the write, or with "
+                                                     "async_checkpoint the copy to host memory)")
+    checkpoint_interval_s: float = Field(description="Young/Daly interval between checkpoint starts, whole steps, s")
+    checkpoint_interval_steps: int
+    async_checkpoint: bool
+    mtbf_s: float = Field(description="job mean time between interruptions, seconds")
+    restart_s: float = Field(description="seconds from an interruption to training again")
+    expected_interruptions: float
+    it_power_kw: float | None = Field(description="GPUs x board power + nodes x node overhead, kW")
+    pue: float
+    energy_mwh: float | None = Field(description="it_power_kw x PUE x effective time, MWh (1e6 Wh)")
+    energy_scope: str = Field(description="what energy_mwh counts")
+    usd: float | None = Field(description="gpu_hours x usd_per_gpu_hour; None without a price")
+    usd_per_gpu_hour: float | None
+    price_date: str | None = Field(description="when the price was read (prices move); None for --gpu-hour-price")
+    price_source: str | None
+
+
 class PlanInfo(_Strict):
     rank: int
     feasible: bool
@@ -162,6 +195,8 @@ class PlanInfo(_Strict):
     time: TimeInfo | None
     throughput: ThroughputInfo | None
     launch: LaunchInfo
+    #: whole-run cost, present when --train-tokens is given (schema 1.2)
+    cost: CostInfo | None = None
 
 
 class PlanDocument(_Strict):

@@ -190,12 +190,12 @@ def why_infeasible(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num
     """One line: which constraint binds, by how much, and the nearest changes with their predicted result (searched
     within ``budget``, each try reported to ``progress``)."""
     head = f"no feasible plan for {model.name} on {num_gpus} x {cluster.gpu.name}"
+    note = getattr(res, "note", None)
+    if note:  # min-gpus (a target or a deadline) stopped at its time budget before trying every count
+        return f"{head}: no GPU count tried meets the target; {note}"
     if target_step_s is not None or target_tokens_per_day is not None:
         tgt = (f"step <= {target_step_s:g} s" if target_step_s is not None
                else f">= {target_tokens_per_day:.3g} tokens/day")
-        note = getattr(res, "note", None)
-        if note:  # min-gpus stopped at its time budget before trying every count
-            return f"{head}: no GPU count tried meets the target {tgt}; {note}"
         return f"{head}: no GPU count up to {num_gpus} meets the target {tgt}; raise --gpus or relax the target"
     if not res.nearest_infeasible:
         why = closest_structural_violations(model, cluster, job, num_gpus, space, framework)

@@ -128,10 +128,12 @@ def fewest_gpus(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, max_gp
                 space: SearchSpace = SearchSpace(), memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
                 framework: str = "megatron", solver: str = "cpsat", target_step_s: float | None = None,
                 target_tokens_per_day: float | None = None,
-                convention: FlopsConvention = "megatron", budget: Budget | None = None,
+                convention: FlopsConvention = "megatron",
+                meets: Callable[[Evaluation, int], bool] | None = None, budget: Budget | None = None,
                 progress: Progress = no_progress) -> tuple[SearchResult, int]:
     """Fewest GPUs (a multiple of the node size, up to ``max_gpus``) whose best plan meets the target (step
-    seconds, or tokens per day = tokens/s x 86,400). Returns the plans that meet it and the GPU count.
+    seconds, or tokens per day = tokens/s x 86,400, or ``meets(plan, gpus)``, e.g. a deadline: planner/cost_search.py).
+    Returns the plans that meet it and the GPU count.
 
     Doubling from one node brackets the answer between the last count that misses and the first that meets it;
     bisection over node counts then narrows it (assuming, as the cost model does almost everywhere, that the best
@@ -148,7 +150,8 @@ def fewest_gpus(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, max_gp
         res = run_search(model, cluster, job, n, top_k, space, memory_headroom, framework, solver,
                          convention=convention)
         ok = [e for e in res.plans if (target_step_s is None or e.step.step_s <= target_step_s) and
-              (target_tokens_per_day is None or e.step.tokens_per_s * 86400 >= target_tokens_per_day)]
+              (target_tokens_per_day is None or e.step.tokens_per_s * 86400 >= target_tokens_per_day) and
+              (meets is None or meets(e, n))]
         return res, ok
 
     def spent(what: str) -> str | None:
