@@ -299,8 +299,10 @@ def load_rows(path: str | Path | None = None) -> list[dict[str, Any]]:
     try:
         data = parse(text, "yaml", f"--dataset: {p.name}", PlanInputError)
     except yaml.YAMLError as exc:
-        raise PlanInputError(f"--dataset: {p.name}: malformed YAML: {' '.join(str(exc).splitlines()[0].split())}") \
-            from None
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise PlanInputError(f"--dataset: {p.name}: malformed YAML{at}: {' '.join(str(problem).split())}") from None
     if not isinstance(data, list) or not all(isinstance(r, dict) and "id" in r for r in data):
         raise PlanInputError(f"--dataset: {p.name}: must be a YAML list of rows, each with an 'id'")
     seen: set = set()

@@ -167,12 +167,16 @@ def check_document(doc: dict, argv: list[str]) -> list[Finding]:
         thr = p.get("throughput")
         if thr is not None and prec in ("bf16", "fp16") and not 0 < thr["mfu"] < 1:
             out.append(Finding("MFU outside (0, 1)", f"plan {p['rank']}: MFU {thr['mfu']}", argv))
-    # plan order: the throughput objective ranks by tokens/s (ties by peak memory); headroom by peak memory
+    # plan order: the throughput objective ranks by tokens/s (ties by peak memory); headroom by peak memory; cost by
+    # GPU-hours
     objective = _opt(argv, "--objective") or "throughput"
     feas = [p for p in plans if p["feasible"] and p.get("throughput") and p.get("memory")]
     if argv[:1] == ["plan"] and len(feas) == len(plans) > 1:
         if objective == "headroom":
             key = [p["memory"]["peak_bytes"] for p in plans]
+            ok = key == sorted(key)
+        elif objective == "cost":
+            key = [p["cost"]["gpu_hours"] for p in plans]
             ok = key == sorted(key)
         else:
             key = [p["throughput"]["tokens_per_s"] for p in plans]

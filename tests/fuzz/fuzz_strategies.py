@@ -383,15 +383,25 @@ def valid_jobs(draw) -> list[str]:
     argv = ["plan", "--model", model, "--cluster", cname, "--nodes", str(nodes), "--global-batch-size", str(gbs),
             "--seq-length", str(seq), "--precision", prec, "--format", "json",
             "--top-k", str(draw(st.sampled_from([1, 3, 5, 10])))]
-    objective = draw(st.sampled_from(["throughput"] * 6 + ["headroom", "min-gpus"]))
+    objective = draw(st.sampled_from(["throughput"] * 6 + ["headroom", "min-gpus", "cost"]))
     if objective == "headroom":
         argv += ["--objective", "headroom", "--within", draw(st.sampled_from(["0", "0.05", "0.2"]))]
     elif objective == "min-gpus":
         argv += ["--objective", "min-gpus"]
-        if draw(st.booleans()):
+        target = draw(st.sampled_from(["step", "tokens", "deadline"]))
+        if target == "step":
             argv += ["--target-step-s", draw(st.sampled_from(["0.5", "2", "10", "60"]))]
-        else:
+        elif target == "tokens":
             argv += ["--target-tokens-per-day", draw(st.sampled_from(["1e9", "1e10", "1e11", "1e12"]))]
+        else:
+            argv += ["--deadline-days", draw(st.sampled_from(["1", "30", "365"])), "--train-tokens", "1e12"]
+    elif objective == "cost":
+        argv += ["--objective", "cost", "--deadline-days", draw(st.sampled_from(["7", "90"])), "--train-tokens",
+                 draw(st.sampled_from(["1e11", "1e13"]))]
+    elif draw(st.integers(0, 4)) == 0:
+        argv += ["--train-tokens", draw(st.sampled_from(["1e9", "1.5e13"]))]
+        if draw(st.booleans()):
+            argv += ["--gpu-hour-price", draw(st.sampled_from(["2.5", "0.01"]))]
     fw = draw(st.sampled_from([None, None, "megatron", "deepspeed", "torchtitan"]))
     if fw:
         argv += ["--framework", fw]
