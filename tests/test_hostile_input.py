@@ -346,3 +346,9 @@ def test_progress_line_only_on_a_terminal():
     with progress_line("plan3d plan", tty) as p:
         p("planning on 8 GPUs")
     assert quiet.getvalue() == "" and "plan3d plan" in tty.getvalue()
+
+
+def test_the_two_input_guards_are_the_same_file():
+    # model_zoo and cluster_specs import nothing of each other, so each carries the guard; they must not drift
+    root = Path(__file__).resolve().parent.parent
+    assert (root / "model_zoo" / "input_guard.py").read_text() == (root / "cluster_specs" / "input_guard.py").read_text()
