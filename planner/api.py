@@ -54,6 +54,8 @@ OBJECTIVES = ("throughput", "headroom", "min-gpus", "cost")
 #: Default fraction of GPU memory kept free (planner.checks.DEFAULT_MEMORY_HEADROOM; the CLI repeats the value to
 #: keep its start-up light and a test keeps the two equal).
 DEFAULT_HEADROOM = 0.05
+#: Default at-risk margin (planner.checks.DEFAULT_AT_RISK_MARGIN, repeated for the same reason).
+DEFAULT_AT_RISK_MARGIN = 0.10
 #: Default allowed throughput loss of ``objective="headroom"`` (fraction of the best step time).
 DEFAULT_WITHIN = 0.05
 
@@ -70,6 +72,8 @@ class JobOptions(TypedDict, total=False):
     dropout: bool
     framework: Literal["megatron", "deepspeed", "torchtitan"] | None
     memory_headroom: float
+    at_risk_margin: float
+    full_model_init: bool
     flops_convention: Literal["megatron", "palm"]
 
 
@@ -90,6 +94,14 @@ class LayoutOptions(JobOptions, total=False):
     sequence_parallel: bool
     first_stage_layers: int | None
     last_stage_layers: int | None
+    pipeline_layout: str | None
+    recompute_modules: tuple[str, ...] | None
+    recompute_method: Literal["block", "uniform"]
+    optimizer_cpu_offload: float
+    param_cpu_offload: bool
+    exp_avg_dtype: Literal["fp32", "fp16", "bf16", "fp8"]
+    exp_avg_sq_dtype: Literal["fp32", "fp16", "bf16", "fp8"]
+    main_params_dtype: Literal["fp32", "fp16", "bf16"]
 
 
 class MemoryOptions(LayoutOptions, total=False):
@@ -191,9 +203,11 @@ def _check_keys(options: dict[str, Any], allowed: frozenset[str], where: str) ->
 def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = None, *, gpus: int | None = None,
                 nodes: int | None = None, global_batch_size: int = 1024, seq_length: int = 4096,
                 precision: str = "bf16", flash_attention: bool = True, dropout: bool = False,
-                framework: str | None = None) -> Inputs:
+                framework: str | None = None, full_model_init: bool = False) -> Inputs:
     """Resolve the model (default ``llama3.1-8b``), the cluster (default ``dgx-h100``), the GPU count (``gpus`` or
-    ``nodes``; default the cluster's default node count) and the job.
+    ``nodes``; default the cluster's default node count: a multiple of the node size, or a divisor of it for a job
+    on part of one node) and the job (``full_model_init``: every rank first materializes its whole 16-bit model,
+    DeepSpeed without ``zero.Init``; checked as the init phase).
 
     Raises ``ModelSpecError`` / ``ClusterSpecError`` (unreadable or invalid files, unknown names, a GPU count that
     is not whole nodes) and ``PlanInputError`` (an option outside its allowed values).
@@ -228,7 +242,8 @@ def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = No
     from pydantic import ValidationError
     try:
         job = TrainingJob(global_batch_size=global_batch_size, seq_length=seq_length, precision=precision,
-                          flash_attention=bool(flash_attention), dropout=bool(dropout), framework=fw)
+                          flash_attention=bool(flash_attention), dropout=bool(dropout), framework=fw,
+                          full_model_init=bool(full_model_init))
     except ValidationError as e:  # a plausible range (cost_models/config.py): "--seq-length V is outside [lo, hi]"
         from .errors import option_error
         raise option_error(e, {"global_batch_size": "--global-batch-size", "seq_length": "--seq-length"}) from None
@@ -237,22 +252,43 @@ def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = No
 
 def _job_kwargs(options: dict[str, Any]) -> dict[str, Any]:
     return {k: options[k] for k in ("gpus", "nodes", "global_batch_size", "seq_length", "precision",
-                                    "flash_attention", "dropout", "framework") if k in options}
+                                    "flash_attention", "dropout", "framework", "full_model_init") if k in options}
+
+
+def _fraction(field: str, value: float | None, default: float) -> float:
+    """A memory fraction option (``memory_headroom``, ``at_risk_margin``) in [0, 0.5], ``default`` when None."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 0.5:
+        raise PlanInputError(f"{_flag(field)} {value!r}: must be a fraction in [0, 0.5]")
+    return float(value)
 
 
 def _headroom(value: float | None) -> float:
-    if value is None:
-        return DEFAULT_HEADROOM
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 0.5:
-        raise PlanInputError(f"--memory-headroom {value!r}: must be a fraction in [0, 0.5]")
-    return float(value)
+    return _fraction("memory_headroom", value, DEFAULT_HEADROOM)
+
+
+def _at_risk_margin(value: float | None) -> float:
+    return _fraction("at_risk_margin", value, DEFAULT_AT_RISK_MARGIN)
 
 
 def parallel_config(inputs: Inputs, *, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, etp: int | None = None,
                     vpp: int = 1, micro_batch_size: int = 1, zero_stage: int = 0, recompute: str = "none",
                     recompute_num_layers: int | None = None, sequence_parallel: bool = False,
-                    first_stage_layers: int | None = None, last_stage_layers: int | None = None) -> ParallelConfig:
+                    first_stage_layers: int | None = None, last_stage_layers: int | None = None,
+                    pipeline_layout: str | None = None, recompute_modules: tuple[str, ...] | None = None,
+                    recompute_method: str = "block",
+                    optimizer_cpu_offload: float = 0.0, param_cpu_offload: bool = False,
+                    exp_avg_dtype: str = "fp32", exp_avg_sq_dtype: str = "fp32",
+                    main_params_dtype: str = "fp32") -> ParallelConfig:
     """The ``ParallelConfig`` of one given layout on ``inputs`` (``dp`` derived as GPUs / (tp x pp x cp)).
+
+    Memory knobs (``cost_models.config.ParallelConfig``): ``pipeline_layout`` (Megatron
+    ``--pipeline-model-parallel-layout``, a custom per-stage layer list), ``recompute_modules`` (``--recompute-modules``
+    under selective recompute), ``recompute_method`` (``--recompute-method`` block | uniform with
+    ``recompute_num_layers``), ``optimizer_cpu_offload`` (share of the optimizer in host memory: Megatron
+    ``--optimizer-offload-fraction``, DeepSpeed ``offload_optimizer``), ``param_cpu_offload`` (DeepSpeed ZeRO-3
+    ``offload_param``), ``exp_avg_dtype`` / ``exp_avg_sq_dtype`` / ``main_params_dtype`` (optimizer-state precision).
 
     When ``pp`` does not divide the layers and no split is given, the end stages get fewer layers (Megatron's
     ``--decoder-first/last-pipeline-num-layers``); interleaved (``vpp`` > 1), such a split counts the embedding
@@ -273,7 +309,7 @@ def parallel_config(inputs: Inputs, *, tp: int = 1, pp: int = 1, cp: int = 1, ep
     if n % (tp * pp * cp):
         raise PlanInputError(f"--gpus {n} is not divisible by tp*pp*cp = {tp}*{pp}*{cp} = {tp * pp * cp}")
     first, last, account = first_stage_layers, last_stage_layers, False
-    if first is None and last is None and layers % pp:
+    if first is None and last is None and layers % pp and pipeline_layout is None:
         split = uneven_split(layers, pp)
         if split is not None:
             first, last = split
@@ -286,10 +322,17 @@ def parallel_config(inputs: Inputs, *, tp: int = 1, pp: int = 1, cp: int = 1, ep
                               recompute_num_layers=recompute_num_layers, sequence_parallel=bool(sequence_parallel),
                               first_stage_layers=first, last_stage_layers=last,
                               account_for_embedding_in_pipeline_split=account,
-                              account_for_loss_in_pipeline_split=account)
+                              account_for_loss_in_pipeline_split=account, pipeline_layout=pipeline_layout,
+                              recompute_modules=tuple(recompute_modules) if recompute_modules else None,
+                              recompute_method=recompute_method,
+                              optimizer_cpu_offload_fraction=optimizer_cpu_offload,
+                              param_cpu_offload=bool(param_cpu_offload), exp_avg_dtype=exp_avg_dtype,
+                              exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype)
     except ValidationError as e:
         err = e.errors()[0]
-        field = _flag(str(err["loc"][0])) if err.get("loc") else "layout"
+        name = {"optimizer_cpu_offload_fraction": "optimizer_cpu_offload"}.get(str(err["loc"][0]), str(err["loc"][0])) \
+            if err.get("loc") else "layout"
+        field = _flag(name)
         raise PlanInputError(f"{field} {err.get('input')!r}: {err.get('msg', 'invalid')}") from None
 
 
@@ -414,6 +457,7 @@ def plan(model: ModelLike | None = None, cluster: ClusterLike | None = None,
     from .document import build_document
     m, c, n, job = st.inputs.model, st.inputs.cluster, st.inputs.num_gpus, st.inputs.job
     fw, space, headroom, top_k = job.framework, st.space, st.headroom, st.top_k
+    margin = _at_risk_margin(options.get("at_risk_margin"))
     if st.deadline_days is not None:
         from .cost_search import cheapest_by_deadline, fewest_gpus_by_deadline
         by_deadline = cheapest_by_deadline if st.objective == "cost" else fewest_gpus_by_deadline
@@ -425,12 +469,13 @@ def plan(model: ModelLike | None = None, cluster: ClusterLike | None = None,
     else:
         from .search import run_search
         res = run_search(m, c, job, n, top_k, space, headroom, fw, st.solver, st.objective,
-                         DEFAULT_WITHIN if st.within is None else st.within, st.convention, st.progress)
+                         DEFAULT_WITHIN if st.within is None else st.within, st.convention, margin,
+                         progress=st.progress)
     if not res.plans:
         from .explanation import why_infeasible
         raise NoFeasiblePlan(why_infeasible(m, c, job, n, res, space, headroom, fw, st.target_step_s,
                                             st.target_tokens_per_day, st.budget, st.progress))
-    doc = build_document(m, c, job, n, res.plans)
+    doc = build_document(m, c, job, n, res.plans, margin)
     attach_costs(doc, res.plans, m, c, job, n, st.cost)
     doc._search_stats = SearchStats(res.num_candidates, res.num_feasible, res.num_feasible_exact, res.note)
     return doc
@@ -528,20 +573,24 @@ def evaluate(model: ModelLike | None = None, cluster: ClusterLike | None = None,
     inputs, par, headroom, fw, conv = _layout_problem(
         model, cluster, {k: v for k, v in o.items() if k not in _COST_KEYS}, "evaluate")
     ev = _evaluation(inputs, par, headroom, fw, conv)
-    doc = build_document(inputs.model, inputs.cluster, inputs.job, inputs.num_gpus, [ev])
+    doc = build_document(inputs.model, inputs.cluster, inputs.job, inputs.num_gpus, [ev],
+                         _at_risk_margin(o.get("at_risk_margin")))
     return attach_costs(doc, [ev], inputs.model, inputs.cluster, inputs.job, inputs.num_gpus, cost)
 
 
 @dataclass(frozen=True)
 class MemoryReport:
-    """``memory``'s answer: the per-stage estimate (bytes), its verdict (``fits`` / ``at risk`` / ``OOM``), and the
-    plan document (``plan3d memory --format json``) whose ``plans[0].memory.stages`` carry the breakdown."""
+    """``memory``'s answer: the per-stage estimate (bytes), its verdict (``fits`` / ``at risk`` / ``over headroom``
+    / ``OOM``: ``planner.checks.memory_verdict``, the verdict ``evaluate`` and ``explain`` give too), and the plan
+    document (``plan3d memory --format json``) whose ``plans[0].memory.stages`` carry the breakdown."""
 
     inputs: Inputs
     parallel: ParallelConfig
     estimate: MemoryEstimate
     status: str
     document: PlanDocument
+    memory_headroom: float = DEFAULT_HEADROOM
+    at_risk_margin: float = DEFAULT_AT_RISK_MARGIN
 
     @property
     def title(self) -> str:
@@ -552,12 +601,18 @@ class MemoryReport:
                 f"{par.zero_stage}, recompute {par.recompute}, seq {job.seq_length}")
 
     def raise_if_oom(self) -> None:
-        """Raise ``NoFeasiblePlan`` naming the peak stage when the estimate does not fit (``plan3d memory``'s
-        exit 1)."""
+        """Raise ``NoFeasiblePlan`` naming the peak stage when the estimate does not fit the headroom (verdict
+        ``OOM`` or ``over headroom``: infeasible, as ``evaluate`` and ``explain`` say; ``plan3d memory``'s exit 1).
+        An ``at risk`` verdict fits and does not raise."""
+        pk, cap, gib = self.estimate.peak_stage, self.estimate.capacity_bytes, 2**30
         if self.status == "OOM":
-            pk, cap = self.estimate.peak_stage, self.estimate.capacity_bytes
-            raise NoFeasiblePlan(f"out of memory: stage {pk.stage} peaks at {pk.total / 2**30:.1f} GiB in {pk.phase} "
-                                 f"> {cap / 2**30:.1f} GiB capacity")
+            raise NoFeasiblePlan(f"out of memory: stage {pk.stage} peaks at {pk.total / gib:.1f} GiB in {pk.phase} "
+                                 f"> {cap / gib:.1f} GiB capacity")
+        if self.status == "over headroom":
+            h = self.memory_headroom
+            raise NoFeasiblePlan(f"over the memory headroom: stage {pk.stage} peaks at {pk.total / gib:.1f} GiB in "
+                                 f"{pk.phase} > {cap * (1 - h) / gib:.1f} GiB usable ({cap / gib:.1f} GiB capacity "
+                                 f"less {h:.0%} headroom); --memory-headroom lowers the limit")
 
 
 def memory(model: ModelLike | None = None, cluster: ClusterLike | None = None,
@@ -571,6 +626,7 @@ def memory(model: ModelLike | None = None, cluster: ClusterLike | None = None,
     o = dict(options)
     cf = o.pop("capacity_factor", None)
     inputs, par, headroom, fw, conv = _layout_problem(model, cluster, o, "memory")
+    margin = _at_risk_margin(o.get("at_risk_margin"))
     ev = _evaluation(inputs, par, headroom, fw, conv)
     if ev.memory is None:
         raise PlanInputError("; ".join(v.message for v in ev.violations) or "no memory estimate for this layout")
@@ -586,8 +642,8 @@ def memory(model: ModelLike | None = None, cluster: ClusterLike | None = None,
         ev.memory = estimate_memory(m, c, job, par, capacity_factor=cf)
         ev.violations = check_config(m, c, job, par, inputs.num_gpus, memory=ev.memory, memory_headroom=headroom,
                                      framework=fw)
-    doc = build_document(inputs.model, inputs.cluster, inputs.job, inputs.num_gpus, [ev])
-    return MemoryReport(inputs, par, ev.memory, status(ev.memory), doc)
+    doc = build_document(inputs.model, inputs.cluster, inputs.job, inputs.num_gpus, [ev], margin)
+    return MemoryReport(inputs, par, ev.memory, status(ev.memory, headroom, margin), doc, headroom, margin)
 
 
 @dataclass(frozen=True)
@@ -599,10 +655,20 @@ class ExplainReport:
     parallel: ParallelConfig
     explanation: Explanation
     memory_headroom: float
+    at_risk_margin: float = DEFAULT_AT_RISK_MARGIN
 
     @property
     def feasible(self) -> bool:
         return self.explanation.evaluation.feasible
+
+    @property
+    def memory_verdict(self) -> str | None:
+        """``planner.checks.memory_verdict`` of the configuration (None when it has no memory estimate)."""
+        mem = self.explanation.evaluation.memory
+        if mem is None:
+            return None
+        from .checks import memory_verdict
+        return memory_verdict(mem, self.memory_headroom, self.at_risk_margin)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (``plan3d explain --format json``)."""
@@ -612,6 +678,7 @@ class ExplainReport:
         return {"model": i.model.name, "cluster": i.cluster.name, "num_gpus": i.num_gpus,
                 "parallel": self.parallel.model_dump(mode="json"), "feasible": self.feasible,
                 "memory_headroom": self.memory_headroom, "framework": i.job.framework,
+                "at_risk_margin": self.at_risk_margin, "memory_verdict": self.memory_verdict,
                 "constraints": explanation_rows(self.explanation),
                 "step_s": st.step_s if st else None, "tokens_per_s": st.tokens_per_s if st else None}
 
@@ -639,7 +706,7 @@ def explain(model: ModelLike | None = None, cluster: ClusterLike | None = None,
     from .explanation import explain_config
     inputs, par, headroom, fw, _ = _layout_problem(model, cluster, dict(options), "explain")
     ex = explain_config(inputs.model, inputs.cluster, inputs.job, par, inputs.num_gpus, headroom, fw)
-    return ExplainReport(inputs, par, ex, headroom)
+    return ExplainReport(inputs, par, ex, headroom, _at_risk_margin(options.get("at_risk_margin")))
 
 
 def validate(dataset: str | os.PathLike[str] | None = None) -> ValidationReport:

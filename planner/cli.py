@@ -63,7 +63,8 @@ class FlopsConv(str, Enum):
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="built-in name, our YAML, or a HF config.json path")]
 ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="built-in name or YAML path (plan: A,B,C compares "
                                                                    "clusters by time and cost)")]
-GpusOpt = Annotated[Optional[int], typer.Option("--gpus", min=1, help="number of GPUs (multiple of the node size)")]
+GpusOpt = Annotated[Optional[int], typer.Option(
+    "--gpus", min=1, help="number of GPUs (a multiple of the node size, or a divisor of it: part of one node)")]
 NodesOpt = Annotated[Optional[int], typer.Option("--nodes", min=1, help="number of nodes")]
 GbsOpt = Annotated[int, typer.Option("--global-batch-size", min=1, help="sequences per optimizer step")]
 SeqOpt = Annotated[int, typer.Option("--seq-length", min=1, help="tokens per sequence")]
@@ -75,6 +76,16 @@ OutOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="write th
 HEADROOM_DEFAULT = 0.05
 HeadroomOpt = Annotated[float, typer.Option("--memory-headroom", min=0.0, max=0.5,
                                             help="fraction of GPU memory kept free (default 0.05)")]
+#: Same default as planner.checks.DEFAULT_AT_RISK_MARGIN (a test keeps them equal).
+AT_RISK_DEFAULT = 0.10
+AtRiskOpt = Annotated[float, typer.Option(
+    "--at-risk-margin", min=0.0, max=0.5,
+    help="a peak within this fraction of capacity (but inside the headroom) fits and is flagged at risk; plan "
+         "ranks such plans last (default 0.10)")]
+FullInitOpt = Annotated[bool, typer.Option(
+    "--full-model-init/--sharded-init",
+    help="each rank first materializes its whole 16-bit model (DeepSpeed without zero.Init): checked as the init "
+         "phase")]
 FlopsOpt = Annotated[Optional[FlopsConv], typer.Option(
     "--flops-convention", help="model FLOPs behind TFLOP/s and MFU: megatron (causal attention halved, "
                                "Megatron-LM's logger) or palm (6N + 12LHQT, torchtitan)")]
@@ -125,10 +136,10 @@ def _gib(x: float) -> str:
     return f"{x / 2**30:.1f}"
 
 
-def _plans_table(doc, title: str):
+def _plans_table(doc, title: str, at_risk_margin: float = AT_RISK_DEFAULT):
     from rich.table import Table
-    caption = ("peak GiB: most loaded stage / GPU capacity (GiB = 2^30 bytes); ! = within 5% of capacity, OOM = over it; "
-               "full N/chunk = the first N layers of each model chunk recomputed (Megatron --recompute-method block)")
+    caption = (f"peak GiB: most loaded stage / GPU capacity (GiB = 2^30 bytes); ! = at risk (within "
+               f"{at_risk_margin:.0%} of capacity), OOM = over it; full N/chunk = the first N layers of each model chunk recomputed (Megatron --recompute-method block)")
     thr = next((p.throughput for p in doc.plans if p.throughput), None)
     if thr is not None:
         caption += (f"; MFU = model FLOPs ({thr.flops_convention} count) / dense 16-bit peak "
@@ -212,7 +223,7 @@ def _emit(doc, emit: Emit, output: Path | None, rank: int, framework: str | None
 
 
 def _render(doc, fmt: Fmt, output: Path | None, emit: Emit | None, title: str, rank: int = 1,
-            framework: str | None = None) -> None:
+            framework: str | None = None, at_risk_margin: float = AT_RISK_DEFAULT) -> None:
     from .document import to_json
     if emit is not None:
         _emit(doc, emit, output, rank, framework)
@@ -228,13 +239,13 @@ def _render(doc, fmt: Fmt, output: Path | None, emit: Emit | None, title: str, r
         import io
         buf = io.StringIO()
         con = Console(file=buf, width=width)
-        con.print(_plans_table(doc, title))
+        con.print(_plans_table(doc, title, at_risk_margin))
         for line in cost_lines(doc):
             con.print(line, highlight=False)
         _write(buf.getvalue(), output)  # one-line error naming the path and the OS reason
         return
     console = Console(width=max(width, Console().width))
-    console.print(_plans_table(doc, title))
+    console.print(_plans_table(doc, title, at_risk_margin))
     for p in doc.plans:
         for v in p.violations:
             console.print(f"  plan {p.rank}: {v}")
@@ -284,7 +295,7 @@ def plan(
     pin_mbs: Annotated[Optional[int], typer.Option("--micro-batch-size", min=1, help="pin micro-batch size")] = None,
     pin_zero: Annotated[Optional[int], typer.Option("--zero-stage", min=0, max=3, help="pin ZeRO stage")] = None,
     pin_rc: Annotated[Optional[RecomputeOpt], typer.Option("--recompute", help="pin recompute")] = None,
-    flops_convention: FlopsOpt = None,
+    flops_convention: FlopsOpt = None, at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT,
     train_tokens: TrainTokensOpt = None, gpu_hour_price: PriceOpt = None, async_checkpoint: AsyncCkptOpt = False,
     interruption_rate: RateOpt = None, restart_s: RestartOpt = None, pue: PueOpt = None,
     deadline_days: Annotated[Optional[float], typer.Option(
@@ -328,7 +339,7 @@ def plan(
                 vpp=pin_vpp, micro_batch_size=pin_mbs, zero_stage=pin_zero, recompute=_value(pin_rc),
                 train_tokens=train_tokens, gpu_hour_price=gpu_hour_price, async_checkpoint=async_checkpoint,
                 interruption_rate=interruption_rate, restart_s=restart_s, pue=pue, deadline_days=deadline_days,
-                time_budget_s=time_budget)
+                at_risk_margin=at_risk_margin, time_budget_s=time_budget)
     if choice.kind != "single":
         if emit is not None:
             raise PlanInputError("--emit writes one plan: give one --cluster")
@@ -348,7 +359,7 @@ def plan(
             f"plan3d: {i.model.name} on {i.cluster.num_gpus} x {i.cluster.gpu} ({i.cluster.name}), GBS "
             f"{i.job.global_batch_size} x seq {i.job.seq_length}, {i.job.precision}: top {len(doc.plans)} of "
             f"{'' if stats.exact else 'at most '}{stats.num_feasible} feasible ({stats.num_candidates} examined)",
-            rank, framework.value)
+            rank, framework.value, at_risk_margin)
 
 
 def _plot(points, path: Path, model_name: str, train_tokens: float) -> None:
@@ -401,12 +412,31 @@ RecomputeLayersOpt = Annotated[Optional[int], typer.Option("--recompute-num-laye
 SpOpt = Annotated[bool, typer.Option("--sequence-parallel/--no-sequence-parallel")]
 FirstOpt = Annotated[Optional[int], typer.Option("--first-stage-layers", min=1)]
 LastOpt = Annotated[Optional[int], typer.Option("--last-stage-layers", min=1)]
+LayoutStrOpt = Annotated[Optional[str], typer.Option(
+    "--pipeline-model-parallel-layout", help="Megatron per-stage layout, e.g. 'Et*7|t*9|t*9|t*7L' (E embedding, t "
+                                             "decoder layer, m MTP layer, L loss; chunk i on pipeline rank i % pp)")]
+RecomputeModulesOpt = Annotated[Optional[str], typer.Option(
+    "--recompute-modules", help="selective recompute modules, comma-separated (Megatron --recompute-modules): "
+                                "core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts")]
+OffloadOpt = Annotated[float, typer.Option(
+    "--optimizer-cpu-offload", min=0.0, max=1.0,
+    help="share of the optimizer states in host memory (Megatron --optimizer-offload-fraction; DeepSpeed "
+         "offload_optimizer, 1.0)")]
+ParamOffloadOpt = Annotated[bool, typer.Option(
+    "--param-cpu-offload/--no-param-cpu-offload", help="DeepSpeed ZeRO-3 offload_param: parameters in host memory")]
+RecomputeMethodOpt = Annotated[str, typer.Option(
+    "--recompute-method", help="with --recompute-num-layers N: block (the first N layers of each chunk recomputed) or "
+                               "uniform (groups of N layers checkpointed, every layer recomputed)")]
+MomentDtypeOpt = Annotated[str, typer.Option(help="Adam moment dtype (precision-aware optimizer): fp32, fp16, bf16, fp8")]
+MasterDtypeOpt = Annotated[str, typer.Option(
+    "--main-params-dtype", help="master-weight dtype: fp32, fp16 (Megatron --main-params-dtype), bf16 "
+                                "(Megatron-FSDP --megatron-fsdp-main-params-dtype)")]
 
 
 def _layout(model, cluster, gpus, nodes, global_batch_size, seq_length, precision, flash_attention, dropout,
             framework, memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute,
             recompute_num_layers, sequence_parallel, first_stage_layers, last_stage_layers,
-            flops_convention=None) -> dict:
+            flops_convention=None, at_risk_margin=AT_RISK_DEFAULT, full_model_init=False, **knobs) -> dict:
     """The options of a one-layout command as the API's keyword arguments (``planner.api.LayoutOptions``)."""
     return dict(model=model, cluster=cluster, gpus=gpus, nodes=nodes, global_batch_size=global_batch_size,
                 seq_length=seq_length, precision=precision.value, flash_attention=flash_attention, dropout=dropout,
@@ -414,7 +444,18 @@ def _layout(model, cluster, gpus, nodes, global_batch_size, seq_length, precisio
                 vpp=vpp, micro_batch_size=micro_batch_size, zero_stage=zero_stage, recompute=recompute.value,
                 recompute_num_layers=recompute_num_layers, sequence_parallel=sequence_parallel,
                 first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
-                flops_convention=_value(flops_convention))
+                flops_convention=_value(flops_convention), at_risk_margin=at_risk_margin,
+                full_model_init=full_model_init, **_knobs(**knobs))
+
+
+def _knobs(pipeline_layout=None, recompute_modules=None, recompute_method="block", optimizer_cpu_offload=0.0,
+           param_cpu_offload=False, exp_avg_dtype="fp32", exp_avg_sq_dtype="fp32", main_params_dtype="fp32") -> dict:
+    """The memory knobs of a one-layout command as API keyword arguments (``planner.api.parallel_config``)."""
+    mods = tuple(m.strip() for m in recompute_modules.split(",") if m.strip()) if recompute_modules else None
+    return dict(pipeline_layout=pipeline_layout, recompute_modules=mods, recompute_method=recompute_method,
+                optimizer_cpu_offload=optimizer_cpu_offload,
+                param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype, exp_avg_sq_dtype=exp_avg_sq_dtype,
+                main_params_dtype=main_params_dtype)
 
 
 @app.command()
@@ -433,7 +474,13 @@ def evaluate(
     emit: Annotated[Optional[Emit], typer.Option(
         "--emit", help="print (or with --output DIR write) this framework's launch config of the configuration; "
                        "refused when the configuration is infeasible")] = None,
-    flops_convention: FlopsOpt = None,
+    flops_convention: FlopsOpt = None, at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT,
+    full_model_init: FullInitOpt = False,
+    pipeline_layout: LayoutStrOpt = None, recompute_modules: RecomputeModulesOpt = None,
+    recompute_method: RecomputeMethodOpt = "block",
+    optimizer_cpu_offload: OffloadOpt = 0.0, param_cpu_offload: ParamOffloadOpt = False,
+    exp_avg_dtype: MomentDtypeOpt = "fp32", exp_avg_sq_dtype: MomentDtypeOpt = "fp32",
+    main_params_dtype: MasterDtypeOpt = "fp32",
     train_tokens: TrainTokensOpt = None, gpu_hour_price: PriceOpt = None, async_checkpoint: AsyncCkptOpt = False,
     interruption_rate: RateOpt = None, restart_s: RestartOpt = None, pue: PueOpt = None,
 ) -> None:
@@ -448,12 +495,15 @@ def evaluate(
     doc = api_evaluate(**_layout(
         model, cluster, gpus, nodes, global_batch_size, seq_length, precision, flash_attention, dropout, framework,
         memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute, recompute_num_layers,
-        sequence_parallel, first_stage_layers, last_stage_layers, flops_convention),
+        sequence_parallel, first_stage_layers, last_stage_layers, flops_convention, at_risk_margin, full_model_init,
+        pipeline_layout=pipeline_layout, recompute_modules=recompute_modules, recompute_method=recompute_method,
+        optimizer_cpu_offload=optimizer_cpu_offload, param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype,
+        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype),
         train_tokens=train_tokens, gpu_hour_price=gpu_hour_price, async_checkpoint=async_checkpoint,
         interruption_rate=interruption_rate, restart_s=restart_s, pue=pue)
     i = doc.input
     _render(doc, fmt, output, emit, f"plan3d evaluate: {i.model.name} on {i.cluster.num_gpus} x {i.cluster.gpu} "
-                                    f"({i.cluster.name})", framework=framework.value)
+                                    f"({i.cluster.name})", framework=framework.value, at_risk_margin=at_risk_margin)
 
 
 @app.command()
@@ -470,10 +520,18 @@ def memory(
     plot: Annotated[Optional[Path], typer.Option("--plot", help="draw the per-stage breakdown to FILE.png|svg")] = None,
     capacity_factor: Annotated[Optional[float], typer.Option(
         "--capacity-factor", min=1.0, help="MoE expert capacity factor (pads expert buffers; default: dropless)")] = None,
+    at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT, full_model_init: FullInitOpt = False,
+    pipeline_layout: LayoutStrOpt = None, recompute_modules: RecomputeModulesOpt = None,
+    recompute_method: RecomputeMethodOpt = "block",
+    optimizer_cpu_offload: OffloadOpt = 0.0, param_cpu_offload: ParamOffloadOpt = False,
+    exp_avg_dtype: MomentDtypeOpt = "fp32", exp_avg_sq_dtype: MomentDtypeOpt = "fp32",
+    main_params_dtype: MasterDtypeOpt = "fp32",
 ) -> None:
-    """Per-stage memory breakdown of one configuration (largest terms first, with capacity and headroom).
+    """Per-stage memory breakdown of one configuration (largest terms first, the total of each phase: init,
+    forward, backward, optimizer; the backend buffers named).
 
-    Same options as evaluate. Exit 1 when the peak stage does not fit; the report is printed either way.
+    Same options as evaluate, and the same verdict: exit 1 when the peak stage is over the headroom (infeasible, as
+    in evaluate and explain), exit 0 when it fits or is at risk; the report is printed either way.
     """
     from .api import memory as api_memory
     from .document import to_json
@@ -481,9 +539,11 @@ def memory(
     rep = api_memory(capacity_factor=capacity_factor, **_layout(
         model, cluster, gpus, nodes, global_batch_size, seq_length, precision, flash_attention, dropout, framework,
         memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute, recompute_num_layers,
-        sequence_parallel, first_stage_layers, last_stage_layers))
+        sequence_parallel, first_stage_layers, last_stage_layers, None, at_risk_margin, full_model_init, pipeline_layout=pipeline_layout, recompute_modules=recompute_modules, recompute_method=recompute_method,
+        optimizer_cpu_offload=optimizer_cpu_offload, param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype,
+        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype))
     if plot is not None:
-        plot_memory(rep.estimate, plot, rep.title)
+        plot_memory(rep.estimate, plot, rep.title, at_risk_margin)
     if fmt == Fmt.json:
         _write(to_json(rep.document), output)
     else:
@@ -492,11 +552,13 @@ def memory(
             with _open_output(output) as fh:
                 con = Console(file=fh, width=200)
                 con.print(rep.title, highlight=False)
-                con.print(memory_table(rep.estimate, ""))
+                con.print(memory_table(rep.estimate, "", rep.memory_headroom, rep.at_risk_margin))
+                con.print(f"verdict: {rep.status}", highlight=False)
         else:
-            con = Console(width=max(200, Console().width))
+            con = Console(width=max(240, Console().width))
             con.print(rep.title, highlight=False)
-            con.print(memory_table(rep.estimate, ""))
+            con.print(memory_table(rep.estimate, "", rep.memory_headroom, rep.at_risk_margin))
+            con.print(f"verdict: {rep.status}", highlight=False)
     rep.raise_if_oom()
 
 
@@ -513,6 +575,12 @@ def explain(
     fmt: FmtOpt = Fmt.table, output: OutOpt = None,
     timeline: Annotated[Optional[Path], typer.Option(
         "--timeline", help="draw the simulated pipeline schedule to FILE.svg or FILE.png")] = None,
+    at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT, full_model_init: FullInitOpt = False,
+    pipeline_layout: LayoutStrOpt = None, recompute_modules: RecomputeModulesOpt = None,
+    recompute_method: RecomputeMethodOpt = "block",
+    optimizer_cpu_offload: OffloadOpt = 0.0, param_cpu_offload: ParamOffloadOpt = False,
+    exp_avg_dtype: MomentDtypeOpt = "fp32", exp_avg_sq_dtype: MomentDtypeOpt = "fp32",
+    main_params_dtype: MasterDtypeOpt = "fp32",
 ) -> None:
     """List every constraint of one given configuration with its slack (same options as ``evaluate``).
 
@@ -523,7 +591,9 @@ def explain(
     rep = api_explain(**_layout(
         model, cluster, gpus, nodes, global_batch_size, seq_length, precision, flash_attention, dropout, framework,
         memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute, recompute_num_layers,
-        sequence_parallel, first_stage_layers, last_stage_layers))
+        sequence_parallel, first_stage_layers, last_stage_layers, None, at_risk_margin, full_model_init, pipeline_layout=pipeline_layout, recompute_modules=recompute_modules, recompute_method=recompute_method,
+        optimizer_cpu_offload=optimizer_cpu_offload, param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype,
+        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype))
     ex, par, i = rep.explanation, rep.parallel, rep.inputs
     where = f"{i.model.name} on {i.num_gpus} x {i.cluster.gpu.name} ({i.cluster.name})"
     if timeline is not None:
@@ -555,6 +625,8 @@ def explain(
             con.print(t)
             if st is not None:
                 con.print(f"step {st.step_s:.3f} s, {st.tokens_per_s:,.0f} tokens/s, MFU {st.mfu:.1%}")
+            if rep.memory_verdict is not None:
+                con.print(f"memory verdict: {rep.memory_verdict}", highlight=False)
     rep.raise_if_infeasible()
 
 

@@ -13,9 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from cluster_specs.spec import ClusterSpec
 from cost_models.config import ParallelConfig, TrainingJob
+from cost_models.memory import MemoryEstimate
 from model_zoo.spec import ModelSpec
 
-from .checks import AT_RISK_FRACTION
+from .checks import DEFAULT_AT_RISK_MARGIN
 from .emit import launch_fields
 from .evaluation import Evaluation
 
@@ -101,7 +102,10 @@ class StageMemoryInfo(_Strict):
     breakdown: dict[str, int] = Field(description="term -> bytes, largest first")
     peak_phase: str | None = Field(None, description="phase of the step at which this stage peaks "
                                                      "(forward, backward or optimizer)")
-    phases: dict[str, int] | None = Field(None, description="phase -> total bytes of this stage in that phase")
+    phases: dict[str, int] | None = Field(None, description="phase -> total bytes of this stage in that phase "
+                                                            "(init, forward, backward, optimizer)")
+    buffers: dict[str, int] | None = Field(None, description="backend buffers at the peak phase: name -> bytes "
+                                                             "(cost_models/memory_buffers.py)")
 
 
 class MemoryInfo(_Strict):
@@ -109,7 +113,8 @@ class MemoryInfo(_Strict):
     capacity_bytes: int
     headroom_bytes: int
     peak_stage: int
-    at_risk: bool = Field(description=f"peak within {AT_RISK_FRACTION:.0%} of capacity, not over it")
+    at_risk: bool = Field(description=f"peak within the at-risk margin (default {DEFAULT_AT_RISK_MARGIN:.0%}) of "
+                                      "capacity, not over it")
     breakdown: dict[str, int] = Field(description="peak stage: term -> bytes, largest first")
     stages: list[StageMemoryInfo]
 
@@ -246,20 +251,27 @@ def parallel_info(par: ParallelConfig, job: TrainingJob) -> ParallelInfo:
         account_for_loss_in_pipeline_split=par.account_for_loss_in_pipeline_split)
 
 
-def plan_info(rank: int, ev: Evaluation, model: ModelSpec, cluster: ClusterSpec, job: TrainingJob) -> PlanInfo:
+def memory_info(est: MemoryEstimate, at_risk_margin: float = DEFAULT_AT_RISK_MARGIN) -> MemoryInfo:
+    """The document's ``MemoryInfo`` of ``est`` (bytes rounded to integers; deterministic)."""
+    pk = est.peak_stage
+    stages = [StageMemoryInfo(stage=s.stage, num_layers=s.num_layers, total_bytes=round(s.total),
+                              in_flight_microbatches=_r(s.in_flight_microbatches),
+                              breakdown={k: round(v) for k, v in s.terms().items()},
+                              peak_phase=s.phase, phases={k: round(v) for k, v in s.phases.items()},
+                              buffers={k: round(v) for k, v in s.buffer_terms.get(s.phase, {}).items()})
+              for s in est.stages]
+    cap = est.capacity_bytes
+    return MemoryInfo(peak_bytes=round(pk.total), capacity_bytes=cap, headroom_bytes=round(cap - pk.total),
+                      peak_stage=pk.stage, at_risk=cap * (1 - at_risk_margin) < pk.total <= cap,
+                      breakdown={k: round(v) for k, v in pk.terms().items()}, stages=stages)
+
+
+def plan_info(rank: int, ev: Evaluation, model: ModelSpec, cluster: ClusterSpec, job: TrainingJob,
+              at_risk_margin: float = DEFAULT_AT_RISK_MARGIN) -> PlanInfo:
     par = ev.parallel
     mem = tim = thr = None
     if ev.memory is not None:
-        pk = ev.memory.peak_stage
-        stages = [StageMemoryInfo(stage=s.stage, num_layers=s.num_layers, total_bytes=round(s.total),
-                                  in_flight_microbatches=_r(s.in_flight_microbatches),
-                                  breakdown={k: round(v) for k, v in s.terms().items()},
-                                  peak_phase=s.phase, phases={k: round(v) for k, v in s.phases.items()})
-                  for s in ev.memory.stages]
-        cap = ev.memory.capacity_bytes
-        mem = MemoryInfo(peak_bytes=round(pk.total), capacity_bytes=cap, headroom_bytes=round(cap - pk.total),
-                         peak_stage=pk.stage, at_risk=cap * (1 - AT_RISK_FRACTION) < pk.total <= cap,
-                         breakdown={k: round(v) for k, v in pk.terms().items()}, stages=stages)
+        mem = memory_info(ev.memory, at_risk_margin)
     if ev.step is not None:
         st = ev.step
         tim = TimeInfo(step_s=_r(st.step_s), compute_s=_r(st.compute_s), bubble_s=_r(st.bubble_s),
@@ -278,10 +290,11 @@ def plan_info(rank: int, ev: Evaluation, model: ModelSpec, cluster: ClusterSpec,
 
 
 def build_document(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int,
-                   evaluations: list[Evaluation]) -> PlanDocument:
-    """The document for ``evaluations`` (already in rank order)."""
+                   evaluations: list[Evaluation], at_risk_margin: float = DEFAULT_AT_RISK_MARGIN) -> PlanDocument:
+    """The document for ``evaluations`` (already in rank order); ``at_risk_margin`` sets ``memory.at_risk``."""
     return PlanDocument(input=input_info(model, cluster, job, num_gpus),
-                        plans=[plan_info(i + 1, ev, model, cluster, job) for i, ev in enumerate(evaluations)])
+                        plans=[plan_info(i + 1, ev, model, cluster, job, at_risk_margin)
+                               for i, ev in enumerate(evaluations)])
 
 
 def to_json(doc: PlanDocument) -> str:

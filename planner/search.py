@@ -86,13 +86,27 @@ def run_search(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpu
                space: SearchSpace = SearchSpace(), memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
                framework: str = "megatron", solver: str = "cpsat", objective: str = "throughput",
                within: float = 0.05, convention: FlopsConvention = "megatron",
-               progress: Progress = no_progress) -> SearchResult:
+               at_risk_margin: float | None = None, progress: Progress = no_progress) -> SearchResult:
     """Dispatch to the CP-SAT solver (default) or the enumerator; both return a ``SearchResult``.
 
     ``objective`` ``headroom``: among plans within ``within`` (fraction) of the best step time, most memory
     headroom first. ``convention`` names the model FLOPs behind the reported TFLOP/s and MFU (it does not change
     the ranking, which is by step time).
+
+    ``at_risk_margin`` (wider than ``memory_headroom``): plans whose peak clears it come first (searched with it as
+    the memory limit, so recompute and micro-batch choices are made to clear it); the plans within it, which fit
+    the headroom but are at risk (``planner.checks.memory_verdict``), only fill the remaining ranks.
     """
+    if at_risk_margin is not None and at_risk_margin > memory_headroom:
+        safe = run_search(model, cluster, job, num_gpus, top_k, space, at_risk_margin, framework, solver, objective,
+                          within, convention, progress=progress)
+        if len(safe.plans) >= top_k:
+            return safe
+        risky = run_search(model, cluster, job, num_gpus, top_k, space, memory_headroom, framework, solver,
+                           objective, within, convention, progress=progress)
+        seen = {e.parallel for e in safe.plans}
+        risky.plans = (safe.plans + [e for e in risky.plans if e.parallel not in seen])[:top_k]
+        return risky
     if solver == "enumerate":
         def counted(n: int) -> None:
             progress(f"--solver enumerate (brute force): {n:,} candidates evaluated")
