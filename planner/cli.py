@@ -715,7 +715,7 @@ def models(fmt: FmtOpt = Fmt.table, show: ShowOpt = None) -> None:
                      "source": s.source})
     if fmt == Fmt.json:
         import json
-        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        sys.stdout.write(json.dumps(rows, indent=2, allow_nan=False) + "\n")
         return
     from rich.console import Console
     from rich.table import Table
@@ -746,7 +746,7 @@ def clusters(fmt: FmtOpt = Fmt.table, show: ShowOpt = None) -> None:
                      "nic_bytes_per_s": c.network.nic_bandwidth_bytes_per_s, "description": c.description})
     if fmt == Fmt.json:
         import json
-        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        sys.stdout.write(json.dumps(rows, indent=2, allow_nan=False) + "\n")
         return
     from rich.console import Console
     from rich.table import Table
@@ -785,7 +785,7 @@ def schema() -> None:
     import json
 
     from .document import json_schema
-    sys.stdout.write(json.dumps(json_schema(), indent=2) + "\n")
+    sys.stdout.write(json.dumps(json_schema(), indent=2, allow_nan=False) + "\n")
 
 
 def _one_line(text: object) -> str:
