@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -266,7 +267,8 @@ def test_min_gpus_stops_at_its_time_budget(run_cli):
     r = run_cli("plan", "--model", "llama3.1-405b", "--cluster", "gb200-nvl72", "--gpus", "3956", "--objective",
                 "min-gpus", "--target-step-s", "9", "--time-budget", "1e-9")
     assert r.exit_code == 1 and r.stderr.count("\n") == 1
-    assert "stopped after 0 s, the time budget, before trying 4 GPUs and more; raise --time-budget" in r.stderr
+    assert re.search(r"stopped after \d+ s, the time budget, before trying 4 GPUs and more; raise --time-budget",
+                     r.stderr), r.stderr
 
 
 def test_min_gpus_returns_the_count_found_when_the_budget_runs_out_in_bisection(run_cli, monkeypatch):
@@ -291,7 +293,7 @@ def test_min_gpus_returns_the_count_found_when_the_budget_runs_out_in_bisection(
 def test_nearest_changes_stop_at_the_time_budget(run_cli):
     r = run_cli("plan", "--model", "llama3.1-405b", "--gpus", "8", "--time-budget", "1e-9")
     assert r.exit_code == 1 and r.stderr.count("\n") == 1
-    assert "memory binds" in r.stderr and "stopped trying changes after 0 s, the time budget" in r.stderr
+    assert "memory binds" in r.stderr and re.search(r"stopped trying changes after \d+ s, the time budget", r.stderr)
 
 
 @pytest.mark.slow
