@@ -135,9 +135,18 @@ def nearest_changes(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, nu
         if n > MAX_GPUS:
             break
         tries.append(("gpus", f"--gpus {n}", {"n": n}))
+    # every layout holds at least its 1/n share of every parameter's states (fully sharded, ZeRO-3), plus the
+    # reserve: a try on n GPUs that cannot hold that much is skipped unsearched (seq and pins change no state)
+    from cost_models.memory import model_state_terms
+    params = model.num_parameters() + model.mtp_params()
+    limit = cluster.gpu.memory_bytes * (1 - memory_headroom) - cluster.calibration.memory_reserve_bytes
+
+    def states_fit(n: int) -> bool:
+        return min(sum(model_state_terms(fw, 3, params, n)) for fw in {framework, job.framework}) <= limit
+
     done: set[str] = set()
     for group, label, kw in tries:
-        if group in done:
+        if group in done or not states_fit(kw.get("n", num_gpus)):
             continue
         if budget.spent:
             out.append(f"(stopped trying changes after {budget.elapsed_s:.0f} s, the time budget; raise "
