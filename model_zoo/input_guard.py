@@ -85,7 +85,7 @@ def read_text(path: Path, max_bytes: int, error: type[Exception], what: str = "f
         if Path(path).is_dir():
             raise error(f"{what} '{path}' is a directory; give the file")
         if not Path(path).is_file():  # a FIFO or a device would block or never end
-            raise error(f"{what} '{path}' not found" if not Path(path).exists() else
+            raise error(f"{what} '{path}': cannot read: no such file" if not Path(path).exists() else
                         f"{what} '{path}' is not a regular file")
         with open(path, "rb") as fh:
             data = fh.read(max_bytes + 1)

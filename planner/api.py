@@ -7,7 +7,9 @@
     >>> doc.model_dump_json() == open("plans.json").read()   # plan3d plan ... --format json --output plans.json
 
 Every function takes the model and the cluster as a built-in name, a file path (our YAML, or a Hugging Face
-``config.json`` for the model) or an already-built ``ModelSpec`` / ``ClusterSpec``, and the job and layout as
+``config.json`` for the model), a Hugging Face Hub id for the model (``"meta-llama/Llama-3.1-8B"``: its
+``config.json`` from the Hub cache, else the Hub; ``model_zoo.hub``) or an already-built ``ModelSpec`` /
+``ClusterSpec``, and the job and layout as
 keyword options named as on the command line (``--global-batch-size`` is ``global_batch_size``). The return
 values are the objects whose JSON the CLI prints: ``plan`` and ``evaluate`` return a ``PlanDocument`` (pydantic;
 ``model_dump_json()`` is byte-identical to ``--format json``), ``memory`` a ``MemoryReport`` (its ``document`` is

@@ -51,8 +51,30 @@ class Framework(str, Enum):
     torchtitan = "torchtitan"
 
 
-#: ``--emit`` targets: the frameworks themselves
-Emit = Framework
+class Emit(str, Enum):
+    """``--emit`` targets: the frameworks whose rules plan3d models, and Colossal-AI (planned under Megatron-LM's
+    rules unless --framework says otherwise)."""
+    megatron = "megatron"
+    deepspeed = "deepspeed"
+    torchtitan = "torchtitan"
+    colossalai = "colossalai"
+
+
+class Launcher(str, Enum):
+    scripts = "scripts"
+    k8s = "k8s"
+
+
+LauncherOpt = Annotated[Launcher, typer.Option(
+    "--launcher", help="with --emit: scripts (torchrun + Slurm, default) or k8s (a Kubeflow PyTorchJob manifest)")]
+
+
+def _rules(framework, emit):
+    """The framework whose rules plan and evaluate apply: --framework, else the --emit target when plan3d models
+    it, else Megatron-LM (Colossal-AI's TP/SP follow Megatron's)."""
+    if framework is not None:
+        return framework
+    return Framework(emit.value) if emit is not None and emit.value in Framework.__members__ else Framework.megatron
 
 
 class FlopsConv(str, Enum):
@@ -60,7 +82,8 @@ class FlopsConv(str, Enum):
     palm = "palm"
 
 
-ModelOpt = Annotated[str, typer.Option("--model", "-m", help="built-in name, our YAML, or a HF config.json path")]
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help="built-in name, our YAML, a HF config.json path, "
+                                                              "or a Hugging Face Hub id org/name[@revision]")]
 ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="built-in name or YAML path (plan: A,B,C compares "
                                                                    "clusters by time and cost)")]
 GpusOpt = Annotated[Optional[int], typer.Option(
@@ -175,7 +198,8 @@ def _plans_table(doc, title: str, at_risk_margin: float = AT_RISK_DEFAULT):
     return t
 
 
-def _emit(doc, emit: Emit, output: Path | None, rank: int, framework: str | None = None) -> None:
+def _emit(doc, emit: Emit, output: Path | None, rank: int, framework: str | None = None,
+          launcher: Launcher = Launcher.scripts) -> None:
     """``--emit``: without ``--output`` print the plan's main config to stdout (Megatron command line, DeepSpeed
     JSON, torchtitan TOML); with ``--output DIR`` write every file of planner.emit.emit_files into DIR.
     An infeasible configuration (``evaluate``) is refused (exit 1): every emitted config passes the checker.
@@ -186,17 +210,26 @@ def _emit(doc, emit: Emit, output: Path | None, rank: int, framework: str | None
     if plan is not None and not plan.feasible:
         raise NoFeasiblePlan(f"plan #{rank} is infeasible, nothing emitted: {'; '.join(plan.violations)}")
     try:
-        files = emit_files(doc, emit.value, rank)
+        files = emit_files(doc, emit.value, rank, launcher.value)
     except EmitUnsupported as e:  # a valid plan the target framework cannot run: like an infeasible plan
-        raise NoFeasiblePlan(str(e)) from None
+        ok = [p.rank for p in doc.plans if p.feasible and emit.value not in p.launch.unsupported]
+        hint = f"; plan #{ok[0]} can run on {emit.value} (--rank {ok[0]})" if ok else ""
+        raise NoFeasiblePlan(f"{e}{hint}") from None
     except EmitError as e:  # no such rank
         raise PlanInputError(str(e)) from None
-    if framework is not None and framework != emit.value:
+    if framework is not None and framework != emit.value and emit.value not in Framework.__members__:
+        sys.stderr.write(f"plan3d: note: memory and time were computed under {framework} rules (plan3d has no "
+                         f"{emit.value} cost rules); the emitted arguments express the same layout\n")
+    elif framework is not None and framework != emit.value:
         sys.stderr.write(f"plan3d: note: memory and time were computed under {framework} rules; {emit.value} "
                          f"runs the layout its own way (plan with --framework {emit.value} to rank under its "
                          f"rules)\n")
     if output is None:
-        if emit == Emit.megatron:
+        if launcher == Launcher.k8s:
+            text = files["pytorchjob.yaml"]
+        elif emit == Emit.colossalai:
+            text = files["colossalai_plugin.py"]
+        elif emit == Emit.megatron:
             args = next(p for p in doc.plans if p.rank == rank).launch.megatron
             text = " \\\n  ".join(["pretrain_gpt.py"] + _pair_args(args)) + "\n"
         else:
@@ -223,11 +256,16 @@ def _emit(doc, emit: Emit, output: Path | None, rank: int, framework: str | None
 
 
 def _render(doc, fmt: Fmt, output: Path | None, emit: Emit | None, title: str, rank: int = 1,
-            framework: str | None = None, at_risk_margin: float = AT_RISK_DEFAULT) -> None:
+            framework: str | None = None, at_risk_margin: float = AT_RISK_DEFAULT,
+            launcher: Launcher = Launcher.scripts) -> None:
     from .document import to_json
     if emit is not None:
-        _emit(doc, emit, output, rank, framework)
+        _emit(doc, emit, output, rank, framework, launcher)
         return
+    if launcher != Launcher.scripts:
+        from .errors import PlanInputError
+        raise PlanInputError(f"--launcher {launcher.value} applies to --emit: give --emit "
+                             f"{'|'.join(e.value for e in Emit)}")
     if fmt == Fmt.json:
         _write(to_json(doc), output)
         return
@@ -274,6 +312,7 @@ def plan(
         "--emit", help="the launch config of the top plan (or --rank N): printed, or with --output DIR, written "
                        "as files (args, config, torchrun and Slurm scripts)")] = None,
     rank: Annotated[int, typer.Option("--rank", min=1, help="which plan --emit writes (1 = best)")] = 1,
+    launcher: LauncherOpt = Launcher.scripts,
     solver: Annotated[SolverOpt, typer.Option("--solver", help="cpsat (default) or enumerate (brute force, the "
                                                                "oracle)")] = SolverOpt.cpsat,
     objective: Annotated[ObjectiveOpt, typer.Option(
@@ -321,9 +360,12 @@ def plan(
     from .progress import progress_line
 
     if rank != 1 and emit is None:
-        raise PlanInputError(f"--rank {rank} selects the plan --emit writes: give --emit megatron|deepspeed|torchtitan")
-    if framework is None:  # an explicit --framework wins; else plan under the rules of the --emit target
-        framework = emit if emit is not None else Framework.megatron
+        raise PlanInputError(f"--rank {rank} selects the plan --emit writes: give --emit "
+                             f"{'|'.join(e.value for e in Emit)}")
+    framework = _rules(framework, emit)  # an explicit --framework wins; else the rules of the --emit target
+    if launcher != Launcher.scripts and emit is None:
+        raise PlanInputError(f"--launcher {launcher.value} applies to --emit: give --emit "
+                             f"{'|'.join(e.value for e in Emit)}")
     choice = parse_cluster_option(cluster)
     if plot is not None:  # checked before the search: a wrong suffix or no token count fails at once
         from .cost_plot import check_plot_path
@@ -359,7 +401,7 @@ def plan(
             f"plan3d: {i.model.name} on {i.cluster.num_gpus} x {i.cluster.gpu} ({i.cluster.name}), GBS "
             f"{i.job.global_batch_size} x seq {i.job.seq_length}, {i.job.precision}: top {len(doc.plans)} of "
             f"{'' if stats.exact else 'at most '}{stats.num_feasible} feasible ({stats.num_candidates} examined)",
-            rank, framework.value, at_risk_margin)
+            rank, framework.value, at_risk_margin, launcher)
 
 
 def _plot(points, path: Path, model_name: str, train_tokens: float) -> None:
@@ -474,6 +516,7 @@ def evaluate(
     emit: Annotated[Optional[Emit], typer.Option(
         "--emit", help="print (or with --output DIR write) this framework's launch config of the configuration; "
                        "refused when the configuration is infeasible")] = None,
+    launcher: LauncherOpt = Launcher.scripts,
     flops_convention: FlopsOpt = None, at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT,
     full_model_init: FullInitOpt = False,
     pipeline_layout: LayoutStrOpt = None, recompute_modules: RecomputeModulesOpt = None,
@@ -490,8 +533,7 @@ def evaluate(
     stages get fewer layers (Megatron's --decoder-first/last-pipeline-num-layers).
     """
     from .api import evaluate as api_evaluate
-    if framework is None:
-        framework = emit if emit is not None else Framework.megatron
+    framework = _rules(framework, emit)
     doc = api_evaluate(**_layout(
         model, cluster, gpus, nodes, global_batch_size, seq_length, precision, flash_attention, dropout, framework,
         memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute, recompute_num_layers,
@@ -503,7 +545,8 @@ def evaluate(
         interruption_rate=interruption_rate, restart_s=restart_s, pue=pue)
     i = doc.input
     _render(doc, fmt, output, emit, f"plan3d evaluate: {i.model.name} on {i.cluster.num_gpus} x {i.cluster.gpu} "
-                                    f"({i.cluster.name})", framework=framework.value, at_risk_margin=at_risk_margin)
+                                    f"({i.cluster.name})", framework=framework.value, at_risk_margin=at_risk_margin,
+            launcher=launcher)
 
 
 @app.command()
@@ -682,6 +725,51 @@ def validate(
     if fails:
         sys.stderr.write("plan3d: validate: " + "; ".join(fails) + "\n")
         sys.exit(1)
+
+
+@app.command()
+def sweep(
+    grid: Annotated[Path, typer.Argument(help="grid YAML: lists of models, clusters, gpus, global_batch_sizes, "
+                                              "seq_lengths, objectives (planner/sweep.py)")],
+    output: Annotated[Optional[Path], typer.Option(
+        "--output", "-o", help="directory for sweep.jsonl and sweep.csv (default: JSONL on stdout)")] = None,
+    plot: Annotated[bool, typer.Option("--plot", help="also draw sweep.png (throughput and cost against GPUs; "
+                                                      "needs --output and the plot extra)")] = False,
+    workers: Annotated[Optional[int], typer.Option("--workers", min=1, help="processes (default: all cores)")] = None,
+    executor: Annotated[str, typer.Option("--executor", help="process (default) or ray (the ray extra)")] = "process",
+) -> None:
+    """Plan every scenario of a grid on all local cores; one row per scenario (the top plan, or why none fits)."""
+    from .errors import PlanInputError
+    from .sweep import load_grid, plot_sweep, sweep as api_sweep, to_csv, to_jsonl
+    if plot and output is None:
+        raise PlanInputError("--plot writes sweep.png next to the tables: give --output DIR")
+    g = load_grid(grid)
+    if sys.stderr.isatty():
+        from rich.progress import Progress
+        with Progress(transient=True) as bar:
+            task = bar.add_task(f"{g.num_scenarios} scenarios", total=g.num_scenarios)
+            rows = api_sweep(g, executor=executor, max_workers=workers,
+                             progress=lambda done, total: bar.update(task, completed=done))
+    else:
+        rows = api_sweep(g, executor=executor, max_workers=workers)
+    if output is None:
+        sys.stdout.write(to_jsonl(rows))
+    else:
+        try:
+            output.mkdir(parents=True, exist_ok=True)
+            (output / "sweep.jsonl").write_text(to_jsonl(rows))
+            (output / "sweep.csv").write_text(to_csv(rows))
+        except OSError as e:
+            raise PlanInputError(f"--output {output}: {e.strerror}") from None
+        names = ["sweep.jsonl", "sweep.csv"]
+        if plot:
+            plot_sweep(rows, output / "sweep.png")
+            names.append("sweep.png")
+        for n in names:
+            sys.stdout.write(f"{output / n}\n")
+    ok = sum(r.status == "ok" for r in rows)
+    sys.stderr.write(f"plan3d: sweep: {len(rows)} scenarios, {ok} planned, {len(rows) - ok} infeasible or "
+                     f"invalid (reason in each row)\n")
 
 
 ShowOpt = Annotated[Optional[str], typer.Option("--show", help="print this entry as YAML, or JSON with --format json (a "

@@ -21,7 +21,8 @@ from .emit import launch_fields
 from .evaluation import Evaluation
 
 #: 1.1 (additive): parallel.account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split
-#: 1.2 (additive): plans[].cost, the whole-run cost of --train-tokens (planner/cost.py)
+#: 1.2 (additive): plans[].cost, the whole-run cost of --train-tokens (planner/cost.py); launch.colossalai
+#:     (Colossal-AI plugin arguments)
 SCHEMA_VERSION = "1.2"
 
 
@@ -156,6 +157,9 @@ class LaunchInfo(_Strict):
     megatron_deepspeed: list[str] | None = Field(None, description="Megatron-DeepSpeed pretrain_gpt.py arguments")
     torchtitan_toml: str | None = Field(None, description="torchtitan 0.2.x JobConfig TOML")
     torchtitan_overrides: list[str] | None = Field(None, description="torchtitan 0.3.x command-line overrides")
+    colossalai: dict[str, Any] | None = Field(None, description="Colossal-AI HybridParallelPlugin / "
+                                              "MoeHybridParallelPlugin keyword arguments and booster settings "
+                                              "(schema 1.2)")
     unsupported: dict[str, str] = Field(default_factory=dict, description="framework -> why it cannot run the plan")
 
 

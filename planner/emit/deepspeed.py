@@ -24,7 +24,7 @@ from __future__ import annotations
 from cost_models.config import ParallelConfig, TrainingJob
 from model_zoo.spec import ModelSpec
 
-from .megatron import EmitError
+from .megatron import EmitError, unexpressed_features
 
 #: DeepSpeed's documented defaults for ZeRO bucket sizes (elements), ``runtime/zero/config.py``
 #: (``reduce_bucket_size`` and ``allgather_bucket_size`` default 5e8).
@@ -123,6 +123,9 @@ def deepspeed_config(job: TrainingJob, par: ParallelConfig, model: ModelSpec | N
 
 def _model_unsupported(model: ModelSpec) -> str | None:
     """The first model setting Megatron-DeepSpeed cannot express (None when it can express them all)."""
+    feature = unexpressed_features(model)
+    if feature is not None:
+        return feature
     if model.mla is not None:
         return "multi-latent attention"
     if model.position_embedding == "rope" and model.rope_scaling is not None:

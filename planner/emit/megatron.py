@@ -156,8 +156,27 @@ def router_args(model: ModelSpec) -> list[str]:
     return a
 
 
+def unexpressed_features(model: ModelSpec) -> str | None:
+    """The first parameter-bearing or attention-shaping feature of ``model`` that the Megatron-LM, Megatron-DeepSpeed
+    and torchtitan launches here do not express (None when there is none): attention sinks, biased experts or
+    router (gpt-oss), sliding-window or chunked attention layers (gpt-oss, Llama 4). Emitting without them would
+    train a different model, so the emitters refuse with the feature named."""
+    if model.attention_sinks:
+        return "attention_sinks (one learned logit per head, gpt-oss)"
+    if model.moe is not None and (model.moe.expert_bias or model.moe.router_linear_bias):
+        return "moe expert_bias / router_linear_bias (biased experts and router, gpt-oss)"
+    kinds = sorted(set(model.layer_types or ()) - {"full_attention"})
+    if kinds:
+        window = f" (window {model.sliding_window} tokens)" if "sliding_attention" in kinds else ""
+        return f"layer_types {', '.join(kinds)}{window}"
+    return None
+
+
 def model_args(model: ModelSpec, job: TrainingJob) -> list[str]:
     """Architecture arguments (dims, attention, MLP, norm, positions, MoE, MLA)."""
+    feature = unexpressed_features(model)
+    if feature is not None:
+        raise EmitError(f"{feature}: not expressed by this launch, so it would train a different model")
     a: list[str] = []
     add = a.extend
     ffn = model.ffn_hidden_size

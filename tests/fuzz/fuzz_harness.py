@@ -74,6 +74,8 @@ def run_inprocess(argv: list[str], hang_s: float = HANG_S, cwd: str | None = Non
         prev = signal.signal(signal.SIGALRM, _alarm)
         signal.setitimer(signal.ITIMER_REAL, hang_s)
     here = os.getcwd()
+    offline = os.environ.get("HF_HUB_OFFLINE")
+    os.environ["HF_HUB_OFFLINE"] = "1"  # a drawn 'org/name' is a Hub id: the fuzzer never touches the network
     t0, c0 = time.perf_counter(), time.process_time()
     try:
         if cwd is not None:
@@ -94,6 +96,10 @@ def run_inprocess(argv: list[str], hang_s: float = HANG_S, cwd: str | None = Non
             signal.signal(signal.SIGALRM, prev)
         sys.argv = old_argv
         os.chdir(here)
+        if offline is None:
+            del os.environ["HF_HUB_OFFLINE"]
+        else:
+            os.environ["HF_HUB_OFFLINE"] = offline
     return Outcome(list(argv), code, out.getvalue(), err.getvalue(), wall, cpu, crash, hang)
 
 
@@ -104,7 +110,7 @@ def run_console(argv: list[str], hang_s: float = HANG_S, cwd: str | None = None)
     t0 = time.perf_counter()
     try:
         p = subprocess.run(cmd + list(argv), capture_output=True, text=True, timeout=hang_s, cwd=cwd,
-                           env={**os.environ, "COLUMNS": "200"})
+                           env={**os.environ, "COLUMNS": "200", "HF_HUB_OFFLINE": "1"})
     except subprocess.TimeoutExpired:
         return Outcome(list(argv), None, "", "", time.perf_counter() - t0, 0.0, hang=True)
     crash = "traceback" if "Traceback (most recent call last)" in p.stderr else None

@@ -167,7 +167,8 @@ def _value_for(opt: str, ann, scratch: Scratch) -> st.SearchStrategy[str]:
     anything = st.sampled_from(INT_TEXT + FLOAT_TEXT + JUNK)
     if opt in ("--model", "-m"):
         typed = st.sampled_from(builtin_models() + scratch.model_paths + [str(p) for p in HF_DIR.glob("*.json")]
-                                + ["", "LLAMA3.1-8B", "llama", "gpt-1t", str(HF_DIR)])
+                                + ["", "LLAMA3.1-8B", "llama", "gpt-1t", str(HF_DIR), "meta-llama/Llama-3.1-8B",
+                                   "org/name@v1", "a/b/c"])
     elif opt in ("--cluster", "-c"):
         typed = st.sampled_from(builtin_clusters() + scratch.cluster_paths + ["", "dgx", "H100"])
     elif opt == "--dataset":
