@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fuzz_tally import FUZZ_N, SHARES, TALLY
+from .fuzz_tally import FUZZ_N, SHARES, TALLY
 
 
 @pytest.fixture(scope="session")
@@ -17,7 +17,7 @@ def scratch():
     import shutil
     import tempfile
 
-    from fuzz_strategies import Scratch
+    from .fuzz_strategies import Scratch
     root = Path(tempfile.mkdtemp(prefix="plan3d-fuzz-"))
     yield Scratch(root)
     shutil.rmtree(root, ignore_errors=True)

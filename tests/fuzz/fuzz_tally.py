@@ -16,7 +16,7 @@ from collections import defaultdict
 
 from hypothesis import HealthCheck, Phase, assume, settings
 
-from fuzz_harness import Finding, Outcome, check_outcome, run_inprocess
+from .fuzz_harness import Finding, Outcome, check_outcome, run_inprocess
 
 #: Default total inputs (CI): the suite's other tests take ~2 min; this keeps the fuzz suite near one minute.
 CI_FUZZ_N = 120

@@ -6,9 +6,9 @@ a few inputs of each group through the installed ``plan3d`` script.
 """
 from __future__ import annotations
 
-from fuzz_harness import check_outcome, run_console
-from fuzz_strategies import argvs, cluster_files, model_files, valid_jobs
-from fuzz_tally import TALLY, assert_clean, fuzz_one, fuzz_settings
+from .fuzz_harness import check_outcome, run_console
+from .fuzz_strategies import argvs, cluster_files, model_files, valid_jobs
+from .fuzz_tally import TALLY, assert_clean, fuzz_one, fuzz_settings
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
