@@ -34,6 +34,10 @@ def pytest_terminal_summary(terminalreporter):
             tr.write_line(f"{g:14s} {TALLY.runs[g]:6d} inputs, {n} findings")
             if n:
                 tr.write_line(TALLY.summary(g))
+    if TALLY.memory:
+        tr.write_line("peak memory grew most during (MiB):")
+        for mib, a in TALLY.memory[:5]:
+            tr.write_line(f"  {mib:7d}  plan3d {' '.join(a)[:200]}")
     tr.write_line("slowest inputs (wall s / CPU s):")
     for w, c, g, a, _ in TALLY.slowest[:10]:
         tr.write_line(f"  {w:7.2f} {c:7.2f}  {g:13s} plan3d {' '.join(a)[:200]}")

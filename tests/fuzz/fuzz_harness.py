@@ -28,6 +28,28 @@ from dataclasses import dataclass, field
 
 #: A call longer than this (wall seconds) is a hang. Generous: the CI machine has 2 shared cores.
 HANG_S = float(os.environ.get("PLAN3D_FUZZ_HANG_S", "120"))
+#: Address space the fuzzing process may use (GiB): a runaway allocation becomes a MemoryError, which main()
+#: reports as an internal error (a finding) instead of the kernel killing the whole run.
+MAX_MEM_GIB = float(os.environ.get("PLAN3D_FUZZ_MAX_MEM_GIB", "8"))
+
+
+def _limit_memory() -> None:
+    try:
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        want = int(MAX_MEM_GIB * 2**30)
+        if soft == resource.RLIM_INFINITY or soft > want:
+            resource.setrlimit(resource.RLIMIT_AS, (want, hard))
+    except (ImportError, ValueError, OSError):  # pragma: no cover - not on every platform
+        pass
+
+
+def _max_rss_mib() -> float:
+    try:
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    except ImportError:  # pragma: no cover
+        return 0.0
 
 
 class _Hang(BaseException):
@@ -44,6 +66,8 @@ class Outcome:
     cpu_s: float
     crash: str | None = None  # an exception that escaped main() (a traceback for the user)
     hang: bool = False
+    #: growth of the process's peak resident memory during the call, MiB
+    rss_growth_mib: float = 0.0
 
 
 @dataclass
@@ -69,6 +93,8 @@ def run_inprocess(argv: list[str], hang_s: float = HANG_S, cwd: str | None = Non
     def _alarm(signum, frame):  # pragma: no cover - only on a hang
         raise _Hang()
 
+    _limit_memory()
+    rss0 = _max_rss_mib()
     use_alarm = hasattr(signal, "SIGALRM") and hang_s > 0
     if use_alarm:
         prev = signal.signal(signal.SIGALRM, _alarm)
@@ -100,7 +126,8 @@ def run_inprocess(argv: list[str], hang_s: float = HANG_S, cwd: str | None = Non
             del os.environ["HF_HUB_OFFLINE"]
         else:
             os.environ["HF_HUB_OFFLINE"] = offline
-    return Outcome(list(argv), code, out.getvalue(), err.getvalue(), wall, cpu, crash, hang)
+    return Outcome(list(argv), code, out.getvalue(), err.getvalue(), wall, cpu, crash, hang,
+                   _max_rss_mib() - rss0)
 
 
 def run_console(argv: list[str], hang_s: float = HANG_S, cwd: str | None = None) -> Outcome:

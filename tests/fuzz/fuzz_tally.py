@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
+from pathlib import Path
 
 from hypothesis import HealthCheck, Phase, assume, settings
 
@@ -41,12 +42,18 @@ class Tally:
         self.findings: dict[str, list[Finding]] = defaultdict(list)
         self.slowest: list[tuple[float, float, str, list[str], dict]] = []
         self.seen: set = set()
+        #: the inputs during which the process's peak memory grew most (MiB, argv)
+        self.memory: list[tuple[float, list[str]]] = []
 
     def record(self, group: str, o: Outcome, findings: list[Finding], files=None) -> None:
         """Count a run; keep it among the slowest (by CPU seconds: the machine's load does not count) with its input
         files (``files()``: path -> text), so a slow generated input can be reproduced."""
         self.runs[group] += 1
         self.findings[group] += findings
+        if o.rss_growth_mib > 64:
+            self.memory.append((round(o.rss_growth_mib), o.argv))
+            self.memory.sort(key=lambda x: -x[0])
+            del self.memory[10:]
         if len(self.slowest) < KEEP_SLOWEST or o.cpu_s > self.slowest[-1][1]:
             self.slowest.append((o.wall_s, o.cpu_s, group, o.argv, files() if files else {}))
             self.slowest.sort(key=lambda x: -x[1])
@@ -70,11 +77,14 @@ class Tally:
                 "findings": {g: {k: len(v) for k, v in self.by_kind(g).items()} for g in self.runs},
                 "examples": [{"kind": f.kind, "detail": f.detail, "argv": f.argv, "files": f.files}
                              for g in self.runs for fs in self.by_kind(g).values() for f in fs[:3]],
+                "memory_growth_mib": [{"mib": m, "argv": a} for m, a in self.memory],
                 "slowest": [{"wall_s": round(w, 3), "cpu_s": round(c, 3), "group": g, "argv": a, "files": f}
                             for w, c, g, a, f in self.slowest]}
 
 
 TALLY = Tally()
+#: a file holding the input now running (``PLAN3D_FUZZ_CURRENT``), unset: none
+CURRENT = Path(os.environ["PLAN3D_FUZZ_CURRENT"]) if os.environ.get("PLAN3D_FUZZ_CURRENT") else None
 
 
 def fuzz_one(group: str, argv: list[str], scratch, rerun: bool = False) -> Outcome | None:
@@ -84,6 +94,11 @@ def fuzz_one(group: str, argv: list[str], scratch, rerun: bool = False) -> Outco
     key = (group, scratch.key(argv))
     assume(key not in TALLY.seen)
     TALLY.seen.add(key)
+    if CURRENT:  # the input now running, for a run the kernel kills
+        try:
+            CURRENT.write_text(" ".join(argv) + "\n")
+        except OSError:
+            pass
     o = run_inprocess(argv, cwd=str(scratch.root))
     findings = check_outcome(o)
     # a run cut short by its wall-clock time budget may stop elsewhere on a re-run: not a determinism finding
