@@ -310,6 +310,10 @@ def parallel_config(inputs: Inputs, *, tp: int = 1, pp: int = 1, cp: int = 1, ep
     n, layers = inputs.num_gpus, inputs.model.num_layers
     if n % (tp * pp * cp):
         raise PlanInputError(f"--gpus {n} is not divisible by tp*pp*cp = {tp}*{pp}*{cp} = {tp * pp * cp}")
+    if pp * vpp > layers + 2:  # the cost models build pp x vpp chunks: --vpp 1e9 would allocate gigabytes
+        raise PlanInputError(f"--vpp {vpp}: pp x vpp = {pp * vpp} model chunks for {layers} layers; each chunk holds "
+                             f"at least one layer (the embedding and the loss may count as one each): at most "
+                             f"{max(1, (layers + 2) // pp)}")
     first, last, account = first_stage_layers, last_stage_layers, False
     if first is None and last is None and layers % pp and pipeline_layout is None:
         split = uneven_split(layers, pp)

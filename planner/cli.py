@@ -146,13 +146,43 @@ def _write(text: str, output: Path | None) -> None:
         raise PlanInputError(f"--output {output}: {e.strerror}") from None
 
 
-def _open_output(output: Path):
+class _OutputFile:
+    """``--output`` opened for writing: an OSError while opening, writing, flushing or closing it (a full disk,
+    ``/proc/version``) is the one-line ``--output PATH: reason`` error."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.fh = self._do(lambda: path.open("w"))
+
+    def _do(self, f):
+        try:
+            return f()
+        except OSError as e:
+            from .errors import PlanInputError
+            raise PlanInputError(f"--output {self.path}: {e.strerror}") from None
+
+    def write(self, text: str) -> int:
+        return self._do(lambda: self.fh.write(text))
+
+    def flush(self) -> None:
+        self._do(self.fh.flush)
+
+    def close(self) -> None:
+        self._do(self.fh.close)
+
+    def isatty(self) -> bool:
+        return False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _open_output(output: Path) -> _OutputFile:
     """``output`` opened for writing; an OSError becomes the one-line ``--output PATH: reason`` error."""
-    try:
-        return output.open("w")
-    except OSError as e:
-        from .errors import PlanInputError
-        raise PlanInputError(f"--output {output}: {e.strerror}") from None
+    return _OutputFile(output)
 
 
 def _gib(x: float) -> str:

@@ -354,3 +354,27 @@ def test_the_two_input_guards_are_the_same_file():
     # model_zoo and cluster_specs import nothing of each other, so each carries the guard; they must not drift
     root = Path(__file__).resolve().parent.parent
     assert (root / "model_zoo" / "input_guard.py").read_text() == (root / "cluster_specs" / "input_guard.py").read_text()
+
+
+# --------------------------------------------------------------------------------------------- found by the 10,000 run
+
+
+@pytest.mark.parametrize("cmd", ["validate", "explain", "memory"])
+def test_an_output_that_fails_on_write_is_one_line(run_cli, cmd):
+    # /proc/version opens for writing and fails with EIO on the first flush: an OSError escaped mid-table
+    _one_error_line(run_cli(cmd, "-o", "/proc/version"), "--output /proc/version: Input/output error")
+
+
+def test_virtual_pipeline_beyond_the_layers_is_refused_before_allocating(run_cli):
+    # memory --vpp 1000000000 built pp x vpp chunks: 7.6 GB, the 10,000-input run was killed for memory
+    _one_error_line(run_cli("memory", "--vpp", "1000000000"), "--vpp 1000000000: pp x vpp = 1000000000 model chunks")
+
+
+@pytest.mark.parametrize("layout,needle", [
+    ("Et|(t|)*999999999L", "a repeat expands to more than"),
+    ("(" * 5000 + "t" + ")" * 5000, "parentheses nested more than 32 deep"),
+])
+def test_pipeline_layout_cannot_expand_without_bound(layout, needle):
+    from cost_models.layout import LayoutError, parse_pipeline_layout
+    with pytest.raises(LayoutError, match=re.escape(needle)):
+        parse_pipeline_layout(layout)
