@@ -309,8 +309,36 @@ def build_document(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num
 
 
 def to_json(doc: PlanDocument) -> str:
-    """Deterministic JSON text (2-space indent, declared key order, trailing newline)."""
-    return json.dumps(doc.model_dump(mode="json"), indent=2) + "\n"
+    """Deterministic, strict JSON text (2-space indent, declared key order, trailing newline).
+
+    Raises ``PlanInternalError`` naming the field when the document holds a non-finite number (NaN or Infinity,
+    which no JSON parser accepts): that is a bug of the cost models or of an input check, never a plan to print."""
+    return dumps_finite(doc.model_dump(mode="json"), "plan document", indent=2) + "\n"
+
+
+def nonfinite_fields(obj: Any, path: str = "") -> list[str]:
+    """Paths (``plans[0].time.step_s``) of the non-finite floats in a JSON-able value."""
+    if isinstance(obj, float):
+        return [] if math.isfinite(obj) else [path or "."]
+    if isinstance(obj, dict):
+        return [p for k, v in obj.items() for p in nonfinite_fields(v, f"{path}.{k}" if path else str(k))]
+    if isinstance(obj, (list, tuple)):
+        return [p for i, v in enumerate(obj) for p in nonfinite_fields(v, f"{path}[{i}]")]
+    return []
+
+
+def dumps_finite(obj: Any, what: str, **kw: Any) -> str:
+    """``json.dumps(obj, allow_nan=False, **kw)``; a non-finite number is a ``PlanInternalError`` naming its field
+    (the CLI prints it as an internal error, exit 3). Used for every JSON document plan3d writes."""
+    try:
+        return json.dumps(obj, allow_nan=False, **kw)
+    except ValueError:
+        bad = nonfinite_fields(obj)
+        if not bad:
+            raise
+        from .errors import PlanInternalError
+        raise PlanInternalError(f"{what}: field {bad[0]} is not a finite number"
+                                + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")) from None
 
 
 def json_schema() -> dict:
