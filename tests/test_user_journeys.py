@@ -1,0 +1,36 @@
+"""Regressions found by trying plan3d as a new user from the README alone (helper breaker1): each test is one
+finding, with the command that showed it and the answer the README promises."""
+from __future__ import annotations
+
+import pytest
+
+import planner
+from cluster_specs import ClusterSpecError
+
+
+# --- a one-cluster command given what only `plan` reads --------------------------------------------------------
+
+@pytest.mark.parametrize("cmd", ["evaluate", "memory", "explain"])
+@pytest.mark.parametrize("cluster,form", [("dgx-h100:1,dgx-a100-80g:1", "pools"), ("dgx-h100,dgx-b200", "several")])
+def test_one_cluster_commands_name_the_pools_and_comparison_forms(run_cli, cmd, cluster, form):
+    """`plan3d evaluate --cluster dgx-h100:1,dgx-a100-80g:1 --tp 8` said "unknown cluster ...; did you mean:
+    dgx-a100-80g?": the README's own --cluster forms must be named, with the command that takes them (exit 2)."""
+    r = run_cli(cmd, "--cluster", cluster, "--tp", "8")
+    assert r.exit_code == 2
+    assert "unknown cluster" not in r.stderr and "did you mean" not in r.stderr
+    assert form in r.stderr and "give one cluster here" in r.stderr
+    assert ("planner.plan_pools" if form == "pools" else "planner.compare") in r.stderr
+
+
+def test_api_plan_with_a_pools_string_points_to_plan_pools():
+    with pytest.raises(ClusterSpecError, match="plan_pools"):
+        planner.plan("llama3.1-8b", "dgx-h100:1,dgx-a100-80g:1")
+
+
+def test_pools_yaml_to_a_one_cluster_command(run_cli, tmp_path):
+    """A pools YAML (`pools:` list) given to evaluate listed every ClusterSpec field as missing."""
+    f = tmp_path / "mixed.yaml"
+    f.write_text("pools:\n  - cluster: dgx-h100\n    nodes: 2\n  - cluster: dgx-a100-80g\n    nodes: 2\n")
+    r = run_cli("evaluate", "--cluster", str(f), "--tp", "8")
+    assert r.exit_code == 2
+    assert "mixed cluster (pools:)" in r.stderr and "required field is missing" not in r.stderr
