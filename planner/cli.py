@@ -366,9 +366,10 @@ def plan(
                                 ("--target-tokens-per-day", target_tokens_per_day), ("--train-tokens", train_tokens),
                                 ("--deadline-days", deadline_days), ("--plot", plot)) if v is not None]
         if given or objective != ObjectiveOpt.throughput or solver != SolverOpt.cpsat:
-            raise PlanInputError(f"{', '.join(given) or '--objective/--solver'}: a plan over pools takes the pools' "
-                                 f"node counts from --cluster NAME:NODES,..., chooses pp and the layout itself and "
-                                 f"maximises throughput")
+            what = ', '.join(given) or '--objective/--solver'
+            raise PlanInputError(f"{what}: not available over pools (--cluster NAME:NODES,...): a plan over pools "
+                                 f"takes its GPUs from the pools' node counts, chooses pp and the layout itself and "
+                                 f"maximises throughput; drop {what}")
         if framework is not None and framework != Framework.megatron or emit not in (None, Emit.megatron):
             raise PlanInputError("--framework/--emit: a plan over pools is a Megatron-LM --pipeline-model-parallel-"
                                  "layout; use megatron")

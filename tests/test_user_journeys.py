@@ -34,3 +34,13 @@ def test_pools_yaml_to_a_one_cluster_command(run_cli, tmp_path):
     r = run_cli("evaluate", "--cluster", str(f), "--tp", "8")
     assert r.exit_code == 2
     assert "mixed cluster (pools:)" in r.stderr and "required field is missing" not in r.stderr
+
+
+@pytest.mark.parametrize("opt", [("--train-tokens", "1e12"), ("--gpus", "16")])
+def test_pools_say_which_option_they_refuse(run_cli, opt):
+    """`plan3d plan --cluster dgx-h100:8,dgx-a100-80g:8 --train-tokens 1e12` answered "--train-tokens: a plan over
+    pools takes the pools' node counts ..., chooses pp and the layout itself and maximises throughput", which reads
+    as an explanation, not as a refusal: it must say the option is not available and to drop it (exit 2)."""
+    r = run_cli("plan", "--cluster", "dgx-h100:1,dgx-a100-80g:1", *opt)
+    assert r.exit_code == 2
+    assert f"{opt[0]}: not available over pools" in r.stderr and f"drop {opt[0]}" in r.stderr
