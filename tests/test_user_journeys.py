@@ -44,3 +44,27 @@ def test_pools_say_which_option_they_refuse(run_cli, opt):
     r = run_cli("plan", "--cluster", "dgx-h100:1,dgx-a100-80g:1", *opt)
     assert r.exit_code == 2
     assert f"{opt[0]}: not available over pools" in r.stderr and f"drop {opt[0]}" in r.stderr
+
+
+# --- plan3d fallback --plan re-evaluates the job the document was planned for -----------------------------------
+
+@pytest.mark.parametrize("opts", [dict(framework="deepspeed"), dict(framework="torchtitan"),
+                                  dict(flash_attention=False)])
+def test_fallback_from_a_document_keeps_the_job_options(tmp_path, opts):
+    """`plan3d plan ... --framework deepspeed --format json -o p.json; plan3d fallback --plan p.json` re-planned under
+    Megatron's rules (context parallelism under DeepSpeed, "resharding (megatron)"); with --framework torchtitan it
+    called the original infeasible, and with --no-flash-attention it retained 111.5% after losing a node. The
+    document now records the job's framework, flash attention and dropout, and the table equals the one planned from
+    the same options."""
+    job = dict(gpus=32, global_batch_size=256, seq_length=4096, **opts)
+    doc = planner.plan("llama3.1-8b", "dgx-h100", top_k=1, **job)
+    assert doc.input.job.framework == opts.get("framework", "megatron")
+    assert doc.input.job.flash_attention is opts.get("flash_attention", True)
+    path = tmp_path / "plan.json"
+    path.write_text(doc.model_dump_json())
+    from_doc = planner.fallback(plan=str(path), max_lost_nodes=1)
+    from_opts = planner.fallback("llama3.1-8b", "dgx-h100", max_lost_nodes=1, **job)
+    assert from_doc.framework == opts.get("framework", "megatron")
+    assert from_doc.model_dump_json() == from_opts.model_dump_json()
+    for e in from_doc.fallbacks:
+        assert e.throughput_retained is None or e.throughput_retained <= 1.0
