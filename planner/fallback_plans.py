@@ -129,6 +129,10 @@ def _load_plan(plan: Any):
     try:
         return PlanDocument.model_validate_json(text)
     except ValueError as e:
+        if '"pools"' in text and '"subsets"' in text:  # a plan over pools (planner/pools.py PoolsDocument)
+            raise PlanInputError(f"--plan {path}: a plan over pools (--cluster NAME:NODES,...), which fallback does "
+                                 f"not plan; give a one-cluster plan document (plan3d plan --cluster NAME --format "
+                                 f"json)") from None
         first = str(e).splitlines()[0] if str(e) else "invalid"
         raise PlanInputError(f"--plan {path}: not a plan document (plan3d plan --format json): {first}") from None
 
@@ -192,8 +196,9 @@ def fallback(model: Any = None, cluster: Any = None, *, plan: Any = None, max_lo
     gpn = c.node.gpus_per_node
     nodes = inputs.num_gpus // gpn
     if max_lost_nodes >= nodes:
-        raise PlanInputError(f"--max-lost-nodes {max_lost_nodes}: the cluster has {nodes} nodes; lose at most "
-                             f"{nodes - 1}")
+        raise PlanInputError(f"--max-lost-nodes {max_lost_nodes}: the cluster has {nodes} node"
+                             f"{'s' if nodes > 1 else ''}; " + (f"lose at most {nodes - 1}" if nodes > 1 else
+                                                                 "a one-node job has no fallback after losing it"))
     orig = evaluate(m, c, job, par, par.world_size, headroom, fw, conv)
     if not orig.feasible:
         raise PlanInputError(f"the original plan is infeasible under plan3d's model ({fw} rules, flash attention "

@@ -68,3 +68,18 @@ def test_fallback_from_a_document_keeps_the_job_options(tmp_path, opts):
     assert from_doc.model_dump_json() == from_opts.model_dump_json()
     for e in from_doc.fallbacks:
         assert e.throughput_retained is None or e.throughput_retained <= 1.0
+
+
+def test_fallback_of_a_pools_document_says_so(run_cli, tmp_path):
+    """`plan3d fallback --plan pools.json` (a plan over pools) said "not a plan document ...: 27 validation errors"."""
+    doc = planner.plan_pools("llama3.1-8b", "dgx-h100:1,dgx-a100-40g:1", global_batch_size=256, top_k=1)
+    path = tmp_path / "pools.json"
+    path.write_text(doc.model_dump_json())
+    r = run_cli("fallback", "--plan", str(path), "--max-lost-nodes", "1")
+    assert r.exit_code == 2 and "a plan over pools" in r.stderr and "validation error" not in r.stderr
+
+
+def test_fallback_on_one_node(run_cli):
+    """`plan3d fallback --gpus 8 --max-lost-nodes 1` said "the cluster has 1 nodes; lose at most 0"."""
+    r = run_cli("fallback", "--gpus", "8", "--max-lost-nodes", "1")
+    assert r.exit_code == 2 and "1 node;" in r.stderr and "at most 0" not in r.stderr
