@@ -83,3 +83,15 @@ def test_fallback_on_one_node(run_cli):
     """`plan3d fallback --gpus 8 --max-lost-nodes 1` said "the cluster has 1 nodes; lose at most 0"."""
     r = run_cli("fallback", "--gpus", "8", "--max-lost-nodes", "1")
     assert r.exit_code == 2 and "1 node;" in r.stderr and "at most 0" not in r.stderr
+
+
+def test_comparison_marks_energy_that_leaves_out_the_node(run_cli):
+    """`plan3d plan --cluster dgx-h100,mi300x --train-tokens ...` put MI300X's MWh (GPU boards only: its cluster
+    file has no node-overhead figure) next to DGX H100's (boards + 4.6 kW node overhead, DGX H100 user guide) with
+    the caption "upper bound": MI300X looked half as hungry. The cell is marked and the caption says why."""
+    r = run_cli("plan", "--model", "llama3.1-8b", "--cluster", "dgx-h100,mi300x", "--gpus", "8",
+                "--train-tokens", "1e11")
+    assert r.exit_code == 0, r.stderr
+    rows = {line.split("│")[3].strip(): line for line in r.stdout.splitlines() if line.count("│") > 10}
+    assert rows["mi300x"].rstrip(" │").endswith("*") and not rows["dgx-h100"].rstrip(" │").endswith("*")
+    assert "GPU boards only" in " ".join(r.stdout.split())
