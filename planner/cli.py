@@ -213,7 +213,9 @@ def _emit(doc, emit: Emit, output: Path | None, rank: int, framework: str | None
         files = emit_files(doc, emit.value, rank, launcher.value)
     except EmitUnsupported as e:  # a valid plan the target framework cannot run: like an infeasible plan
         ok = [p.rank for p in doc.plans if p.feasible and emit.value not in p.launch.unsupported]
-        hint = f"; plan #{ok[0]} can run on {emit.value} (--rank {ok[0]})" if ok else ""
+        hint = f"; plan #{ok[0]} can run on {emit.value} (--rank {ok[0]})" if ok else (
+            f"; none of the top {len(doc.plans)} plans can: raise --top-k, or pin the knob named above "
+            f"(--tp --pp --cp --ep --zero-stage --recompute)" if len(doc.plans) > 1 else "")
         raise NoFeasiblePlan(f"{e}{hint}") from None
     except EmitError as e:  # no such rank
         raise PlanInputError(str(e)) from None

@@ -95,3 +95,12 @@ def test_comparison_marks_energy_that_leaves_out_the_node(run_cli):
     rows = {line.split("│")[3].strip(): line for line in r.stdout.splitlines() if line.count("│") > 10}
     assert rows["mi300x"].rstrip(" │").endswith("*") and not rows["dgx-h100"].rstrip(" │").endswith("*")
     assert "GPU boards only" in " ".join(r.stdout.split())
+
+
+def test_emit_refusal_says_what_to_do_when_no_listed_plan_can_run(run_cli):
+    """`plan3d plan --model llama3.1-405b --gpus 1024 ... --emit colossalai`: every one of the top 5 plans has cp with
+    Megatron-style SP, which Colossal-AI cannot combine; the refusal named no way forward (the README promises a rank
+    that can run). It now says none of the top K can and what to change."""
+    r = run_cli("plan", "--gpus", "16", "--cp", "2", "--tp", "2", "--top-k", "2", "--emit", "colossalai")
+    assert r.exit_code == 1 and "cp 2 with sequence_parallel" in r.stderr
+    assert "none of the top 2 plans can: raise --top-k, or pin the knob" in r.stderr
