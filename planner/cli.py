@@ -414,6 +414,10 @@ def plan(
         if plot is not None:
             _plot(cost_sweep(model, cluster, **opts), plot, cmp.model, train_tokens)
         _render_comparison(cmp, fmt, output)
+        if all(r.document is None for r in cmp.rows):  # as with one cluster: nothing fits is exit 1
+            from .errors import NoFeasiblePlan
+            raise NoFeasiblePlan(f"no plan on any of the {len(cmp.rows)} clusters (each cluster's reason is in "
+                                 f"its row)")
         return
     doc = api_plan(model, cluster, **opts)
     if plot is not None:

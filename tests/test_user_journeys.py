@@ -104,3 +104,16 @@ def test_emit_refusal_says_what_to_do_when_no_listed_plan_can_run(run_cli):
     r = run_cli("plan", "--gpus", "16", "--cp", "2", "--tp", "2", "--top-k", "2", "--emit", "colossalai")
     assert r.exit_code == 1 and "cp 2 with sequence_parallel" in r.stderr
     assert "none of the top 2 plans can: raise --top-k, or pin the knob" in r.stderr
+
+
+def test_comparison_where_no_cluster_has_a_plan_exits_1(run_cli):
+    """`plan3d plan --model llama3.1-70b --cluster dgx-h100,dgx-b200 --gpus 512 ... --deadline-days 30` printed an
+    all-dash table and exited 0, where one cluster with the same answer exits 1 (README: exit 1 = no feasible
+    plan). The table and the reasons are still printed; JSON still carries them."""
+    args = ("plan", "--model", "llama3.1-70b", "--cluster", "dgx-a100-40g,dgx-h100", "--gpus", "8",
+            "--train-tokens", "1e12")
+    r = run_cli(*args)
+    assert r.exit_code == 1 and "no plan on any of the 2 clusters" in r.stderr
+    assert "dgx-a100-40g: no feasible plan" in " ".join(r.stdout.split())
+    j = run_cli(*args, "--format", "json")
+    assert j.exit_code == 1 and all(row["document"] is None for row in j.json()["rows"])
