@@ -77,6 +77,23 @@ def _rules(framework, emit):
     return Framework(emit.value) if emit is not None and emit.value in Framework.__members__ else Framework.megatron
 
 
+class ScheduleOpt(str, Enum):
+    """Pipeline schedules (``cost_models.config.Schedule``; which framework runs which: ``schedule_checks.FRAMEWORK_SCHEDULES``)."""
+    f1b = "1f1b"
+    interleaved = "interleaved"
+    gpipe = "gpipe"
+    zb_h1 = "zb-h1"
+    zb_v = "zb-v"
+    dualpipe = "dualpipe"
+    dualpipev = "dualpipev"
+    combined_1f1b = "combined-1f1b"
+
+
+ScheduleOptT = Annotated[Optional[ScheduleOpt], typer.Option(
+    "--pipeline-schedule", help="pipeline schedule (default 1f1b, interleaved when --vpp > 1); zb-v and dualpipev "
+                                "run two chunks per rank (--vpp 2)")]
+
+
 class FlopsConv(str, Enum):
     megatron = "megatron"
     palm = "palm"
@@ -336,6 +353,7 @@ def plan(
     pin_mbs: Annotated[Optional[int], typer.Option("--micro-batch-size", min=1, help="pin micro-batch size")] = None,
     pin_zero: Annotated[Optional[int], typer.Option("--zero-stage", min=0, max=3, help="pin ZeRO stage")] = None,
     pin_rc: Annotated[Optional[RecomputeOpt], typer.Option("--recompute", help="pin recompute")] = None,
+    pin_schedule: ScheduleOptT = None,
     flops_convention: FlopsOpt = None, at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT,
     train_tokens: TrainTokensOpt = None, gpu_hour_price: PriceOpt = None, async_checkpoint: AsyncCkptOpt = False,
     interruption_rate: RateOpt = None, restart_s: RestartOpt = None, pue: PueOpt = None,
@@ -404,6 +422,7 @@ def plan(
                 solver=solver.value, objective=objective.value, within=within, target_step_s=target_step_s,
                 target_tokens_per_day=target_tokens_per_day, tp=pin_tp, pp=pin_pp, cp=pin_cp, ep=pin_ep,
                 vpp=pin_vpp, micro_batch_size=pin_mbs, zero_stage=pin_zero, recompute=_value(pin_rc),
+                pipeline_schedule=_value(pin_schedule),
                 train_tokens=train_tokens, gpu_hour_price=gpu_hour_price, async_checkpoint=async_checkpoint,
                 interruption_rate=interruption_rate, restart_s=restart_s, pue=pue, deadline_days=deadline_days,
                 at_risk_margin=at_risk_margin)
@@ -544,13 +563,14 @@ def _layout(model, cluster, gpus, nodes, global_batch_size, seq_length, precisio
 
 
 def _knobs(pipeline_layout=None, recompute_modules=None, recompute_method="block", optimizer_cpu_offload=0.0,
-           param_cpu_offload=False, exp_avg_dtype="fp32", exp_avg_sq_dtype="fp32", main_params_dtype="fp32") -> dict:
+           param_cpu_offload=False, exp_avg_dtype="fp32", exp_avg_sq_dtype="fp32", main_params_dtype="fp32",
+           pipeline_schedule=None) -> dict:
     """The memory knobs of a one-layout command as API keyword arguments (``planner.api.parallel_config``)."""
     mods = tuple(m.strip() for m in recompute_modules.split(",") if m.strip()) if recompute_modules else None
     return dict(pipeline_layout=pipeline_layout, recompute_modules=mods, recompute_method=recompute_method,
                 optimizer_cpu_offload=optimizer_cpu_offload,
                 param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype, exp_avg_sq_dtype=exp_avg_sq_dtype,
-                main_params_dtype=main_params_dtype)
+                main_params_dtype=main_params_dtype, pipeline_schedule=_value(pipeline_schedule))
 
 
 @app.command()
@@ -562,6 +582,7 @@ def evaluate(
     micro_batch_size: MbsOpt = 1, zero_stage: ZeroOpt = 0, recompute: RecomputeLayoutOpt = RecomputeOpt.none,
     recompute_num_layers: RecomputeLayersOpt = None, sequence_parallel: SpOpt = False,
     first_stage_layers: FirstOpt = None, last_stage_layers: LastOpt = None,
+    pipeline_schedule: ScheduleOptT = None,
     memory_headroom: HeadroomOpt = HEADROOM_DEFAULT,
     framework: Annotated[Optional[Framework], typer.Option(
         "--framework", help="framework whose rules apply (default: the --emit target, else megatron)")] = None,
@@ -593,7 +614,7 @@ def evaluate(
         sequence_parallel, first_stage_layers, last_stage_layers, flops_convention, at_risk_margin, full_model_init,
         pipeline_layout=pipeline_layout, recompute_modules=recompute_modules, recompute_method=recompute_method,
         optimizer_cpu_offload=optimizer_cpu_offload, param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype,
-        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype),
+        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype, pipeline_schedule=pipeline_schedule),
         train_tokens=train_tokens, gpu_hour_price=gpu_hour_price, async_checkpoint=async_checkpoint,
         interruption_rate=interruption_rate, restart_s=restart_s, pue=pue)
     i = doc.input
@@ -611,6 +632,7 @@ def memory(
     micro_batch_size: MbsOpt = 1, zero_stage: ZeroOpt = 0, recompute: RecomputeLayoutOpt = RecomputeOpt.none,
     recompute_num_layers: RecomputeLayersOpt = None, sequence_parallel: SpOpt = False,
     first_stage_layers: FirstOpt = None, last_stage_layers: LastOpt = None,
+    pipeline_schedule: ScheduleOptT = None,
     memory_headroom: HeadroomOpt = HEADROOM_DEFAULT, framework: FrameworkOpt = Framework.megatron,
     fmt: FmtOpt = Fmt.table, output: OutOpt = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="draw the per-stage breakdown to FILE.png|svg")] = None,
@@ -637,7 +659,7 @@ def memory(
         memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute, recompute_num_layers,
         sequence_parallel, first_stage_layers, last_stage_layers, None, at_risk_margin, full_model_init, pipeline_layout=pipeline_layout, recompute_modules=recompute_modules, recompute_method=recompute_method,
         optimizer_cpu_offload=optimizer_cpu_offload, param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype,
-        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype))
+        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype, pipeline_schedule=pipeline_schedule))
     if plot is not None:
         plot_memory(rep.estimate, plot, rep.title, at_risk_margin)
     if fmt == Fmt.json:
@@ -667,6 +689,7 @@ def explain(
     micro_batch_size: MbsOpt = 1, zero_stage: ZeroOpt = 0, recompute: RecomputeLayoutOpt = RecomputeOpt.none,
     recompute_num_layers: RecomputeLayersOpt = None, sequence_parallel: SpOpt = False,
     first_stage_layers: FirstOpt = None, last_stage_layers: LastOpt = None,
+    pipeline_schedule: ScheduleOptT = None,
     memory_headroom: HeadroomOpt = HEADROOM_DEFAULT, framework: FrameworkOpt = Framework.megatron,
     fmt: FmtOpt = Fmt.table, output: OutOpt = None,
     timeline: Annotated[Optional[Path], typer.Option(
@@ -689,7 +712,7 @@ def explain(
         memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute, recompute_num_layers,
         sequence_parallel, first_stage_layers, last_stage_layers, None, at_risk_margin, full_model_init, pipeline_layout=pipeline_layout, recompute_modules=recompute_modules, recompute_method=recompute_method,
         optimizer_cpu_offload=optimizer_cpu_offload, param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype,
-        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype))
+        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype, pipeline_schedule=pipeline_schedule))
     ex, par, i = rep.explanation, rep.parallel, rep.inputs
     where = f"{i.model.name} on {i.num_gpus} x {i.cluster.gpu.name} ({i.cluster.name})"
     if timeline is not None:

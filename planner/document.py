@@ -23,9 +23,11 @@ from .evaluation import Evaluation
 #: 1.1 (additive): parallel.account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split
 #: 1.2 (additive): plans[].cost, the whole-run cost of --train-tokens (planner/cost.py); launch.colossalai
 #:     (Colossal-AI plugin arguments); parallel.pipeline_layout (null unless the plan sets per-stage layers: plans
-#:     over pools, planner/pools.py); input.job.framework / flash_attention / dropout (the job options the plans
-#:     depend on, so that a consumer such as plan3d fallback --plan re-evaluates the same job)
-SCHEMA_VERSION = "1.2"
+#:     over pools, planner/pools.py)
+#: 1.3 (additive): launch.env (framework -> environment variables of its launch, planner/emit/env.py);
+#:     input.job.framework / flash_attention / dropout (the job options the plans depend on, so that a consumer such
+#:     as plan3d fallback --plan re-evaluates the same job)
+SCHEMA_VERSION = "1.3"
 
 
 def _r(x: float) -> float:
@@ -169,6 +171,9 @@ class LaunchInfo(_Strict):
                                               "MoeHybridParallelPlugin keyword arguments and booster settings "
                                               "(schema 1.2)")
     unsupported: dict[str, str] = Field(default_factory=dict, description="framework -> why it cannot run the plan")
+    env: dict[str, dict[str, str]] = Field(
+        default_factory=dict, description="framework (megatron, deepspeed, torchtitan, colossalai) -> environment variables its "
+                                          "launch needs (planner/emit/env.py); only frameworks that can run the plan")
 
 
 class CostInfo(_Strict):
@@ -297,7 +302,7 @@ def plan_info(rank: int, ev: Evaluation, model: ModelSpec, cluster: ClusterSpec,
                              flops_convention=st.flops_convention, peak_flops_per_gpu=_r(st.peak_flops_per_gpu),
                              mfu_peak_dtype=getattr(st, "mfu_peak_dtype", "bf16"))
     gpn = cluster.node.gpus_per_node
-    launch = LaunchInfo(**launch_fields(model, job, par, gpn))
+    launch = LaunchInfo(**launch_fields(model, job, par, gpn, cluster))
     return PlanInfo(rank=rank, feasible=ev.feasible, violations=[v.message for v in ev.violations],
                     parallel=parallel_info(par, job), memory=mem, time=tim, throughput=thr, launch=launch)
 

@@ -1,8 +1,9 @@
 """Draw the simulated pipeline schedule of one configuration (``plan3d explain ... --timeline FILE.svg|png``).
 
 One row per pipeline rank, time on the x axis: forward (F), backward (B, including recompute and the exposed
-TP/CP/EP communication of the layer), weight-gradient (W, ZB-H1), idle (bubble), and the exposed data-parallel
-communication and optimizer step after the pipeline drains. Ops come from ``cost_models.pipeline.simulate`` with
+TP/CP/EP communication of the layer), weight-gradient (W: ZB-H1, ZB-V, DualPipe, DualPipeV), idle (bubble), and the
+exposed data-parallel communication and optimizer step after the pipeline drains. A forward and a backward that run
+as one overlapped pair (DualPipe, DualPipeV, Megatron's combined 1F1B) are outlined in black. Ops come from ``cost_models.pipeline.simulate`` with
 the per-stage times of ``cost_models.step_time.estimate_step``. matplotlib is imported lazily (only here).
 """
 from __future__ import annotations
@@ -30,7 +31,8 @@ def draw_timeline(step: StepEstimate, path: str | Path, title: str = "", row_lab
     vpp = len(step.stage_forward_s) // pp
     m = min(step.num_microbatches, MAX_DRAWN_MICROBATCHES)
     sim = simulate(step.schedule, pp, m, step.stage_forward_s, step.stage_backward_s, vpp=vpp, p2p_s=step.p2p_s,
-                   record=True)
+                   record=True, wgt_s=step.stage_wgrad_s or None, hide_f_s=step.stage_hide_forward_s or None,
+                   hide_b_s=step.stage_hide_backward_s or None)
     plt = pyplot(f"--timeline {p}")
     from matplotlib.patches import Patch
 
@@ -40,8 +42,9 @@ def draw_timeline(step: StepEstimate, path: str | Path, title: str = "", row_lab
         ax.text(1.005, 1 - (lo + hi + 1) / 2 / pp, label, transform=ax.transAxes, rotation=90, va="center",
                 ha="left", fontsize=7, color="#555555")
     for op in sim.ops:
+        paired = getattr(op, "paired", False)  # half of an overlapped forward-backward pair: black outline
         ax.barh(op.rank, op.end - op.start, left=op.start, height=0.8, color=_COLORS[op.kind],
-                edgecolor="white", linewidth=0.3)
+                edgecolor="black" if paired else "white", linewidth=0.6 if paired else 0.3)
     end = sim.makespan
     dp = step.exposed_comm_s.get("dp", 0.0)
     for r in range(pp):
@@ -58,7 +61,7 @@ def draw_timeline(step: StepEstimate, path: str | Path, title: str = "", row_lab
                  f"step {step.step_s:.3f} s", fontsize=9)
     ax.legend(handles=[Patch(color=_COLORS["F"], label="forward"),
                        Patch(color=_COLORS["B"], label="backward (+recompute, exposed TP/CP/EP)"),
-                       Patch(color=_COLORS["W"], label="weight gradient (ZB)"),
+                       Patch(color=_COLORS["W"], label="weight gradient (ZB, DualPipe)"),
                        Patch(color=_COLORS["dp"], label="exposed DP communication"),
                        Patch(color=_COLORS["opt"], label="optimizer step")],
               loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=5, fontsize=8, frameon=False)

@@ -187,7 +187,7 @@ def test_emitted_layout_passes_megatron_checks():
         args = parse_argv(p.launch.megatron)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            vpp = megatron_validate_args(args, p.launch.world_size)
+            vpp = megatron_validate_args(args, p.launch.world_size, p.launch.env["megatron"])  # with launch.env
             cfg = megatron_core_config(args, vpp)
             layers = megatron_layers_per_rank(cfg)
         assert [sum(x) for x in layers] == [s.num_layers for s in p.stages]
