@@ -187,8 +187,12 @@ def _plans_table(doc, title: str, at_risk_margin: float = AT_RISK_DEFAULT):
     t = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     from .cost_report import money
     costed = any(p.cost is not None for p in doc.plans)
-    cols = ["#", "tp", "pp", "dp", "cp", "ep", "vpp", "mbs", "zero", "sp", "recompute", "peak GiB",
-            "step s", "tokens/s", "TFLOP/s/GPU", "MFU", "ok"]
+    # knobs that only some plans vary get their column when they do, so that no two rows read the same: the expert
+    # tensor parallel size of a MoE model, a pipeline schedule other than 1F1B / interleaved 1F1B
+    moe = doc.input.model.moe_experts is not None
+    sched = any(p.parallel.pipeline_schedule not in ("1f1b", "interleaved") for p in doc.plans)
+    cols = ["#", "tp", "pp", "dp", "cp", "ep", *(["etp"] if moe else []), "vpp", "mbs", "zero", "sp", "recompute",
+            *(["schedule"] if sched else []), "peak GiB", "step s", "tokens/s", "TFLOP/s/GPU", "MFU", "ok"]
     for col in cols + (["days", "GPU-hours", "$"] if costed else []):
         t.add_column(col, justify="right")
     if costed:
@@ -204,9 +208,11 @@ def _plans_table(doc, title: str, at_risk_margin: float = AT_RISK_DEFAULT):
             peak += " !"
         elif p.memory and p.memory.peak_bytes > p.memory.capacity_bytes:
             peak += " OOM"
-        t.add_row(str(p.rank), str(q.tp), str(q.pp), str(q.dp), str(q.cp), str(q.ep), str(q.vpp),
+        t.add_row(str(p.rank), str(q.tp), str(q.pp), str(q.dp), str(q.cp), str(q.ep),
+                  *([str(q.etp)] if moe else []), str(q.vpp),
                   str(q.micro_batch_size), str(q.zero_stage), "y" if q.sequence_parallel else "n",
                   q.recompute if q.recompute_num_layers is None else f"full {q.recompute_num_layers}/chunk",
+                  *([q.pipeline_schedule] if sched else []),
                   peak, f"{p.time.step_s:.3f}" if p.time else "-",
                   f"{p.throughput.tokens_per_s:,.0f}" if p.throughput else "-",
                   f"{p.throughput.tflops_per_gpu:.0f}" if p.throughput else "-",

@@ -117,3 +117,24 @@ def test_comparison_where_no_cluster_has_a_plan_exits_1(run_cli):
     assert "dgx-a100-40g: no feasible plan" in " ".join(r.stdout.split())
     j = run_cli(*args, "--format", "json")
     assert j.exit_code == 1 and all(row["document"] is None for row in j.json()["rows"])
+
+
+def _header(stdout: str) -> list[str]:
+    line = next(ln for ln in stdout.splitlines() if ln.startswith("┃ #"))
+    return [c.strip() for c in line.strip("┃").split("┃")]
+
+
+def test_plan_table_shows_the_knobs_that_tell_plans_apart(run_cli):
+    """`plan3d plan --model deepseek-v3 -c dgx-h800 --gpus 2048 --precision fp8 --framework torchtitan` listed plans
+    #1 and #3 with every column equal (tp 2 pp 1 dp 1024 ep 256 mbs 1 zero 3 selective) but 47.8 vs 57.6 GiB: they
+    differ in etp (1 vs 2), which the table did not show; a pinned or searched non-default pipeline schedule was not
+    shown either. A MoE model's table has an etp column, and a schedule column appears when a plan uses one."""
+    r = run_cli("plan", "--model", "mixtral-8x7b", "--gpus", "16", "--top-k", "2")
+    assert r.exit_code == 0 and "etp" in _header(r.stdout) and "schedule" not in _header(r.stdout)
+    r = run_cli("plan", "--gpus", "16", "--top-k", "2")
+    assert "etp" not in _header(r.stdout)
+    r = run_cli("plan", "--gpus", "16", "--top-k", "1", "--framework", "torchtitan", "--pipeline-schedule", "zb-v")
+    assert r.exit_code == 0, r.stderr
+    head = _header(r.stdout)
+    row = next(ln for ln in r.stdout.splitlines() if ln.startswith("│ 1 "))
+    assert [c.strip() for c in row.strip("│").split("│")][head.index("schedule")] == "zb-v"
