@@ -69,11 +69,18 @@ def _format_validation_error(exc: ValidationError) -> str:
     return _one_line("; ".join(parts))
 
 
+#: What a one-cluster command says when given what only ``plan`` takes (``--cluster`` forms of planner/comparison.py).
+ONE_CLUSTER_ONLY = ("give one cluster here: only `plan3d plan` (planner.plan_pools) plans over pools and only "
+                    "`plan3d plan --train-tokens` (planner.compare) compares clusters")
+
+
 def _parse(data: Any, origin: str) -> ClusterSpec:
     if not isinstance(data, dict):
         raise ClusterSpecError(
             f"{origin}: a cluster spec must be a YAML mapping at top level, got {type(data).__name__}"
         )
+    if "pools" in data:
+        raise ClusterSpecError(f"{origin}: a mixed cluster (pools:), not one cluster spec: {ONE_CLUSTER_ONLY}")
     try:
         return ClusterSpec.model_validate(data)
     except ValidationError as exc:
@@ -103,6 +110,9 @@ def _builtin(name: str) -> ClusterSpec:
 
 
 def _unknown(name: str) -> ClusterSpecError:
+    if "," in name or ":" in name:  # NAME:NODES pools or NAME,NAME alternatives: forms only ``plan`` reads
+        form = "pools of a mixed cluster (NAME:NODES,...)" if ":" in name else "several clusters (NAME,NAME,...)"
+        return ClusterSpecError(f"--cluster '{name}' names {form}: {ONE_CLUSTER_ONLY}")
     names = list_clusters()
     close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
     if close:

@@ -217,8 +217,12 @@ def _plans_table(doc, title: str, at_risk_margin: float = AT_RISK_DEFAULT):
     t = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     from .cost_report import money
     costed = any(p.cost is not None for p in doc.plans)
-    cols = ["#", "tp", "pp", "dp", "cp", "ep", "vpp", "mbs", "zero", "sp", "recompute", "peak GiB",
-            "step s", "tokens/s", "TFLOP/s/GPU", "MFU", "ok"]
+    # knobs that only some plans vary get their column when they do, so that no two rows read the same: the expert
+    # tensor parallel size of a MoE model, a pipeline schedule other than 1F1B / interleaved 1F1B
+    moe = doc.input.model.moe_experts is not None
+    sched = any(p.parallel.pipeline_schedule not in ("1f1b", "interleaved") for p in doc.plans)
+    cols = ["#", "tp", "pp", "dp", "cp", "ep", *(["etp"] if moe else []), "vpp", "mbs", "zero", "sp", "recompute",
+            *(["schedule"] if sched else []), "peak GiB", "step s", "tokens/s", "TFLOP/s/GPU", "MFU", "ok"]
     for col in cols + (["days", "GPU-hours", "$"] if costed else []):
         t.add_column(col, justify="right")
     if costed:
@@ -234,9 +238,11 @@ def _plans_table(doc, title: str, at_risk_margin: float = AT_RISK_DEFAULT):
             peak += " !"
         elif p.memory and p.memory.peak_bytes > p.memory.capacity_bytes:
             peak += " OOM"
-        t.add_row(str(p.rank), str(q.tp), str(q.pp), str(q.dp), str(q.cp), str(q.ep), str(q.vpp),
+        t.add_row(str(p.rank), str(q.tp), str(q.pp), str(q.dp), str(q.cp), str(q.ep),
+                  *([str(q.etp)] if moe else []), str(q.vpp),
                   str(q.micro_batch_size), str(q.zero_stage), "y" if q.sequence_parallel else "n",
                   q.recompute if q.recompute_num_layers is None else f"full {q.recompute_num_layers}/chunk",
+                  *([q.pipeline_schedule] if sched else []),
                   peak, f"{p.time.step_s:.3f}" if p.time else "-",
                   f"{p.throughput.tokens_per_s:,.0f}" if p.throughput else "-",
                   f"{p.throughput.tflops_per_gpu:.0f}" if p.throughput else "-",
@@ -260,7 +266,9 @@ def _emit(doc, emit: Emit, output: Path | None, rank: int, framework: str | None
         files = emit_files(doc, emit.value, rank, launcher.value)
     except EmitUnsupported as e:  # a valid plan the target framework cannot run: like an infeasible plan
         ok = [p.rank for p in doc.plans if p.feasible and emit.value not in p.launch.unsupported]
-        hint = f"; plan #{ok[0]} can run on {emit.value} (--rank {ok[0]})" if ok else ""
+        hint = f"; plan #{ok[0]} can run on {emit.value} (--rank {ok[0]})" if ok else (
+            f"; none of the top {len(doc.plans)} plans can: raise --top-k, or pin the knob named above "
+            f"(--tp --pp --cp --ep --zero-stage --recompute)" if len(doc.plans) > 1 else "")
         raise NoFeasiblePlan(f"{e}{hint}") from None
     except EmitError as e:  # no such rank
         raise PlanInputError(str(e)) from None
@@ -419,9 +427,10 @@ def plan(
                                 ("--target-tokens-per-day", target_tokens_per_day), ("--train-tokens", train_tokens),
                                 ("--deadline-days", deadline_days), ("--plot", plot)) if v is not None]
         if given or objective != ObjectiveOpt.throughput or solver != SolverOpt.cpsat:
-            raise PlanInputError(f"{', '.join(given) or '--objective/--solver'}: a plan over pools takes the pools' "
-                                 f"node counts from --cluster NAME:NODES,..., chooses pp and the layout itself and "
-                                 f"maximises throughput")
+            what = ', '.join(given) or '--objective/--solver'
+            raise PlanInputError(f"{what}: not available over pools (--cluster NAME:NODES,...): a plan over pools "
+                                 f"takes its GPUs from the pools' node counts, chooses pp and the layout itself and "
+                                 f"maximises throughput; drop {what}")
         if framework is not None and framework != Framework.megatron or emit not in (None, Emit.megatron):
             raise PlanInputError("--framework/--emit: a plan over pools is a Megatron-LM --pipeline-model-parallel-"
                                  "layout; use megatron")
@@ -465,6 +474,10 @@ def plan(
         if plot is not None:
             _plot(cost_sweep(model, cluster, **opts), plot, cmp.model, train_tokens)
         _render_comparison(cmp, fmt, output)
+        if all(r.document is None for r in cmp.rows):  # as with one cluster: nothing fits is exit 1
+            from .errors import NoFeasiblePlan
+            raise NoFeasiblePlan(f"no plan on any of the {len(cmp.rows)} clusters (each cluster's reason is in "
+                                 f"its row)")
         return
     with progress_line("plan3d plan") as progress:  # a status line on stderr while it is a terminal
         doc = api_plan(model, cluster, **opts, progress=progress)

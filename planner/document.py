@@ -24,7 +24,9 @@ from .evaluation import Evaluation
 #: 1.2 (additive): plans[].cost, the whole-run cost of --train-tokens (planner/cost.py); launch.colossalai
 #:     (Colossal-AI plugin arguments); parallel.pipeline_layout (null unless the plan sets per-stage layers: plans
 #:     over pools, planner/pools.py)
-#: 1.3 (additive): launch.env (framework -> environment variables of its launch, planner/emit/env.py)
+#: 1.3 (additive): launch.env (framework -> environment variables of its launch, planner/emit/env.py);
+#:     input.job.framework / flash_attention / dropout (the job options the plans depend on, so that a consumer such
+#:     as plan3d fallback --plan re-evaluates the same job)
 SCHEMA_VERSION = "1.3"
 
 
@@ -67,6 +69,10 @@ class JobInfo(_Strict):
     precision: str
     optimizer: str
     tokens_per_step: int
+    framework: str | None = Field(None, description="whose rules the plans were made under (--framework); null in "
+                                                    "documents written before it was recorded (megatron)")
+    flash_attention: bool | None = Field(None, description="fused attention (--flash-attention); null: true")
+    dropout: bool | None = Field(None, description="dropout layers (--dropout); null: false")
 
 
 class InputInfo(_Strict):
@@ -247,7 +253,8 @@ def input_info(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpu
         cluster=ClusterInfo(name=cluster.name, gpu=cluster.gpu.name, num_gpus=num_gpus, gpus_per_node=gpn,
                             num_nodes=num_gpus // gpn, memory_bytes_per_gpu=cluster.gpu.memory_bytes),
         job=JobInfo(global_batch_size=job.global_batch_size, seq_length=job.seq_length, precision=job.precision,
-                    optimizer=job.optimizer, tokens_per_step=job.tokens_per_step))
+                    optimizer=job.optimizer, tokens_per_step=job.tokens_per_step, framework=job.framework,
+                    flash_attention=job.flash_attention, dropout=job.dropout))
 
 
 def parallel_info(par: ParallelConfig, job: TrainingJob) -> ParallelInfo:
