@@ -98,6 +98,11 @@ def test_deeply_nested_cluster_and_dataset_are_one_line(run_cli, tmp_path):
     c.write_text("[" * 5000 + "]" * 5000)
     _one_error_line(run_cli("plan", "--cluster", str(c)), str(c), "nest")
     _one_error_line(run_cli("validate", "--dataset", str(c)), "--dataset", "nest")
+    # a mapping whose value nests deeply: the pools-file sniffing read it with PyYAML's pure-Python loader
+    # (RecursionError in cluster_specs/pools.py, found by the fuzz suite after the pools merge)
+    m = tmp_path / "m.yaml"
+    m.write_text("a: " + "[" * 5000 + "]" * 5000)
+    _one_error_line(run_cli("plan", "--cluster", str(m), "--nodes", "4"), str(m), "nest")
 
 
 def test_yaml_alias_bomb_is_refused_not_expanded(run_cli, tmp_path):
