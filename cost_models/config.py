@@ -6,9 +6,12 @@ Names follow Megatron-LM's vocabulary (``tp``, ``pp``, ``dp``, ``cp``, ``ep``, `
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from model_zoo.input_guard import Plausible
+from model_zoo.spec import POSITIONS
 
 Precision = Literal["bf16", "fp16", "fp8", "fp32"]
 Recompute = Literal["none", "selective", "full"]
@@ -36,6 +39,16 @@ def compute_bytes(precision: str) -> int:
     return BYTES_FP32 if precision == "fp32" else BYTES_16BIT
 
 
+#: Global batch (sequences): one to 100x a 16,384-sequence batch, above the largest published ones (DeepSeek-V3
+#: 15,360 x 4K, arXiv:2412.19437 Sec. 4.2; Llama 3.1 405B 2,048 x 8K).
+GLOBAL_BATCH = Plausible(1, 100 * 16384, "one to 100x a 16,384-sequence batch; DeepSeek-V3 used 15,360")
+
+#: Busiest expert's routed tokens over the mean: 1 (balanced) up to num_experts / top_k (it takes every token of the
+#: micro-batch), bounded by 100x the 256 routed experts of DeepSeek-V3 (arXiv:2412.19437 Sec. 4.2) over top-1.
+EXPERT_LOAD_IMBALANCE = Plausible(1.0, 100 * 256, "1 = balanced, at most num_experts / top_k; 100x the 256 experts "
+                                                  "of DeepSeek-V3 over top-1")
+
+
 class TrainingJob(BaseModel):
     """What is trained: global batch (sequences), sequence length (tokens), precision, optimizer.
 
@@ -50,8 +63,8 @@ class TrainingJob(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    global_batch_size: int = Field(1024, gt=0, description="sequences per optimizer step")
-    seq_length: int = Field(4096, gt=0, description="tokens per sequence")
+    global_batch_size: Annotated[int, GLOBAL_BATCH] = Field(1024, description="sequences per optimizer step")
+    seq_length: Annotated[int, POSITIONS] = Field(4096, description="tokens per sequence")
     precision: Precision = "bf16"
     optimizer: Literal["adam"] = "adam"
     flash_attention: bool = Field(True, description="fused attention: no s x s score tensor is stored")
@@ -64,8 +77,8 @@ class TrainingJob(BaseModel):
                            "GPU before the data-parallel sharding: DeepSpeed without deepspeed.zero.Init, or a loader "
                            "that builds the full model on each rank; False = built sharded (Megatron, torchtitan's "
                            "meta-device init, zero.Init)")
-    expert_load_imbalance: float | None = Field(
-        None, ge=1.0, description="dropless MoE routing: the busiest expert's routed tokens over the mean in one "
+    expert_load_imbalance: Annotated[float | None, EXPERT_LOAD_IMBALANCE] = Field(
+        None, description="dropless MoE routing: the busiest expert's routed tokens over the mean in one "
                                   "micro-batch (1.0 = balanced, as with Megatron --moe-router-force-load-balancing); "
                                   "None = cost_models/moe_imbalance.py's sourced default (2.21 for 256 experts, 1.61 "
                                   "for 8). Sets how far the busiest expert-parallel rank exceeds the balanced share")

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, TypedDict
+from typing import TYPE_CHECKING, Any, Callable, Literal, TypedDict
 
 from .errors import NoFeasiblePlan, PlanInputError
 
@@ -156,6 +156,10 @@ class PlanOptions(JobOptions, CostOptions, total=False):
     zero_stage: int | None
     recompute: Literal["none", "selective", "full"] | None
     pipeline_schedule: str | None
+    #: wall seconds that repeated planning may take (min-gpus counts, nearest-change searches; ``None``: no limit;
+    #: default ``planner.progress.DEFAULT_BUDGET_S``) and a callback told each step (a progress line)
+    time_budget_s: float | None
+    progress: Callable[[str], None] | None
 
 
 _JOB_KEYS = frozenset(JobOptions.__annotations__)
@@ -182,6 +186,8 @@ class SearchStats:
     num_candidates: int
     num_feasible: int
     exact: bool
+    #: one line when the search stopped at its time budget (what was not tried), else None
+    note: str | None = None
 
 
 def _flag(field: str) -> str:
@@ -250,14 +256,19 @@ def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = No
                              f"Engine runs its unfused attention); add --no-flash-attention, or use --framework "
                              f"torchtitan (PyTorch SDPA's memory-efficient kernel takes fp32)")
     if expert_load_imbalance is not None and (isinstance(expert_load_imbalance, bool)
-                                              or not isinstance(expert_load_imbalance, (int, float))
-                                              or not 1.0 <= expert_load_imbalance < float("inf")):
+                                              or not isinstance(expert_load_imbalance, (int, float))):
         raise PlanInputError(f"--expert-load-imbalance {expert_load_imbalance!r}: must be a number >= 1 (the busiest "
                              f"expert's routed tokens over the mean; 1 = balanced)")
-    job = TrainingJob(global_batch_size=global_batch_size, seq_length=seq_length, precision=precision,
-                      flash_attention=bool(flash_attention), dropout=bool(dropout), framework=fw,
-                      full_model_init=bool(full_model_init),
-                      expert_load_imbalance=None if expert_load_imbalance is None else float(expert_load_imbalance))
+    from pydantic import ValidationError
+    try:
+        job = TrainingJob(global_batch_size=global_batch_size, seq_length=seq_length, precision=precision,
+                          flash_attention=bool(flash_attention), dropout=bool(dropout), framework=fw,
+                          full_model_init=bool(full_model_init),
+                          expert_load_imbalance=None if expert_load_imbalance is None else float(expert_load_imbalance))
+    except ValidationError as e:  # a plausible range (cost_models/config.py): "--seq-length V is outside [lo, hi]"
+        from .errors import option_error
+        raise option_error(e, {"global_batch_size": "--global-batch-size", "seq_length": "--seq-length",
+                               "expert_load_imbalance": "--expert-load-imbalance"}) from None
     return Inputs(m, c, n, job)
 
 
@@ -324,6 +335,10 @@ def parallel_config(inputs: Inputs, *, tp: int = 1, pp: int = 1, cp: int = 1, ep
     n, layers = inputs.num_gpus, inputs.model.num_layers
     if n % (tp * pp * cp):
         raise PlanInputError(f"--gpus {n} is not divisible by tp*pp*cp = {tp}*{pp}*{cp} = {tp * pp * cp}")
+    if pp * vpp > layers + 2:  # the cost models build pp x vpp chunks: --vpp 1e9 would allocate gigabytes
+        raise PlanInputError(f"--vpp {vpp}: pp x vpp = {pp * vpp} model chunks for {layers} layers; each chunk holds "
+                             f"at least one layer (the embedding and the loss may count as one each): at most "
+                             f"{max(1, (layers + 2) // pp)}")
     first, last, account = first_stage_layers, last_stage_layers, False
     if first is None and last is None and layers % pp and pipeline_layout is None:
         split = uneven_split(layers, pp)
@@ -388,6 +403,8 @@ class _PlanSetup:
     deadline_days: float | None
     cost: Any  # planner.cost.CostOptions | None
     space: Any  # planner.space.SearchSpace
+    budget: Any  # planner.progress.Budget: wall seconds for repeated planning
+    progress: Callable[[str], None]  # told each step of repeated planning (a status line)
     at_risk_margin: float = DEFAULT_AT_RISK_MARGIN
 
     def problem(self):
@@ -395,7 +412,8 @@ class _PlanSetup:
         from .cost_search import Problem
         i = self.inputs
         return Problem(i.model, i.cluster, i.job, self.space, self.headroom, i.job.framework, self.solver,
-                       self.convention, self.cost, self.at_risk_margin)
+                       self.convention, self.cost, budget=self.budget, progress=self.progress,
+                       at_risk_margin=self.at_risk_margin)
 
 
 def _plan_setup(model, cluster, options: dict[str, Any]) -> _PlanSetup:
@@ -448,9 +466,14 @@ def _plan_setup(model, cluster, options: dict[str, Any]) -> _PlanSetup:
     for k in ("micro_batch_size", "zero_stage", "recompute", "pipeline_schedule"):
         if o.get(k) is not None:
             sp_kw[k] = (o[k],)
+    from .progress import DEFAULT_BUDGET_S, Budget, no_progress
+    seconds = o.get("time_budget_s", DEFAULT_BUDGET_S)
+    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
+                                or not 0 < seconds < float("inf")):
+        raise PlanInputError(f"--time-budget {seconds!r}: must be a positive number of seconds")
     return _PlanSetup(inputs, objective, solver, conv, headroom, top_k, within, step_t, tok_t,
-                      None if deadline is None else float(deadline), cost, SearchSpace(**sp_kw),
-                      _at_risk_margin(o.get("at_risk_margin")))
+                      None if deadline is None else float(deadline), cost, SearchSpace(**sp_kw), Budget(seconds),
+                      o.get("progress") or no_progress, _at_risk_margin(o.get("at_risk_margin")))
 
 
 def plan(model: ModelLike | None = None, cluster: ClusterLike | None = None,
@@ -484,18 +507,20 @@ def plan(model: ModelLike | None = None, cluster: ClusterLike | None = None,
     elif st.objective == "min-gpus":
         from .search import fewest_gpus
         res, n = fewest_gpus(m, c, job, n, top_k, space, headroom, fw, st.solver, st.target_step_s,
-                             st.target_tokens_per_day, st.convention, at_risk_margin=margin)
+                             st.target_tokens_per_day, st.convention, at_risk_margin=margin, budget=st.budget,
+                             progress=st.progress)
     else:
         from .search import run_search
         res = run_search(m, c, job, n, top_k, space, headroom, fw, st.solver, st.objective,
-                         DEFAULT_WITHIN if st.within is None else st.within, st.convention, margin)
+                         DEFAULT_WITHIN if st.within is None else st.within, st.convention, margin,
+                         progress=st.progress)
     if not res.plans:
         from .explanation import why_infeasible
         raise NoFeasiblePlan(why_infeasible(m, c, job, n, res, space, headroom, fw, st.target_step_s,
-                                            st.target_tokens_per_day))
+                                            st.target_tokens_per_day, st.budget, st.progress))
     doc = build_document(m, c, job, n, res.plans, margin)
     attach_costs(doc, res.plans, m, c, job, n, st.cost)
-    doc._search_stats = SearchStats(res.num_candidates, res.num_feasible, res.num_feasible_exact)
+    doc._search_stats = SearchStats(res.num_candidates, res.num_feasible, res.num_feasible_exact, res.note)
     return doc
 
 

@@ -74,3 +74,11 @@ def test_raising_ep_does_not_always_save_memory_when_fsdp_already_shards_the_exp
     flat = TrainingJob(global_batch_size=64, seq_length=4096, framework="torchtitan", expert_load_imbalance=1.0)
     bal = [estimate_memory(m, c, flat, ParallelConfig(dp=16, ep=ep, zero_stage=3)).peak_bytes for ep in (1, 4, 16)]
     assert bal == sorted(bal, reverse=True)
+
+
+def test_plan_document_records_the_imbalance_the_plans_were_sized_for():
+    # schema 1.4: input.job.expert_load_imbalance, read back by plan3d fallback --plan (planner/fallback_plans.py)
+    from planner.document import input_info
+    m, c = get_model("mixtral-8x7b"), get_cluster("dgx-h100")
+    assert input_info(m, c, TrainingJob(expert_load_imbalance=1.0), 64).job.expert_load_imbalance == 1.0
+    assert input_info(m, c, TrainingJob(), 64).job.expert_load_imbalance is None
