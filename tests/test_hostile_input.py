@@ -328,8 +328,8 @@ def test_slow_network_between_stages_is_bounded_in_the_search(tmp_path):
     tight = T.tight(A, P)
     idx = np.argwhere(np.isfinite(A[:, None, :, None] + P[:, :, :, None] + E[:, None, None, :]))
     for ki, spi, vi, zi in idx[np.random.default_rng(0).choice(len(idx), 40, replace=False)]:
-        st, mbs, rc = T.keys[ki]
-        ev = evaluate(m, c, job, to_parallel(st, mbs, int(vi) + 1, int(zi), bool(spi), rc), 128)
+        st, mbs, rc, sched = T.keys[ki]  # + the pipeline schedule since the schedules' merge
+        ev = evaluate(m, c, job, to_parallel(st, mbs, int(vi) + 1, int(zi), bool(spi), rc, sched), 128)
         assert ev.step is None or tight[ki, spi, vi, zi] <= ev.step.step_s * (1 + 1e-9)
     assert solve(m, c, job, 128).num_rescored < 1000
 
