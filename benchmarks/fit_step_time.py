@@ -1,17 +1,21 @@
 """Refit the step-time model's free parameters on the dev rows (coordinate descent on the mean group MAPE).
 
-Prints the fitted values; they are then written by hand, with this provenance, into cost_models/step_time.py,
-planner/validate.py and the cluster YAMLs' calibration. Run: .venv/bin/python benchmarks/fit_step_time.py
+Prints the fitted values; they are then written by hand, with this provenance, into cost_models/ (gemm, attention,
+elementwise, collectives, moe_overhead), planner/validate.py and the cluster YAMLs' calibration. Run: .venv/bin/python benchmarks/fit_step_time.py
 """
 from __future__ import annotations
 
+import cost_models.attention as att
+import cost_models.collectives as col
+import cost_models.gemm as gm
+import cost_models.moe_overhead as moe
 import cost_models.step_time as st
 import planner.validate as pv
 from planner.validate import load_rows, validate_row, ValidationReport
 
 ROWS = load_rows()
 ATTN = {"H100": 0.5, "B200": 0.5, "GB200": 0.5, "A100": 0.5}
-_orig_attn = st._attn_eff
+_orig_attn = att.attention_efficiency
 
 
 def _attn(cluster):
@@ -22,10 +26,10 @@ def _attn(cluster):
     return _orig_attn(cluster)
 
 
-st._attn_eff = _attn
+att.attention_efficiency = _attn
 
 PARAMS = {
-    "KAPPA": (lambda v: setattr(st, "KAPPA", v), [1.5, 2, 2.5, 3, 3.5, 4, 5]),
+    "KAPPA": (lambda v: setattr(gm, "KAPPA", v), [1.5, 2, 2.5, 3, 3.5, 4, 5]),
     "PASS_MEG": (lambda v: st.ELEMENTWISE_PASSES.update(megatron=v, nemo=v), [2, 4, 6, 8, 12]),
     "PASS_DS": (lambda v: st.ELEMENTWISE_PASSES.update(deepspeed=v), [8, 12, 16, 24, 32]),
     "PASS_TT": (lambda v: st.ELEMENTWISE_PASSES.update(torchtitan=v), [16, 24, 32, 48, 64]),
@@ -34,14 +38,14 @@ PARAMS = {
     "TT_TP": (lambda v: st.TP_OVERLAP_EXPOSED.update(torchtitan=v), [0.0, 0.15, 0.3, 0.5, 0.7]),
     "TT_EFF": (lambda v: st.FRAMEWORK_COMPUTE_EFFICIENCY.update(torchtitan=v, torchtitan_compile=v),
                [0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 1.0]),
-    "EP_OVL": (lambda v: setattr(st, "EP_OVERLAP_EXPOSED", v), [0.0, 0.2, 0.4, 0.5, 0.6, 1.0]),
-    "ATT_S0": (lambda v: setattr(st, "ATTN_HALF_SEQ", v), [0, 512, 1024, 2048, 4096]),
+    "EP_OVL": (lambda v: setattr(col, "EP_OVERLAP_EXPOSED", v), [0.0, 0.2, 0.4, 0.5, 0.6, 1.0]),
+    "ATT_S0": (lambda v: setattr(att, "ATTN_HALF_SEQ", v), [0, 512, 1024, 2048, 4096]),
     "MOE_EXP": (lambda v: st.MOE_EXPERT_HOST_S.update(mx=v), [0, 0.1e-3, 0.2e-3, 0.3e-3, 0.4e-3, 0.5e-3, 0.7e-3]),
     "MOE_BF16": (lambda v: st.MOE_EXPERT_HOST_S.update(bf16=v), [0, 0.1e-3, 0.2e-3, 0.4e-3]),
     "MOE_CS": (lambda v: st.MOE_EXPERT_HOST_S.update(cs=v), [0.4e-3, 0.8e-3, 1.0e-3, 1.2e-3, 1.4e-3, 1.6e-3, 2e-3]),
     "JZ": (lambda v: setattr(pv, "JEAN_ZAY_NET_EFFICIENCY", v), [0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 0.94]),
-    "MOE_TOK": (lambda v: setattr(st, "MOE_TOKEN_COPY_S", v), [0, 1e-8, 2e-8, 3e-8, 5e-8]),
-    "UNF": (lambda v: setattr(st, "UNFUSED_SCORE_PASSES", v), [4, 6, 8, 10, 12]),
+    "MOE_TOK": (lambda v: setattr(moe, "MOE_TOKEN_COPY_S", v), [0, 1e-8, 2e-8, 3e-8, 5e-8]),
+    "UNF": (lambda v: setattr(att, "UNFUSED_SCORE_PASSES", v), [4, 6, 8, 10, 12]),
     "ATT_H100": (lambda v: ATTN.update(H100=v), [0.28, 0.3, 0.32, 0.34, 0.37, 0.4, 0.44, 0.48]),
     "ATT_B200": (lambda v: ATTN.update(B200=v, GB200=v), [0.3, 0.32, 0.35, 0.38, 0.42, 0.46, 0.5, 0.55]),
     "TT500": (lambda v: setattr(pv, "H100_500W_FACTOR", v), [0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 1.0]),

@@ -1,0 +1,81 @@
+"""Memory-bound work of a layer and of the model's ends, on one GPU (seconds): HBM traffic at the HBM bandwidth.
+
+Norms, residual adds, activation functions, rotary, dropout, MoE permutation: ``ELEMENTWISE_PASSES`` x 2 bytes x
+the hidden state (divided by TP only under sequence parallelism, else replicated on every TP rank), plus the MLP
+activation over the TP-sharded FFN width, plus FP8 casts of GEMM inputs and weights; backward = 2 x forward (the
+caller applies it). Output layer: the fused cross-entropy's passes over the ``V/tp`` logits; input: the
+embedding gather.
+"""
+from __future__ import annotations
+
+from cluster_specs.spec import ClusterSpec
+from model_zoo.spec import ModelSpec
+
+from .config import BYTES_16BIT, BYTES_FP32, ParallelConfig, TrainingJob
+from .flops import layer_gemm_shapes
+from .gemm import hbm_rate
+
+#: HBM passes over the 16-bit hidden state per layer forward (norms: read+write x2, residual adds: 2 reads +
+#: 1 write x2, bias/dropout/rotary, MoE-free), by framework: Megatron-LM/NeMo with Transformer Engine's fused
+#: kernels; DeepSpeed (Megatron-DeepSpeed, BLOOM era); torchtitan eager PyTorch (RMSNorm and rotary as several
+#: kernels each), and with torch.compile fusing elementwise chains. Fitted on the dev rows; the op count above gives
+#: ~10-14 for fused kernels and several times that for eager ones.
+ELEMENTWISE_PASSES = {"megatron": 12.0, "nemo": 12.0, "deepspeed": 24.0, "torchtitan": 64.0,
+                      "torchtitan_compile": 4.0}
+#: Passes over the top_k token copies in MoE permute/unpermute (write + read at dispatch and at combine).
+MOE_PERMUTE_PASSES = 4.0
+#: HBM bytes per element of one FP8 cast (read 16-bit, write 8-bit).
+FP8_CAST_BYTES = 3.0
+#: Bytes per element of the fp32 cross-entropy logits, and passes over them (softmax read/write, grad write).
+CE_PASSES = 3 * BYTES_FP32
+
+
+def layer_memory_bound_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, layer: int,
+                         framework: str) -> tuple[float, float]:
+    """(all memory-bound work, the MLP / MoE block's share) of decoder layer ``layer``, forward seconds for one
+    micro-batch on one GPU."""
+    hbm = hbm_rate(cluster)
+    tok = par.micro_batch_size * job.seq_length / par.cp
+    h = model.hidden_size
+    passes = ELEMENTWISE_PASSES.get(framework, ELEMENTWISE_PASSES["megatron"])
+    hid = tok * h / (par.tp if par.sequence_parallel else 1)
+    extra = 0.0
+    if model.moe is not None and model.is_moe_layer(layer):
+        ffn_act = model.moe.top_k * model.moe.expert_ffn_hidden_size / par.tp
+        ffn_act += model.moe.shared_expert_ffn_hidden_size / par.tp
+        # permute + unpermute: top_k copies of each hidden state written and read, each way
+        extra += MOE_PERMUTE_PASSES * model.moe.top_k * tok * h / par.tp
+    else:
+        ffn_act = model.ffn_hidden_size / par.tp
+    act = (3 if model.gated_mlp else 2) * tok * ffn_act
+    mem = BYTES_16BIT * (passes * hid + act + extra) / hbm
+    mlp = BYTES_16BIT * (act + extra) / hbm
+    if job.precision == "fp8":
+        mem += fp8_cast_s(model, cluster, job, par, layer)
+    return mem, mlp
+
+
+def fp8_cast_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, layer: int) -> float:
+    """FP8 quantisation of each GEMM's activation input (read 16-bit, write 8-bit) and of its weight (Transformer
+    Engine casts per micro-batch): ``FP8_CAST_BYTES`` per element, forward seconds of one layer."""
+    tok = par.micro_batch_size * job.seq_length / par.cp
+    cast = 0.0
+    for k, n, share, shard, count in layer_gemm_shapes(model, layer):
+        if shard == "none":
+            continue
+        div = par.tp if shard == "tp" else par.ep * par.expert_tp
+        cast += FP8_CAST_BYTES * (tok * share * count * k / (1 if shard == "tp" else par.tp) + count * k * n / div)
+    return cast / hbm_rate(cluster)
+
+
+def cross_entropy_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig) -> float:
+    """Fused cross-entropy over the ``V/tp`` fp32 logits of one micro-batch (``CE_PASSES`` bytes per logit),
+    seconds; the same in forward and backward."""
+    tok = par.micro_batch_size * job.seq_length / par.cp
+    return CE_PASSES * tok * model.padded_vocab_size(par.tp) / par.tp / hbm_rate(cluster)
+
+
+def embedding_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig) -> float:
+    """Embedding gather + write of one micro-batch's 16-bit hidden states, forward seconds (backward 2x)."""
+    tok = par.micro_batch_size * job.seq_length / par.cp
+    return 2 * BYTES_16BIT * tok * model.hidden_size / hbm_rate(cluster)

@@ -1,0 +1,121 @@
+"""GEMM time: the weight matmuls of a decoder layer and of the output layer, on one GPU (seconds).
+
+Each weight GEMM of ``M`` tokens, input width ``K`` and output width ``N`` (after TP/EP sharding) takes
+``2MKN / (peak x gemm_efficiency) + KAPPA x bytes(MK + KN + MN) / HBM``: the large-GEMM rate measured by MAMF
+(cluster calibration ``gemm_efficiency``) plus ``KAPPA`` times the time to stream its operands, so small per-GPU
+GEMMs (high TP, small hidden sizes, fine-grained experts) run at a lower fraction of peak (roofline; Williams et
+al. 2009). FP8 GEMMs use the FP8 rate and 1-byte operands. Backward = 2 x forward GEMM work (Narayanan et al. SC21
+Sec. 5.1); the caller applies that factor.
+"""
+from __future__ import annotations
+
+from cluster_specs.spec import ClusterSpec
+from model_zoo.spec import ModelSpec
+
+from .config import BYTES_16BIT, ParallelConfig, TrainingJob
+from .flops import layer_gemm_shapes
+
+#: GEMM operand-streaming weight (dimensionless): a GEMM costs its MAMF-rate compute time plus ``KAPPA`` times
+#: the time to read A and B and write C once from HBM (a GEMM at the roofline ridge point runs at 1/3 of its MAMF
+#: rate). Fitted on the dev rows (plan3d validate): it sets how much slower small per-GPU GEMMs (Qwen3-30B-A3B's
+#: 768-wide experts, h=2048 at TP 8) run than large ones.
+KAPPA = 2.0
+
+#: Achieved fraction of the cluster's calibrated GEMM and attention rates by framework (kernel choice, eager
+#: PyTorch dispatch, FSDP2 hooks): torchtitan's matmuls go through torch.compile/cuBLAS without Transformer
+#: Engine's fused kernels. Fitted on the torchtitan dev rows (including the two H200 rows, which have no power cap):
+#: 0.8 when FSDP traffic was free; 0.82 (torchtitan group 7.15%) once the compute under the FSDP collectives is
+#: slowed by ``OVERLAP_COMPUTE_SLOWDOWN`` (0.80: 7.41%, 0.84: 7.41%).
+FRAMEWORK_COMPUTE_EFFICIENCY = {"torchtitan": 0.82, "torchtitan_compile": 0.82}
+
+
+def half_dtype(cluster: ClusterSpec) -> str:
+    """The GPU's 16-bit training dtype: ``bf16``, or ``fp16`` on GPUs without bf16."""
+    return "bf16" if "bf16" in cluster.gpu.peak_flops else "fp16"
+
+
+def gemm_rate(cluster: ClusterSpec, precision: str) -> float:
+    """Large-GEMM FLOP/s of ``precision`` on one GPU: dense peak x the MAMF efficiency of the cluster YAML."""
+    cal = cluster.calibration.gemm_efficiency
+    half = half_dtype(cluster)
+    if precision == "fp8" and "fp8" in cluster.gpu.peak_flops:
+        return cluster.gpu.peak_flops["fp8"] * cal.get("fp8", cal.get(half, 0.7))
+    p = precision if precision in cluster.gpu.peak_flops else half
+    return cluster.gpu.peak_flops[p] * cal.get(p, cal.get(half, 0.7))
+
+
+def hbm_rate(cluster: ClusterSpec) -> float:
+    """Achievable HBM bytes/s: the datasheet bandwidth x the calibrated ``hbm_efficiency`` (1 when unset)."""
+    return cluster.gpu.hbm_bandwidth_bytes_per_s * (cluster.calibration.hbm_efficiency or 1.0)
+
+
+def framework_compute_efficiency(framework: str) -> float:
+    """``FRAMEWORK_COMPUTE_EFFICIENCY`` of ``framework`` (1 for Megatron-LM / NeMo / DeepSpeed)."""
+    return FRAMEWORK_COMPUTE_EFFICIENCY.get(framework, 1.0)
+
+
+def operand_bytes(precision: str) -> float:
+    """Bytes per GEMM operand element: 1 under FP8, else the 16-bit dtype's 2."""
+    return 1.0 if precision == "fp8" else float(BYTES_16BIT)
+
+
+def gemm_time(m: float, k: float, n: float, rate: float, hbm: float, bytes_per_el: float) -> float:
+    """Seconds of one ``m x k`` by ``k x n`` GEMM: compute at ``rate`` plus ``KAPPA`` x operand streaming."""
+    if m <= 0 or k <= 0 or n <= 0:
+        return 0.0
+    return 2.0 * m * k * n / rate + KAPPA * bytes_per_el * (m * k + k * n + m * n) / hbm
+
+
+def layer_gemms_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, layer: int,
+                  framework: str) -> tuple[float, float, float]:
+    """Forward seconds of decoder layer ``layer``'s weight GEMMs for one micro-batch on one GPU:
+    (all GEMMs, the MLP / MoE block's share, MLA's up-projections' share).
+
+    Shapes: ``flops.layer_gemm_shapes``. TP splits the attention and dense MLP GEMMs; routed experts (``etp``)
+    are ``E/ep`` local GEMMs, each receiving ``top_k/E`` of the tokens of all ``ep`` ranks (balanced routing).
+    """
+    rate = gemm_rate(cluster, job.precision) * framework_compute_efficiency(framework)
+    hbm = hbm_rate(cluster)
+    el = operand_bytes(job.precision)
+    tok = par.micro_batch_size * job.seq_length / par.cp  # tokens through this rank's layer (sequence split by CP)
+    etp = par.expert_tp
+    if model.mla is not None:
+        n_attn = (1 if model.mla.q_lora_rank is None else 2) + 3
+        up_idx = {n_attn - 2} | ({1} if model.mla.q_lora_rank is not None else set())
+    else:
+        n_attn, up_idx = 2, set()
+    total = mlp = up = 0.0
+    for idx, (k, n, share, shard, count) in enumerate(layer_gemm_shapes(model, layer)):
+        if shard == "tp":
+            kk, nn, m, cnt = k, n / par.tp, tok, count
+        elif shard == "etp":
+            # E/ep local experts, each receiving top_k/E of the tokens of all ep ranks (balanced routing)
+            kk, nn, m, cnt = k, n / etp, tok * share * par.ep * etp / par.tp, count / par.ep
+        else:
+            kk, nn, m, cnt = k, n, tok, count
+        g = cnt * gemm_time(m, kk, nn, rate, hbm, el)
+        total += g
+        if idx >= n_attn:
+            mlp += g
+        elif idx in up_idx:
+            up += g
+    return total, mlp, up
+
+
+def logits_gemm_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
+                  framework: str) -> float:
+    """Forward seconds of the output layer's logits GEMM (``tokens x h`` by ``h x V/tp``) for one micro-batch."""
+    rate = gemm_rate(cluster, job.precision) * framework_compute_efficiency(framework)
+    tok = par.micro_batch_size * job.seq_length / par.cp
+    return gemm_time(tok, model.hidden_size, model.padded_vocab_size(par.tp) / par.tp, rate, hbm_rate(cluster),
+                     operand_bytes(job.precision))
+
+
+def mtp_projection_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
+                     framework: str) -> float:
+    """Forward seconds of one multi-token-prediction module's input projection ``2h -> h`` (DeepSeek-V3 Sec. 2.2),
+    TP-sharded on the output."""
+    rate = gemm_rate(cluster, job.precision) * framework_compute_efficiency(framework)
+    tok = par.micro_batch_size * job.seq_length / par.cp
+    h = model.hidden_size
+    return gemm_time(tok, 2 * h, h / par.tp, rate, hbm_rate(cluster), operand_bytes(job.precision))
