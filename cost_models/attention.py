@@ -10,6 +10,7 @@ from __future__ import annotations
 from cluster_specs.spec import ClusterSpec
 from model_zoo.spec import ModelSpec
 
+from .fit_range import FitRange
 from .config import BYTES_16BIT, ParallelConfig, TrainingJob
 from .flops import attention_core_flops_per_token
 from .gemm import framework_compute_efficiency, gemm_rate, half_dtype, hbm_rate
@@ -28,6 +29,18 @@ DEFAULT_ATTENTION_EFFICIENCY = 0.5
 #: dropout mask write + apply, score x V read), ~4-8 depending on dropout (Korthikanti et al. 2022 Sec. 4.1 counts
 #: 5·a·s² bytes of stored scores per layer with dropout). Fitted (8) on the SC21 rows, which ran attention dropout.
 UNFUSED_SCORE_PASSES = 8.0
+
+#: Plausible ranges of the fitted constants above (``planner/calibration.py`` fits inside them).
+FIT_RANGES = {
+    "ATTN_HALF_SEQ": FitRange(128.0, 2048.0, "key tokens",
+                              "FlashAttention-2/3 and cuDNN forward/backward TFLOP/s against sequence length (Dao 2023 "
+                              "Fig. 4-6; Shah et al. 2024 Fig. 5-6, head dim 64-256): half of the 16k rate is reached "
+                              "between 256 and 1k keys"),
+    "UNFUSED_SCORE_PASSES": FitRange(4.0, 10.0, "HBM passes over the s x s scores",
+                                     "count of the unfused kernels: QK^T write, softmax read + write, dropout mask "
+                                     "write + apply (read + write), scores x V read = 4 without dropout, 7-8 with "
+                                     "(Korthikanti et al. 2022 Sec. 4.1: 5 a s^2 bytes stored per layer with dropout)"),
+}
 
 
 def attention_efficiency(cluster: ClusterSpec) -> float:

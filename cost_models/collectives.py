@@ -20,6 +20,7 @@ from itertools import combinations
 from cluster_specs.spec import ClusterSpec
 from model_zoo.spec import ModelSpec
 
+from .fit_range import FitRange
 from .comm import collective_time
 from .config import BYTES_16BIT, ParallelConfig, TrainingJob
 from .layout import GroupPlacement
@@ -34,6 +35,19 @@ TP_OVERLAP_EXPOSED = {"megatron": 0.0, "nemo": 0.0, "torchtitan": 0.15}
 #: recipes marked "EP overlap" (DeepSeek-V3 B200, Qwen3-235B B200/GB200) and Megatron-Bridge 26.08 DeepSeek-V3 GB200.
 #: The fit is flat from 0.4 to 0.6 (overall MAPE 6.50 / 6.47 / 6.49%); 0.6 is kept.
 EP_OVERLAP_EXPOSED = 0.6
+
+#: Plausible ranges of the fitted constants above (``planner/calibration.py`` fits inside them).
+FIT_RANGES = {
+    "TP_OVERLAP_EXPOSED.megatron": FitRange(0.0, 0.5, "share of TP communication exposed",
+                                            "0: fully hidden by Transformer Engine userbuffers (GEMM chunks pipelined "
+                                            "with the collective); 0.5: only the first/last chunk's share hidden",
+                                            tied=("nemo",)),
+    "TP_OVERLAP_EXPOSED.torchtitan": FitRange(0.0, 0.7, "share of TP communication exposed",
+                                              "torch async TP (micro-pipelined all-gather / reduce-scatter matmuls): "
+                                              "0 fully hidden, 0.7 mostly exposed"),
+    "EP_OVERLAP_EXPOSED": FitRange(0.0, 1.0, "share of EP all-to-all exposed",
+                                   "0: fully hidden under the other micro-batch's compute; 1: no overlap"),
+}
 
 
 def tp_exposed_share(fw_base: str, tp_comm_overlap: bool) -> float:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from cluster_specs.spec import ClusterSpec
 from model_zoo.spec import ModelSpec
 
+from .fit_range import FitRange
 from .config import BYTES_16BIT, BYTES_FP32, ParallelConfig, TrainingJob
 from .flops import layer_gemm_shapes
 from .gemm import hbm_rate
@@ -22,6 +23,23 @@ from .gemm import hbm_rate
 #: ~10-14 for fused kernels and several times that for eager ones.
 ELEMENTWISE_PASSES = {"megatron": 12.0, "nemo": 12.0, "deepspeed": 24.0, "torchtitan": 64.0,
                       "torchtitan_compile": 4.0}
+
+#: Plausible ranges of the fitted constants above (``planner/calibration.py`` fits inside them): counts of the HBM
+#: passes of one layer's elementwise kernels (2 norms x 2, 2 residual adds x 3, rotary / bias / dropout x 2-4).
+FIT_RANGES = {
+    "ELEMENTWISE_PASSES.megatron": FitRange(6.0, 20.0, "HBM passes over the hidden state per layer forward",
+                                            "Transformer Engine fused kernels: ~10-14 passes by the count above",
+                                            tied=("nemo",)),
+    "ELEMENTWISE_PASSES.deepspeed": FitRange(8.0, 40.0, "HBM passes over the hidden state per layer forward",
+                                             "Megatron-DeepSpeed (2022): fused softmax and bias-gelu, unfused norms "
+                                             "and dropout-add: 1-3x the fused count"),
+    "ELEMENTWISE_PASSES.torchtitan": FitRange(16.0, 80.0, "HBM passes over the hidden state per layer forward",
+                                              "eager PyTorch: RMSNorm (~6 kernels), rotary (~8), SwiGLU and adds each "
+                                              "a read/write pass: 2-6x the fused count"),
+    "ELEMENTWISE_PASSES.torchtitan_compile": FitRange(2.0, 16.0, "HBM passes over the hidden state per layer forward",
+                                                      "torch.compile fuses the elementwise chains into the norms "
+                                                      "and GEMM epilogues: at most the fused count"),
+}
 #: Passes over the top_k token copies in MoE permute/unpermute (write + read at dispatch and at combine).
 MOE_PERMUTE_PASSES = 4.0
 #: HBM bytes per element of one FP8 cast (read 16-bit, write 8-bit).

@@ -12,6 +12,7 @@ from __future__ import annotations
 from cluster_specs.spec import ClusterSpec
 from model_zoo.spec import ModelSpec
 
+from .fit_range import FitRange
 from .config import BYTES_16BIT, ParallelConfig, TrainingJob
 from .flops import layer_gemm_shapes
 
@@ -27,6 +28,19 @@ KAPPA = 2.0
 #: 0.8 when FSDP traffic was free; 0.82 (torchtitan group 7.15%) once the compute under the FSDP collectives is
 #: slowed by ``OVERLAP_COMPUTE_SLOWDOWN`` (0.80: 7.41%, 0.84: 7.41%).
 FRAMEWORK_COMPUTE_EFFICIENCY = {"torchtitan": 0.82, "torchtitan_compile": 0.82}
+
+#: Plausible ranges of the fitted constants above (``planner/calibration.py`` fits inside them).
+FIT_RANGES = {
+    "KAPPA": FitRange(0.5, 4.0, "HBM passes over the GEMM operands",
+                      "roofline (Williams et al. 2009): >= 0.5, the operands streamed once and half of it hidden under "
+                      "the tensor-core pipeline; <= 4, A and B re-read from HBM for every 128-256-wide output tile "
+                      "row/column that misses L2 (cuBLAS/CUTLASS tile sizes)"),
+    "FRAMEWORK_COMPUTE_EFFICIENCY.torchtitan": FitRange(
+        0.6, 1.0, "fraction of the calibrated GEMM / attention rate",
+        "1: the same cuBLAS GEMMs and flash-attention kernels as Transformer Engine; 0.6: eager PyTorch dispatch and "
+        "unfused epilogues (the lowest torchtitan/Megatron throughput ratio plausible for the same GEMM shapes)",
+        tied=("torchtitan_compile",)),
+}
 
 
 def half_dtype(cluster: ClusterSpec) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from model_zoo.spec import ModelSpec
 
+from .fit_range import FitRange
 from .config import ParallelConfig, TrainingJob
 
 #: Seconds per *local* expert per MoE layer per micro-batch (forward + backward; 1/3 forward) on top of the
@@ -26,6 +27,19 @@ MOE_EXPERT_HOST_S = {"bf16": 0.0, "mx": 0.4e-3, "cs": 1.2e-3}
 #: Seconds per routed token copy per MoE layer (forward + backward) of routing bookkeeping that is neither GEMM
 #: nor HBM-bandwidth bound (top-k, sort by expert, index computation, scatter). Fitted on the dev rows.
 MOE_TOKEN_COPY_S = 2.0e-8
+
+#: Plausible ranges of the fitted constants above (``planner/calibration.py`` fits inside them).
+FIT_RANGES = {
+    "MOE_EXPERT_HOST_S.bf16": FitRange(0.0, 0.4e-3, "s per local expert per layer per micro-batch",
+                                       "0: one grouped GEMM per fc1/fc2; 0.4 ms: ~40 host-issued ops per expert at "
+                                       "~10 us each"),
+    "MOE_EXPERT_HOST_S.mx": FitRange(0.0, 1.0e-3, "s per local expert per layer per micro-batch",
+                                     "per-expert quantize + GEMM launches (fwd + bwd ~20-60 ops at 5-15 us each)"),
+    "MOE_EXPERT_HOST_S.cs": FitRange(0.0, 2.0e-3, "s per local expert per layer per micro-batch",
+                                     "as mx plus an amax reduction per expert tensor"),
+    "MOE_TOKEN_COPY_S": FitRange(0.0, 5.0e-8, "s per routed token copy per layer",
+                                 "top-k, sort and scatter kernels: a few ns to tens of ns per copy at HBM speed"),
+}
 
 
 def expert_host_s(job: TrainingJob, fp8_recipe: str) -> float:
