@@ -1,7 +1,7 @@
 """Refit the step-time model's free parameters on the dev rows (coordinate descent on the mean group MAPE).
 
 Prints the fitted values; they are then written by hand, with this provenance, into cost_models/ (gemm, attention,
-elementwise, collectives, moe_overhead), planner/validate.py and the cluster YAMLs' calibration. Run: .venv/bin/python benchmarks/fit_step_time.py
+elementwise, collectives, moe_overhead), planner/validation.py and the cluster YAMLs' calibration. Run: .venv/bin/python benchmarks/fit_step_time.py
 """
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import cost_models.collectives as col
 import cost_models.gemm as gm
 import cost_models.moe_overhead as moe
 import cost_models.step_time as st
-import planner.validate as pv
-from planner.validate import load_rows, validate_row, ValidationReport
+import planner.validation as pv
+from planner.validation import load_rows, validate_row, ValidationReport
 
 ROWS = load_rows()
 ATTN = {"H100": 0.5, "B200": 0.5, "GB200": 0.5, "A100": 0.5}

@@ -50,7 +50,7 @@ validate: H100 500 W factor    0.8      torchtitan rows on power-capped H100 (cr
 validate: Jean Zay Omni-Path   0.4      the three BLOOM rows (bus efficiency of NCCL over Omni-Path)
 =============================  =======  ===========================================================================
 
-Not fitted but read from the rows' recipes (``planner/validate.py``): DeepSeek-V3 node-limited routing (HF config
+Not fitted but read from the rows' recipes (``planner/validation.py``): DeepSeek-V3 node-limited routing (HF config
 ``n_group`` 8 / ``topk_group`` 4) in the EP all-to-all (``ep_domain_copies``), Megatron pipeline layouts
 (``ParallelConfig.pipeline_layout``) and the Megatron-Bridge DeepSeek-V3 presets (EP overlap, full-iteration CUDA graph).
 

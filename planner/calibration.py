@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator, Sequence
 from cost_models import attention, collectives, elementwise, gemm, moe_overhead
 from cost_models.fit_range import FitRange
 
-from .validate import MIN_GROUP_ROWS, validate_row
+from .validation import MIN_GROUP_ROWS, validate_row
 
 #: Modules whose ``FIT_RANGES`` list the fitted constants.
 FITTED_MODULES: tuple[ModuleType, ...] = (gemm, attention, elementwise, collectives, moe_overhead)

@@ -1,6 +1,6 @@
 """Recipe settings of a published run that plan3d's memory model needs beyond the row's parallel layout.
 
-``plan3d validate`` (``planner/validate.py``) builds a model, cluster, job and ``ParallelConfig`` from each row of
+``plan3d validate`` (``planner/validation.py``) builds a model, cluster, job and ``ParallelConfig`` from each row of
 the published-runs dataset; this module adds what the row's own recipe says about memory and the layout mapping
 leaves out: the GPU's real capacity, selective-recompute modules, FP8 primary weights, 16-bit gradient reduction,
 Megatron-FSDP sharding and precision-aware optimizer states. Every rule names the file it was read from; a rule

@@ -30,7 +30,7 @@ How it works (DESIGN.md "The solver proposes, the scalar model disposes"):
    marginal-consistency constraints), with every stage's memory bound <= capacity x (1 - headroom), minimising the
    step-time bound (integer units of 1e-6 of the largest table value). Its optimum, and a hint from the same
    tables, start the re-scoring.
-4. **Re-scoring**: candidates are evaluated by the scalar model (``planner.evaluate.evaluate``, which also runs the
+4. **Re-scoring**: candidates are evaluated by the scalar model (``planner.evaluation.evaluate``, which also runs the
    independent checker) in increasing order of their bound until the next bound exceeds the K-th best scalar step
    time. Because the tables are lower bounds, the result is exactly the enumerator's top K (ties broken by
    ``search.rank_key``). If a re-scored value ever falls below its bound (the cost models changed under the
@@ -56,7 +56,7 @@ from cost_models.memory import (TOKEN_ID_BYTES, activation_bytes_per_layer, esti
 from model_zoo.spec import ModelSpec
 
 from .checks import DEFAULT_MEMORY_HEADROOM
-from .evaluate import Evaluation, evaluate
+from .evaluation import Evaluation, evaluate
 from .recompute import PARTIAL_RECOMPUTE_FRAMEWORKS, dominated_by_no_recompute, with_fewest_recomputed_layers
 from .space import (MAX_VPP, SearchSpace, Structure, micro_batch_options, sp_options, structures, to_parallel,
                     vpp_options, zero_options)
@@ -167,7 +167,7 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
     (N_lb = 1 when no headroom is given).
 
     Step-time bound = pipeline bound ``P[k, sp, v]`` + optimizer step ``E[k, z]``; memory bound of stage slot j =
-    ``W[k, j, z] + X[k, j, sp, v]``. Both are <= the scalar model's values (``planner.evaluate``), which is
+    ``W[k, j, z] + X[k, j, sp, v]``. Both are <= the scalar model's values (``planner.evaluation.evaluate``), which is
     what makes the re-scoring loop exact.
     """
     from cost_models import memory as mm

@@ -1,6 +1,6 @@
 """Every published run of the dev dataset really ran, so the memory model must fit each of them on its GPU.
 
-The rows are mapped as ``plan3d validate`` maps them (``planner.validate.build_inputs``, which applies the recipe
+The rows are mapped as ``plan3d validate`` maps them (``planner.validation.build_inputs``, which applies the recipe
 settings of ``planner/row_options.py``); the peak is ``cost_models.memory.estimate_memory``'s, reserve included.
 Rows that report memory (torchtitan's logged max reserved GiB) are compared with it; the recipe knobs the mapping
 uses are checked against the numbers their sources imply.
@@ -16,7 +16,7 @@ from cost_models.memory import (TE_CROSS_ENTROPY_BYTES_PER_ELEMENT, activation_b
                                 model_state_terms)
 from model_zoo import get_model
 from planner.row_options import GPU_MEMORY_BYTES, row_options
-from planner.validate import build_inputs, load_rows
+from planner.validation import build_inputs, load_rows
 
 GiB = 2**30
 MiB = 2**20

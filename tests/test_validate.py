@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from planner.validate import (DEFAULT_MAX_GROUP_MAPE, DEFAULT_MAX_MAPE, MIN_GROUP_ROWS, ROW_CONVENTIONS,
+from planner.validation import (DEFAULT_MAX_GROUP_MAPE, DEFAULT_MAX_MAPE, MIN_GROUP_ROWS, ROW_CONVENTIONS,
                               build_inputs, fp8_recipe, implied_flops_per_token, load_rows, row_flops_per_token,
                               row_pipeline_layout, run_validation)
 
@@ -167,7 +167,7 @@ def test_dataset_with_no_usable_row_is_an_input_error(run_cli, tmp_path):
     f.write_text("[]\n")
     r = run_cli("validate", "--dataset", str(f), "--format", "json")
     assert r.exit_code == 2 and "no row could be evaluated" in r.stderr and r.stdout == ""
-    from planner.validate import ValidationReport
+    from planner.validation import ValidationReport
     assert ValidationReport([]).to_dict()["mape_percent"] is None  # never NaN in the JSON
 
 

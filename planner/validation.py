@@ -675,7 +675,7 @@ def validate_row(row: dict[str, Any], check_feasibility: bool = True) -> RowResu
     if res.error is None:
         res.error = res.predicted / res.measured - 1
     if check_feasibility:
-        from .evaluate import evaluate
+        from .evaluation import evaluate
         ev = evaluate(model, cluster, job, par, par.world_size, memory_headroom=0.0,
                       framework={"torchtitan": "torchtitan", "deepspeed": "deepspeed"}.get(fw.split("_")[0], "megatron"))
         res.violations = [v.message for v in ev.violations]
