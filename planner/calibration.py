@@ -228,27 +228,29 @@ class CrossValidation:
                 msgs.append(f"group {g} cross-validated MAPE {m:.2f}% > {max_group_mape:g}%")
         return msgs
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON form: ``cross_validated_mape_percent`` {overall, groups}, the in-sample figures beside it."""
+    def annotate(self, report: dict[str, Any]) -> dict[str, Any]:
+        """Add the cross-validation to a ``plan3d validate`` JSON report (``ValidationReport.to_dict``):
+        ``cross_validated_mape_percent`` {overall, groups} next to ``mape_percent``, each group's
+        ``cross_validated_mape_percent`` and each row's ``cross_validated_error`` (predicted / measured - 1 with the
+        constants fitted without the row's group)."""
         table = self.group_table()
-        return {
-            "cross_validated_mape_percent": {"overall": _r(self.logo_mape),
-                                             "groups": {g: _r(m) for g, (_, _, m) in table.items()}},
-            "in_sample_mape_percent": {"overall": _r(self.in_sample_mape),
-                                       "groups": {g: _r(m) for g, (_, m, _) in table.items()}},
-            "cross_validated_errors": {i: _r(e) for i, e in zip(self.ids, self.logo)},
-        }
-
-
-def _r(x: float) -> float:
-    return float(f"{x:.6g}") if math.isfinite(x) else x
+        report["cross_validated_mape_percent"] = {"overall": self.logo_mape,
+                                                  "groups": {g: m for g, (_, _, m) in table.items()}}
+        for g, entry in report.get("groups", {}).items():
+            if g in table:
+                entry["cross_validated_mape_percent"] = table[g][2]
+        err = dict(zip(self.ids, self.logo))
+        for row in report.get("rows", []):
+            if row.get("id") in err:
+                row["cross_validated_error"] = err[row["id"]]
+        return report
 
 
 def cross_validate(rows: Sequence[dict[str, Any]], rounds: int = ROUNDS,
-                   progress: Callable[[str], None] | None = None) -> CrossValidation:
-    """LOGO cross-validation of the fitted constants over the source groups of ``rows`` (see module docstring).
-
-    The constants are restored to their shipped values afterwards."""
+                   fold_progress: Callable[[str, int, int], None] | None = None) -> CrossValidation:
+    """LOGO cross-validation of the fitted constants over the source groups of ``rows`` (see module docstring);
+    ``fold_progress(group, done, total)`` is called before each fold. The constants are restored to their shipped
+    values afterwards."""
     params = parameters()
     shipped = current_values(params)
     data = RowErrors.of(rows)
@@ -257,9 +259,10 @@ def cross_validate(rows: Sequence[dict[str, Any]], rounds: int = ROUNDS,
     logo = [math.nan] * len(data.rows)
     folds: dict[str, dict[str, float]] = {}
     try:
-        for g in sorted(set(data.groups)):
-            if progress is not None:
-                progress(f"fold {g}")
+        names = sorted(set(data.groups))
+        for k, g in enumerate(names):
+            if fold_progress is not None:
+                fold_progress(g, k, len(names))
             train = [i for i, x in enumerate(data.groups) if x != g]
             test = [i for i, x in enumerate(data.groups) if x == g]
             folds[g] = fit(data, train, params, rounds)
