@@ -116,6 +116,23 @@ def layer_gemms_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     return total, mlp, up
 
 
+def expert_gemms_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
+                   framework: str) -> tuple[float, float]:
+    """Forward seconds of one local expert's fc1 and fc2 GEMMs for one micro-batch (balanced routing: each expert
+    receives ``top_k / E`` of the tokens of the ``ep`` ranks), as ``layer_gemms_s`` charges them; (0, 0) for a
+    dense model."""
+    if model.moe is None:
+        return 0.0, 0.0
+    rate = gemm_rate(cluster, job.precision) * framework_compute_efficiency(framework)
+    hbm, el = hbm_rate(cluster), operand_bytes(job.precision)
+    tok = par.micro_batch_size * job.seq_length / par.cp
+    moe, etp, h = model.moe, par.expert_tp, model.hidden_size
+    m = tok * moe.top_k / moe.num_experts * par.ep * etp / par.tp
+    up = 2 if model.gated_mlp else 1
+    return (gemm_time(m, h, up * moe.expert_ffn_hidden_size / etp, rate, hbm, el),
+            gemm_time(m, moe.expert_ffn_hidden_size, h / etp, rate, hbm, el))
+
+
 def logits_gemm_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
                   framework: str) -> float:
     """Forward seconds of the output layer's logits GEMM (``tokens x h`` by ``h x V/tp``) for one micro-batch."""

@@ -38,9 +38,8 @@ parameter                      value    mainly constrained by
 ``UNFUSED_SCORE_PASSES``       8        SC21 (A100, 2021, unfused softmax + attention dropout)
 ``TP_OVERLAP_EXPOSED``         0 / .15  NeMo recipes, Megatron --tp-comm-overlap / torchtitan async TP
 ``EP_OVERLAP_EXPOSED``         0.6      MoE rows with EP overlap (Megatron MoE recipes, Bridge 26.08 DeepSeek-V3)
-``MOE_EXPERT_HOST_S``          0 / 0.4  BF16 / MXFP8 / per-tensor FP8 (ms per local expert per layer per
-                               / 1.2    micro-batch): Qwen3-30B-A3B H100 BF16 recipe; Bridge B200/GB200 Qwen3 and
-                                        DeepSeek-V3 MXFP8; Bridge H100 Qwen3 FP8-CS + DeepSeek-V3 FP8
+``HOST_GEMM_S``                14 us    per expert GEMM call (moe_overhead: exposed only beyond the GEMM's GPU time)
+``HOST_QUANTIZE_S``            80/200us per quantized expert tensor, MXFP8 / per-tensor FP8 (FP8 MoE rows)
 ``MOE_TOKEN_COPY_S``           20 ns    MoE rows (Qwen3, DeepSeek-V3)
 ``FRAMEWORK_COMPUTE_EFF.``     0.82     torchtitan rows (incl. two H200 rows without a power cap); 0.8 before the
                                         FSDP overlap slowdown below was modelled
@@ -79,7 +78,7 @@ from .gemm import (FRAMEWORK_COMPUTE_EFFICIENCY, KAPPA, gemm_rate, gemm_time, hb
 from .layer_cost import LayerCost, layer_cost, recompute_breakdown_s, selective_recompute_s
 from .layout import GroupPlacement, LayoutError, group_placement, rank_chunks  # noqa: F401 (LayoutError re-exported)
 from .memory import stage_params
-from .moe_overhead import MOE_EXPERT_HOST_S, MOE_TOKEN_COPY_S, moe_overhead_s  # noqa: F401 (re-exported)
+from .moe_overhead import MOE_TOKEN_COPY_S, moe_host_exposed_s, moe_routing_s  # noqa: F401 (re-exported)
 from .optimizer_step import ADAM_HBM_BYTES_PER_PARAM, optimizer_step_s  # noqa: F401 (re-exported)
 from .pipeline import simulate
 
@@ -162,16 +161,16 @@ def _stage_times(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: 
             f = bw = 0.0
             for i in chunk:
                 x = lc(i)
-                comp_f, comp_b = x.compute_forward_s(), x.compute_backward_s()
-                comm_f, comm_b = x.comm_forward_s(tp_exp, ep_exp), x.comm_backward_s(tp_exp, ep_exp)
-                for extra in moe_overhead_s(model, job, par, i, fp8_recipe, full_cuda_graph):
-                    comp_f += extra / 3
-                    comp_b += 2 * extra / 3
+                # MoE: routing bookkeeping and the host time of the per-expert work the GPU cannot hide
+                routing = moe_routing_s(model, job, par, i)
+                host_f, host_b = moe_host_exposed_s(model, cluster, job, par, i, framework, fp8_recipe,
+                                                    full_cuda_graph)
+                fwd_i = x.compute_forward_s() + routing / 3 + host_f + x.comm_forward_s(tp_exp, ep_exp)
+                bwd_i = x.compute_backward_s() + 2 * routing / 3 + host_b + x.comm_backward_s(tp_exp, ep_exp)
                 full_i = i in rc_layers
-                rc = comp_f + comm_f if full_i else (
-                    selective_recompute_s(x, par) if par.recompute == "selective" else 0.0)
-                f += comp_f + comm_f
-                bw += comp_b + comm_b + rc
+                rc = fwd_i if full_i else (selective_recompute_s(x, par) if par.recompute == "selective" else 0.0)
+                f += fwd_i
+                bw += bwd_i + rc
                 out.exposed["tp"][r] += 2 * x.tp * tp_exp + (x.tp * tp_exp if full_i else 0)
                 out.exposed["cp"][r] += 3 * x.cp
                 out.exposed["ep"][r] += ep_exp * (2 * x.ep + (x.ep if full_i else 0))
@@ -233,9 +232,9 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     off / on without pipeline parallelism, off with it: its ``PipelineEngine`` reduces gradients after the whole
     schedule, ``runtime/pipe/schedule.py`` ``ReduceGrads``). ``ep_overlap``: EP all-to-all overlapped with another
     micro-batch's compute. ``full_cuda_graph``: the whole step is captured in CUDA graphs (Megatron
-    ``--cuda-graph-scope full``), removing the MoE per-expert host time (``MOE_EXPERT_HOST_S``). ``fp8_recipe``:
+    ``--cuda-graph-scope full``), removing the host time of the per-expert work (``moe_overhead.moe_host_exposed_s``). ``fp8_recipe``:
     scaling of FP8 expert GEMMs, ``mx`` (MXFP8 / blockwise) or ``cs`` (per-tensor current or delayed scaling),
-    selecting ``MOE_EXPERT_HOST_S``; None = ``mx`` on GPUs with block-scaled FP4/FP8 tensor cores (Blackwell: an
+    selecting ``QUANTIZE_OPS_PER_EXPERT``; None = ``mx`` on GPUs with block-scaled FP4/FP8 tensor cores (Blackwell: an
     ``fp4`` peak in the cluster spec), else ``cs`` (Transformer Engine's default per-tensor recipe on Hopper).
     ``par.pipeline_layout`` (Megatron ``--pipeline-model-parallel-layout``) places the layers per model chunk instead
     of the even / first-last split; the embedding sits on the first chunk, the output layer and MTP on the last.

@@ -23,10 +23,11 @@ def test_packaged_rows_are_the_shared_dev_rows_with_sources():
 
 #: What the calibrated model reaches on the dev rows today (plan3d validate): a ratchet against regressions.
 #: Lower these when the model improves; the project targets are the test below.
-ACHIEVED_MAX_MAPE = 6.5
-#: Bridge 9.0 -> 9.1: the compute under Megatron-FSDP's collectives is now slowed by the measured overlap slowdown
-#: (step_time.OVERLAP_COMPUTE_SLOWDOWN), which costs the one Bridge FSDP row (Llama 3 8B FP8-CS, 8 H100) 1.1 points
-ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 6.0, "nemo_bridge_perf_summary": 9.1}
+ACHIEVED_MAX_MAPE = 6.4
+#: MoE recipes 5.5 -> 6.9 and Bridge 9.1 -> 7.9: the per-local-expert host constant (0 / 0.4 / 1.2 ms by format) was
+#: replaced by the host time of the operations TE 2.8 issues per expert (GEMM calls hidden behind the GEMMs,
+#: quantized tensors by FP8 recipe; cost_models/moe_overhead.py), which is bounded per operation
+ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 7.0, "nemo_bridge_perf_summary": 8.0}
 
 
 def test_mape_does_not_regress(report):
