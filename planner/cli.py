@@ -129,12 +129,33 @@ def _plans_table(doc, title: str):
         t.add_row(str(p.rank), str(q.tp), str(q.pp), str(q.dp), str(q.cp), str(q.ep), str(q.vpp),
                   str(q.micro_batch_size), str(q.zero_stage), "y" if q.sequence_parallel else "n",
                   q.recompute if q.recompute_num_layers is None else f"full {q.recompute_num_layers}/chunk",
-                  peak, f"{p.time.step_s:.3f}" if p.time else "-",
+                  peak, _step_cell(p.time),
                   f"{p.throughput.tokens_per_s:,.0f}" if p.throughput else "-",
                   f"{p.throughput.tflops_per_gpu:.0f}" if p.throughput else "-",
                   f"{p.throughput.mfu:.1%}" if p.throughput else "-",
                   "yes" if p.feasible else "NO")
     return t
+
+
+def _step_cell(tim) -> str:
+    """Step seconds with the half-width of its uncertainty interval (time.step_s_high), e.g. ``24.176 ±14%``."""
+    if tim is None:
+        return "-"
+    if not tim.step_s_high or not tim.step_s:
+        return f"{tim.step_s:.3f}"
+    return f"{tim.step_s:.3f} ±{100 * (tim.step_s_high / tim.step_s - 1):.0f}%"
+
+
+def _tie_note(doc) -> str | None:
+    """The line under ``plan``'s table when the top plans lie within each other's uncertainty interval."""
+    from .uncertainty import tied_with_best
+    plans = [(p.time.step_s, p.time.step_s_low, p.time.step_s_high) for p in doc.plans
+             if p.feasible and p.time is not None and p.time.step_s_low is not None]
+    n = tied_with_best(plans)
+    if n < 2:
+        return None
+    return (f"plans 1-{n} are effectively tied: their step times lie within each other's ± interval (the "
+            f"cross-validated error of 80% of published runs like these)")
 
 
 def _emit(doc, emit: Emit, output: Path | None, rank: int, framework: str | None = None) -> None:
@@ -198,6 +219,9 @@ def _render(doc, fmt: Fmt, output: Path | None, emit: Emit | None, title: str, r
         import io
         buf = io.StringIO()
         Console(file=buf, width=160).print(_plans_table(doc, title))
+        note = _tie_note(doc)
+        if note is not None:
+            Console(file=buf, width=160).print(note)
         _write(buf.getvalue(), output)  # one-line error naming the path and the OS reason
         return
     console = Console(width=max(160, Console().width))
@@ -205,6 +229,9 @@ def _render(doc, fmt: Fmt, output: Path | None, emit: Emit | None, title: str, r
     for p in doc.plans:
         for v in p.violations:
             console.print(f"  plan {p.rank}: {v}")
+    note = _tie_note(doc)
+    if note is not None:
+        console.print(note)
 
 
 def _pair_args(args: list[str]) -> list[str]:
