@@ -20,14 +20,13 @@ from .flops import layer_gemm_shapes
 #: the time to read A and B and write C once from HBM (a GEMM at the roofline ridge point runs at 1/3 of its MAMF
 #: rate). Fitted on the dev rows (plan3d validate): it sets how much slower small per-GPU GEMMs (Qwen3-30B-A3B's
 #: 768-wide experts, h=2048 at TP 8) run than large ones.
-KAPPA = 2.0
+KAPPA = 2.25
 
 #: Achieved fraction of the cluster's calibrated GEMM and attention rates by framework (kernel choice, eager
 #: PyTorch dispatch, FSDP2 hooks): torchtitan's matmuls go through torch.compile/cuBLAS without Transformer
-#: Engine's fused kernels. Fitted on the torchtitan dev rows (including the two H200 rows, which have no power cap):
-#: 0.8 when FSDP traffic was free; 0.82 (torchtitan group 7.15%) once the compute under the FSDP collectives is
-#: slowed by ``OVERLAP_COMPUTE_SLOWDOWN`` (0.80: 7.41%, 0.84: 7.41%).
-FRAMEWORK_COMPUTE_EFFICIENCY = {"torchtitan": 0.82, "torchtitan_compile": 0.82}
+#: Engine's fused kernels. Fitted on the torchtitan dev rows (including the two H200 rows, which have no power cap);
+#: applies to the GEMMs (attention reads torchtitan's own kernel, FlashAttention-2, from ``attention.yaml``).
+FRAMEWORK_COMPUTE_EFFICIENCY = {"torchtitan": 0.83, "torchtitan_compile": 0.83}
 
 #: Plausible ranges of the fitted constants above (``planner/calibration.py`` fits inside them).
 FIT_RANGES = {
