@@ -22,40 +22,41 @@ Per micro-batch and per pipeline (virtual) stage, on one GPU (seconds), one modu
 MFU = model FLOPs per step / (step seconds x GPUs x dense peak of the 16-bit dtype); HFU adds recompute
 (PaLM App. B). The peak used is named in ``StepEstimate.peak_flops_per_gpu``.
 
-Calibration. Measured, per GPU (cluster YAML): ``gemm_efficiency`` (MAMF large-GEMM rate), NCCL bus
-efficiencies, HBM bandwidth. Fitted on the dev rows of ``planner/data/published_runs_dev.yaml`` by
-``benchmarks/fit_step_time.py`` (coordinate descent on mean group MAPE + half the overall MAPE; 87 rows, 9 source
-groups, A100/H100/H200/B200/GB200), each a physical quantity shared by all rows it applies to:
+Calibration. Data, with their sources: per GPU in the cluster YAMLs (``gemm_efficiency``: the MAMF large-GEMM rate;
+NCCL bus efficiencies and per-hop latencies; HBM bandwidth), and per operation in
+``cluster_specs/data/efficiency/`` (``attention.yaml``: fused-attention kernel TFLOP/s against sequence length).
+Counted from the frameworks' source, not fitted: the elementwise passes of Megatron / NeMo (10, + 2 with rotary
+embeddings), the per-expert host operations of TE 2.8's grouped GEMMs, the recompute, ZeRO and pipeline schedules.
+Fitted: the constants listed in each module's ``FIT_RANGES`` (a physical quantity, its plausible range and why),
+inside those ranges, by ``planner/calibration.py`` on the dev rows of ``planner/data/published_runs_dev.yaml``
+(``benchmarks/fit_step_time.py`` prints them with their ranges and the leave-one-source-group-out errors):
 
-=============================  =======  ===========================================================================
-parameter                      value    mainly constrained by
-=============================  =======  ===========================================================================
-``KAPPA``                      2.0      small models / high TP (SC21 1.7-18B, H100 weak scaling 1.7-16B)
-``ELEMENTWISE_PASSES``         12 / 24  Megatron+NeMo / DeepSpeed (BLOOM); torchtitan eager 64, compiled 4
-``attention_efficiency``       0.30     H100/H200 (cluster YAML; NeMo long-sequence CP rows, 4k-1M tokens)
-                               0.38     B200/GB200 (NeMo long-sequence B200 rows, Megatron-Bridge Llama 3 8B)
-``ATTN_HALF_SEQ``              512      short vs long sequences on the same GPU
-``UNFUSED_SCORE_PASSES``       8        SC21 (A100, 2021, unfused softmax + attention dropout)
-``TP_OVERLAP_EXPOSED``         0 / .15  NeMo recipes, Megatron --tp-comm-overlap / torchtitan async TP
-``EP_OVERLAP_EXPOSED``         0.6      MoE rows with EP overlap (Megatron MoE recipes, Bridge 26.08 DeepSeek-V3)
-``HOST_GEMM_S``                14 us    per expert GEMM call (moe_overhead: exposed only beyond the GEMM's GPU time)
-``HOST_QUANTIZE_S``            80/200us per quantized expert tensor, MXFP8 / per-tensor FP8 (FP8 MoE rows)
-``MOE_TOKEN_COPY_S``           20 ns    MoE rows (Qwen3, DeepSeek-V3)
-``FRAMEWORK_COMPUTE_EFF.``     0.82     torchtitan rows (incl. two H200 rows without a power cap); 0.8 before the
-                                        FSDP overlap slowdown below was modelled
-``OVERLAP_COMPUTE_SLOWDOWN``   0.189    not fitted: Lee et al. 2025 (arXiv 2507.03114) average measured slowdown of
-                                        compute under overlapped NCCL collectives (A100/H100)
-validate: H100 500 W factor    0.8      torchtitan rows on power-capped H100 (cross-check: H200/H100 ratio 0.78)
-validate: Jean Zay Omni-Path   0.4      the three BLOOM rows (bus efficiency of NCCL over Omni-Path)
-=============================  =======  ===========================================================================
+===========================================  ========  ==========  ==============================================
+constant (module)                            value     range       mainly constrained by
+===========================================  ========  ==========  ==============================================
+``KAPPA`` (gemm)                             2.25      0.5-4       small GEMMs: SC21 1.7-18B, H100 weak scaling
+``FRAMEWORK_COMPUTE_EFFICIENCY`` torchtitan  0.83      0.6-1       torchtitan rows (GEMMs)
+``ATTENTION_TRAINING_SHARE`` (attention)     0.6       0.4-1       long-sequence CP rows, 8k Llama rows
+``UNFUSED_SCORE_PASSES`` (attention)         7.5       4-10        SC21 (unfused softmax + attention dropout)
+``ELEMENTWISE_PASSES`` deepspeed             16        8-40        BLOOM rows
+``ELEMENTWISE_PASSES`` torchtitan / compile  80 / 2    16-80/2-16  torchtitan rows (both on a range edge)
+``TP_OVERLAP_EXPOSED`` megatron / torchtitan 0 / 0.12  0-0.5/0-0.7 NeMo recipes / torchtitan async TP
+``EP_OVERLAP_EXPOSED`` (collectives)         0.42      0-1         MoE rows with EP overlap
+``HOST_GEMM_S`` (moe_overhead)               14 us     3-20 us     BF16 MoE recipe (Qwen3-30B-A3B H100)
+``HOST_QUANTIZE_S`` mx / cs                  80/300 us 10-120/     FP8 MoE rows; cs on its range's top (one row)
+                                                       20-300 us
+``MOE_TOKEN_COPY_S`` (moe_overhead)          17 ns     0-50 ns     MoE rows (Qwen3, DeepSeek-V3)
+===========================================  ========  ==========  ==============================================
 
-Not fitted but read from the rows' recipes (``planner/validation.py``): DeepSeek-V3 node-limited routing (HF config
-``n_group`` 8 / ``topk_group`` 4) in the EP all-to-all (``ep_domain_copies``), Megatron pipeline layouts
-(``ParallelConfig.pipeline_layout``) and the Megatron-Bridge DeepSeek-V3 presets (EP overlap, full-iteration CUDA graph).
+``OVERLAP_COMPUTE_SLOWDOWN`` (0.189) is not fitted: Lee et al. 2025 (arXiv 2507.03114) average measured slowdown of
+compute under overlapped NCCL collectives. Read from the rows' recipes (``planner/validation.py``): DeepSeek-V3
+node-limited routing in the EP all-to-all (``ep_domain_copies``), Megatron pipeline layouts and the Megatron-Bridge
+DeepSeek-V3 presets (EP overlap, full-iteration CUDA graph); a power cap and the BLOOM cluster's Omni-Path network
+(validation's helpers, to become row data).
 
-Result on the dev rows (``plan3d validate``): MAPE 6.46% overall over 91 evaluated rows (13 skipped: no layout, no
-GB300 spec, DeepSeek-V4 dims unpublished); every source group with >= 3 rows <= 10% (Megatron-Bridge 9.1%,
-torchtitan 6.9%, Megatron Llama examples 7.9%, NeMo 24.07 7.0%, Megatron MoE recipes 5.5%).
+Result on the dev rows (``plan3d validate --cross-validate``, 91 evaluated rows): MAPE 6.57% in-sample, 7.88%
+leave-one-source-group-out; Korthikanti et al. 2022 Table 5 (held out, ``tests/test_korthikanti_table5.py``):
+2.74% mean, 5.72% max.
 """
 from __future__ import annotations
 
