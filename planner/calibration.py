@@ -176,26 +176,23 @@ def fit(data: RowErrors, train: Sequence[int], params: Sequence[Parameter], roun
                 continue
             v0 = p.get()
             best_v = v0
-            grid = p.grid()
+
+            def trial(v: float) -> None:
+                nonlocal best, best_v
+                if v == v0 or not p.bounds.low <= v <= p.bounds.high:
+                    return
+                p.set(v)
+                data.predict(dep)
+                s = score()
+                if s < best - 1e-9:
+                    best, best_v = s, v
+
+            for v in p.grid():
+                trial(v)
+            # one refinement: half a grid step either side of the best grid point, inside the range
             step = (p.bounds.high - p.bounds.low) / (GRID_POINTS - 1)
-            for v in grid:
-                if v == v0:
-                    continue
-                p.set(v)
-                data.predict(dep)
-                s = score()
-                if s < best - 1e-9:
-                    best, best_v = s, v
-            # one refinement: half a grid step either side of the best point, inside the range
             for v in (best_v - step / 2, best_v + step / 2):
-                v = float(f"{v:.6g}")
-                if not p.bounds.low <= v <= p.bounds.high:
-                    continue
-                p.set(v)
-                data.predict(dep)
-                s = score()
-                if s < best - 1e-9:
-                    best, best_v = s, v
+                trial(float(f"{v:.6g}"))
             p.set(best_v)
             data.predict(dep)
             changed |= best_v != v0
