@@ -58,9 +58,10 @@ FIT_RANGES = {
 
 def attention_efficiency(cluster: ClusterSpec) -> float:
     """Asymptotic fused-attention efficiency of the cluster (calibration ``attention_efficiency`` of the 16-bit
-    dtype), else ``DEFAULT_ATTENTION_EFFICIENCY``."""
+    dtype), else ``DEFAULT_ATTENTION_EFFICIENCY``, times the sustained clock under the board power limit
+    (``ClusterSpec.clock_fraction``)."""
     ae = cluster.calibration.attention_efficiency or {}
-    return ae.get(half_dtype(cluster), DEFAULT_ATTENTION_EFFICIENCY)
+    return ae.get(half_dtype(cluster), DEFAULT_ATTENTION_EFFICIENCY) * cluster.clock_fraction
 
 
 def attention_core_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
@@ -84,8 +85,10 @@ def attention_core_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, p
         s_key = s / par.cp
         rates = _kernel_tflops(model, cluster, framework, s_key)
         if rates is not None:
-            fwd = fl / (rates[0] * 1e12 * ATTENTION_TRAINING_SHARE)
-            return fwd, ATTN_BWD_FACTOR * fl / (rates[1] * 1e12 * ATTENTION_TRAINING_SHARE)
+            # the benchmarks ran at the TDP clock; a power-capped GPU runs its kernels at the capped clock
+            share = ATTENTION_TRAINING_SHARE * cluster.clock_fraction
+            fwd = fl / (rates[0] * 1e12 * share)
+            return fwd, ATTN_BWD_FACTOR * fl / (rates[1] * 1e12 * share)
         eff = attention_efficiency(cluster) * s_key / (s_key + ATTN_HALF_SEQ)
         fwd = fl / (cluster.gpu.peak_flops[half_dtype(cluster)] * fe * eff)
         return fwd, ATTN_BWD_FACTOR * fwd

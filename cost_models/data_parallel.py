@@ -108,8 +108,12 @@ def dp_sync_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: Par
             rs_t = collective_time("all_reduce", BYTES_FP32 * stage.dense, dp_group, cluster)
         elif fw_base == "deepspeed" and par.zero_stage == 1:
             # DeepSpeed's BF16_Optimizer (runtime/bf16_optimizer.py): all-reduce of the fp32 gradient buffer, each
-            # rank updates its partition, then all-gathers the 16-bit weights
-            rs_t = collective_time("all_reduce", BYTES_FP32 * stage.dense, dp_group, cluster)
+            # rank updates its partition, then all-gathers the 16-bit weights. The all-reduce runs in the engine's
+            # communication_data_type, bf16 / fp16 under bf16 / fp16 training (runtime/engine.py
+            # ``communication_data_type``, ``allreduce_bucket`` casts the fp32 buffer; pipe/engine.py
+            # ``_bf16_reduce_grads``); BLOOM needed PyTorch 1.11's NCCL "which supports BF16 comms" for it
+            # (bigscience tr11-176B-ml README)
+            rs_t = collective_time("all_reduce", BYTES_16BIT * stage.dense, dp_group, cluster)
             ag_t = collective_time("all_gather", param_b * stage.dense, dp_group, cluster)
         elif hsdp:
             # HSDP (ZeRO-3 within ``hsdp_shard_size`` ranks, replicated across): gathers and reduce-scatters stay in

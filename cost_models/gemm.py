@@ -48,13 +48,14 @@ def half_dtype(cluster: ClusterSpec) -> str:
 
 
 def gemm_rate(cluster: ClusterSpec, precision: str) -> float:
-    """Large-GEMM FLOP/s of ``precision`` on one GPU: dense peak x the MAMF efficiency of the cluster YAML."""
+    """Large-GEMM FLOP/s of ``precision`` on one GPU: dense peak x the MAMF efficiency of the cluster YAML x the
+    sustained clock under the board power limit (``ClusterSpec.clock_fraction``, 1 without a power cap)."""
     cal = cluster.calibration.gemm_efficiency
     half = half_dtype(cluster)
     if precision == "fp8" and "fp8" in cluster.gpu.peak_flops:
-        return cluster.gpu.peak_flops["fp8"] * cal.get("fp8", cal.get(half, 0.7))
+        return cluster.gpu.peak_flops["fp8"] * cal.get("fp8", cal.get(half, 0.7)) * cluster.clock_fraction
     p = precision if precision in cluster.gpu.peak_flops else half
-    return cluster.gpu.peak_flops[p] * cal.get(p, cal.get(half, 0.7))
+    return cluster.gpu.peak_flops[p] * cal.get(p, cal.get(half, 0.7)) * cluster.clock_fraction
 
 
 def hbm_rate(cluster: ClusterSpec) -> float:

@@ -49,10 +49,12 @@ constant (module)                            value     range       mainly constr
 ===========================================  ========  ==========  ==============================================
 
 ``OVERLAP_COMPUTE_SLOWDOWN`` (0.189) is not fitted: Lee et al. 2025 (arXiv 2507.03114) average measured slowdown of
-compute under overlapped NCCL collectives. Read from the rows' recipes (``planner/validation.py``): DeepSeek-V3
-node-limited routing in the EP all-to-all (``ep_domain_copies``), Megatron pipeline layouts and the Megatron-Bridge
-DeepSeek-V3 presets (EP overlap, full-iteration CUDA graph); a power cap and the BLOOM cluster's Omni-Path network
-(validation's helpers, to become row data).
+compute under overlapped NCCL collectives. Measured, not fitted: NCCL over Jean Zay's Omni-Path reaches 0.40 of a
+100 Gb/s port (cluster YAML jean-zay-a100, BigScience's all-reduce benchmark on that partition). Fitted in the
+cluster YAML: ``power_limit_clock_fraction`` 0.825 of grand-teton-h100 (torchtitan's 500 W H100s; range 0.67-0.87).
+Read from the rows' recipes (each row's ``setup`` block, ``planner/row_options.py``): DeepSeek-V3 node-limited
+routing in the EP all-to-all (``ep_domain_copies``), Megatron pipeline layouts and the Megatron-Bridge DeepSeek-V3
+presets (EP overlap, full-iteration CUDA graph).
 
 Result on the dev rows (``plan3d validate --cross-validate``, 91 evaluated rows): MAPE 6.57% in-sample, 7.88%
 leave-one-source-group-out; Korthikanti et al. 2022 Table 5 (held out, ``tests/test_korthikanti_table5.py``):

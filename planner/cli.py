@@ -608,7 +608,7 @@ def clusters(fmt: FmtOpt = Fmt.table, show: ShowOpt = None) -> None:
         t.add_row(r["name"], r["gpu"], f"{r['memory_bytes'] / 2**30:.1f}", str(r["gpus_per_node"]),
                   str(r["nvlink_domain_size"]), f"{(r['peak_bf16_flops'] or 0) / 1e12:.0f}",
                   f"{(r['peak_fp8_flops'] or 0) / 1e12:.0f}" if r["peak_fp8_flops"] else "-",
-                  f"{r['nvlink_bytes_per_s'] / 1e9:.0f}", f"{r['nic_bytes_per_s'] / 1e9:.0f}")
+                  f"{r['nvlink_bytes_per_s'] / 1e9:.0f}", f"{r['nic_bytes_per_s'] / 1e9:.3g}")
     Console(width=200).print(t)
 
 

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from planner.validation import (DEFAULT_MAX_GROUP_MAPE, DEFAULT_MAX_MAPE, MIN_GROUP_ROWS, ROW_CONVENTIONS,
-                              build_inputs, fp8_recipe, implied_flops_per_token, load_rows, row_flops_per_token,
+from planner.validation import (DEFAULT_MAX_GROUP_MAPE, DEFAULT_MAX_MAPE, MIN_GROUP_ROWS, build_inputs, fp8_recipe,
+                              implied_flops_per_token, load_rows, row_convention, row_flops_per_token,
                               row_pipeline_layout, run_validation)
 
 
@@ -59,7 +59,7 @@ def test_skipped_rows_say_why(report):
 def test_row_convention_matches_the_flops_per_token_the_source_implies(row_id):
     row = next(r for r in load_rows() if r["id"] == row_id)
     model, cluster, job, par, fw, notes = build_inputs(row)
-    conv = ROW_CONVENTIONS[row["source"]["group"]]
+    conv = row_convention(row)
     assert row_flops_per_token(model, job, par, conv) == pytest.approx(implied_flops_per_token(row), rel=0.01)
 
 
