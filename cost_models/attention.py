@@ -14,7 +14,7 @@ from model_zoo.spec import ModelSpec
 from .fit_range import FitRange
 from .config import BYTES_16BIT, ParallelConfig, TrainingJob
 from .flops import attention_core_flops_per_token, attention_widths
-from .gemm import framework_compute_efficiency, gemm_rate, half_dtype, hbm_rate
+from .gemm import clock_fraction, framework_compute_efficiency, gemm_rate, half_dtype, hbm_rate
 
 #: Backward / forward time of the fused attention kernel (FlashAttention-2: 5 backward matmuls vs 2 forward,
 #: Dao 2023 Sec. 3.1, i.e. 2.5x the FLOPs at a similar rate).
@@ -59,9 +59,9 @@ FIT_RANGES = {
 def attention_efficiency(cluster: ClusterSpec) -> float:
     """Asymptotic fused-attention efficiency of the cluster (calibration ``attention_efficiency`` of the 16-bit
     dtype), else ``DEFAULT_ATTENTION_EFFICIENCY``, times the sustained clock under the board power limit
-    (``ClusterSpec.clock_fraction``)."""
+    (``gemm.clock_fraction``)."""
     ae = cluster.calibration.attention_efficiency or {}
-    return ae.get(half_dtype(cluster), DEFAULT_ATTENTION_EFFICIENCY) * cluster.clock_fraction
+    return ae.get(half_dtype(cluster), DEFAULT_ATTENTION_EFFICIENCY) * clock_fraction(cluster)
 
 
 def attention_core_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
@@ -86,7 +86,7 @@ def attention_core_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, p
         rates = _kernel_tflops(model, cluster, framework, s_key)
         if rates is not None:
             # the benchmarks ran at the TDP clock; a power-capped GPU runs its kernels at the capped clock
-            share = ATTENTION_TRAINING_SHARE * cluster.clock_fraction
+            share = ATTENTION_TRAINING_SHARE * clock_fraction(cluster)
             fwd = fl / (rates[0] * 1e12 * share)
             return fwd, ATTN_BWD_FACTOR * fl / (rates[1] * 1e12 * share)
         eff = attention_efficiency(cluster) * s_key / (s_key + ATTN_HALF_SEQ)

@@ -28,8 +28,22 @@ KAPPA = 2.25
 #: applies to the GEMMs (attention reads torchtitan's own kernel, FlashAttention-2, from ``attention.yaml``).
 FRAMEWORK_COMPUTE_EFFICIENCY = {"torchtitan": 0.83, "torchtitan_compile": 0.83}
 
+#: Share of the board power at the TDP that does not scale with the SM clock under a power limit (HBM, NVLink
+#: SerDes, board and leakage): ~100 W of the H100 SXM's 700 W (its idle draw is 70-120 W in nvidia-smi reports).
+#: Counted, not fitted.
+UNCORE_POWER_FRACTION = 100.0 / 700.0
+#: Exponent ``n`` of the SM clock in the dynamic power under sustained dense GEMMs, ``P_dyn ~ f^n``: 1 at a fixed
+#: voltage, up to 3 when the voltage tracks the clock (``P ~ C V^2 f``). Sets the sustained clock under a board power
+#: limit below the TDP (``clock_fraction``). Fitted on the power-capped rows (torchtitan on Grand Teton H100s at
+#: 500 W; the H200 rows of the same recipes at 700 W separate it from the framework efficiency).
+POWER_CLOCK_EXPONENT = 2.1
+
 #: Plausible ranges of the fitted constants above (``planner/calibration.py`` fits inside them).
 FIT_RANGES = {
+    "POWER_CLOCK_EXPONENT": FitRange(1.0, 3.0, "exponent of the SM clock in the dynamic board power",
+                                     "CMOS dynamic power C V^2 f: 1 at a fixed voltage, 3 with the voltage scaling "
+                                     "with the clock (DVFS); at 500 of 700 W with UNCORE_POWER_FRACTION that is a "
+                                     "sustained clock of 0.67-0.87 of the TDP clock"),
     "KAPPA": FitRange(0.5, 4.0, "HBM passes over the GEMM operands",
                       "roofline (Williams et al. 2009): >= 0.5, the operands streamed once and half of it hidden under "
                       "the tensor-core pipeline; <= 4, A and B re-read from HBM for every 128-256-wide output tile "
@@ -47,15 +61,33 @@ def half_dtype(cluster: ClusterSpec) -> str:
     return "bf16" if "bf16" in cluster.gpu.peak_flops else "fp16"
 
 
+def clock_fraction(cluster: ClusterSpec) -> float:
+    """Sustained tensor-core clock under the cluster's board power limit over the clock at the TDP (at which the
+    MAMF GEMM and attention kernel rates were measured); 1 without a power cap.
+
+    The measured ``calibration.power_limit_clock_fraction`` when the cluster YAML has one; else the power law: dense
+    GEMMs run power-bound, the part ``UNCORE_POWER_FRACTION`` of the TDP does not scale, the rest scales as
+    ``f^POWER_CLOCK_EXPONENT``, so ``f = ((r - u) / (1 - u))^(1/n)`` with ``r = power_limit_w / tdp_w``.
+    """
+    measured = cluster.calibration.power_limit_clock_fraction
+    if measured is not None:
+        return measured
+    r = cluster.power_limit_ratio
+    if r >= 1.0:
+        return 1.0
+    u = UNCORE_POWER_FRACTION
+    return max(0.0, (r - u) / (1.0 - u)) ** (1.0 / POWER_CLOCK_EXPONENT)
+
+
 def gemm_rate(cluster: ClusterSpec, precision: str) -> float:
     """Large-GEMM FLOP/s of ``precision`` on one GPU: dense peak x the MAMF efficiency of the cluster YAML x the
-    sustained clock under the board power limit (``ClusterSpec.clock_fraction``, 1 without a power cap)."""
+    sustained clock under the board power limit (``clock_fraction``, 1 without a power cap)."""
     cal = cluster.calibration.gemm_efficiency
     half = half_dtype(cluster)
     if precision == "fp8" and "fp8" in cluster.gpu.peak_flops:
-        return cluster.gpu.peak_flops["fp8"] * cal.get("fp8", cal.get(half, 0.7)) * cluster.clock_fraction
+        return cluster.gpu.peak_flops["fp8"] * cal.get("fp8", cal.get(half, 0.7)) * clock_fraction(cluster)
     p = precision if precision in cluster.gpu.peak_flops else half
-    return cluster.gpu.peak_flops[p] * cal.get(p, cal.get(half, 0.7)) * cluster.clock_fraction
+    return cluster.gpu.peak_flops[p] * cal.get(p, cal.get(half, 0.7)) * clock_fraction(cluster)
 
 
 def hbm_rate(cluster: ClusterSpec) -> float:
