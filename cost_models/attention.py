@@ -30,7 +30,7 @@ DEFAULT_ATTENTION_EFFICIENCY = 0.5
 #: HBM passes of the s x s score tensor per unfused attention forward (QK^T write, scale/mask/softmax read + write,
 #: dropout mask write + apply, score x V read), ~4-8 depending on dropout (Korthikanti et al. 2022 Sec. 4.1 counts
 #: 5·a·s² bytes of stored scores per layer with dropout). Fitted (7.5) on the SC21 rows, which ran attention dropout.
-UNFUSED_SCORE_PASSES = 7.5
+UNFUSED_SCORE_PASSES = 8.0
 
 #: Fused-attention kernel each framework runs (``cluster_specs/data/efficiency/attention.yaml``): Megatron-LM / NeMo
 #: through Transformer Engine's ``FusedAttention`` (cuDNN), torchtitan and DeepSpeed through PyTorch SDPA's flash

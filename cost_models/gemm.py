@@ -26,7 +26,7 @@ KAPPA = 2.25
 #: PyTorch dispatch, FSDP2 hooks): torchtitan's matmuls go through torch.compile/cuBLAS without Transformer
 #: Engine's fused kernels. Fitted on the torchtitan dev rows (including the two H200 rows, which have no power cap);
 #: applies to the GEMMs (attention reads torchtitan's own kernel, FlashAttention-2, from ``attention.yaml``).
-FRAMEWORK_COMPUTE_EFFICIENCY = {"torchtitan": 0.83, "torchtitan_compile": 0.83}
+FRAMEWORK_COMPUTE_EFFICIENCY = {"torchtitan": 0.967, "torchtitan_compile": 0.967}
 
 #: Share of the board power at the TDP that does not scale with the SM clock under a power limit (HBM, NVLink
 #: SerDes, board and leakage): ~100 W of the H100 SXM's 700 W (its idle draw is 70-120 W in nvidia-smi reports).
@@ -36,7 +36,7 @@ UNCORE_POWER_FRACTION = 100.0 / 700.0
 #: voltage, up to 3 when the voltage tracks the clock (``P ~ C V^2 f``). Sets the sustained clock under a board power
 #: limit below the TDP (``clock_fraction``). Fitted on the power-capped rows (torchtitan on Grand Teton H100s at
 #: 500 W; the H200 rows of the same recipes at 700 W separate it from the framework efficiency).
-POWER_CLOCK_EXPONENT = 2.1
+POWER_CLOCK_EXPONENT = 3.0
 
 #: Plausible ranges of the fitted constants above (``planner/calibration.py`` fits inside them).
 FIT_RANGES = {
@@ -112,34 +112,38 @@ def gemm_time(m: float, k: float, n: float, rate: float, hbm: float, bytes_per_e
     return 2.0 * m * k * n / rate + KAPPA * bytes_per_el * (m * k + k * n + m * n) / hbm
 
 
+def _local_gemms(model: ModelSpec, par: ParallelConfig, job: TrainingJob, layer: int) -> list[tuple[float, ...]]:
+    """Decoder layer ``layer``'s weight GEMMs on one GPU, in ``flops.layer_gemm_shapes`` order: ``(m, k, n, count)``
+    after TP / EP sharding. TP splits the attention and dense MLP GEMMs; routed experts (``etp``) are ``E/ep`` local
+    GEMMs, each receiving ``top_k/E`` of the tokens of all ``ep`` ranks (balanced routing)."""
+    tok = par.micro_batch_size * job.seq_length / par.cp  # tokens through this rank's layer (sequence split by CP)
+    etp = par.expert_tp
+    out = []
+    for k, n, share, shard, count in layer_gemm_shapes(model, layer):
+        if shard == "tp":
+            out.append((tok, k, n / par.tp, count))
+        elif shard == "etp":
+            out.append((tok * share * par.ep * etp / par.tp, k, n / etp, count / par.ep))
+        else:
+            out.append((tok, k, n, count))
+    return out
+
+
 def layer_gemms_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, layer: int,
                   framework: str) -> tuple[float, float, float]:
     """Forward seconds of decoder layer ``layer``'s weight GEMMs for one micro-batch on one GPU:
-    (all GEMMs, the MLP / MoE block's share, MLA's up-projections' share).
-
-    Shapes: ``flops.layer_gemm_shapes``. TP splits the attention and dense MLP GEMMs; routed experts (``etp``)
-    are ``E/ep`` local GEMMs, each receiving ``top_k/E`` of the tokens of all ``ep`` ranks (balanced routing).
-    """
+    (all GEMMs, the MLP / MoE block's share, MLA's up-projections' share). Shapes: ``flops.layer_gemm_shapes``."""
     rate = gemm_rate(cluster, job.precision) * framework_compute_efficiency(framework)
     hbm = hbm_rate(cluster)
     el = operand_bytes(job.precision)
-    tok = par.micro_batch_size * job.seq_length / par.cp  # tokens through this rank's layer (sequence split by CP)
-    etp = par.expert_tp
     if model.mla is not None:
         n_attn = (1 if model.mla.q_lora_rank is None else 2) + 3
         up_idx = {n_attn - 2} | ({1} if model.mla.q_lora_rank is not None else set())
     else:
         n_attn, up_idx = 2, set()
     total = mlp = up = 0.0
-    for idx, (k, n, share, shard, count) in enumerate(layer_gemm_shapes(model, layer)):
-        if shard == "tp":
-            kk, nn, m, cnt = k, n / par.tp, tok, count
-        elif shard == "etp":
-            # E/ep local experts, each receiving top_k/E of the tokens of all ep ranks (balanced routing)
-            kk, nn, m, cnt = k, n / etp, tok * share * par.ep * etp / par.tp, count / par.ep
-        else:
-            kk, nn, m, cnt = k, n, tok, count
-        g = cnt * gemm_time(m, kk, nn, rate, hbm, el)
+    for idx, (m, k, n, cnt) in enumerate(_local_gemms(model, par, job, layer)):
+        g = cnt * gemm_time(m, k, n, rate, hbm, el)
         total += g
         if idx >= n_attn:
             mlp += g

@@ -35,12 +35,13 @@ inside those ranges, by ``planner/calibration.py`` on the dev rows of ``planner/
 constant (module)                            value     range       mainly constrained by
 ===========================================  ========  ==========  ==============================================
 ``KAPPA`` (gemm)                             2.25      0.5-4       small GEMMs: SC21 1.7-18B, H100 weak scaling
-``FRAMEWORK_COMPUTE_EFFICIENCY`` torchtitan  0.83      0.6-1       torchtitan rows (GEMMs)
+``FRAMEWORK_COMPUTE_EFFICIENCY`` torchtitan  0.967     0.6-1       torchtitan rows (GEMMs)
+``POWER_CLOCK_EXPONENT`` (gemm)              3.0       1-3         torchtitan on 500 W H100s vs 700 W H200s (edge)
 ``ATTENTION_TRAINING_SHARE`` (attention)     0.6       0.4-1       long-sequence CP rows, 8k Llama rows
-``UNFUSED_SCORE_PASSES`` (attention)         7.5       4-10        SC21 (unfused softmax + attention dropout)
-``ELEMENTWISE_PASSES`` deepspeed             16        8-40        BLOOM rows
-``ELEMENTWISE_PASSES`` torchtitan / compile  80 / 2    16-80/2-16  torchtitan rows (both on a range edge)
-``TP_OVERLAP_EXPOSED`` megatron / torchtitan 0 / 0.12  0-0.5/0-0.7 NeMo recipes / torchtitan async TP
+``UNFUSED_SCORE_PASSES`` (attention)         8         4-10        SC21 (unfused softmax + attention dropout)
+``ELEMENTWISE_PASSES`` deepspeed             40        8-40        BLOOM rows (edge)
+``ELEMENTWISE_PASSES`` torchtitan / compile  80 / 4.3  16-80/2-16  torchtitan rows (eager on its edge)
+``TP_OVERLAP_EXPOSED`` megatron / torchtitan 0 / 0.29  0-0.5/0-0.7 NeMo recipes / torchtitan async TP
 ``EP_OVERLAP_EXPOSED`` (collectives)         0.42      0-1         MoE rows with EP overlap
 ``HOST_GEMM_S`` (moe_overhead)               14 us     3-20 us     BF16 MoE recipe (Qwen3-30B-A3B H100)
 ``HOST_QUANTIZE_S`` mx / cs                  80/300 us 10-120/     FP8 MoE rows; cs on its range's top (one row)
@@ -50,15 +51,15 @@ constant (module)                            value     range       mainly constr
 
 ``OVERLAP_COMPUTE_SLOWDOWN`` (0.189) is not fitted: Lee et al. 2025 (arXiv 2507.03114) average measured slowdown of
 compute under overlapped NCCL collectives. Measured, not fitted: NCCL over Jean Zay's Omni-Path reaches 0.40 of a
-100 Gb/s port (cluster YAML jean-zay-a100, BigScience's all-reduce benchmark on that partition). Fitted in the
-cluster YAML: ``power_limit_clock_fraction`` 0.825 of grand-teton-h100 (torchtitan's 500 W H100s; range 0.67-0.87).
-Read from the rows' recipes (each row's ``setup`` block, ``planner/row_options.py``): DeepSeek-V3 node-limited
-routing in the EP all-to-all (``ep_domain_copies``), Megatron pipeline layouts and the Megatron-Bridge DeepSeek-V3
-presets (EP overlap, full-iteration CUDA graph).
+100 Gb/s port (cluster YAML jean-zay-a100, BigScience's all-reduce benchmark on that partition). Counted: the share
+of the board power that does not follow the clock under a power cap (``gemm.UNCORE_POWER_FRACTION``). Read from the
+rows' recipes (each row's ``setup`` block, ``planner/row_options.py``): DeepSeek-V3 node-limited routing in the EP
+all-to-all (``ep_domain_copies``), Megatron pipeline layouts and the Megatron-Bridge DeepSeek-V3 presets (EP
+overlap, full-iteration CUDA graph).
 
-Result on the dev rows (``plan3d validate --cross-validate``, 91 evaluated rows): MAPE 6.57% in-sample, 7.88%
+Result on the dev rows (``plan3d validate --cross-validate``, 91 evaluated rows): MAPE 6.28% in-sample, 9.68%
 leave-one-source-group-out; Korthikanti et al. 2022 Table 5 (held out, ``tests/test_korthikanti_table5.py``):
-2.74% mean, 5.72% max.
+2.74% mean, 5.92% max.
 """
 from __future__ import annotations
 

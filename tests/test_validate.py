@@ -23,12 +23,14 @@ def test_packaged_rows_are_the_shared_dev_rows_with_sources():
 
 #: What the calibrated model reaches on the dev rows today (plan3d validate): a ratchet against regressions.
 #: Lower these when the model improves; the project targets are the test below.
-ACHIEVED_MAX_MAPE = 6.6
-#: MoE recipes 5.5 -> 6.1: the per-local-expert host constant (0 / 0.4 / 1.2 ms by format) was replaced by the host
-#: time of the operations TE 2.8 issues per expert (GEMM calls hidden behind the GEMMs, quantized tensors by FP8
-#: recipe; cost_models/moe_overhead.py), which is bounded per operation. Overall 6.46 -> 6.57 with attention read
-#: from published kernel benchmarks (efficiency/attention.yaml) instead of a fitted efficiency per GPU.
-ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 6.1, "nemo_bridge_perf_summary": 5.8}
+ACHIEVED_MAX_MAPE = 6.3
+#: After merging valrows (NCCL-like pipelined multi-node collectives, bf16 DeepSpeed gradient all-reduce, the
+#: torchtitan H100s at their 2.4 TB/s HBM) and refitting the FIT_RANGES constants: 6.57 -> 7.70 (merge, old
+#: constants) -> 6.28% (refit). MoE recipes 5.5 -> 6.0 since the per-local-expert host constant became the host time
+#: of the operations TE 2.8 issues per expert (cost_models/moe_overhead.py); NeMo 24.07 7.0 -> 8.3 and H100 weak
+#: scaling 6.8 -> 8.1 with the faster (measured) NCCL collectives: less exposed communication.
+ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 6.0, "nemo_bridge_perf_summary": 5.8, "nemo_2407_perf_summary": 8.3,
+                       "megatron_h100_weak_scaling": 8.2}
 
 
 def test_mape_does_not_regress(report):
@@ -187,8 +189,10 @@ def test_duplicate_row_ids_are_refused(run_cli, tmp_path):
 #: The LOGO ratchet (issue 9: generalisation is the headline metric): each source group predicted by the step-time
 #: constants refitted without it (planner/calibration.py). Lower these when the model improves; the project targets
 #: are <= 7% overall and <= 10% per group of >= 3 rows (not met yet, see the closing note of issue 9).
-ACHIEVED_LOGO_MAPE = 7.9
-ACHIEVED_LOGO_GROUP_MAPE = {"megatron_moe_recipes": 10.7, "nemo_bridge_perf_summary": 11.9}
+#: 7.88 -> 9.68% after the valrows merge and refit: torchtitan's own constants (elementwise passes, compute share,
+#: async-TP exposure, the power-clock exponent) start at the middle of their ranges when torchtitan is held out.
+ACHIEVED_LOGO_MAPE = 9.7
+ACHIEVED_LOGO_GROUP_MAPE = {"megatron_moe_recipes": 10.8, "nemo_bridge_perf_summary": 11.9, "torchtitan": 12.7}
 
 
 @pytest.fixture(scope="module")
