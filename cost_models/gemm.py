@@ -152,6 +152,32 @@ def layer_gemms_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     return total, mlp, up
 
 
+def op_sac_recomputed_gemms_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
+                              layer: int, framework: str) -> float:
+    """Forward GEMM seconds of decoder layer ``layer`` (one micro-batch, one GPU) that torchtitan's per-op selective
+    activation checkpointing re-runs in backward: its policy saves the output of every ``aten.mm`` except every
+    second one in execution order (``_save_list`` / ``_custom_policy`` in ``parallelize_llama.py``, torchtitan
+    9dec370 (2024-12) and 820504e (2025-06): "Saves output of all compute ops, except every second mm").
+
+    torchtitan's linears are separate modules, so the fused shapes of ``flops.layer_gemm_shapes`` are split back:
+    QKV into ``wq, wk, wv`` (by width), a gated MLP's up-projection into ``w1, w3``; in a Llama layer the
+    recomputed ones are ``wk``, ``wo`` and ``w3`` (~37% of the forward GEMM FLOPs of Llama 3 8B). Float8 linears
+    count the same (the checkpoint's dispatch mode sees ``aten.mm`` on the float8 tensor subclass)."""
+    rate = gemm_rate(cluster, job.precision) * framework_compute_efficiency(framework)
+    hbm, el = hbm_rate(cluster), operand_bytes(job.precision)
+    mms: list[tuple[float, float, float, float]] = []  # (m, k, n, count) per aten.mm, execution order
+    shapes = _local_gemms(model, par, job, layer)
+    for idx, (m, k, n, cnt) in enumerate(shapes):
+        if idx == 0 and model.mla is None:  # fused QKV -> wq, wk, wv
+            q, kv = model.num_attention_heads * model.head_dim, model.num_kv_heads * model.head_dim
+            mms += [(m, k, n * w / (q + 2 * kv), cnt) for w in (q, kv, kv)]
+        elif model.gated_mlp and idx == len(shapes) - 2 and idx > 1:  # fused w1 | w3 -> w1, w3
+            mms += [(m, k, n / 2, cnt), (m, k, n / 2, cnt)]
+        else:
+            mms.append((m, k, n, cnt))
+    return sum(cnt * gemm_time(m, k, n, rate, hbm, el) for j, (m, k, n, cnt) in enumerate(mms) if j % 2 == 1)
+
+
 def expert_gemms_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
                    framework: str) -> tuple[float, float]:
     """Forward seconds of one local expert's fc1 and fc2 GEMMs for one micro-batch (balanced routing: each expert

@@ -11,7 +11,8 @@ Per micro-batch and per pipeline (virtual) stage, on one GPU (seconds), one modu
 * **Recompute** (``layer_cost.py``): full recompute re-runs the forward (compute and its TP / EP collectives) of
   each recomputed layer before its backward: every layer, or with ``recompute_num_layers`` N the first N layers
   of each model chunk (Megatron ``--recompute-method block``; ``flops.recomputed_layers``, the same layers HFU
-  counts); selective recompute re-runs the modules it names (Korthikanti et al. 2022 Sec. 5).
+  counts); selective recompute re-runs the modules it names (Korthikanti et al. 2022 Sec. 5), or under torchtitan
+  its per-op policy: every other weight GEMM, all memory-bound work and the TP all-gathers.
 * **TP / CP / EP collectives** (``collectives.py``): per layer, exposed unless the framework overlaps them.
 * **Pipeline** (``pipeline.py``): the schedule is simulated op by op with these per-stage times (GPipe, 1F1B,
   interleaved, ZB-H1), P2P activation sends on the critical path; the bubble is the idle time of the busiest rank.
@@ -40,8 +41,8 @@ constant (module)                            value     range       mainly constr
 ``ATTENTION_TRAINING_SHARE`` (attention)     0.6       0.4-1       long-sequence CP rows, 8k Llama rows
 ``UNFUSED_SCORE_PASSES`` (attention)         8         4-10        SC21 (unfused softmax + attention dropout)
 ``ELEMENTWISE_PASSES`` deepspeed             40        8-40        BLOOM rows (edge)
-``ELEMENTWISE_PASSES`` torchtitan / compile  80 / 4.3  16-80/2-16  torchtitan rows (eager on its edge)
-``TP_OVERLAP_EXPOSED`` megatron / torchtitan 0 / 0.29  0-0.5/0-0.7 NeMo recipes / torchtitan async TP
+``ELEMENTWISE_PASSES`` torchtitan / compile  69 / 12.5 16-80/2-16  torchtitan rows
+``TP_OVERLAP_EXPOSED`` megatron / torchtitan 0 / 0.23  0-0.5/0-0.7 NeMo recipes / torchtitan async TP
 ``EP_OVERLAP_EXPOSED`` (collectives)         0.42      0-1         MoE rows with EP overlap
 ``HOST_GEMM_S`` (moe_overhead)               14 us     3-20 us     BF16 MoE recipe (Qwen3-30B-A3B H100)
 ``HOST_QUANTIZE_S`` mx / cs                  80/300 us 10-120/     FP8 MoE rows; cs on its range's top (one row)
@@ -79,7 +80,8 @@ from .elementwise import CE_PASSES, ELEMENTWISE_PASSES, cross_entropy_s, embeddi
 from .flops import recomputed_layers, step_hardware_flops, step_model_flops
 from .gemm import (FRAMEWORK_COMPUTE_EFFICIENCY, KAPPA, gemm_rate, gemm_time, hbm_rate,  # noqa: F401 (re-exported)
                    logits_gemm_s, mtp_projection_s)
-from .layer_cost import LayerCost, layer_cost, recompute_breakdown_s, selective_recompute_s
+from .layer_cost import (OP_SAC_TP_SHARE, LayerCost, layer_cost, recompute_breakdown_s, selective_recompute_s,
+                         uses_op_sac)
 from .layout import GroupPlacement, LayoutError, group_placement, rank_chunks  # noqa: F401 (LayoutError re-exported)
 from .memory import stage_params
 from .moe_overhead import MOE_TOKEN_COPY_S, moe_host_exposed_s, moe_routing_s  # noqa: F401 (re-exported)
@@ -160,6 +162,7 @@ def _stage_times(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: 
     out = _Stages([0.0] * (par.pp * v), [0.0] * (par.pp * v), {"tp": [0.0] * par.pp, "cp": [0.0] * par.pp,
                                                              "ep": [0.0] * par.pp})
     rc_layers = set(recomputed_layers(model, par))  # decoder layers that full recompute re-runs
+    sac = uses_op_sac(framework)
     for r in range(par.pp):
         for c, chunk in enumerate(chunks[r]):
             f = bw = 0.0
@@ -172,10 +175,14 @@ def _stage_times(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: 
                 fwd_i = x.compute_forward_s() + routing / 3 + host_f + x.comm_forward_s(tp_exp, ep_exp)
                 bwd_i = x.compute_backward_s() + 2 * routing / 3 + host_b + x.comm_backward_s(tp_exp, ep_exp)
                 full_i = i in rc_layers
-                rc = fwd_i if full_i else (selective_recompute_s(x, par) if par.recompute == "selective" else 0.0)
+                # TP share that recompute re-runs: the whole forward's under full recompute, the all-gathers under
+                # torchtitan's per-op selective checkpointing
+                rc_tp = 1.0 if full_i else (OP_SAC_TP_SHARE if par.recompute == "selective" and sac else 0.0)
+                rc = fwd_i if full_i else (selective_recompute_s(x, par, framework) + rc_tp * x.tp * tp_exp
+                                           if par.recompute == "selective" else 0.0)
                 f += fwd_i
                 bw += bwd_i + rc
-                out.exposed["tp"][r] += 2 * x.tp * tp_exp + (x.tp * tp_exp if full_i else 0)
+                out.exposed["tp"][r] += (2 + rc_tp) * x.tp * tp_exp
                 out.exposed["cp"][r] += 3 * x.cp
                 out.exposed["ep"][r] += ep_exp * (2 * x.ep + (x.ep if full_i else 0))
             if r == par.pp - 1 and c == v - 1:
@@ -209,14 +216,15 @@ def _output_layer_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
     return f, bw
 
 
-def _compute_breakdown_s(model: ModelSpec, par: ParallelConfig, layers, lc, m: int) -> dict[str, float]:
+def _compute_breakdown_s(model: ModelSpec, par: ParallelConfig, layers, lc, m: int,
+                         framework: str) -> dict[str, float]:
     """Seconds per step of each compute kind (gemm, attention, memory_bound) on the rank holding ``layers``,
     recompute included."""
     kinds = {"gemm": 0.0, "attention": 0.0, "memory_bound": 0.0}
     rc_layers = set(recomputed_layers(model, par))
     for i in layers:
         x = lc(i)
-        rcg, rca, rcm = recompute_breakdown_s(x, par, i in rc_layers)
+        rcg, rca, rcm = recompute_breakdown_s(x, par, i in rc_layers, framework)
         kinds["gemm"] += m * (3 * x.gemm + rcg)
         kinds["attention"] += m * (x.attn_f + x.attn_b + rca)
         kinds["memory_bound"] += m * (3 * x.mem + rcm)
@@ -264,7 +272,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
                           full_cuda_graph)
     fwd_v, bwd_v = stages.fwd, stages.bwd
     busiest = max(range(par.pp), key=lambda r: sum(fwd_v[c * par.pp + r] + bwd_v[c * par.pp + r] for c in range(v)))
-    kinds = _compute_breakdown_s(model, par, ranges[busiest], lc, m)
+    kinds = _compute_breakdown_s(model, par, ranges[busiest], lc, m, framework)
 
     p2p = pipeline_p2p_s(model, cluster, job, par, groups)
     sim = simulate(par.pipeline_schedule, par.pp, m, fwd_v, bwd_v, vpp=v, p2p_s=p2p)

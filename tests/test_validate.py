@@ -23,7 +23,7 @@ def test_packaged_rows_are_the_shared_dev_rows_with_sources():
 
 #: What the calibrated model reaches on the dev rows today (plan3d validate): a ratchet against regressions.
 #: Lower these when the model improves; the project targets are the test below.
-ACHIEVED_MAX_MAPE = 6.3
+ACHIEVED_MAX_MAPE = 6.2
 #: After merging valrows (NCCL-like pipelined multi-node collectives, bf16 DeepSpeed gradient all-reduce, the
 #: torchtitan H100s at their 2.4 TB/s HBM) and refitting the FIT_RANGES constants: 6.57 -> 7.70 (merge, old
 #: constants) -> 6.28% (refit). MoE recipes 5.5 -> 6.0 since the per-local-expert host constant became the host time
@@ -191,8 +191,10 @@ def test_duplicate_row_ids_are_refused(run_cli, tmp_path):
 #: are <= 7% overall and <= 10% per group of >= 3 rows (not met yet, see the closing note of issue 9).
 #: 7.88 -> 9.68% after the valrows merge and refit: torchtitan's own constants (elementwise passes, compute share,
 #: async-TP exposure, the power-clock exponent) start at the middle of their ranges when torchtitan is held out.
-ACHIEVED_LOGO_MAPE = 9.7
-ACHIEVED_LOGO_GROUP_MAPE = {"megatron_moe_recipes": 10.8, "nemo_bridge_perf_summary": 11.9, "torchtitan": 12.7}
+#: 9.7 -> 9.9 with torchtitan's per-op selective checkpointing charged (in-sample 6.28 -> 6.10): held out, torchtitan
+#: takes the middle of its own constants' ranges, which the recomputed elementwise work makes costlier.
+ACHIEVED_LOGO_MAPE = 9.9
+ACHIEVED_LOGO_GROUP_MAPE = {"megatron_moe_recipes": 10.8, "nemo_bridge_perf_summary": 11.9, "torchtitan": 13.3}
 
 
 @pytest.fixture(scope="module")
