@@ -34,7 +34,8 @@ from .memory import StageParams
 #: Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning" (arXiv 2507.03114), abstract: average
 #: 18.9% (max 40%) compute slowdown under overlap on A100/H100, GPT and Llama layers. Applied to the compute that
 #: hides ZeRO-3 / FSDP traffic (``fsdp_exposed_s``), where the overlap spans the whole pass; the TP and EP overlap
-#: factors (``TP_OVERLAP_EXPOSED``, ``EP_OVERLAP_EXPOSED``) are fitted and already include theirs.
+#: factors (``TP_OVERLAP_EXPOSED``, ``EP_OVERLAP_EXPOSED``) are fitted and already include theirs. Also applied to
+#: the compute under an overlapped gradient reduction / parameter gather (``overlapped_exposed_s``).
 OVERLAP_COMPUTE_SLOWDOWN = 0.189
 
 #: ZeRO-3 / FSDP reduce-scatters the gradients in every micro-batch's backward, not only in the last one of the
@@ -181,7 +182,19 @@ def dp_exposed_s(sync: DataParallelSync, par: ParallelConfig, fw_base: str, over
         # under the backward; the replicated 16-bit weights are all-gathered once after the optimizer step
         # (under the first forward with ``--overlap-param-gather``)
         return m * fsdp_exposed_s(0.0, rs_t, last_bwd_s, units) + (
-            max(0.0, ag_t - first_fwd_s) if overlap_dp else ag_t)
+            overlapped_exposed_s(ag_t, first_fwd_s) if overlap_dp else ag_t)
     if overlap_dp:
-        return max(0.0, rs_t - last_bwd_s) + max(0.0, ag_t - first_fwd_s)
+        return overlapped_exposed_s(rs_t, last_bwd_s) + overlapped_exposed_s(ag_t, first_fwd_s)
     return rs_t + ag_t
+
+
+def overlapped_exposed_s(comm_s: float, compute_s: float) -> float:
+    """Exposed seconds of a collective of ``comm_s`` overlapped with a pass of ``compute_s`` (the bucketed gradient
+    reduction under the last micro-batch's backward, Megatron-LM ``--overlap-grad-reduce`` / NeMo / DeepSpeed
+    ``overlap_comm``; the parameter all-gather under the first forward, ``--overlap-param-gather``): what the
+    collective takes beyond the compute, plus the slowdown of the compute that runs next to it
+    (``OVERLAP_COMPUTE_SLOWDOWN`` x the overlapped span ``min(comm, compute)``), as ``fsdp_exposed_s`` charges it
+    for layer-wise sharded data parallelism."""
+    if comm_s <= 0:
+        return 0.0
+    return max(0.0, comm_s - compute_s) + OVERLAP_COMPUTE_SLOWDOWN * min(comm_s, compute_s)
