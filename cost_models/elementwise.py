@@ -23,8 +23,8 @@ from .gemm import hbm_rate
 #: kernels each), and with torch.compile fusing elementwise chains: fitted on the dev rows (``FIT_RANGES``);
 #: DeepSpeed (40) sits on the top of its range: memory-bound work the count does not name, or time the other terms
 #: do not charge for Megatron-DeepSpeed.
-ELEMENTWISE_PASSES = {"megatron": 10.0, "nemo": 10.0, "deepspeed": 40.0, "torchtitan": 69.3,
-                      "torchtitan_compile": 12.5}
+ELEMENTWISE_PASSES = {"megatron": 10.0, "nemo": 10.0, "deepspeed": 40.0, "torchtitan": 74.7,
+                      "torchtitan_compile": 13.7}
 #: Extra passes of rotary position embeddings (read + write of q and k, about the hidden width) in models that use
 #: them (``ModelSpec.position_embedding == "rope"``; GPT-3-style learned positions are added once at the input).
 ROTARY_PASSES = 2.0
@@ -79,14 +79,23 @@ def layer_memory_bound_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJo
 
 def fp8_cast_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, layer: int) -> float:
     """FP8 quantisation of each GEMM's activation input (read 16-bit, write 8-bit) and of its weight (Transformer
-    Engine casts per micro-batch): ``FP8_CAST_BYTES`` per element, forward seconds of one layer."""
+    Engine casts per micro-batch): ``FP8_CAST_BYTES`` per element, forward seconds of one layer.
+
+    The input a GPU casts is its local one: the full width ``k`` for a column-parallel GEMM (QKV, MLP up; the
+    sequence-parallel all-gather comes first), ``k / tp`` for a row-parallel one (attention output, MLP down: their
+    input is the TP-sharded output of the previous GEMM; Megatron-LM ``RowParallelLinear``), recognised as the TP
+    GEMMs whose output width is the hidden size."""
     tok = par.micro_batch_size * job.seq_length / par.cp
+    h = model.hidden_size
     cast = 0.0
     for k, n, share, shard, count in layer_gemm_shapes(model, layer):
         if shard == "none":
             continue
-        div = par.tp if shard == "tp" else par.ep * par.expert_tp
-        cast += FP8_CAST_BYTES * (tok * share * count * k / (1 if shard == "tp" else par.tp) + count * k * n / div)
+        if shard == "tp":
+            k_local = k / par.tp if n == h else k
+            cast += FP8_CAST_BYTES * (tok * count * k_local + count * k * n / par.tp)
+        else:  # routed experts: tokens of the ep ranks, etp-sharded weights
+            cast += FP8_CAST_BYTES * (tok * share * count * k / par.tp + count * k * n / (par.ep * par.expert_tp))
     return cast / hbm_rate(cluster)
 
 

@@ -26,7 +26,7 @@ KAPPA = 2.25
 #: PyTorch dispatch, FSDP2 hooks): torchtitan's matmuls go through torch.compile/cuBLAS without Transformer
 #: Engine's fused kernels. Fitted on the torchtitan dev rows (including the two H200 rows, which have no power cap);
 #: applies to the GEMMs (attention reads torchtitan's own kernel, FlashAttention-2, from ``attention.yaml``).
-FRAMEWORK_COMPUTE_EFFICIENCY = {"torchtitan": 0.967, "torchtitan_compile": 0.967}
+FRAMEWORK_COMPUTE_EFFICIENCY = {"torchtitan": 1.0, "torchtitan_compile": 1.0}
 
 #: Share of the board power at the TDP that does not scale with the SM clock under a power limit (HBM, NVLink
 #: SerDes, board and leakage): ~100 W of the H100 SXM's 700 W (its idle draw is 70-120 W in nvidia-smi reports).
@@ -197,11 +197,17 @@ def expert_gemms_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par
 
 def logits_gemm_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
                   framework: str) -> float:
-    """Forward seconds of the output layer's logits GEMM (``tokens x h`` by ``h x V/tp``) for one micro-batch."""
-    rate = gemm_rate(cluster, job.precision) * framework_compute_efficiency(framework)
+    """Forward seconds of the output layer's logits GEMM (``tokens x h`` by ``h x V/tp``) for one micro-batch.
+
+    Always in the 16-bit dtype, FP8 training included: Megatron-LM's output layer is a plain
+    ``tensor_parallel.ColumnParallelLinear``, outside Transformer Engine's ``fp8_autocast`` modules
+    (``megatron/core/models/gpt/gpt_model.py``), and torchtitan's float8 conversion skips the ``output`` linear
+    (``torchtitan/float8.py`` at 9dec370: ``module_filter_fn=lambda mod, fqn: fqn != "output"``)."""
+    half = half_dtype(cluster)
+    rate = gemm_rate(cluster, half) * framework_compute_efficiency(framework)
     tok = par.micro_batch_size * job.seq_length / par.cp
     return gemm_time(tok, model.hidden_size, model.padded_vocab_size(par.tp) / par.tp, rate, hbm_rate(cluster),
-                     operand_bytes(job.precision))
+                     operand_bytes(half))
 
 
 def mtp_projection_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,

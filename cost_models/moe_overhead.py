@@ -34,7 +34,7 @@ from .gemm import expert_gemms_s
 #: the two output gradients backward (``tex.split_quantize``); none in 16-bit.
 QUANTIZED_TENSORS_PER_EXPERT = 2
 #: Host seconds per expert GEMM call (``general_grouped_gemm``'s C++ loop: one cublasLtMatmul per expert). Fitted.
-HOST_GEMM_S = 14.3e-6
+HOST_GEMM_S = 15.75e-6
 #: Host seconds per quantized expert tensor, by FP8 recipe (``split_quantize`` in TE 2.8, ``csrc/extensions/
 #: cast.cpp``). ``mx`` (MXFP8 / blockwise): the outputs of all experts are bulk-allocated at once and each split
 #: gets a light ``*TensorStorage`` object and one cast launch (the block scales come out of the cast kernel).
@@ -44,7 +44,7 @@ HOST_GEMM_S = 14.3e-6
 HOST_QUANTIZE_S = {"mx": 80e-6, "cs": 300e-6}
 #: Seconds per routed token copy per MoE layer (forward + backward) of routing bookkeeping that is neither GEMM
 #: nor HBM-bandwidth bound (top-k, sort by expert, index computation, scatter). Fitted on the dev rows.
-MOE_TOKEN_COPY_S = 1.7e-8
+MOE_TOKEN_COPY_S = 1.25e-8
 
 #: Plausible ranges of the fitted constants above (``planner/calibration.py`` fits inside them).
 FIT_RANGES = {

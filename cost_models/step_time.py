@@ -36,18 +36,18 @@ inside those ranges, by ``planner/calibration.py`` on the dev rows of ``planner/
 constant (module)                            value     range       mainly constrained by
 ===========================================  ========  ==========  ==============================================
 ``KAPPA`` (gemm)                             2.25      0.5-4       small GEMMs: SC21 1.7-18B, H100 weak scaling
-``FRAMEWORK_COMPUTE_EFFICIENCY`` torchtitan  0.967     0.6-1       torchtitan rows (GEMMs)
+``FRAMEWORK_COMPUTE_EFFICIENCY`` torchtitan  1.0       0.6-1       torchtitan rows (GEMMs; edge)
 ``POWER_CLOCK_EXPONENT`` (gemm)              3.0       1-3         torchtitan on 500 W H100s vs 700 W H200s (edge)
 ``ATTENTION_TRAINING_SHARE`` (attention)     0.6       0.4-1       long-sequence CP rows, 8k Llama rows
 ``UNFUSED_SCORE_PASSES`` (attention)         8         4-10        SC21 (unfused softmax + attention dropout)
 ``ELEMENTWISE_PASSES`` deepspeed             40        8-40        BLOOM rows (edge)
-``ELEMENTWISE_PASSES`` torchtitan / compile  69 / 12.5 16-80/2-16  torchtitan rows
-``TP_OVERLAP_EXPOSED`` megatron / torchtitan 0 / 0.23  0-0.5/0-0.7 NeMo recipes / torchtitan async TP
+``ELEMENTWISE_PASSES`` torchtitan / compile  75 / 13.7 16-80/2-16  torchtitan rows
+``TP_OVERLAP_EXPOSED`` megatron / torchtitan 0 / 0.53  0-0.5/0-0.7 NeMo recipes / torchtitan async TP
 ``EP_OVERLAP_EXPOSED`` (collectives)         0.42      0-1         MoE rows with EP overlap
-``HOST_GEMM_S`` (moe_overhead)               14 us     3-20 us     BF16 MoE recipe (Qwen3-30B-A3B H100)
+``HOST_GEMM_S`` (moe_overhead)               16 us     3-20 us     BF16 MoE recipe (Qwen3-30B-A3B H100)
 ``HOST_QUANTIZE_S`` mx / cs                  80/300 us 10-120/     FP8 MoE rows; cs on its range's top (one row)
                                                        20-300 us
-``MOE_TOKEN_COPY_S`` (moe_overhead)          17 ns     0-50 ns     MoE rows (Qwen3, DeepSeek-V3)
+``MOE_TOKEN_COPY_S`` (moe_overhead)          12.5 ns   0-50 ns     MoE rows (Qwen3, DeepSeek-V3)
 ===========================================  ========  ==========  ==============================================
 
 ``OVERLAP_COMPUTE_SLOWDOWN`` (0.189) is not fitted: Lee et al. 2025 (arXiv 2507.03114) average measured slowdown of

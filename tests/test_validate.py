@@ -23,13 +23,13 @@ def test_packaged_rows_are_the_shared_dev_rows_with_sources():
 
 #: What the calibrated model reaches on the dev rows today (plan3d validate): a ratchet against regressions.
 #: Lower these when the model improves; the project targets are the test below.
-ACHIEVED_MAX_MAPE = 6.0
+ACHIEVED_MAX_MAPE = 5.6
 #: After merging valrows (NCCL-like pipelined multi-node collectives, bf16 DeepSpeed gradient all-reduce, the
 #: torchtitan H100s at their 2.4 TB/s HBM) and refitting the FIT_RANGES constants: 6.57 -> 7.70 (merge, old
 #: constants) -> 6.28% (refit). MoE recipes 5.5 -> 6.0 since the per-local-expert host constant became the host time
 #: of the operations TE 2.8 issues per expert (cost_models/moe_overhead.py); NeMo 24.07 7.0 -> 8.3 and H100 weak
 #: scaling 6.8 -> 8.1 with the faster (measured) NCCL collectives: less exposed communication.
-ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 6.0, "nemo_bridge_perf_summary": 5.8, "nemo_2407_perf_summary": 7.6,
+ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 5.7, "nemo_bridge_perf_summary": 5.0, "nemo_2407_perf_summary": 5.9,
                        "megatron_h100_weak_scaling": 7.9}
 
 
@@ -193,8 +193,8 @@ def test_duplicate_row_ids_are_refused(run_cli, tmp_path):
 #: async-TP exposure, the power-clock exponent) start at the middle of their ranges when torchtitan is held out.
 #: 9.7 -> 9.9 with torchtitan's per-op selective checkpointing charged (in-sample 6.28 -> 6.10): held out, torchtitan
 #: takes the middle of its own constants' ranges, which the recomputed elementwise work makes costlier.
-ACHIEVED_LOGO_MAPE = 9.8
-ACHIEVED_LOGO_GROUP_MAPE = {"megatron_moe_recipes": 10.8, "nemo_bridge_perf_summary": 11.9, "torchtitan": 13.3}
+ACHIEVED_LOGO_MAPE = 9.2
+ACHIEVED_LOGO_GROUP_MAPE = {"nemo_bridge_perf_summary": 12.1, "torchtitan": 11.9}
 
 
 @pytest.fixture(scope="module")
