@@ -27,7 +27,8 @@ Calibration. Data, with their sources: per GPU in the cluster YAMLs (``gemm_effi
 NCCL bus efficiencies and per-hop latencies; HBM bandwidth), and per operation in
 ``cluster_specs/data/efficiency/`` (``attention.yaml``: fused-attention kernel TFLOP/s against sequence length).
 Counted from the frameworks' source, not fitted: the elementwise passes of Megatron / NeMo (10, + 2 with rotary
-embeddings), the per-expert host operations of TE 2.8's grouped GEMMs, the recompute, ZeRO and pipeline schedules.
+embeddings) and of torchtitan (eager and compiled, kernel by kernel), the per-expert host operations of TE 2.8's
+grouped GEMMs, the recompute (torchtitan's per-op policy included), ZeRO and pipeline schedules.
 Fitted: the constants listed in each module's ``FIT_RANGES`` (a physical quantity, its plausible range and why),
 inside those ranges, by ``planner/calibration.py`` on the dev rows of ``planner/data/published_runs_dev.yaml``
 (``benchmarks/fit_step_time.py`` prints them with their ranges and the leave-one-source-group-out errors):
@@ -41,7 +42,6 @@ constant (module)                            value     range       mainly constr
 ``ATTENTION_TRAINING_SHARE`` (attention)     0.6       0.4-1       long-sequence CP rows, 8k Llama rows
 ``UNFUSED_SCORE_PASSES`` (attention)         8         4-10        SC21 (unfused softmax + attention dropout)
 ``ELEMENTWISE_PASSES`` deepspeed             40        8-40        BLOOM rows (edge)
-``ELEMENTWISE_PASSES`` torchtitan / compile  75 / 13.7 16-80/2-16  torchtitan rows
 ``TP_OVERLAP_EXPOSED`` megatron / torchtitan 0 / 0.53  0-0.5/0-0.7 NeMo recipes / torchtitan async TP
 ``EP_OVERLAP_EXPOSED`` (collectives)         0.42      0-1         MoE rows with EP overlap
 ``HOST_GEMM_S`` (moe_overhead)               16 us     3-20 us     BF16 MoE recipe (Qwen3-30B-A3B H100)
@@ -238,7 +238,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
                   fp8_recipe: str | None = None) -> StepEstimate:
     """Step time of ``par`` on ``cluster`` (see module docstring). Raises ``LayoutError`` on an impossible split.
 
-    ``framework`` selects the kernel set (``ELEMENTWISE_PASSES``: megatron, nemo, deepspeed, torchtitan,
+    ``framework`` selects the kernel set (``elementwise.layer_passes``: megatron, nemo, deepspeed, torchtitan,
     torchtitan_compile) and the ZeRO-2/3 communication schedule; None = ``job.framework``. ``tp_comm_overlap`` /
     ``overlap_dp``: None = the framework default (Megatron-LM: off / off, NeMo and torchtitan: on / on; DeepSpeed:
     off / on without pipeline parallelism, off with it: its ``PipelineEngine`` reduces gradients after the whole
