@@ -14,7 +14,7 @@ from model_zoo.spec import ModelSpec
 from .fit_range import FitRange
 from .config import BYTES_16BIT, ParallelConfig, TrainingJob
 from .flops import attention_core_flops_per_token, attention_widths
-from .gemm import clock_fraction, framework_compute_efficiency, gemm_rate, half_dtype, hbm_rate
+from .gemm import clock_fraction, gemm_rate, half_dtype, hbm_rate
 
 #: Backward / forward time of the fused attention kernel (FlashAttention-2: 5 backward matmuls vs 2 forward,
 #: Dao 2023 Sec. 3.1, i.e. 2.5x the FLOPs at a similar rate).
@@ -76,7 +76,6 @@ def attention_core_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, p
     context_parallel.rst``; Transformer Engine ``AttnFuncWithCPAndKVP2P`` runs one flash-attention call per ring
     step and chunk half).
     """
-    fe = framework_compute_efficiency(framework)
     b, s = par.micro_batch_size, job.seq_length
     tok = b * s / par.cp
     heads_frac = 1.0 / par.tp
@@ -90,11 +89,11 @@ def attention_core_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, p
             fwd = fl / (rates[0] * 1e12 * share)
             return fwd, ATTN_BWD_FACTOR * fl / (rates[1] * 1e12 * share)
         eff = attention_efficiency(cluster) * s_key / (s_key + ATTN_HALF_SEQ)
-        fwd = fl / (cluster.gpu.peak_flops[half_dtype(cluster)] * fe * eff)
+        fwd = fl / (cluster.gpu.peak_flops[half_dtype(cluster)] * eff)
         return fwd, ATTN_BWD_FACTOR * fwd
     fl = attention_core_flops_per_token(model, s, causal_halved=False) * tok * heads_frac
     scores = BYTES_16BIT * b * model.num_attention_heads * heads_frac * s * s / par.cp
-    fwd = fl / (fe * gemm_rate(cluster, half_dtype(cluster))) + UNFUSED_SCORE_PASSES * scores / hbm_rate(cluster)
+    fwd = fl / gemm_rate(cluster, half_dtype(cluster)) + UNFUSED_SCORE_PASSES * scores / hbm_rate(cluster)
     return fwd, 2.0 * fwd
 
 

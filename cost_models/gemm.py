@@ -22,12 +22,6 @@ from .flops import layer_gemm_shapes
 #: 768-wide experts, h=2048 at TP 8) run than large ones.
 KAPPA = 2.25
 
-#: Achieved fraction of the cluster's calibrated GEMM and attention rates by framework (kernel choice, eager
-#: PyTorch dispatch, FSDP2 hooks): torchtitan's matmuls go through torch.compile/cuBLAS without Transformer
-#: Engine's fused kernels. Fitted on the torchtitan dev rows (including the two H200 rows, which have no power cap);
-#: applies to the GEMMs (attention reads torchtitan's own kernel, FlashAttention-2, from ``attention.yaml``).
-FRAMEWORK_COMPUTE_EFFICIENCY = {"torchtitan": 1.0, "torchtitan_compile": 1.0}
-
 #: Share of the board power at the TDP that does not scale with the SM clock under a power limit (HBM, NVLink
 #: SerDes, board and leakage): ~100 W of the H100 SXM's 700 W (its idle draw is 70-120 W in nvidia-smi reports).
 #: Counted, not fitted.
@@ -35,7 +29,9 @@ UNCORE_POWER_FRACTION = 100.0 / 700.0
 #: Exponent ``n`` of the SM clock in the dynamic power under sustained dense GEMMs, ``P_dyn ~ f^n``: 1 at a fixed
 #: voltage, up to 3 when the voltage tracks the clock (``P ~ C V^2 f``). Sets the sustained clock under a board power
 #: limit below the TDP (``clock_fraction``). Fitted on the power-capped rows (torchtitan on Grand Teton H100s at
-#: 500 W; the H200 rows of the same recipes at 700 W separate it from the framework efficiency).
+#: 500 W; the H200 rows of the same recipes at 700 W are the uncapped reference). Every framework runs its weight
+#: GEMMs at the same cuBLAS rate: torchtitan's once fitted "framework compute share" went to 1 once its per-op
+#: recompute, its elementwise kernels and the power cap were modelled, and was removed.
 POWER_CLOCK_EXPONENT = 3.0
 
 #: Plausible ranges of the fitted constants above (``planner/calibration.py`` fits inside them).
@@ -48,11 +44,6 @@ FIT_RANGES = {
                       "roofline (Williams et al. 2009): >= 0.5, the operands streamed once and half of it hidden under "
                       "the tensor-core pipeline; <= 4, A and B re-read from HBM for every 128-256-wide output tile "
                       "row/column that misses L2 (cuBLAS/CUTLASS tile sizes)"),
-    "FRAMEWORK_COMPUTE_EFFICIENCY.torchtitan": FitRange(
-        0.6, 1.0, "fraction of the calibrated GEMM / attention rate",
-        "1: the same cuBLAS GEMMs and flash-attention kernels as Transformer Engine; 0.6: eager PyTorch dispatch and "
-        "unfused epilogues (the lowest torchtitan/Megatron throughput ratio plausible for the same GEMM shapes)",
-        tied=("torchtitan_compile",)),
 }
 
 
@@ -95,11 +86,6 @@ def hbm_rate(cluster: ClusterSpec) -> float:
     return cluster.gpu.hbm_bandwidth_bytes_per_s * (cluster.calibration.hbm_efficiency or 1.0)
 
 
-def framework_compute_efficiency(framework: str) -> float:
-    """``FRAMEWORK_COMPUTE_EFFICIENCY`` of ``framework`` (1 for Megatron-LM / NeMo / DeepSpeed)."""
-    return FRAMEWORK_COMPUTE_EFFICIENCY.get(framework, 1.0)
-
-
 def operand_bytes(precision: str) -> float:
     """Bytes per GEMM operand element: 1 under FP8, else the 16-bit dtype's 2."""
     return 1.0 if precision == "fp8" else float(BYTES_16BIT)
@@ -133,7 +119,7 @@ def layer_gemms_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
                   framework: str) -> tuple[float, float, float]:
     """Forward seconds of decoder layer ``layer``'s weight GEMMs for one micro-batch on one GPU:
     (all GEMMs, the MLP / MoE block's share, MLA's up-projections' share). Shapes: ``flops.layer_gemm_shapes``."""
-    rate = gemm_rate(cluster, job.precision) * framework_compute_efficiency(framework)
+    rate = gemm_rate(cluster, job.precision)
     hbm = hbm_rate(cluster)
     el = operand_bytes(job.precision)
     if model.mla is not None:
@@ -163,7 +149,7 @@ def op_sac_recomputed_gemms_s(model: ModelSpec, cluster: ClusterSpec, job: Train
     QKV into ``wq, wk, wv`` (by width), a gated MLP's up-projection into ``w1, w3``; in a Llama layer the
     recomputed ones are ``wk``, ``wo`` and ``w3`` (~37% of the forward GEMM FLOPs of Llama 3 8B). Float8 linears
     count the same (the checkpoint's dispatch mode sees ``aten.mm`` on the float8 tensor subclass)."""
-    rate = gemm_rate(cluster, job.precision) * framework_compute_efficiency(framework)
+    rate = gemm_rate(cluster, job.precision)
     hbm, el = hbm_rate(cluster), operand_bytes(job.precision)
     mms: list[tuple[float, float, float, float]] = []  # (m, k, n, count) per aten.mm, execution order
     shapes = _local_gemms(model, par, job, layer)
@@ -185,7 +171,7 @@ def expert_gemms_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par
     dense model."""
     if model.moe is None:
         return 0.0, 0.0
-    rate = gemm_rate(cluster, job.precision) * framework_compute_efficiency(framework)
+    rate = gemm_rate(cluster, job.precision)
     hbm, el = hbm_rate(cluster), operand_bytes(job.precision)
     tok = par.micro_batch_size * job.seq_length / par.cp
     moe, etp, h = model.moe, par.expert_tp, model.hidden_size
@@ -204,7 +190,7 @@ def logits_gemm_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     (``megatron/core/models/gpt/gpt_model.py``), and torchtitan's float8 conversion skips the ``output`` linear
     (``torchtitan/float8.py`` at 9dec370: ``module_filter_fn=lambda mod, fqn: fqn != "output"``)."""
     half = half_dtype(cluster)
-    rate = gemm_rate(cluster, half) * framework_compute_efficiency(framework)
+    rate = gemm_rate(cluster, half)
     tok = par.micro_batch_size * job.seq_length / par.cp
     return gemm_time(tok, model.hidden_size, model.padded_vocab_size(par.tp) / par.tp, rate, hbm_rate(cluster),
                      operand_bytes(half))
@@ -214,7 +200,7 @@ def mtp_projection_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, p
                      framework: str) -> float:
     """Forward seconds of one multi-token-prediction module's input projection ``2h -> h`` (DeepSeek-V3 Sec. 2.2),
     TP-sharded on the output."""
-    rate = gemm_rate(cluster, job.precision) * framework_compute_efficiency(framework)
+    rate = gemm_rate(cluster, job.precision)
     tok = par.micro_batch_size * job.seq_length / par.cp
     h = model.hidden_size
     return gemm_time(tok, 2 * h, h / par.tp, rate, hbm_rate(cluster), operand_bytes(job.precision))

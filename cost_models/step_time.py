@@ -37,7 +37,6 @@ inside those ranges, by ``planner/calibration.py`` on the dev rows of ``planner/
 constant (module)                            value     range       mainly constrained by
 ===========================================  ========  ==========  ==============================================
 ``KAPPA`` (gemm)                             2.25      0.5-4       small GEMMs: SC21 1.7-18B, H100 weak scaling
-``FRAMEWORK_COMPUTE_EFFICIENCY`` torchtitan  1.0       0.6-1       torchtitan rows (GEMMs; edge)
 ``POWER_CLOCK_EXPONENT`` (gemm)              3.0       1-3         torchtitan on 500 W H100s vs 700 W H200s (edge)
 ``ATTENTION_TRAINING_SHARE`` (attention)     0.6       0.4-1       long-sequence CP rows, 8k Llama rows
 ``UNFUSED_SCORE_PASSES`` (attention)         8         4-10        SC21 (unfused softmax + attention dropout)
@@ -78,7 +77,7 @@ from .data_parallel import (FSDP_REDUCE_EVERY_MICROBATCH, OVERLAP_COMPUTE_SLOWDO
                             dp_exposed_s, dp_sync_s, fsdp_exposed_s)
 from .elementwise import CE_PASSES, ELEMENTWISE_PASSES, cross_entropy_s, embedding_s  # noqa: F401 (re-exported)
 from .flops import recomputed_layers, step_hardware_flops, step_model_flops
-from .gemm import (FRAMEWORK_COMPUTE_EFFICIENCY, KAPPA, gemm_rate, gemm_time, hbm_rate,  # noqa: F401 (re-exported)
+from .gemm import (KAPPA, gemm_rate, gemm_time, hbm_rate,  # noqa: F401 (re-exported)
                    logits_gemm_s, mtp_projection_s)
 from .layer_cost import (OP_SAC_TP_SHARE, LayerCost, layer_cost, recompute_breakdown_s, selective_recompute_s,
                          uses_op_sac)
