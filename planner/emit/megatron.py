@@ -156,8 +156,27 @@ def router_args(model: ModelSpec) -> list[str]:
     return a
 
 
+def unexpressed_features(model: ModelSpec) -> str | None:
+    """The first parameter-bearing or attention-shaping feature of ``model`` that the Megatron-LM, Megatron-DeepSpeed
+    and torchtitan launches here do not express (None when there is none): attention sinks, biased experts or
+    router (gpt-oss), sliding-window or chunked attention layers (gpt-oss, Llama 4). Emitting without them would
+    train a different model, so the emitters refuse with the feature named."""
+    if model.attention_sinks:
+        return "attention_sinks (one learned logit per head, gpt-oss)"
+    if model.moe is not None and (model.moe.expert_bias or model.moe.router_linear_bias):
+        return "moe expert_bias / router_linear_bias (biased experts and router, gpt-oss)"
+    kinds = sorted(set(model.layer_types or ()) - {"full_attention"})
+    if kinds:
+        window = f" (window {model.sliding_window} tokens)" if "sliding_attention" in kinds else ""
+        return f"layer_types {', '.join(kinds)}{window}"
+    return None
+
+
 def model_args(model: ModelSpec, job: TrainingJob) -> list[str]:
     """Architecture arguments (dims, attention, MLP, norm, positions, MoE, MLA)."""
+    feature = unexpressed_features(model)
+    if feature is not None:
+        raise EmitError(f"{feature}: not expressed by this launch, so it would train a different model")
     a: list[str] = []
     add = a.extend
     ffn = model.ffn_hidden_size
@@ -275,7 +294,7 @@ def parallel_args(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> li
         if par.recompute_num_layers is None:
             add(["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"])
         else:
-            add(["--recompute-granularity", "full", "--recompute-method", "block",
+            add(["--recompute-granularity", "full", "--recompute-method", getattr(par, "recompute_method", "block"),
                  "--recompute-num-layers", str(par.recompute_num_layers)])
     sharded_dp = par.dp * par.cp > 1
     if par.zero_stage >= 1:
@@ -294,8 +313,16 @@ def parallel_args(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> li
     if getattr(par, "grad_reduce_in_bf16", False):
         a.append("--grad-reduce-in-bf16")
     m1, m2 = getattr(par, "exp_avg_dtype", "fp32"), getattr(par, "exp_avg_sq_dtype", "fp32")
-    if (m1, m2) != ("fp32", "fp32"):
+    master = getattr(par, "main_params_dtype", "fp32")
+    if master == "bf16" and par.zero_stage < 2:
+        raise EmitError("main_params_dtype bf16: Megatron keeps bf16 master weights only under Megatron-FSDP "
+                        "(--megatron-fsdp-main-params-dtype, zero_stage 2 or 3); --main-params-dtype allows fp32 or fp16")
+    if (m1, m2, master) != ("fp32", "fp32", "fp32"):
         add(["--use-precision-aware-optimizer", "--exp-avg-dtype", m1, "--exp-avg-sq-dtype", m2])
+        if master == "fp16":
+            add(["--main-params-dtype", "fp16"])
+        elif master == "bf16":
+            add(["--megatron-fsdp-main-params-dtype", "bf16"])
     offload = getattr(par, "optimizer_cpu_offload_fraction", 0.0)
     if offload > 0:
         add(["--optimizer-cpu-offload", "--optimizer-offload-fraction", f"{offload:g}"])

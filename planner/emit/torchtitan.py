@@ -29,7 +29,7 @@ from __future__ import annotations
 from cost_models.config import ParallelConfig, TrainingJob
 from model_zoo.spec import ModelSpec
 
-from .megatron import EmitError
+from .megatron import EmitError, unexpressed_features
 
 #: plan3d model name -> (torchtitan model name, flavor) for models with a torchtitan definition (torchtitan
 #: ``models/llama3/__init__.py`` llama3_configs "8B"/"70B"/"405B"; ``models/deepseek_v3`` "671B").
@@ -64,6 +64,9 @@ def _stage_layers(model: ModelSpec, par: ParallelConfig) -> tuple[int, int, int]
 
 def torchtitan_settings(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> dict[str, dict]:
     """Section -> {key: value} of the 0.2.x JobConfig (insertion order is the output order)."""
+    feature = unexpressed_features(model)
+    if feature is not None:
+        raise EmitError(f"{feature}: no torchtitan 0.2 flavor of plan3d's carries it")
     if par.vpp > 1 and par.pipeline_schedule == "1f1b":
         raise EmitError("vpp > 1 needs a multi-stage schedule")
     if par.ep > 1 and par.expert_tp not in (1, par.tp):
@@ -87,6 +90,9 @@ def torchtitan_settings(model: ModelSpec, job: TrainingJob, par: ParallelConfig)
                 "pipeline_parallel_degree": par.pp}
     if getattr(par, "pipeline_layout", None) is not None:
         raise EmitError("pipeline_layout: torchtitan has no Megatron layout string (it splits by layers per stage)")
+    if par.recompute == "full" and par.recompute_num_layers is not None:
+        raise EmitError(f"recompute_num_layers {par.recompute_num_layers}: torchtitan's full activation checkpointing "
+                        "wraps every transformer block (activation_checkpoint.mode full), no subset or group of N")
     emb = int(getattr(par, "account_for_embedding_in_pipeline_split", False))
     loss = int(getattr(par, "account_for_loss_in_pipeline_split", False))
     if par.pp > 1 and (emb or loss):
