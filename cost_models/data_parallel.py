@@ -26,6 +26,7 @@ from model_zoo.spec import ModelSpec
 
 from .comm import collective_time
 from .config import BYTES_16BIT, BYTES_FP32, ParallelConfig, TrainingJob
+from .gemm import hbm_rate
 from .layout import GroupPlacement
 from .memory import StageParams
 
@@ -48,6 +49,15 @@ OVERLAP_COMPUTE_SLOWDOWN = 0.189
 #: megatron_fsdp.py``): "For grads shard mode there will actually always be gradient sync happening"
 #: (``optim_grads`` and ``optim_grads_params``).
 FSDP_REDUCE_EVERY_MICROBATCH = frozenset({"megatron", "nemo", "deepspeed", "torchtitan"})
+
+#: Frameworks whose ZeRO-3 is PyTorch FSDP2 (``fully_shard``), which copies every all-gathered layer out of the flat
+#: all-gather buffer into per-parameter tensors on the compute stream: ``foreach_all_gather_copy_out`` waits for the
+#: all-gather event on the current stream, then ``split_with_sizes_copy`` reads and writes the unsharded parameters
+#: (``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``). Megatron-FSDP and DeepSpeed ZeRO-3 gather into the
+#: parameters' own storage (no copy). The gradient reduce-scatter's copy-in runs on the reduce-scatter stream.
+FSDP2_FRAMEWORKS = frozenset({"torchtitan"})
+#: HBM bytes of that copy per gathered parameter byte: read once, written once.
+FSDP2_COPY_OUT_PASSES = 2.0
 
 
 def fsdp_exposed_s(gather_s: float, reduce_s: float, compute_s: float, units: int) -> float:
@@ -84,6 +94,8 @@ class DataParallelSync:
     reduce_s: float = 0.0
     gather_s: float = 0.0
     replica_all_reduce_s: float = 0.0
+    #: seconds of one FSDP2 copy-out of the stage's gathered parameters on the compute stream (``FSDP2_FRAMEWORKS``)
+    copy_out_s: float = 0.0
 
 
 def dp_sync_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, stage: StageParams,
@@ -142,7 +154,10 @@ def dp_sync_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: Par
         emb_g = GroupPlacement(2, 2 if par.world_size // par.pp * (par.pp - 1) < dom else 1)
         vocab = model.padded_vocab_size(par.tp)
         rs_t += collective_time("all_reduce", BYTES_FP32 * vocab * model.hidden_size / par.tp, emb_g, cluster)
-    return DataParallelSync(rs_t, ag_t, rep_ar_t)
+    copy_out = 0.0
+    if fw_base in FSDP2_FRAMEWORKS and par.zero_stage >= 3 and shard > 1:
+        copy_out = FSDP2_COPY_OUT_PASSES * param_b * stage.dense / hbm_rate(cluster)
+    return DataParallelSync(rs_t, ag_t, rep_ar_t, copy_out)
 
 
 def dp_exposed_s(sync: DataParallelSync, par: ParallelConfig, fw_base: str, overlap_dp: bool, m: int,
@@ -169,7 +184,8 @@ def dp_exposed_s(sync: DataParallelSync, par: ParallelConfig, fw_base: str, over
         fwd_mb = fsdp_exposed_s(ag_t, 0.0, first_fwd_s, units)
         bwd_mb = fsdp_exposed_s(ag_t, rs_mb, last_bwd_s, units)
         bwd_last = fsdp_exposed_s(ag_t, rs_t + rep_ar_t, last_bwd_s, units)
-        return m * fwd_mb + (m - 1) * bwd_mb + bwd_last
+        # FSDP2 copies each gathered layer out of the all-gather buffer on the compute stream, twice per micro-batch
+        return m * fwd_mb + (m - 1) * bwd_mb + bwd_last + 2 * m * sync.copy_out_s
     if fw_base == "deepspeed" and par.zero_stage == 2 and shard > 1 and par.pp == 1:
         # DeepSpeed ZeRO-2 reduce-scatters the gradients in every micro-batch's backward (each rank keeps only its
         # partition: DeepSpeed issue 2252, stage_1_and_2.py ``reduce_ready_partitions_and_remove_grads``), in

@@ -193,7 +193,7 @@ def test_duplicate_row_ids_are_refused(run_cli, tmp_path):
 #: async-TP exposure, the power-clock exponent) start at the middle of their ranges when torchtitan is held out.
 #: 9.7 -> 9.9 with torchtitan's per-op selective checkpointing charged (in-sample 6.28 -> 6.10): held out, torchtitan
 #: takes the middle of its own constants' ranges, which the recomputed elementwise work makes costlier.
-ACHIEVED_LOGO_MAPE = 7.7
+ACHIEVED_LOGO_MAPE = 7.9
 ACHIEVED_LOGO_GROUP_MAPE = {"nemo_bridge_perf_summary": 12.1}
 
 
