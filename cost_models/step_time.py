@@ -50,16 +50,17 @@ constant (module)                            value     range       mainly constr
 ===========================================  ========  ==========  ==============================================
 
 ``OVERLAP_COMPUTE_SLOWDOWN`` (0.189) is not fitted: Lee et al. 2025 (arXiv 2507.03114) average measured slowdown of
-compute under overlapped NCCL collectives. Measured, not fitted: NCCL over Jean Zay's Omni-Path reaches 0.40 of a
+compute under overlapped NCCL collectives (FSDP / ZeRO layer-wise traffic and the overlapped gradient reduction and
+parameter gather alike). Counted: FSDP2's copy-out of each gathered layer (``FSDP2_COPY_OUT_PASSES``). Measured, not fitted: NCCL over Jean Zay's Omni-Path reaches 0.40 of a
 100 Gb/s port (cluster YAML jean-zay-a100, BigScience's all-reduce benchmark on that partition). Counted: the share
 of the board power that does not follow the clock under a power cap (``gemm.UNCORE_POWER_FRACTION``). Read from the
 rows' recipes (each row's ``setup`` block, ``planner/row_options.py``): DeepSeek-V3 node-limited routing in the EP
 all-to-all (``ep_domain_copies``), Megatron pipeline layouts and the Megatron-Bridge DeepSeek-V3 presets (EP
 overlap, full-iteration CUDA graph).
 
-Result on the dev rows (``plan3d validate --cross-validate``, 91 evaluated rows): MAPE 6.28% in-sample, 9.68%
-leave-one-source-group-out; Korthikanti et al. 2022 Table 5 (held out, ``tests/test_korthikanti_table5.py``):
-2.74% mean, 5.92% max.
+Result on the dev rows (``plan3d validate --cross-validate``, 91 evaluated rows): MAPE 5.54% in-sample, 7.82%
+leave-one-source-group-out (Megatron-Bridge 12.0%, the only group of >= 3 rows above 10%); Korthikanti et al. 2022
+Table 5 (held out, ``tests/test_korthikanti_table5.py``): 2.74% mean, 5.92% max.
 """
 from __future__ import annotations
 
