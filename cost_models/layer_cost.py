@@ -26,7 +26,7 @@ class LayerCost:
     gemm: float = 0.0
     gemm_mlp: float = 0.0  # the MLP / MoE block's GEMMs (router, experts, shared experts) within ``gemm``
     gemm_up: float = 0.0  # MLA up-projections (q_b, kv_b) within ``gemm``
-    gemm_sac: float = 0.0  # GEMMs torchtitan's per-op selective checkpointing re-runs, within ``gemm`` (torchtitan only)
+    gemm_sac: float = 0.0  # GEMMs torchtitan's per-op selective checkpointing re-runs (within ``gemm``)
     mem_mlp: float = 0.0  # the MLP activation's memory-bound share within ``mem``
     attn_f: float = 0.0
     attn_b: float = 0.0

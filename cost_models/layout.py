@@ -277,18 +277,19 @@ def group_placement(dim: str, par: ParallelConfig, domain_size: int) -> GroupPla
     return GroupPlacement(size, per_domain)
 
 
-def rank_chunks(num_layers: int, par: ParallelConfig) -> tuple[list, list[list[list[int]]]]:
-    """Where each decoder layer runs: (per pipeline rank, its layers; per rank, its model chunks' layers).
+def rank_chunks(num_layers: int, par: ParallelConfig, v: int) -> tuple[list, list[list[list[int]]]]:
+    """Where each decoder layer runs: (per pipeline rank, its layers; per rank, its ``v`` model chunks' layers;
+    chunk ``c`` of rank ``r`` is virtual stage ``virtual_stage(par, r, c)``).
 
     ``par.pipeline_layout`` (Megatron ``--pipeline-model-parallel-layout``): model chunk k runs on rank k % pp as
     virtual stage k // pp, layers numbered along the chunks (so the dense prefix of a MoE model sits on the first
     chunks); without interleaving a rank runs its chunks back to back as one. Otherwise each stage's range
-    (``stage_layer_ranges``) split evenly over its ``vpp`` chunks under the interleaved schedule.
+    (``stage_layer_ranges``) split evenly over its ``v`` chunks (``pipeline.chunks_per_rank``: ``vpp`` under the
+    interleaved orders, 2 under a V schedule, else 1).
 
     Raises:
-        LayoutError: the layout's chunks do not hold ``num_layers`` layers over ``pp`` ranks and ``vpp`` chunks.
+        LayoutError: the layout's chunks do not hold ``num_layers`` layers over ``pp`` ranks and ``v`` chunks.
     """
-    v = par.vpp if par.pipeline_schedule == "interleaved" else 1
     if par.pipeline_layout is not None:
         counts = [c.count("t") for c in parse_pipeline_layout(par.pipeline_layout)]
         if len(counts) % par.pp or sum(counts) != num_layers:
@@ -308,3 +309,46 @@ def rank_chunks(num_layers: int, par: ParallelConfig) -> tuple[list, list[list[l
         lay = list(rg)
         chunks.append([lay[c * len(lay) // v:(c + 1) * len(lay) // v] for c in range(v)])
     return ranges, chunks
+
+
+# --- which model pieces each pipeline rank holds, by schedule ---------------------------------------------------
+#: Schedules whose ranks hold two model chunks in a V: rank r runs virtual stages r and 2p-1-r, so rank 0 holds
+#: both the embedding and the output layer (torch ``generate_stage_to_rank_mapping`` style "v": ZB-V, DualPipeV).
+V_SHAPE_SCHEDULES = ("zb-v", "dualpipev")
+
+
+def virtual_stage(par: ParallelConfig, rank: int, chunk: int) -> int:
+    """Pipeline-order index of model chunk ``chunk`` of ``rank``: ``chunk*pp + rank`` (Megatron's interleaving), or
+    ``rank`` / ``2pp-1-rank`` for the two chunks of a V schedule."""
+    if par.pipeline_schedule in V_SHAPE_SCHEDULES:
+        return rank if chunk == 0 else 2 * par.pp - 1 - rank
+    return chunk * par.pp + rank
+
+
+def rank_stages(par: ParallelConfig, rank: int) -> list[int]:
+    """Model stages (indices into ``stage_layer_ranges``) whose layers ``rank`` holds: its own, and under DualPipe
+    also the mirror stage ``pp-1-rank`` of the reverse-direction pipeline (two parameter copies; DeepSeek-V3 report,
+    arXiv 2412.19437, Table 2 "Parameter 2x")."""
+    if par.pipeline_schedule == "dualpipe" and par.pp > 1:
+        return [rank, par.pp - 1 - rank]
+    return [rank]
+
+
+def holds_embedding(par: ParallelConfig, rank: int) -> bool:
+    """Whether ``rank`` holds the word embedding (the first model stage)."""
+    return 0 in rank_stages(par, rank)
+
+
+def holds_output(par: ParallelConfig, rank: int) -> bool:
+    """Whether ``rank`` holds the output layer, the loss and the MTP layers: the last model stage, which a V
+    schedule places on rank 0."""
+    if par.pipeline_schedule in V_SHAPE_SCHEDULES:
+        return rank == 0
+    return par.pp - 1 in rank_stages(par, rank)
+
+
+def rank_layers(num_layers: int, par: ParallelConfig) -> list[list[int]]:
+    """Decoder layer indices each pipeline rank holds (``stage_layer_ranges``, both stages under DualPipe). A V
+    schedule's rank holds as many layers as its contiguous range (two chunks of ``L / 2p``)."""
+    ranges = stage_layer_ranges(num_layers, par)
+    return [[i for s in rank_stages(par, r) for i in ranges[s]] for r in range(par.pp)]

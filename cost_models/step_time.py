@@ -51,12 +51,12 @@ constant (module)                            value     range       mainly constr
 
 ``OVERLAP_COMPUTE_SLOWDOWN`` (0.189) is not fitted: Lee et al. 2025 (arXiv 2507.03114) average measured slowdown of
 compute under overlapped NCCL collectives (FSDP / ZeRO layer-wise traffic and the overlapped gradient reduction and
-parameter gather alike). Counted: FSDP2's copy-out of each gathered layer (``FSDP2_COPY_OUT_PASSES``). Measured, not fitted: NCCL over Jean Zay's Omni-Path reaches 0.40 of a
-100 Gb/s port (cluster YAML jean-zay-a100, BigScience's all-reduce benchmark on that partition). Counted: the share
-of the board power that does not follow the clock under a power cap (``gemm.UNCORE_POWER_FRACTION``). Read from the
-rows' recipes (each row's ``setup`` block, ``planner/row_options.py``): DeepSeek-V3 node-limited routing in the EP
-all-to-all (``ep_domain_copies``), Megatron pipeline layouts and the Megatron-Bridge DeepSeek-V3 presets (EP
-overlap, full-iteration CUDA graph).
+parameter gather alike). Measured, not fitted: NCCL over Jean Zay's Omni-Path reaches 0.40 of a 100 Gb/s port
+(cluster YAML jean-zay-a100, BigScience's all-reduce benchmark on that partition). Counted: FSDP2's copy-out of each
+gathered layer (``FSDP2_COPY_OUT_PASSES``), the share of the board power that does not follow the clock under a
+power cap (``gemm.UNCORE_POWER_FRACTION``). Read from the rows' recipes (each row's ``setup`` block,
+``planner/row_options.py``): DeepSeek-V3 node-limited routing in the EP all-to-all (``ep_domain_copies``), Megatron
+pipeline layouts and the Megatron-Bridge DeepSeek-V3 presets (EP overlap, full-iteration CUDA graph).
 
 Result on the dev rows (``plan3d validate --cross-validate``, 91 evaluated rows): MAPE 5.54% in-sample, 7.82%
 leave-one-source-group-out (Megatron-Bridge 12.0%, the only group of >= 3 rows above 10%); Korthikanti et al. 2022
@@ -82,11 +82,12 @@ from .gemm import (KAPPA, gemm_rate, gemm_time, hbm_rate,  # noqa: F401 (re-expo
                    logits_gemm_s, mtp_projection_s)
 from .layer_cost import (OP_SAC_TP_SHARE, LayerCost, layer_cost, recompute_breakdown_s, selective_recompute_s,
                          uses_op_sac)
-from .layout import GroupPlacement, LayoutError, group_placement, rank_chunks  # noqa: F401 (LayoutError re-exported)
+from .layout import (GroupPlacement, LayoutError, group_placement, rank_chunks, rank_stages,  # noqa: F401
+                     virtual_stage)
 from .memory import stage_params
 from .moe_overhead import MOE_TOKEN_COPY_S, moe_host_exposed_s, moe_routing_s  # noqa: F401 (re-exported)
 from .optimizer_step import ADAM_HBM_BYTES_PER_PARAM, optimizer_step_s  # noqa: F401 (re-exported)
-from .pipeline import simulate
+from .pipeline import PAIRING_SCHEDULES, chunks_per_rank, simulate
 
 # Names other modules use (planner/solver.py reads the per-layer costs for its lower bounds).
 _LayerCost = LayerCost
@@ -119,9 +120,16 @@ class StepEstimate:
     #: summary, Megatron-LM Llama recipes, torchtitan)
     mfu_peak_dtype: str = "bf16"
     flops_convention: str = "megatron"
-    #: per-rank forward / backward seconds of one micro-batch (virtual stages, length pp*vpp)
+    #: per-rank forward / backward seconds of one micro-batch (virtual stages in pipeline order, length
+    #: pp * pipeline.chunks_per_rank)
     stage_forward_s: list[float] = field(default_factory=list)
     stage_backward_s: list[float] = field(default_factory=list)
+    #: the weight-gradient part of each backward (zero-bubble and DualPipe schedules split it out), and the
+    #: communication of each forward / backward that an overlapped partner op hides (DualPipe, DualPipeV, combined
+    #: 1F1B), seconds per virtual stage
+    stage_wgrad_s: list[float] = field(default_factory=list)
+    stage_hide_forward_s: list[float] = field(default_factory=list)
+    stage_hide_backward_s: list[float] = field(default_factory=list)
     p2p_s: float = 0.0
     pp: int = 1
     schedule: str = "1f1b"
@@ -145,64 +153,89 @@ def _default_framework_options(framework: str, cluster: ClusterSpec, par: Parall
 
 @dataclass
 class _Stages:
-    """Per virtual stage (index ``chunk * pp + rank``) forward / backward seconds of one micro-batch, and per rank
-    the exposed TP / CP / EP seconds of one micro-batch's forward + backward (+ recompute)."""
+    """Per virtual stage (pipeline order, ``layout.virtual_stage``) forward / backward seconds of one micro-batch,
+    the weight-gradient part of each backward and the EP communication a paired partner op hides, and per rank the
+    exposed TP / CP / EP seconds of one micro-batch's forward + backward (+ recompute)."""
 
     fwd: list[float]
     bwd: list[float]
+    wgt: list[float]
+    hide_f: list[float]
+    hide_b: list[float]
     exposed: dict[str, list[float]]
 
 
 def _stage_times(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, framework: str,
-                 chunks: list[list[list[int]]], lc, tp_exp: float, ep_exp: float, fp8_recipe: str,
+                 chunks: list[list[list[int]]], lc, tp_exp: float, ep_exp: float, ep_hide: float, fp8_recipe: str,
                  full_cuda_graph: bool) -> _Stages:
     """Sum the layer costs over each model chunk: forward, backward (+ recompute), the output layer and MTP
-    modules on the last chunk, the embedding on the first."""
+    modules on the last virtual stage, the embedding on the first. ``ep_hide``: share of each layer's EP all-to-all
+    a paired forward/backward hides behind the partner's compute (DualPipe, DualPipeV, combined 1F1B)."""
     v = len(chunks[0])
-    out = _Stages([0.0] * (par.pp * v), [0.0] * (par.pp * v), {"tp": [0.0] * par.pp, "cp": [0.0] * par.pp,
-                                                             "ep": [0.0] * par.pp})
+    n = par.pp * v
+    out = _Stages([0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n,
+                  {"tp": [0.0] * par.pp, "cp": [0.0] * par.pp, "ep": [0.0] * par.pp})
     rc_layers = set(recomputed_layers(model, par))  # decoder layers that full recompute re-runs
     sac = uses_op_sac(framework)
     for r in range(par.pp):
         for c, chunk in enumerate(chunks[r]):
+            k = virtual_stage(par, r, c)
             f = bw = 0.0
             for i in chunk:
                 x = lc(i)
-                # MoE: routing bookkeeping and the host time of the per-expert work the GPU cannot hide
-                routing = moe_routing_s(model, job, par, i)
-                host_f, host_b = moe_host_exposed_s(model, cluster, job, par, i, framework, fp8_recipe,
-                                                    full_cuda_graph)
-                fwd_i = x.compute_forward_s() + routing / 3 + host_f + x.comm_forward_s(tp_exp, ep_exp)
-                bwd_i = x.compute_backward_s() + 2 * routing / 3 + host_b + x.comm_backward_s(tp_exp, ep_exp)
                 full_i = i in rc_layers
-                # TP share that recompute re-runs: the whole forward's under full recompute, the all-gathers under
-                # torchtitan's per-op selective checkpointing
+                fwd_i, bwd_i = layer_pass_s(model, cluster, job, par, i, x, framework, tp_exp, ep_exp, fp8_recipe,
+                                            full_cuda_graph, full_i)
+                # TP share that recompute re-runs (``layer_pass_s``)
                 rc_tp = 1.0 if full_i else (OP_SAC_TP_SHARE if par.recompute == "selective" and sac else 0.0)
-                rc = fwd_i if full_i else (selective_recompute_s(x, par, framework) + rc_tp * x.tp * tp_exp
-                                           if par.recompute == "selective" else 0.0)
                 f += fwd_i
-                bw += bwd_i + rc
+                bw += bwd_i
+                out.wgt[k] += x.gemm  # the weight-gradient GEMMs: one of the backward's two per forward GEMM
+                out.hide_f[k] += ep_hide * x.ep
+                out.hide_b[k] += ep_hide * x.ep
                 out.exposed["tp"][r] += (2 + rc_tp) * x.tp * tp_exp
                 out.exposed["cp"][r] += 3 * x.cp
                 out.exposed["ep"][r] += ep_exp * (2 * x.ep + (x.ep if full_i else 0))
-            if r == par.pp - 1 and c == v - 1:
-                lf, lb = _output_layer_s(model, cluster, job, par, framework, lc, tp_exp, ep_exp)
+            if k == n - 1:
+                lf, lb, lw = output_layer_s(model, cluster, job, par, framework, lc, tp_exp, ep_exp)
                 f += lf
                 bw += lb
-            if r == 0 and c == 0:
+                out.wgt[k] += lw
+            if k == 0:
                 emb = embedding_s(model, cluster, job, par)
                 f += emb
                 bw += 2 * emb
-            out.fwd[c * par.pp + r] = f
-            out.bwd[c * par.pp + r] = bw
+            out.fwd[k] = f
+            out.bwd[k] = bw
     return out
 
 
-def _output_layer_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, framework: str,
-                    lc, tp_exp: float, ep_exp: float) -> tuple[float, float]:
-    """(forward, backward) seconds of the output layer (logits GEMM + fused cross-entropy over ``V/tp`` fp32
-    logits) and of each multi-token-prediction module (DeepSeek-V3 Sec. 2.2: projection 2h -> h, one more decoder
-    layer, its own logits), which run on the last stage (Megatron-LM ``mtp_num_layers``)."""
+def layer_pass_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, layer: int,
+                 x: LayerCost, framework: str, tp_exp: float, ep_exp: float, fp8_recipe: str, full_cuda_graph: bool,
+                 full_recompute: bool) -> tuple[float, float]:
+    """(forward, backward + recompute) seconds of decoder layer ``layer`` (costs ``x``, ``layer_cost.layer_cost``)
+    for one micro-batch on one GPU: compute, the exposed TP / CP / EP communication (``tp_exp`` / ``ep_exp``: the
+    shares not overlapped), MoE routing bookkeeping and the host time of the per-expert work the GPU cannot hide,
+    and what recompute re-runs before the backward: the whole forward under full recompute of the layer, else
+    selective recompute's modules (with the TP all-gathers of torchtitan's per-op policy)."""
+    routing = moe_routing_s(model, job, par, layer)
+    host_f, host_b = moe_host_exposed_s(model, cluster, job, par, layer, framework, fp8_recipe, full_cuda_graph)
+    fwd = x.compute_forward_s() + routing / 3 + host_f + x.comm_forward_s(tp_exp, ep_exp)
+    bwd = x.compute_backward_s() + 2 * routing / 3 + host_b + x.comm_backward_s(tp_exp, ep_exp)
+    if full_recompute:
+        return fwd, bwd + fwd
+    if par.recompute != "selective":
+        return fwd, bwd
+    rc_tp = OP_SAC_TP_SHARE if uses_op_sac(framework) else 0.0
+    return fwd, bwd + selective_recompute_s(x, par, framework) + rc_tp * x.tp * tp_exp
+
+
+def output_layer_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, framework: str,
+                   lc, tp_exp: float, ep_exp: float) -> tuple[float, float, float]:
+    """(forward, backward, the backward's logits weight-gradient GEMMs) seconds of the output layer (logits GEMM +
+    fused cross-entropy over ``V/tp`` fp32 logits) and of each multi-token-prediction module (DeepSeek-V3 Sec. 2.2:
+    projection 2h -> h, one more decoder layer, its own logits), which run on the last stage (Megatron-LM
+    ``mtp_num_layers``)."""
     lg = logits_gemm_s(model, cluster, job, par, framework)
     ce = cross_entropy_s(model, cluster, job, par)
     n_heads = 1 + model.num_mtp_layers
@@ -213,7 +246,7 @@ def _output_layer_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
         proj = mtp_projection_s(model, cluster, job, par, framework)
         f += x.gemm + x.attn_f + x.mem + proj + x.tp * tp_exp + x.ep * ep_exp
         bw += 2 * (x.gemm + x.mem + proj) + x.attn_b + x.tp * tp_exp + x.ep * ep_exp
-    return f, bw
+    return f, bw, n_heads * lg
 
 
 def _compute_breakdown_s(model: ModelSpec, par: ParallelConfig, layers, lc, m: int,
@@ -235,7 +268,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
                   convention: FlopsConvention = "megatron", framework: str | None = None,
                   tp_comm_overlap: bool | None = None, overlap_dp: bool | None = None,
                   ep_overlap: bool = False, full_cuda_graph: bool = False,
-                  fp8_recipe: str | None = None) -> StepEstimate:
+                  fp8_recipe: str | None = None, stages: frozenset[int] | None = None) -> StepEstimate:
     """Step time of ``par`` on ``cluster`` (see module docstring). Raises ``LayoutError`` on an impossible split.
 
     ``framework`` selects the kernel set (``elementwise.layer_passes``: megatron, nemo, deepspeed, torchtitan,
@@ -244,12 +277,16 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     off / on without pipeline parallelism, off with it: its ``PipelineEngine`` reduces gradients after the whole
     schedule, ``runtime/pipe/schedule.py`` ``ReduceGrads``). ``ep_overlap``: EP all-to-all overlapped with another
     micro-batch's compute. ``full_cuda_graph``: the whole step is captured in CUDA graphs (Megatron
-    ``--cuda-graph-scope full``), removing the host time of the per-expert work (``moe_overhead.moe_host_exposed_s``). ``fp8_recipe``:
+    ``--cuda-graph-scope full``), removing the host time of the per-expert work
+    (``moe_overhead.moe_host_exposed_s``). ``fp8_recipe``:
     scaling of FP8 expert GEMMs, ``mx`` (MXFP8 / blockwise) or ``cs`` (per-tensor current or delayed scaling),
     selecting ``QUANTIZE_OPS_PER_EXPERT``; None = ``mx`` on GPUs with block-scaled FP4/FP8 tensor cores (Blackwell: an
     ``fp4`` peak in the cluster spec), else ``cs`` (Transformer Engine's default per-tensor recipe on Hopper).
     ``par.pipeline_layout`` (Megatron ``--pipeline-model-parallel-layout``) places the layers per model chunk instead
     of the even / first-last split; the embedding sits on the first chunk, the output layer and MTP on the last.
+    ``stages``: the pipeline ranks whose per-rank terms are reported (busiest rank, exposed TP/CP/EP, data-parallel
+    reduction of the largest stage, optimizer step); None = all. A pipeline whose stages sit on pools of different
+    GPUs and networks (``cost_models.pools``) times each pool's ranks on that pool's cluster.
     """
     framework = framework or getattr(job, "framework", None) or "megatron"
     fw_base = framework.split("_")[0]
@@ -266,31 +303,44 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
         return cache[key]
 
     tp_exp, ep_exp = tp_exposed_share(fw_base, tp_comm_overlap), ep_exposed_share(ep_overlap)
-    ranges, chunks = rank_chunks(model.num_layers, par)
-    v = len(chunks[0])
-    stages = _stage_times(model, cluster, job, par, framework, chunks, lc, tp_exp, ep_exp, fp8_recipe,
-                          full_cuda_graph)
-    fwd_v, bwd_v = stages.fwd, stages.bwd
-    busiest = max(range(par.pp), key=lambda r: sum(fwd_v[c * par.pp + r] + bwd_v[c * par.pp + r] for c in range(v)))
+    # schedules that pair a forward with another micro-batch's backward hide the EP all-to-all of each behind the
+    # other's compute, leaving EP_OVERLAP_EXPOSED of it (``pipeline_ops.fb_seconds``); not twice with ``ep_overlap``
+    ep_hide = 0.0 if ep_overlap or par.pipeline_schedule not in PAIRING_SCHEDULES else 1.0 - EP_OVERLAP_EXPOSED
+    v = chunks_per_rank(par.pipeline_schedule, par.vpp)
+    ranges, chunks = rank_chunks(model.num_layers, par, v)
+    st_times = _stage_times(model, cluster, job, par, framework, chunks, lc, tp_exp, ep_exp, ep_hide, fp8_recipe,
+                            full_cuda_graph)
+    fwd_v, bwd_v = st_times.fwd, st_times.bwd
+    own = (lambda r: True) if stages is None else stages.__contains__  # the ranks whose terms are reported
+
+    def rank_s(r: int, per_stage: list[float]) -> float:
+        return sum(per_stage[virtual_stage(par, r, c)] for c in range(v))
+
+    busiest = max((r for r in range(par.pp) if own(r)), key=lambda r: rank_s(r, fwd_v) + rank_s(r, bwd_v))
     kinds = _compute_breakdown_s(model, par, ranges[busiest], lc, m, framework)
 
     p2p = pipeline_p2p_s(model, cluster, job, par, groups)
-    sim = simulate(par.pipeline_schedule, par.pp, m, fwd_v, bwd_v, vpp=v, p2p_s=p2p)
+    sim = simulate(par.pipeline_schedule, par.pp, m, fwd_v, bwd_v, vpp=v, p2p_s=p2p, wgt_s=st_times.wgt,
+                   hide_f_s=st_times.hide_f, hide_b_s=st_times.hide_b)
     pipeline_s = sim.makespan
     busy = max(sim.busy)
     bubble = max(0.0, pipeline_s - busy)
 
     # data-parallel gradient reduction / parameter gather and the optimizer step on the most loaded stage
     vocab = model.padded_vocab_size(par.tp)
-    sp_max = max((stage_params(model, par, st, lay, vocab) for st, lay in enumerate(ranges)), key=lambda x: x.total)
+    # parameters each rank holds: its layers (by the layout's chunks when one is given), both stages under DualPipe
+    held = [[i for s in rank_stages(par, r) for i in ranges[s]] for r in range(par.pp)]
+    sp_max = max((stage_params(model, par, st, lay, vocab) for st, lay in enumerate(held) if own(st)),
+                 key=lambda x: x.total)
     sync = dp_sync_s(model, cluster, job, par, sp_max, groups, fw_base)
-    dp_exposed = dp_exposed_s(sync, par, fw_base, overlap_dp, m,
-                              first_fwd_s=sum(fwd_v[c * par.pp + busiest] for c in range(v)),
-                              last_bwd_s=sum(bwd_v[c * par.pp + busiest] for c in range(v)),
+    dp_exposed = dp_exposed_s(sync, par, fw_base, overlap_dp, m, first_fwd_s=rank_s(busiest, fwd_v),
+                              last_bwd_s=rank_s(busiest, bwd_v),
                               units=max(1, len(ranges[busiest])))  # FSDP units: decoder layers on the busiest rank
     optimizer = optimizer_step_s(cluster, par, sp_max)
 
-    exposed = {k: m * stages.exposed[k][busiest] for k in ("tp", "cp", "ep")}
+    exposed = {k: m * st_times.exposed[k][busiest] for k in ("tp", "cp", "ep")}
+    # the EP all-to-all a paired schedule hid behind the partner op's compute (``pipeline.simulate``)
+    exposed["ep"] = max(0.0, exposed["ep"] - (sim.hidden or [0.0] * par.pp)[busiest])
     # P2P sends on the warm-up / cool-down critical path (the steady state overlaps them with compute)
     exposed["pp"] = min(bubble, 2 * (par.pp - 1) * v * p2p) if par.pp > 1 else 0.0
     exposed["dp"] = dp_exposed
@@ -311,5 +361,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
         tflops_per_gpu=mf / step / n_gpus / 1e12, mfu=mf / (step * n_gpus * peak),
         hfu=hf / (step * n_gpus * peak), peak_flops_per_gpu=peak, mfu_peak_dtype=peak_dtype,
         flops_convention=convention,
-        stage_forward_s=fwd_v, stage_backward_s=bwd_v, p2p_s=p2p, pp=par.pp, schedule=par.pipeline_schedule,
+        stage_forward_s=fwd_v, stage_backward_s=bwd_v, stage_wgrad_s=st_times.wgt,
+        stage_hide_forward_s=st_times.hide_f, stage_hide_backward_s=st_times.hide_b, p2p_s=p2p, pp=par.pp,
+        schedule=par.pipeline_schedule,
         framework=framework, compute_breakdown_s=kinds)

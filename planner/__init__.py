@@ -25,6 +25,7 @@ _EXPORTS = {
     "MemoryReport": "api", "ExplainReport": "api", "compare": "api", "cost_sweep": "api",
     "ComparisonDocument": "comparison", "sweep": "sweep", "Grid": "sweep", "SweepRow": "sweep",
     "PlanDocument": "document", "PlanInputError": "errors", "NoFeasiblePlan": "errors",
+    "plan_pools": "pools", "PoolsDocument": "pools", "fallback": "fallback_plans", "FallbackDocument": "fallback_plans",
 }
 _FOREIGN = {"ModelSpecError": "model_zoo", "ClusterSpecError": "cluster_specs"}
 

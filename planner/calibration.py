@@ -5,8 +5,8 @@ The fitted constants are the entries of the ``FIT_RANGES`` tables of the cost-mo
 range it may take and why (``cost_models.fit_range.FitRange``). The fit never leaves those ranges.
 
 Fit: coordinate descent over each constant's bounded grid (``GRID_POINTS`` evenly spaced points of its range, plus
-its current value, then half a grid step either side of the best), ``ROUNDS`` sweeps, minimising the mean of the per-source-group MAPEs plus half the overall MAPE
-(so that a large group does not drown a small one). Each row's prediction is cached and recomputed only when a
+its current value, then half a grid step either side of the best), ``ROUNDS`` sweeps, minimising the mean of the
+per-source-group MAPEs plus half the overall MAPE (so that a large group does not drown a small one). Each row's prediction is cached and recomputed only when a
 constant it depends on changes (found once by perturbing each constant), which keeps a full cross-validation
 under a minute on one core.
 

@@ -77,6 +77,23 @@ def _rules(framework, emit):
     return Framework(emit.value) if emit is not None and emit.value in Framework.__members__ else Framework.megatron
 
 
+class ScheduleOpt(str, Enum):
+    """Pipeline schedules (``cost_models.config.Schedule``; which framework runs which: ``schedule_checks.FRAMEWORK_SCHEDULES``)."""
+    f1b = "1f1b"
+    interleaved = "interleaved"
+    gpipe = "gpipe"
+    zb_h1 = "zb-h1"
+    zb_v = "zb-v"
+    dualpipe = "dualpipe"
+    dualpipev = "dualpipev"
+    combined_1f1b = "combined-1f1b"
+
+
+ScheduleOptT = Annotated[Optional[ScheduleOpt], typer.Option(
+    "--pipeline-schedule", help="pipeline schedule (default 1f1b, interleaved when --vpp > 1); zb-v and dualpipev "
+                                "run two chunks per rank (--vpp 2)")]
+
+
 class FlopsConv(str, Enum):
     megatron = "megatron"
     palm = "palm"
@@ -361,6 +378,7 @@ def plan(
     pin_mbs: Annotated[Optional[int], typer.Option("--micro-batch-size", min=1, help="pin micro-batch size")] = None,
     pin_zero: Annotated[Optional[int], typer.Option("--zero-stage", min=0, max=3, help="pin ZeRO stage")] = None,
     pin_rc: Annotated[Optional[RecomputeOpt], typer.Option("--recompute", help="pin recompute")] = None,
+    pin_schedule: ScheduleOptT = None,
     flops_convention: FlopsOpt = None, at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT,
     train_tokens: TrainTokensOpt = None, gpu_hour_price: PriceOpt = None, async_checkpoint: AsyncCkptOpt = False,
     interruption_rate: RateOpt = None, restart_s: RestartOpt = None, pue: PueOpt = None,
@@ -370,10 +388,14 @@ def plan(
     plot: Annotated[Optional[Path], typer.Option(
         "--plot", help="draw cost against days over GPU counts (and clusters) to FILE.png|svg, the Pareto frontier "
                        "marked (needs --train-tokens)")] = None,
+    timeline: Annotated[Optional[Path], typer.Option(
+        "--timeline", help="pools (--cluster NAME:NODES,...): draw plan #--rank's schedule across the pools to "
+                           "FILE.svg|png")] = None,
 ) -> None:
     """Search the parallel layouts and print the best plans (default: llama3.1-8b on one dgx-h100 node).
 
     --cluster A,B,C plans the same job on each cluster and ranks them by time and by cost (needs --train-tokens).
+    --cluster NAME:NODES,NAME:NODES (or a YAML with pools:) plans one job over pools of different GPUs.
     """
     from .api import compare as api_compare
     from .api import cost_sweep
@@ -381,6 +403,30 @@ def plan(
     from .comparison import parse_cluster_option
     from .errors import PlanInputError
 
+    from cluster_specs.pools import is_pools_file
+    choice = parse_cluster_option(cluster)
+    if choice.kind == "pools" or (choice.kind == "single" and cluster is not None and is_pools_file(cluster)):
+        given = [f for f, v in (("--gpus", gpus), ("--nodes", nodes), ("--pp", pin_pp), ("--vpp", pin_vpp),
+                                ("--target-step-s", target_step_s), ("--within", within),
+                                ("--target-tokens-per-day", target_tokens_per_day), ("--train-tokens", train_tokens),
+                                ("--deadline-days", deadline_days), ("--plot", plot)) if v is not None]
+        if given or objective != ObjectiveOpt.throughput or solver != SolverOpt.cpsat:
+            raise PlanInputError(f"{', '.join(given) or '--objective/--solver'}: a plan over pools takes the pools' "
+                                 f"node counts from --cluster NAME:NODES,..., chooses pp and the layout itself and "
+                                 f"maximises throughput")
+        if framework is not None and framework != Framework.megatron or emit not in (None, Emit.megatron):
+            raise PlanInputError("--framework/--emit: a plan over pools is a Megatron-LM --pipeline-model-parallel-"
+                                 "layout; use megatron")
+        _plan_pools(model, cluster, dict(
+            global_batch_size=global_batch_size, seq_length=seq_length, precision=precision.value,
+            flash_attention=flash_attention, dropout=dropout, memory_headroom=memory_headroom,
+            at_risk_margin=at_risk_margin, flops_convention=_value(flops_convention), top_k=max(top_k, rank),
+            tp=pin_tp, cp=pin_cp, ep=pin_ep, micro_batch_size=pin_mbs, zero_stage=pin_zero,
+            recompute=_value(pin_rc)), fmt, output, emit, rank, timeline, launcher)
+        return
+    if timeline is not None:
+        raise PlanInputError("--timeline on plan draws a plan over pools; for one cluster use plan3d explain "
+                             "... --timeline FILE")
     if rank != 1 and emit is None:
         raise PlanInputError(f"--rank {rank} selects the plan --emit writes: give --emit "
                              f"{'|'.join(e.value for e in Emit)}")
@@ -388,7 +434,6 @@ def plan(
     if launcher != Launcher.scripts and emit is None:
         raise PlanInputError(f"--launcher {launcher.value} applies to --emit: give --emit "
                              f"{'|'.join(e.value for e in Emit)}")
-    choice = parse_cluster_option(cluster)
     if plot is not None:  # checked before the search: a wrong suffix or no token count fails at once
         from .cost_plot import check_plot_path
         check_plot_path(plot)
@@ -401,6 +446,7 @@ def plan(
                 solver=solver.value, objective=objective.value, within=within, target_step_s=target_step_s,
                 target_tokens_per_day=target_tokens_per_day, tp=pin_tp, pp=pin_pp, cp=pin_cp, ep=pin_ep,
                 vpp=pin_vpp, micro_batch_size=pin_mbs, zero_stage=pin_zero, recompute=_value(pin_rc),
+                pipeline_schedule=_value(pin_schedule),
                 train_tokens=train_tokens, gpu_hour_price=gpu_hour_price, async_checkpoint=async_checkpoint,
                 interruption_rate=interruption_rate, restart_s=restart_s, pue=pue, deadline_days=deadline_days,
                 at_risk_margin=at_risk_margin)
@@ -421,6 +467,33 @@ def plan(
             f"{i.job.global_batch_size} x seq {i.job.seq_length}, {i.job.precision}: top {len(doc.plans)} of "
             f"{'' if stats.exact else 'at most '}{stats.num_feasible} feasible ({stats.num_candidates} examined)",
             rank, framework.value, at_risk_margin, launcher)
+
+
+def _plan_pools(model, cluster, opts: dict, fmt: Fmt, output: Path | None, emit: Emit | None, rank: int,
+                timeline: Path | None, launcher: Launcher = Launcher.scripts) -> None:
+    """``plan --cluster NAME:NODES,...``: the plans over the pools (planner.pools.plan_pools), as a table (plans and
+    pool subsets), JSON or the Megatron launch of plan #rank; ``--timeline`` draws plan #rank's schedule."""
+    from .pools import plan_pools
+    doc = plan_pools(model, cluster, **opts)
+    if timeline is not None:
+        from .pool_report import draw_pools_timeline
+        draw_pools_timeline(doc, timeline, rank)
+    if emit is not None:
+        _emit(doc, emit, output, rank, "megatron", launcher)
+    elif fmt == Fmt.json:
+        _write(doc.model_dump_json(), output)
+    else:
+        import io
+
+        from rich.console import Console
+
+        from .pool_report import plans_table, subsets_table
+        buf = io.StringIO() if output is not None else None
+        con = Console(file=buf, width=200) if buf is not None else Console(width=max(200, Console().width))
+        con.print(plans_table(doc))
+        con.print(subsets_table(doc))
+        if buf is not None:
+            _write(buf.getvalue(), output)
 
 
 def _plot(points, path: Path, model_name: str, train_tokens: float) -> None:
@@ -510,13 +583,14 @@ def _layout(model, cluster, gpus, nodes, global_batch_size, seq_length, precisio
 
 
 def _knobs(pipeline_layout=None, recompute_modules=None, recompute_method="block", optimizer_cpu_offload=0.0,
-           param_cpu_offload=False, exp_avg_dtype="fp32", exp_avg_sq_dtype="fp32", main_params_dtype="fp32") -> dict:
+           param_cpu_offload=False, exp_avg_dtype="fp32", exp_avg_sq_dtype="fp32", main_params_dtype="fp32",
+           pipeline_schedule=None) -> dict:
     """The memory knobs of a one-layout command as API keyword arguments (``planner.api.parallel_config``)."""
     mods = tuple(m.strip() for m in recompute_modules.split(",") if m.strip()) if recompute_modules else None
     return dict(pipeline_layout=pipeline_layout, recompute_modules=mods, recompute_method=recompute_method,
                 optimizer_cpu_offload=optimizer_cpu_offload,
                 param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype, exp_avg_sq_dtype=exp_avg_sq_dtype,
-                main_params_dtype=main_params_dtype)
+                main_params_dtype=main_params_dtype, pipeline_schedule=_value(pipeline_schedule))
 
 
 @app.command()
@@ -528,6 +602,7 @@ def evaluate(
     micro_batch_size: MbsOpt = 1, zero_stage: ZeroOpt = 0, recompute: RecomputeLayoutOpt = RecomputeOpt.none,
     recompute_num_layers: RecomputeLayersOpt = None, sequence_parallel: SpOpt = False,
     first_stage_layers: FirstOpt = None, last_stage_layers: LastOpt = None,
+    pipeline_schedule: ScheduleOptT = None,
     memory_headroom: HeadroomOpt = HEADROOM_DEFAULT,
     framework: Annotated[Optional[Framework], typer.Option(
         "--framework", help="framework whose rules apply (default: the --emit target, else megatron)")] = None,
@@ -559,7 +634,7 @@ def evaluate(
         sequence_parallel, first_stage_layers, last_stage_layers, flops_convention, at_risk_margin, full_model_init,
         pipeline_layout=pipeline_layout, recompute_modules=recompute_modules, recompute_method=recompute_method,
         optimizer_cpu_offload=optimizer_cpu_offload, param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype,
-        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype),
+        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype, pipeline_schedule=pipeline_schedule),
         train_tokens=train_tokens, gpu_hour_price=gpu_hour_price, async_checkpoint=async_checkpoint,
         interruption_rate=interruption_rate, restart_s=restart_s, pue=pue)
     i = doc.input
@@ -577,6 +652,7 @@ def memory(
     micro_batch_size: MbsOpt = 1, zero_stage: ZeroOpt = 0, recompute: RecomputeLayoutOpt = RecomputeOpt.none,
     recompute_num_layers: RecomputeLayersOpt = None, sequence_parallel: SpOpt = False,
     first_stage_layers: FirstOpt = None, last_stage_layers: LastOpt = None,
+    pipeline_schedule: ScheduleOptT = None,
     memory_headroom: HeadroomOpt = HEADROOM_DEFAULT, framework: FrameworkOpt = Framework.megatron,
     fmt: FmtOpt = Fmt.table, output: OutOpt = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="draw the per-stage breakdown to FILE.png|svg")] = None,
@@ -603,7 +679,7 @@ def memory(
         memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute, recompute_num_layers,
         sequence_parallel, first_stage_layers, last_stage_layers, None, at_risk_margin, full_model_init, pipeline_layout=pipeline_layout, recompute_modules=recompute_modules, recompute_method=recompute_method,
         optimizer_cpu_offload=optimizer_cpu_offload, param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype,
-        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype))
+        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype, pipeline_schedule=pipeline_schedule))
     if plot is not None:
         plot_memory(rep.estimate, plot, rep.title, at_risk_margin)
     if fmt == Fmt.json:
@@ -633,6 +709,7 @@ def explain(
     micro_batch_size: MbsOpt = 1, zero_stage: ZeroOpt = 0, recompute: RecomputeLayoutOpt = RecomputeOpt.none,
     recompute_num_layers: RecomputeLayersOpt = None, sequence_parallel: SpOpt = False,
     first_stage_layers: FirstOpt = None, last_stage_layers: LastOpt = None,
+    pipeline_schedule: ScheduleOptT = None,
     memory_headroom: HeadroomOpt = HEADROOM_DEFAULT, framework: FrameworkOpt = Framework.megatron,
     fmt: FmtOpt = Fmt.table, output: OutOpt = None,
     timeline: Annotated[Optional[Path], typer.Option(
@@ -655,7 +732,7 @@ def explain(
         memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute, recompute_num_layers,
         sequence_parallel, first_stage_layers, last_stage_layers, None, at_risk_margin, full_model_init, pipeline_layout=pipeline_layout, recompute_modules=recompute_modules, recompute_method=recompute_method,
         optimizer_cpu_offload=optimizer_cpu_offload, param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype,
-        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype))
+        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype, pipeline_schedule=pipeline_schedule))
     ex, par, i = rep.explanation, rep.parallel, rep.inputs
     where = f"{i.model.name} on {i.num_gpus} x {i.cluster.gpu.name} ({i.cluster.name})"
     if timeline is not None:
@@ -759,6 +836,60 @@ def validate(
     if fails:
         sys.stderr.write("plan3d: validate: " + "; ".join(fails) + "\n")
         sys.exit(1)
+
+
+@app.command()
+def fallback(
+    max_lost_nodes: Annotated[int, typer.Option("--max-lost-nodes", min=1, help="plan for losing 1..K nodes")],
+    plan_file: Annotated[Optional[Path], typer.Option(
+        "--plan", help="plan document (plan3d plan --format json); without it the job options are planned first")] = None,
+    rank: Annotated[int, typer.Option("--rank", min=1, help="which plan of --plan is running (1 = best)")] = 1,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="as plan (default: --plan's model)")] = None,
+    cluster: Annotated[Optional[str], typer.Option("--cluster", "-c", help="as plan (default: --plan's)")] = None,
+    gpus: GpusOpt = None, nodes: NodesOpt = None,
+    global_batch_size: Annotated[Optional[int], typer.Option("--global-batch-size", min=1)] = None,
+    seq_length: Annotated[Optional[int], typer.Option("--seq-length", min=1)] = None,
+    precision: Annotated[Optional[Precision], typer.Option("--precision")] = None,
+    flash_attention: Annotated[Optional[bool], typer.Option("--flash-attention/--no-flash-attention")] = None,
+    dropout: Annotated[Optional[bool], typer.Option("--dropout/--no-dropout")] = None,
+    framework: Annotated[Optional[Framework], typer.Option(
+        "--framework", help="rules and resharding path (default megatron)")] = None,
+    memory_headroom: HeadroomOpt = HEADROOM_DEFAULT, at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT,
+    flops_convention: FlopsOpt = None, fmt: FmtOpt = Fmt.table, output: OutOpt = None,
+    plot: Annotated[Optional[Path], typer.Option(
+        "--plot", help="draw retained throughput against lost nodes to FILE.png|svg")] = None,
+) -> None:
+    """Fallback plans after losing 1..K nodes: the best plan keeping the checkpoint's layout and the best of any
+    layout (with its resharding path), the throughput each retains and the GPUs it leaves idle."""
+    from .fallback_plans import fallback as api_fallback
+    from .errors import PlanInputError
+    job = {k: v for k, v in dict(gpus=gpus, nodes=nodes, global_batch_size=global_batch_size, seq_length=seq_length,
+                                 precision=_value(precision), flash_attention=flash_attention, dropout=dropout,
+                                 framework=_value(framework)).items() if v is not None}
+    if plan_file is not None:
+        clash = sorted(set(job) & {"gpus", "nodes", "global_batch_size", "seq_length", "precision"})
+        if clash:
+            raise PlanInputError(f"{', '.join('--' + k.replace('_', '-') for k in clash)}: taken from --plan's "
+                                 f"document; leave them out or plan again")
+    doc = api_fallback(model, cluster, plan=plan_file, max_lost_nodes=max_lost_nodes, rank=rank,
+                       memory_headroom=memory_headroom, at_risk_margin=at_risk_margin,
+                       flops_convention=_value(flops_convention), **job)
+    if plot is not None:
+        from .fallback_report import plot_fallback
+        plot_fallback(doc, plot)
+    if fmt == Fmt.json:
+        _write(doc.model_dump_json(), output)
+        return
+    import io
+
+    from rich.console import Console
+
+    from .fallback_report import fallback_table
+    buf = io.StringIO() if output is not None else None
+    con = Console(file=buf, width=220) if buf is not None else Console(width=max(220, Console().width))
+    con.print(fallback_table(doc))
+    if buf is not None:
+        _write(buf.getvalue(), output)
 
 
 @app.command()

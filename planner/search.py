@@ -24,7 +24,7 @@ RECOMPUTE_ORDER = {"none": 0, "selective": 1, "full": 2}
 def config_key(p: ParallelConfig) -> tuple:
     """Stable tie-break key of a configuration (smaller = preferred at equal throughput)."""
     return (p.tp, p.pp, p.cp, p.ep, p.vpp, -p.micro_batch_size, p.zero_stage, RECOMPUTE_ORDER[p.recompute],
-            not p.sequence_parallel, p.dp)
+            not p.sequence_parallel, p.dp, p.schedule or "")
 
 
 def rank_key(e: Evaluation) -> tuple:

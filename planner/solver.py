@@ -8,7 +8,8 @@ How it works (DESIGN.md "The solver proposes, the scalar model disposes"):
 2. **Factorized tables of lower bounds**, built per structure from the cost models' own functions, evaluated once
    per layer *type* (dense / MoE) and once per distinct pipeline stage (stages with the same layer mix share their
    terms; the lowest index holds the most in-flight micro-batches). With ``k = (structure, micro-batch,
-   recompute)``:
+   recompute, pipeline schedule)`` (the default schedule's rows below; the framework's other schedules, combined
+   1F1B / ZB-V / DualPipeV, get rows of weaker but valid bounds from ``_schedule_rows``):
 
    * step seconds >= ``P[k, sp, vpp] + E[k, zero]``: ``P`` bounds the pipeline makespan from the per-layer costs of
      ``cost_models.step_time`` (``_layer_cost``): the busiest rank's ``m x (forward + backward)`` plus the
@@ -58,8 +59,8 @@ from model_zoo.spec import ModelSpec
 from .checks import DEFAULT_MEMORY_HEADROOM
 from .evaluation import Evaluation, evaluate
 from .recompute import PARTIAL_RECOMPUTE_FRAMEWORKS, dominated_by_no_recompute, with_fewest_recomputed_layers
-from .space import (MAX_VPP, SearchSpace, Structure, micro_batch_options, sp_options, structures, to_parallel,
-                    vpp_options, zero_options)
+from .space import (MAX_VPP, SEARCH_SCHEDULES, SearchSpace, Structure, micro_batch_options, schedule_options,
+                    sp_options, structures, to_parallel, vpp_options, zero_options)
 
 ZEROS = (0, 1, 2, 3)
 V = MAX_VPP
@@ -98,9 +99,10 @@ def _layer_types(model: ModelSpec) -> _Types:
 
 @dataclass
 class Tables:
-    """Factorized tables over ``k = (structure, mbs, recompute)`` (see module docstring). Seconds and bytes."""
+    """Factorized tables over ``k = (structure, mbs, recompute, pipeline schedule)`` (see module docstring; schedule
+    None is the default 1F1B / interleaved, the others' rows come from ``_schedule_rows``). Seconds and bytes."""
 
-    keys: list[tuple[Structure, int, str]] = field(default_factory=list)
+    keys: list[tuple[Structure, int, str, str | None]] = field(default_factory=list)  # + pipeline schedule
     A: list = field(default_factory=list)  # [k][v]   compute + bubble (s)
     P: list = field(default_factory=list)  # [k][sp][v] pipeline p2p (s)
     E: list = field(default_factory=list)  # [k][z]   dp exposed + zero3 + optimizer (s)
@@ -109,6 +111,11 @@ class Tables:
     Z: list = field(default_factory=list)  # [k][sp][z] bound on pipeline + hidden-DP/ZeRO-3 terms (s), 0 if none
     O: list = field(default_factory=list)  # [k][z] optimizer + fully exposed DP (s)
     slots: int = 1
+
+    def add(self, key: tuple, A, P, E, W, X, Z, O) -> None:
+        """Append the row of ``key`` = (structure, mbs, recompute, schedule)."""
+        for attr, row in zip(("keys", "A", "P", "E", "W", "X", "Z", "O"), (key, A, P, E, W, X, Z, O)):
+            getattr(self, attr).append(row)
 
     def arrays(self):
         n = len(self.keys)
@@ -200,6 +207,9 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
             continue
         par0 = to_parallel(st, 1, 1, 0, False, "none")
         tp, cp, pp = st.tp, st.cp, st.pp
+        # the framework's other pipeline schedules (space.SEARCH_SCHEDULES) need rows of their own (_schedule_rows)
+        other_sched = (framework == "megatron" and model.moe is not None and st.ep > 1) or (
+            framework == "torchtitan" and pp > 1 and st.first is None and L % (2 * pp) == 0)
         vocab = model.padded_vocab_size(tp)
         ranges = stage_layer_ranges(L, par0)
         # distinct stages: (n layers, n moe layers, first?, last?) -> first stage index with that signature; the
@@ -304,6 +314,7 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
                 pv = to_parallel(st, mbs, v, 0, False, "none")
                 inflight[v] = [in_flight_microbatches(pv, stage, m) for stage, _, _, _ in groups]
             lay = {}   # sp -> type -> (f, b, rc_sel, rc_full)
+            slot_fb: dict[tuple, list] = {}  # (sp, v) -> per slot (f, b, MoE layers) of one micro-batch
             fb_min = {}  # (sp, rc) -> smallest per-rank forward and backward lower bounds per micro-batch
             acts = {}  # (sp, rc) -> (type -> min bytes, layer input bytes)
             for sp in sps:
@@ -398,6 +409,10 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
                             best = max(best, pre + (cnt - 1) * (f0 + b0) + m * (f + b))
                             pre += cnt * (f0 + b0)
                         P[int(sp)][v - 1] = best
+                        # per slot forward / backward bounds of one micro-batch (no embedding / output layer),
+                        # for the rows of the other pipeline schedules (_schedule_rows)
+                        if other_sched:
+                            slot_fb[(sp, v)] = [(*fbm(nd, nm, v, nlb), nm) for _, nd, nm, _ in groups]
                     fb_min[sp] = (fmin, bmin)
                 # DP / ZeRO-3 terms. The step model adds to the pipeline makespan (>= m x (f_B + b_B) on the busiest
                 # rank B) the gathers and reductions that rank B's forward f_B / backward b_B cannot hide:
@@ -453,15 +468,97 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
                         for v in vpps:
                             xs[int(sp)][v - 1] = stored * inflight[v][j] + biggest
                     Xk.append(xs)
-                T.keys.append((st, mbs, rc))
-                T.A.append(A)
-                T.P.append(P)
-                T.E.append(E)
-                T.W.append(Wk)
-                T.X.append(Xk)
-                T.Z.append(Zk)
-                T.O.append(O)
+                # a --pipeline-schedule pin may exclude the default schedule (1f1b / interleaved) at some vpp
+                for v in vpps:
+                    if None not in schedule_options(model, st, m, v, zs[0], rc, framework, space):
+                        A[v - 1] = INVALID
+                if any(a != INVALID for a in A):
+                    T.add((st, mbs, rc, None), A, P, E, Wk, Xk, Zk, O)
+                if other_sched:
+                    _schedule_rows(T, model, job, st, mbs, m, rc, vpps, zs, sps, groups, slot_fb, acts, O, fws, shard,
+                                   edp, vocab, reserve, logit_bpe, tok, (lg + ce, 2 * lg + ce), emb, framework, space,
+                                   lambda: _ep_s(model, cluster, job, to_parallel(st, mbs, 1, 0, sps[0], "none"),
+                                                 ty.rep.get(1), groups_pl),
+                                   lambda par: [in_flight_microbatches(par, stage, m) for stage, _, _, _ in groups])
     return T
+
+
+def _ep_s(model, cluster, job, par, layer, groups) -> float:
+    """Seconds of one MoE layer's EP all-to-all (dispatch + combine) in forward, from ``cost_models.step_time``
+    (``_layer_cost``); 0 without MoE layers or expert parallelism."""
+    if layer is None or par.ep <= 1:
+        return 0.0
+    try:
+        from cost_models import step_time as stm
+        return float(stm._layer_cost(model, cluster, job, par, layer, "megatron", groups).ep)
+    except Exception:  # pragma: no cover - depends on another module's private API
+        return 0.0
+
+
+def _schedule_rows(T: Tables, model, job, st, mbs, m, rc, vpps, zs, sps, groups, slot_fb, acts, O, fws, shard, edp,
+                   vocab, reserve, logit_bpe, tok, head_fb_s, emb_s, framework, space, ep_of, inflight_of) -> None:
+    """Table rows ``k = (structure, mbs, recompute, schedule)`` of the framework's other pipeline schedules
+    (``space.schedule_options``: combined 1F1B, ZB-V, DualPipeV). Lower bounds, schedule by schedule:
+
+    ``ep_of()``: one MoE layer's EP all-to-all seconds (forward; computed only when a pairing schedule is possible).
+    ``head_fb_s``: the output layer's (forward, backward) seconds, as the default rows charge them (the backward
+    runs the logits GEMM twice and the fused cross-entropy once).
+
+    * time: each rank is busy at least ``m`` x its chunks' forward + backward, less the EP all-to-all an
+      overlapped pair hides (``pipeline_ops.fb_seconds`` >= F + B - hide_F - hide_B; hide = (1 - EP_OVERLAP_EXPOSED)
+      of each MoE layer's all-to-all, forward and backward), with the embedding and the output layer on the ranks
+      the schedule puts them (``layout.holds_embedding`` / ``holds_output``); no start-up term and no DP tightening
+      (``E = O``, ``Z = 0``): weaker than the default rows', still below the scalar model;
+    * memory: the default rows' terms with the schedule's own placement (a V puts the embedding and the output
+      layer's weights and logits on rank 0) and in-flight micro-batches (its op order).
+    """
+    from cost_models import step_time as stm
+    from cost_models.layout import holds_embedding, holds_output
+    from cost_models.pipeline import PAIRING_SCHEDULES
+
+    for sched in SEARCH_SCHEDULES.get(framework, ()):
+        vz = {(v, z) for v in vpps for z in zs
+              if sched in schedule_options(model, st, m, v, z, rc, framework, space)}
+        if not vz:
+            continue
+        vs, zz = sorted({v for v, _ in vz}), sorted({z for _, z in vz})
+        pars = {v: to_parallel(st, mbs, v, 0, False, rc, sched) for v in vs}
+        pv = pars[vs[0]]
+        hide = (1.0 - float(getattr(stm, "EP_OVERLAP_EXPOSED", 1.0))) if sched in PAIRING_SCHEDULES else 0.0
+        ep_s = ep_of() if hide else 0.0
+        A = [INVALID] * V
+        P = [[INVALID] * V for _ in range(2)]
+        for v in vs:
+            A[v - 1] = 0.0
+            for sp in sps:
+                best = 0.0
+                for j, (stage, nd, nm, rg) in enumerate(groups):
+                    f, b, n_moe = slot_fb[(sp, v)][j]
+                    e, o = holds_embedding(pv, stage), holds_output(pv, stage)
+                    # the output layer: logits GEMM + cross-entropy forward, 2 x the GEMM + the cross-entropy backward
+                    f += (emb_s if e else 0.0) + (head_fb_s[0] if o else 0.0)
+                    b += (2 * emb_s if e else 0.0) + (head_fb_s[1] if o else 0.0)
+                    best = max(best, m * (f + b - 2 * hide * n_moe * ep_s))
+                P[int(sp)][v - 1] = best
+        E = [O[z] if z in zz else INVALID for z in ZEROS]
+        sparams = [stage_params(model, pv, stage, r, vocab) for stage, _, _, r in groups]
+        Wk, Xk = [], []
+        for j, (stage, nd, nm, rg) in enumerate(groups):
+            states = [min(sum(model_state_terms(fw, z, sparams[j].dense, shard))
+                          + sum(model_state_terms(fw, z, sparams[j].expert, edp)) for fw in fws) for z in ZEROS]
+            logits = tok * vocab / pv.tp * logit_bpe if holds_output(pv, stage) else 0.0
+            Wk.append([states[z] + reserve + logits for z in ZEROS])
+            xs = [[0.0] * V for _ in range(2)]
+            for sp in sps:
+                per_t, lin = acts[(sp, rc)]
+                present = [per_t[t] for t, c in ((0, nd), (1, nm)) if c and t in per_t]
+                stored = lin * (nd + nm) if rc == "full" else nd * per_t.get(0, 0.0) + nm * per_t.get(1, 0.0)
+                if holds_embedding(pv, stage):
+                    stored += TOKEN_ID_BYTES * tok
+                for v in vs:
+                    xs[int(sp)][v - 1] = stored * inflight_of(pars[v])[j] + max(present, default=0.0)
+            Xk.append(xs)
+        T.add((st, mbs, rc, sched), A, P, E, Wk, Xk, [[0.0] * 4 for _ in range(2)], O)
 
 
 @dataclass
@@ -664,8 +761,8 @@ def solve(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: in
             key = (ki, spi, vi, zi)
             ev = seen.get(key)
             if ev is None:
-                st, mbs, rc = T.keys[ki]
-                par = to_parallel(st, mbs, vi + 1, zi, bool(spi), rc)
+                st, mbs, rc, sched = T.keys[ki]
+                par = to_parallel(st, mbs, vi + 1, zi, bool(spi), rc, sched)
                 par = with_fewest_recomputed_layers(model, cluster, job, par, framework, memory_headroom)
                 ev = evaluate(model, cluster, job, par, num_gpus, memory_headroom, framework, convention)
                 seen[key] = ev
@@ -722,8 +819,8 @@ def _nearest(model, cluster, job, num_gpus, T, step, peak, valid, limit, headroo
         if len(found) >= n and bound / (1 + MEM_MARGIN) > found[n - 1][0] + limit:
             break
         ki, spi, vi, zi = np.unravel_index(f, lb.shape)
-        st, mbs, rc = T.keys[ki]
-        par = to_parallel(st, mbs, int(vi) + 1, int(zi), bool(spi), rc)
+        st, mbs, rc, sched = T.keys[ki]
+        par = to_parallel(st, mbs, int(vi) + 1, int(zi), bool(spi), rc, sched)
         if par in keys:
             continue
         keys.add(par)

@@ -52,9 +52,10 @@ def _job(doc, framework, rank=1):
 
 @pytest.mark.parametrize("framework", ["megatron", "deepspeed", "torchtitan", "colossalai"])
 def test_manifest_validates(framework):
+    tt = framework == "torchtitan"  # torchtitan runs FSDP2 (ZeRO-3) and sequence parallelism with its TP
     doc = planner.evaluate("llama2-7b", "dgx-h100", gpus=32, global_batch_size=128, tp=2, pp=2,
-                           micro_batch_size=1, zero_stage=1, framework="torchtitan" if framework == "torchtitan"
-                           else "megatron")
+                           micro_batch_size=1, zero_stage=3 if tt else 1, sequence_parallel=tt,
+                           framework="torchtitan" if tt else "megatron")
     files, job, maps = _job(doc, framework)
     launch = doc.plans[0].launch
     spec = job["spec"]
@@ -111,7 +112,7 @@ def test_cli_launcher_k8s(run_cli, tmp_path):
 
 
 def test_deepspeed_without_megatron_deepspeed_refused():
-    doc = planner.evaluate("llama3.1-8b", "dgx-h100", gpus=16, global_batch_size=64, tp=2, framework="deepspeed")
+    doc = planner.evaluate("llama3.1-8b", "dgx-h100", gpus=16, global_batch_size=64, tp=1, framework="deepspeed")
     assert "rope_scaling" in doc.plans[0].launch.unsupported["megatron_deepspeed"]  # Llama 3.1's RoPE scaling
     with pytest.raises(EmitUnsupported, match="--launcher k8s"):
         emit_files(doc, "deepspeed", launcher="k8s")

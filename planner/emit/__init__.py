@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 
+from cluster_specs.spec import ClusterSpec
 from cost_models.config import ParallelConfig, TrainingJob
 from model_zoo.spec import ModelSpec
 
 from .colossalai import colossalai_config, colossalai_script
-from .deepspeed import check_deepspeed, deepspeed_config, megatron_deepspeed_args
+from .deepspeed import check_deepspeed, check_ds_config_alone, deepspeed_config, megatron_deepspeed_args
+from .env import launch_env
 from .megatron import (SCRIPT_DATA_ARGS, SCRIPT_TRAIN_ARGS, EmitError, EmitUnsupported, launch_script, megatron_args,
                        pair_args)
 from .torchtitan import torchtitan_overrides, torchtitan_toml
@@ -26,9 +28,11 @@ __all__ = ["megatron_args", "deepspeed_config", "megatron_deepspeed_args", "torc
 FRAMEWORKS = ("megatron", "deepspeed", "torchtitan", "colossalai")
 
 
-def launch_fields(model: ModelSpec, job: TrainingJob, par: ParallelConfig, gpus_per_node: int) -> dict:
-    """The plan document's ``launch`` section: nodes, GPUs per node, and each framework's arguments. A
-    framework that cannot run the plan gets ``None`` and its one-line reason under ``unsupported``."""
+def launch_fields(model: ModelSpec, job: TrainingJob, par: ParallelConfig, gpus_per_node: int,
+                  cluster: ClusterSpec | None = None) -> dict:
+    """The plan document's ``launch`` section: nodes, GPUs per node, each framework's arguments and the
+    environment variables of its launch (``env.launch_env``; NVLS needs ``cluster``). A framework that cannot run
+    the plan gets ``None`` and its one-line reason under ``unsupported``."""
     world = par.world_size
     out: dict = {"nodes": max(1, world // gpus_per_node), "gpus_per_node": min(gpus_per_node, world),
                  "world_size": world}
@@ -47,7 +51,14 @@ def launch_fields(model: ModelSpec, job: TrainingJob, par: ParallelConfig, gpus_
     attempt("torchtitan_toml", "torchtitan", lambda: torchtitan_toml(model, job, par))
     attempt("torchtitan_overrides", "torchtitan", lambda: torchtitan_overrides(model, job, par))
     attempt("colossalai", "colossalai", lambda: colossalai_config(model, job, par))
+    if out["deepspeed"] is not None and out["megatron_deepspeed"] is None:
+        try:  # without a Megatron-DeepSpeed launch the JSON alone must carry every knob
+            check_ds_config_alone(job, par)
+        except EmitError as e:
+            out["deepspeed"] = None
+            unsupported["deepspeed"] = f"{e}; and no Megatron-DeepSpeed launch: {unsupported['megatron_deepspeed']}"
     out["unsupported"] = unsupported
+    out["env"] = {fw: launch_env(fw, par, cluster) for fw in FRAMEWORKS if fw not in unsupported}
     return out
 
 
@@ -64,13 +75,10 @@ LAUNCHERS = ("scripts", "k8s")
 def _parts(framework: str, launch, header: str) -> tuple[dict[str, str], str, list[str], dict[str, str], list[str],
                                                         list[str]]:
     """(config files, torchrun entry, model-parallel args, env, data args, train args) of one framework's launch;
-    config files are found through ``$CONFIG_DIR``."""
+    config files are found through ``$CONFIG_DIR``; the env is exactly the document's ``launch.env`` (env.py)."""
+    env = launch.env.get(framework, {})
     if framework == "megatron":
         args = launch.megatron
-        # Megatron-LM's example scripts export CUDA_DEVICE_MAX_CONNECTIONS=1 (examples/gpt3/
-        # train_gpt3_175b_distributed.sh); Megatron-FSDP forbids it ("FSDP always requires
-        # CUDA_DEVICE_MAX_CONNECTIONS value large than one", validate_args).
-        env = {} if "--use-megatron-fsdp" in args else {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
         return ({"megatron_args.txt": "\n".join(pair_args(args)) + "\n"}, "pretrain_gpt.py", args, env,
                 SCRIPT_DATA_ARGS, SCRIPT_TRAIN_ARGS)
     if framework == "deepspeed":
@@ -79,13 +87,13 @@ def _parts(framework: str, launch, header: str) -> tuple[dict[str, str], str, li
         # Megatron-DeepSpeed reads real data only: set DATA_ARGS (--data-path, --vocab-file, --merge-file).
         return ({"ds_config.json": json.dumps(launch.deepspeed, indent=2) + "\n",
                  "megatron_deepspeed_args.txt": "\n".join(pair_args(args)) + "\n"}, "pretrain_gpt.py", in_script,
-                {}, [], SCRIPT_TRAIN_ARGS)
+                env, [], SCRIPT_TRAIN_ARGS)
     if framework == "colossalai":
         return ({"colossalai_plugin.json": json.dumps(launch.colossalai, indent=2) + "\n",
-                 "colossalai_plugin.py": colossalai_script(launch.colossalai, header)}, "train.py", [], {}, [], [])
+                 "colossalai_plugin.py": colossalai_script(launch.colossalai, header)}, "train.py", [], env, [], [])
     return ({"torchtitan.toml": launch.torchtitan_toml,
              "torchtitan_overrides.txt": "\n".join(pair_args(launch.torchtitan_overrides)) + "\n"},
-            "-m torchtitan.train", ["--job.config_file", "$CONFIG_DIR/torchtitan.toml"], {}, [], [])
+            "-m torchtitan.train", ["--job.config_file", "$CONFIG_DIR/torchtitan.toml"], env, [], [])
 
 
 def emit_files(doc, framework: str, rank: int = 1, launcher: str = "scripts") -> dict[str, str]:
