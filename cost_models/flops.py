@@ -38,27 +38,6 @@ def layer_gemm_flops_per_token(model: ModelSpec, layer: int) -> float:
     return 2.0 * (lp.tp_sharded + lp.expert_active + router)
 
 
-def layers_gemm_flops_per_token(model: ModelSpec, layers) -> float:
-    """Sum of ``layer_gemm_flops_per_token`` over ``layers`` (decoder layers differ only by being dense or MoE, so
-    each kind is counted once; the sum runs in layer order as before)."""
-    per: dict[bool, float] = {}
-    total = 0.0
-    for i in layers:
-        kind = model.moe is not None and model.is_moe_layer(i)
-        if kind not in per:
-            per[kind] = layer_gemm_flops_per_token(model, i)
-        total += per[kind]
-    return total
-
-
-def _layer_kinds(model: ModelSpec) -> dict[bool, int]:
-    """One decoder layer index per kind (MoE or not) present in ``model``."""
-    out: dict[bool, int] = {}
-    for i in range(model.num_layers):
-        out.setdefault(model.moe is not None and model.is_moe_layer(i), i)
-    return out
-
-
 def attention_core_flops_per_token(model: ModelSpec, seq_length: int, causal_halved: bool) -> float:
     """Forward FLOPs per token of ``QK^T`` and ``score x V`` for one layer (sequence ``seq_length``)."""
     qk, v = attention_widths(model)
@@ -84,7 +63,7 @@ def model_flops_per_token(model: ModelSpec, seq_length: int, convention: FlopsCo
             n += model.vocab_size * model.hidden_size
         qk, v = attention_widths(model)
         return 6.0 * n + 6.0 * model.num_layers * seq_length * (qk + v)
-    fwd = layers_gemm_flops_per_token(model, range(model.num_layers))
+    fwd = sum(n * layer_gemm_flops_per_token(model, i) for i, n in model.layer_kinds())  # per kind: O(1) in depth
     fwd += model.num_layers * attention_core_flops_per_token(model, seq_length, causal_halved=True)
     fwd += logits_flops_per_token(model)
     return 3.0 * fwd
@@ -130,8 +109,8 @@ def recompute_flops_per_token(model: ModelSpec, seq_length: int, par: ParallelCo
     attn = attention_core_flops_per_token(model, seq_length, causal_halved=True)
     if par.recompute == "selective":
         return model.num_layers * attn
-    per = {k: layers_gemm_flops_per_token(model, [i]) for k, i in _layer_kinds(model).items()}
-    return sum(per[model.moe is not None and model.is_moe_layer(i)] + attn for i in recomputed_layers(model, par))
+    return sum(n * (layer_gemm_flops_per_token(model, i) + attn)
+               for i, n in model.layer_kinds(recomputed_layers(model, par)))
 
 
 def step_model_flops(model: ModelSpec, job: TrainingJob, convention: FlopsConvention = "megatron") -> float:
@@ -168,7 +147,7 @@ def model_flops_per_token_variant(model: ModelSpec, seq_length: int, convention:
         return model_flops_per_token(model, seq_length, "palm")
     if convention not in ROW_FLOP_CONVENTIONS:
         raise ValueError(f"convention must be one of {', '.join(ROW_FLOP_CONVENTIONS)}, got {convention!r}")
-    layers = layers_gemm_flops_per_token(model, range(model.num_layers))
+    layers = sum(n * layer_gemm_flops_per_token(model, i) for i, n in model.layer_kinds())
     layers += model.num_layers * attention_core_flops_per_token(model, seq_length, causal_halved=False)
     logits = logits_flops_per_token(model)
     if convention == "full_attention":

@@ -43,8 +43,10 @@ return the same top K (tests/test_solver_property.py). ``ortools`` is imported o
 """
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -160,6 +162,36 @@ def _layer_lb(model, cluster, job, par, layer, groups, exposed_comm: bool = Fals
     comm_f = x.tp * tp_exp + x.cp + x.ep * ep_exp
     comm_b = x.tp * tp_exp + 2 * x.cp + x.ep * ep_exp
     return comp_f + comm_f, comp_b + comm_b, x.attn_f, comp_f + comm_f
+
+
+@lru_cache(maxsize=4096)
+def _in_flight(pp: int, m: int, v: int) -> tuple[int, int, int]:
+    """(K, m', hops) of the pipeline ``cost_models.pipeline.simulate`` runs for pp ranks, m micro-batches and v
+    chunks per rank: rank 0 starts micro-batch i + K only after micro-batch i's backward is back (at most K in
+    flight in its static order), and a micro-batch's round trip is every virtual stage's forward and backward plus
+    2 x ``hops`` point-to-point sends. So the makespan is at least m' / K round trips (m' = the micro-batches
+    simulated in whole groups: an interleaved partial group is added at the steady rate; m'/K without rounding up
+    also holds for the linear extrapolation of long schedules). This is what binds when the sends dominate (a slow
+    network between pipeline stages), where the per-rank bound leaves the pipeline's stalls out."""
+    if v > 1:
+        whole = m - m % pp
+        if whole == 0:  # simulate falls back to 1F1B over each rank's chunks run back to back
+            return min(m, pp), m, pp - 1
+        # rank 0's order in Megatron's interleaved schedule (cost_models.pipeline._orders): warm-up forwards, then
+        # one forward and one backward in turn; forwards go group by group of pp micro-batches, chunk 0 first,
+        # backwards chunk v-1 first. Its in-flight count saturates by 4 pp micro-batches.
+        total = min(whole, 4 * pp) * v
+        warm = min(total, 2 * (pp - 1) + (v - 1) * pp)
+        started = sum(1 for i in range(warm) if i % (pp * v) < pp)
+        k, done = started, 0
+        for t in range(total - warm):
+            if (warm + t) % (pp * v) < pp:
+                started += 1
+                k = max(k, started - done)
+            if t % (pp * v) >= (v - 1) * pp:
+                done += 1
+        return max(1, k), whole, pp * v - 1
+    return min(m, pp), m, pp - 1
 
 
 def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int,
@@ -339,6 +371,11 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
                 P = [[INVALID] * V for _ in range(2)]
                 for sp in sps:
                     lt = lay[sp]
+                    # activation send to the next stage (step_time: BYTES_16BIT x tokens x h, / tp under SP): the
+                    # simulation adds it to every cross-stage dependency, so the first micro-batch's forward into
+                    # rank r and the last one's backward out of it each pay it once per preceding rank
+                    p2p = collective_time("p2p", BYTES_16BIT * tok * h / (tp if sp else 1), groups_pl["pp"],
+                                          cluster) if pp > 1 else 0.0
 
                     def fb(nd, nm, nch, nlb):
                         # nch: model chunks in these layers. Full recompute with a derivable N
@@ -391,7 +428,7 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
                         # ranks in runs of equal (stage signature, first-chunk mix): the bound pre_r + m (f_r + b_r)
                         # grows along a run, so its last rank is the run's maximum
                         best = 0.0
-                        pre = 0.0
+                        pre = rt = 0.0
                         for g, nd0, nm0, cnt, r0 in runs_of(v):
                             stage, nd, nm, rg = groups[g]
                             f, b = fbm(nd, nm, v, nlb)
@@ -406,8 +443,12 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
                             if r0 == 0:
                                 f0 += emb
                                 b0 += 2 * emb
-                            best = max(best, pre + (cnt - 1) * (f0 + b0) + m * (f + b))
-                            pre += cnt * (f0 + b0)
+                            best = max(best, pre + (cnt - 1) * (f0 + b0 + 2 * p2p) + m * (f + b))
+                            pre += cnt * (f0 + b0 + 2 * p2p)
+                            rt += cnt * (f + b)
+                        if pp > 1:  # at most K micro-batches in flight on rank 0, each needing a round trip
+                            kk, m_eff, hops = _in_flight(pp, m, v)
+                            best = max(best, m_eff / kk * (rt + 2 * hops * p2p))
                         P[int(sp)][v - 1] = best
                         # per slot forward / backward bounds of one micro-batch (no embedding / output layer),
                         # for the rows of the other pipeline schedules (_schedule_rows)
@@ -743,6 +784,8 @@ def solve(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: in
         prox = tight[cand]
         order = np.argsort(prox, kind="stable")
         feas: list[Evaluation] = []
+        kth: list[float] = []  # max-heap (negated) of the top_k smallest scalar step times of ``feas``
+        best_step = math.inf
         mem_ratio_lo = math.inf
         pos = 0
         restart = exhausted = False
@@ -752,10 +795,10 @@ def solve(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: in
             bound = float(prox[o]) * corr * (1 - 1e-9)
             if objective == "headroom" and feas:
                 # nothing beyond the best x (1 + within) can enter, however many plans are in the band
-                if bound > min(e.step.step_s for e in feas) * (1 + within):
+                if bound > best_step * (1 + within):
                     break
             elif len(feas) >= top_k:
-                if bound > sorted(e.step.step_s for e in feas)[top_k - 1]:
+                if bound > -kth[0]:  # the K-th best so far (sorting feas here made re-scoring quadratic)
                     break
             ki, spi, vi, zi = (int(x) for x in idx[o])
             key = (ki, spi, vi, zi)
@@ -776,6 +819,10 @@ def solve(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: in
             if ev.feasible and not (drop_dominated and dominated_by_no_recompute(
                     model, cluster, job, ev.parallel, ev.memory.peak_bytes, memory_headroom, framework)):
                 feas.append(ev)
+                heapq.heappush(kth, -ev.step.step_s)
+                best_step = min(best_step, ev.step.step_s)
+                if len(kth) > top_k:
+                    heapq.heappop(kth)
             if restart:
                 break
         else:
