@@ -153,11 +153,8 @@ def is_pools_file(ref: str | Path) -> bool:
     try:
         if p.suffix.lower() not in (".yaml", ".yml") or not p.is_file():
             return False
-    except OSError:  # a name too long to stat: the cluster loader reports it, in one line
-        return False
-    try:
         data = _read_guarded(p)
-    except (ClusterSpecError, yaml.YAMLError):
+    except (OSError, ClusterSpecError, yaml.YAMLError):  # e.g. a name too long for the file system
         return False  # the cluster loader reports it, in one line
     return isinstance(data, dict) and "pools" in data
 

@@ -77,13 +77,23 @@ class GPUSpec(BaseModel):
     power_limit_w: Annotated[float, Plausible(10, 100 * 1200, "10 W to 100x the 1,200 W of a GB200")] | None = Field(
         None,
         description="board power limit the GPUs run at, watts, when it is below the datasheet TDP (e.g. 500 on "
-        "Meta's Grand Teton H100s); None = the datasheet TDP. Its effect on the tensor-core clock is "
-        "calibration.power_limit_clock_fraction",
+        "Meta's Grand Teton H100s); None = the datasheet TDP. Needs tdp_w. Its effect on the tensor-core clock is "
+        "calibration.power_limit_clock_fraction when measured, else the step-time model's power-clock law "
+        "(cost_models.gemm.clock_fraction)",
+    )
+    tdp_w: Annotated[float, Plausible(10, 100 * 1200, "10 W to 100x the 1,200 W of a GB200")] | None = Field(
+        None,
+        gt=0,
+        description="datasheet board power (TDP), watts, at which the GEMM / attention efficiencies were measured; "
+        "required with power_limit_w",
     )
     source: str = Field(min_length=1, description="where each value came from")
 
     @model_validator(mode="after")
     def _check_peaks(self) -> "GPUSpec":
+        if self.power_limit_w is not None and (self.tdp_w is None or self.power_limit_w > self.tdp_w):
+            raise ValueError(f"gpu.power_limit_w {self.power_limit_w:g} needs gpu.tdp_w (the datasheet TDP) at or "
+                             "above it")
         if not self.peak_flops:
             raise ValueError("peak_flops must list at least one dtype")
         for dtype in self.peak_flops:
@@ -192,9 +202,9 @@ class Calibration(BaseModel):
         None,
         gt=0,
         le=1,
-        description="sustained tensor-core clock at gpu.power_limit_w over the clock at the TDP the GEMM and "
-        "attention efficiencies were measured at (dense GEMMs are power-bound); scales both rates. None = 1 "
-        "(no power cap)",
+        description="MEASURED sustained tensor-core clock at gpu.power_limit_w over the clock at the TDP the GEMM "
+        "and attention efficiencies were measured at (dense GEMMs are power-bound); scales both rates. None = "
+        "1 without a power cap, else the step-time model's power-clock law (cost_models.gemm.clock_fraction)",
     )
     sources: dict[str, str] = Field(description="field name -> measurement/source it came from")
 
@@ -337,14 +347,16 @@ class ClusterSpec(BaseModel):
         return self.gemm_efficiency(d)
 
     @property
-    def clock_fraction(self) -> float:
-        """Sustained tensor-core clock under the board power limit over the TDP clock
-        (``calibration.power_limit_clock_fraction``; 1.0 without a power cap)."""
-        return self.calibration.power_limit_clock_fraction or 1.0
+    def power_limit_ratio(self) -> float:
+        """Board power limit over the datasheet TDP (``gpu.power_limit_w / gpu.tdp_w``); 1.0 without a cap."""
+        if self.gpu.power_limit_w is None or self.gpu.tdp_w is None:
+            return 1.0
+        return self.gpu.power_limit_w / self.gpu.tdp_w
 
     def effective_flops(self, dtype: str) -> float:
-        """Achievable GEMM FLOP/s per GPU: ``peak_flops(dtype) * gemm_efficiency(dtype) * clock_fraction``."""
-        return self.peak_flops(dtype) * self.gemm_efficiency(dtype) * self.clock_fraction
+        """Achievable GEMM FLOP/s per GPU at the TDP clock: ``peak_flops(dtype) * gemm_efficiency(dtype)`` (the
+        step-time model scales it by the sustained clock under a lower power limit, ``cost_models.gemm``)."""
+        return self.peak_flops(dtype) * self.gemm_efficiency(dtype)
 
     @property
     def effective_hbm_bandwidth_bytes_per_s(self) -> float:

@@ -290,6 +290,40 @@ def group_placement(dim: str, par: ParallelConfig, domain_size: int) -> GroupPla
     return GroupPlacement(size, per_domain)
 
 
+def rank_chunks(num_layers: int, par: ParallelConfig, v: int) -> tuple[list, list[list[list[int]]]]:
+    """Where each decoder layer runs: (per pipeline rank, its layers; per rank, its ``v`` model chunks' layers;
+    chunk ``c`` of rank ``r`` is virtual stage ``virtual_stage(par, r, c)``).
+
+    ``par.pipeline_layout`` (Megatron ``--pipeline-model-parallel-layout``): model chunk k runs on rank k % pp as
+    virtual stage k // pp, layers numbered along the chunks (so the dense prefix of a MoE model sits on the first
+    chunks); without interleaving a rank runs its chunks back to back as one. Otherwise each stage's range
+    (``stage_layer_ranges``) split evenly over its ``v`` chunks (``pipeline.chunks_per_rank``: ``vpp`` under the
+    interleaved orders, 2 under a V schedule, else 1).
+
+    Raises:
+        LayoutError: the layout's chunks do not hold ``num_layers`` layers over ``pp`` ranks and ``v`` chunks.
+    """
+    if par.pipeline_layout is not None:
+        counts = [c.count("t") for c in parse_pipeline_layout(par.pipeline_layout)]
+        if len(counts) % par.pp or sum(counts) != num_layers:
+            raise LayoutError(f"pipeline_layout {par.pipeline_layout!r}: {len(counts)} chunks holding {sum(counts)} "
+                              f"layers for pp {par.pp} and {num_layers} layers")
+        per_rank = len(counts) // par.pp
+        starts = [sum(counts[:k]) for k in range(len(counts))]
+        by_rank = [[list(range(starts[c * par.pp + r], starts[c * par.pp + r] + counts[c * par.pp + r]))
+                    for c in range(per_rank)] for r in range(par.pp)]
+        if per_rank != v and v > 1:
+            raise LayoutError(f"pipeline_layout {par.pipeline_layout!r} has {per_rank} chunks per rank, vpp is {v}")
+        chunks = by_rank if per_rank == v else [[[i for ch in ranks for i in ch]] for ranks in by_rank]
+        return [[i for ch in ranks for i in ch] for ranks in by_rank], chunks
+    ranges = stage_layer_ranges(num_layers, par)
+    chunks = []
+    for rg in ranges:
+        lay = list(rg)
+        chunks.append([lay[c * len(lay) // v:(c + 1) * len(lay) // v] for c in range(v)])
+    return ranges, chunks
+
+
 # --- which model pieces each pipeline rank holds, by schedule ---------------------------------------------------
 #: Schedules whose ranks hold two model chunks in a V: rank r runs virtual stages r and 2p-1-r, so rank 0 holds
 #: both the embedding and the output layer (torch ``generate_stage_to_rank_mapping`` style "v": ZB-V, DualPipeV).

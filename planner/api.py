@@ -752,14 +752,21 @@ def explain(model: ModelLike | None = None, cluster: ClusterLike | None = None,
     return ExplainReport(inputs, par, ex, headroom, _at_risk_margin(options.get("at_risk_margin")))
 
 
-def validate(dataset: str | os.PathLike[str] | None = None) -> ValidationReport:
+def validate(dataset: str | os.PathLike[str] | None = None, cross_validate: bool = False,
+             progress: Any = None) -> ValidationReport:
     """Run the step-time model over published, measured training runs (default: the packaged dev rows) and
     return the per-row and per-group errors (``ValidationReport.mape``, ``group_mape()``, ``failures(...)``).
-    Raises ``PlanInputError`` for an unreadable dataset or one with no evaluable row."""
-    from .validation import run_validation
+    ``cross_validate``: also refit the model's constants without each source group and predict the group with them
+    (``ValidationReport.cross_validation``, ``planner.calibration.cross_validate``; about a minute), ``progress``
+    called with each fold's name. Raises ``PlanInputError`` for an unreadable dataset or one with no evaluable
+    row."""
+    from .validation import load_rows, run_validation
     rep = run_validation(dataset)
     if not rep.evaluated:
         reasons = sorted({r.skipped for r in rep.rows if r.skipped})
         raise PlanInputError(f"--dataset: no row could be evaluated ({len(rep.rows)} rows"
                              + (f"; skipped: {'; '.join(reasons[:3])}" if reasons else "") + ")")
+    if cross_validate:
+        from .calibration import cross_validate as run_cross_validation
+        rep.cross_validation = run_cross_validation(load_rows(dataset), fold_progress=progress)
     return rep

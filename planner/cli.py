@@ -252,12 +252,33 @@ def _plans_table(doc, title: str, at_risk_margin: float = AT_RISK_DEFAULT):
                   str(q.micro_batch_size), str(q.zero_stage), "y" if q.sequence_parallel else "n",
                   q.recompute if q.recompute_num_layers is None else f"full {q.recompute_num_layers}/chunk",
                   *([q.pipeline_schedule] if sched else []),
-                  peak, f"{p.time.step_s:.3f}" if p.time else "-",
+                  peak, _step_cell(p.time),
                   f"{p.throughput.tokens_per_s:,.0f}" if p.throughput else "-",
                   f"{p.throughput.tflops_per_gpu:.0f}" if p.throughput else "-",
                   f"{p.throughput.mfu:.1%}" if p.throughput else "-",
                   "yes" if p.feasible else "NO", *extra)
     return t
+
+
+def _step_cell(tim) -> str:
+    """Step seconds with the half-width of its uncertainty interval (time.step_s_high), e.g. ``24.176 ±14%``."""
+    if tim is None:
+        return "-"
+    if not tim.step_s_high or not tim.step_s:
+        return f"{tim.step_s:.3f}"
+    return f"{tim.step_s:.3f} ±{100 * (tim.step_s_high / tim.step_s - 1):.0f}%"
+
+
+def _tie_note(doc) -> str | None:
+    """The line under ``plan``'s table when the top plans lie within each other's uncertainty interval."""
+    from .uncertainty import tied_with_best
+    plans = [(p.time.step_s, p.time.step_s_low, p.time.step_s_high) for p in doc.plans
+             if p.feasible and p.time is not None and p.time.step_s_low is not None]
+    n = tied_with_best(plans)
+    if n < 2:
+        return None
+    return (f"plans 1-{n} are effectively tied: their step times lie within each other's ± interval (the "
+            f"cross-validated error of 80% of published runs like these)")
 
 
 def _emit(doc, emit: Emit, output: Path | None, rank: int, framework: str | None = None,
@@ -344,6 +365,9 @@ def _render(doc, fmt: Fmt, output: Path | None, emit: Emit | None, title: str, r
         con.print(_plans_table(doc, title, at_risk_margin))
         for line in cost_lines(doc):
             con.print(line, highlight=False)
+        note = _tie_note(doc)
+        if note is not None:
+            con.print(note)
         _write(buf.getvalue(), output)  # one-line error naming the path and the OS reason
         return
     console = Console(width=max(width, Console().width))
@@ -351,6 +375,9 @@ def _render(doc, fmt: Fmt, output: Path | None, emit: Emit | None, title: str, r
     for p in doc.plans:
         for v in p.violations:
             console.print(f"  plan {p.rank}: {v}")
+    note = _tie_note(doc)
+    if note is not None:
+        console.print(note)
     for line in cost_lines(doc):
         console.print(line, highlight=False)
 
@@ -829,12 +856,23 @@ def validate(
     max_mape: Annotated[float, typer.Option("--max-mape", min=0.0, help="overall MAPE threshold, percent")] = 7.0,
     max_group_mape: Annotated[float, typer.Option(
         "--max-group-mape", min=0.0, help="MAPE threshold per source group with >= 3 rows, percent")] = 10.0,
+    cross_validate: Annotated[bool, typer.Option(
+        "--cross-validate", help="also report leave-one-source-group-out MAPE (constants refitted without each "
+                                 "group, ~1 min); the thresholds then apply to it too")] = False,
     fmt: FmtOpt = Fmt.table, output: OutOpt = None,
 ) -> None:
     """Run the step-time model over published training runs; exit 1 when a MAPE threshold is exceeded."""
     from .api import validate as api_validate
     from .validation import report_json
-    rep = api_validate(dataset)
+    if cross_validate:
+        from rich.console import Console
+        from rich.progress import Progress
+        with Progress(console=Console(stderr=True), transient=True, disable=not sys.stderr.isatty()) as bar:
+            task = bar.add_task("cross-validating", total=None)
+            rep = api_validate(dataset, cross_validate=True, progress=lambda g, k, n: bar.update(
+                task, total=n, completed=k, description=f"refitting without {g}"))
+    else:
+        rep = api_validate(dataset)
     if fmt == Fmt.json:
         _write(report_json(rep) + "\n", output)
     else:
@@ -855,12 +893,16 @@ def validate(
                       f(r.predicted, d), f"{100 * r.error:+.1f}%", f(r.measured_tokens_per_s_per_gpu),
                       f(r.predicted_tokens_per_s_per_gpu), f(r.measured_tflops_per_gpu, 1),
                       f(r.predicted_tflops_per_gpu, 1))
-        g = Table(title="MAPE per source group", title_justify="left")
-        for col in ("group", "rows", "MAPE"):
+        cv = rep.cross_validation
+        g = Table(title="MAPE per source group" + (" (in-sample; LOGO: the group predicted by constants fitted "
+                                                   "without it)" if cv is not None else ""), title_justify="left")
+        for col in ("group", "rows", "MAPE") + (("LOGO MAPE",) if cv is not None else ()):
             g.add_column(col)
+        logo = cv.group_table() if cv is not None else {}
         for name, (n, mape) in rep.group_mape().items():
-            g.add_row(name, str(n), f"{mape:.2f}%")
-        g.add_row("overall", str(len(rep.evaluated)), f"{rep.mape:.2f}%")
+            g.add_row(name, str(n), f"{mape:.2f}%", *([f"{logo[name][2]:.2f}%"] if name in logo else []))
+        g.add_row("overall", str(len(rep.evaluated)), f"{rep.mape:.2f}%",
+                  *([f"{cv.logo_mape:.2f}%"] if cv is not None else []))
         con = Console(width=250, file=_open_output(output) if output is not None else None)
         con.print(t)
         con.print(g)

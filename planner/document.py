@@ -19,6 +19,7 @@ from model_zoo.spec import ModelSpec
 from .checks import DEFAULT_AT_RISK_MARGIN
 from .emit import launch_fields
 from .evaluation import Evaluation
+from .uncertainty import step_class, step_interval
 
 #: 1.1 (additive): parallel.account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split
 #: 1.2 (additive): plans[].cost, the whole-run cost of --train-tokens (planner/cost.py); launch.colossalai
@@ -27,8 +28,9 @@ from .evaluation import Evaluation
 #: 1.3 (additive): launch.env (framework -> environment variables of its launch, planner/emit/env.py);
 #:     input.job.framework / flash_attention / dropout (the job options the plans depend on, so that a consumer such
 #:     as plan3d fallback --plan re-evaluates the same job)
-#: 1.4 (additive): input.job.expert_load_imbalance (--expert-load-imbalance: the dropless MoE busiest-expert ratio
-#:     the plans were sized for, cost_models/moe_imbalance.py; null = the sourced default)
+#: 1.4 (additive): time.step_s_low / step_s_high, throughput.mfu_low / mfu_high (planner/uncertainty.py);
+#:     input.job.expert_load_imbalance (--expert-load-imbalance: the dropless MoE busiest-expert ratio the plans were
+#:     sized for, cost_models/moe_imbalance.py; null = the sourced default)
 SCHEMA_VERSION = "1.4"
 
 
@@ -147,6 +149,10 @@ class TimeInfo(_Strict):
     #: pipeline schedule simulated (1f1b, interleaved, gpipe, zb-h1) and micro-batches per step
     schedule: str = ""
     num_microbatches: int = 0
+    #: interval of step_s from the cross-validated errors of published runs of the same class
+    #: (planner/uncertainty.py: GPU generation, number format, dense/MoE, scale; 80% of them fell inside)
+    step_s_low: float | None = None
+    step_s_high: float | None = None
 
 
 class ThroughputInfo(_Strict):
@@ -160,6 +166,9 @@ class ThroughputInfo(_Strict):
     #: number format of ``peak_flops_per_gpu`` (the MFU denominator; the 16-bit peak also for FP8 runs, the TF32 peak
     #: for fp32 training, whose GEMMs run on the TF32 tensor cores)
     mfu_peak_dtype: str = "bf16"
+    #: MFU at time.step_s_high and time.step_s_low
+    mfu_low: float | None = None
+    mfu_high: float | None = None
 
 
 class LaunchInfo(_Strict):
@@ -299,15 +308,18 @@ def plan_info(rank: int, ev: Evaluation, model: ModelSpec, cluster: ClusterSpec,
         mem = memory_info(ev.memory, at_risk_margin)
     if ev.step is not None:
         st = ev.step
+        iv = step_interval(st.step_s, step_class(model, cluster, job, par.world_size))
         tim = TimeInfo(step_s=_r(st.step_s), compute_s=_r(st.compute_s), bubble_s=_r(st.bubble_s),
                        bubble_fraction=_r(st.bubble_fraction), optimizer_s=_r(st.optimizer_s),
                        exposed_comm_s={k: _r(v) for k, v in st.exposed_comm_s.items()},
                        compute_breakdown_s={k: _r(v) for k, v in getattr(st, "compute_breakdown_s", {}).items()},
-                       schedule=getattr(st, "schedule", ""), num_microbatches=st.num_microbatches)
+                       schedule=getattr(st, "schedule", ""), num_microbatches=st.num_microbatches,
+                       step_s_low=_r(iv.low), step_s_high=_r(iv.high))
         thr = ThroughputInfo(tokens_per_s=_r(st.tokens_per_s), tokens_per_s_per_gpu=_r(st.tokens_per_s / par.world_size),
                              tflops_per_gpu=_r(st.tflops_per_gpu), mfu=_r(st.mfu), hfu=_r(st.hfu),
                              flops_convention=st.flops_convention, peak_flops_per_gpu=_r(st.peak_flops_per_gpu),
-                             mfu_peak_dtype=getattr(st, "mfu_peak_dtype", "bf16"))
+                             mfu_peak_dtype=getattr(st, "mfu_peak_dtype", "bf16"),
+                             mfu_low=_r(st.mfu * st.step_s / iv.high), mfu_high=_r(st.mfu * st.step_s / iv.low))
     gpn = cluster.node.gpus_per_node
     launch = LaunchInfo(**launch_fields(model, job, par, gpn, cluster))
     return PlanInfo(rank=rank, feasible=ev.feasible, violations=[v.message for v in ev.violations],

@@ -4,9 +4,9 @@ The search chooses per-stage layer counts (``planner.pool_split``) from a stage'
 its layer count. Both come from the cost models' own terms, evaluated once per (pool, tp, cp, dp, ep, etp,
 micro-batch, sequence parallel, recompute):
 
-* **time** (``layer_times``): a decoder layer's forward + backward seconds on the pool's cluster, composed from
-  ``cost_models.step_time._layer_cost`` exactly as ``estimate_step`` composes it for Megatron-LM's defaults (no TP
-  or EP overlap, no CUDA graph, the GPU's default FP8 recipe): compute, exposed TP/CP/EP communication, MoE routing
+* **time** (``layer_times``): a decoder layer's forward + backward seconds on the pool's cluster, from
+  ``cost_models.step_time.layer_pass_s`` / ``output_layer_s`` (the functions ``estimate_step`` composes), for
+  Megatron-LM's defaults (no TP or EP overlap, no CUDA graph, the GPU's default FP8 recipe): compute, exposed TP/CP/EP communication, MoE routing
   and host time, selective or full recompute; the first stage's embedding and the last stage's output layer, loss
   and MTP modules as fixed seconds. ``tests/test_pools.py`` checks these against ``estimate_step``'s per-stage times,
   so a change of the step model that is not mirrored here fails a test;
@@ -25,8 +25,7 @@ from functools import lru_cache
 
 from cluster_specs.spec import ClusterSpec
 from cost_models import step_time as stm
-from cost_models.comm import collective_time
-from cost_models.config import BYTES_16BIT, ParallelConfig, TrainingJob, compute_bytes
+from cost_models.config import ParallelConfig, TrainingJob, compute_bytes
 from cost_models.layout import group_placement
 from cost_models.memory import (LOGITS_BYTES_PER_ELEMENT, TOKEN_ID_BYTES, activation_bytes_per_layer,
                                 expert_buffer_factor, layer_input_bytes, model_state_terms, stage_params,
@@ -82,43 +81,21 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: P
     kinds = layer_kinds(model) if kinds is None else kinds
     dom = cluster.node.nvlink_domain_size
     groups = {d: group_placement(d, par, dom) for d in ("tp", "cp", "ep", "dp", "pp")}
-    h, tok = model.hidden_size, par.micro_batch_size * job.seq_length / par.cp
-    vocab = model.padded_vocab_size(par.tp)
-    hbm = stm._hbm(cluster)
-    rate = stm._gemm_rate(cluster, job.precision) * stm.FRAMEWORK_COMPUTE_EFFICIENCY.get(framework, 1.0)
-    el = 1.0 if job.precision == "fp8" else float(BYTES_16BIT)
     fp8_recipe = "mx" if "fp4" in cluster.gpu.peak_flops else "cs"
     per_kind, fwd = [0.0, 0.0], [0.0, 0.0]
-    lc: dict[int, object] = {}
+    lc: dict[int, stm.LayerCost] = {}
     for kind, i in representatives(kinds).items():
-        x = stm._layer_cost(model, cluster, job, par, i, framework, groups)
+        x = stm.layer_cost(model, cluster, job, par, i, framework, groups)
         lc[kind] = x
-        comp_f = x.gemm + x.attn_f + x.mem
-        comp_b = 2 * x.gemm + x.attn_b + 2 * x.mem
-        comm_f = x.tp + x.cp + x.ep
-        comm_b = x.tp + 2 * x.cp + x.ep
-        if kind == 1:
-            extra = stm.MOE_TOKEN_COPY_S * tok * model.moe.top_k / par.tp
-            host = stm._expert_host_s(job, fp8_recipe) * model.moe.num_experts / par.ep
-            comp_f += (extra + host) / 3
-            comp_b += 2 * (extra + host) / 3
-        rc = comp_f + comm_f if par.recompute == "full" else (
-            stm._selective_recompute_s(x, par) if par.recompute == "selective" else 0.0)
-        per_kind[kind] = comp_f + comm_f + comp_b + comm_b + rc
-        fwd[kind] = comp_f + comm_f
-    lg = stm.gemm_time(tok, h, vocab / par.tp, rate, hbm, el)
-    ce = stm.CE_PASSES * tok * vocab / par.tp / hbm
-    last = (1 + model.num_mtp_layers) * (3 * lg + 2 * ce)
-    last_f = (1 + model.num_mtp_layers) * (lg + ce)
-    if model.num_mtp_layers:
-        x = lc[kinds[-1]]
-        proj = stm.gemm_time(tok, 2 * h, h / par.tp, rate, hbm, el)
-        last += model.num_mtp_layers * (3 * (x.gemm + x.mem + proj) + x.attn_f + x.attn_b + 2 * (x.tp + x.ep))
-        last_f += model.num_mtp_layers * (x.gemm + x.attn_f + x.mem + proj + x.tp + x.ep)
-    emb = 2 * BYTES_16BIT * tok * h / hbm
+        f, b = stm.layer_pass_s(model, cluster, job, par, i, x, framework, 1.0, 1.0, fp8_recipe, False,
+                                par.recompute == "full")
+        per_kind[kind] = f + b
+        fwd[kind] = f
+    last_f, last_b, _ = stm.output_layer_s(model, cluster, job, par, framework, lambda i: lc[kinds[i]], 1.0, 1.0)
+    last = last_f + last_b
+    emb = stm.embedding_s(model, cluster, job, par)
     first = 3 * emb
-    p2p_bytes = BYTES_16BIT * tok * h / (par.tp if par.sequence_parallel else 1)
-    p2p = collective_time("p2p", p2p_bytes, groups["pp"], cluster) if par.pp > 1 else 0.0
+    p2p = stm.pipeline_p2p_s(model, cluster, job, par, groups) if par.pp > 1 else 0.0
     return LayerTimes((per_kind[0], per_kind[1]), first, last, p2p, (fwd[0], fwd[1]), emb, last_f)
 
 

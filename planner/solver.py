@@ -521,7 +521,7 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
                     T.add((st, mbs, rc, None), A, P, E, Wk, Xk, Zk, O)
                 if other_sched:
                     _schedule_rows(T, model, job, st, mbs, m, rc, vpps, zs, sps, groups, slot_fb, acts, O, fws, shard,
-                                   edp, vocab, reserve, logit_bpe, tok, lg + ce, emb, framework, space,
+                                   edp, vocab, reserve, logit_bpe, tok, (lg + ce, 2 * lg + ce), emb, framework, space,
                                    lambda: _ep_s(model, cluster, job, to_parallel(st, mbs, 1, 0, sps[0], "none"),
                                                  ty.rep.get(1), groups_pl),
                                    lambda par: [in_flight_microbatches(par, stage, m) for stage, _, _, _ in groups])
@@ -541,11 +541,13 @@ def _ep_s(model, cluster, job, par, layer, groups) -> float:
 
 
 def _schedule_rows(T: Tables, model, job, st, mbs, m, rc, vpps, zs, sps, groups, slot_fb, acts, O, fws, shard, edp,
-                   vocab, reserve, logit_bpe, tok, head_s, emb_s, framework, space, ep_of, inflight_of) -> None:
+                   vocab, reserve, logit_bpe, tok, head_fb_s, emb_s, framework, space, ep_of, inflight_of) -> None:
     """Table rows ``k = (structure, mbs, recompute, schedule)`` of the framework's other pipeline schedules
     (``space.schedule_options``: combined 1F1B, ZB-V, DualPipeV). Lower bounds, schedule by schedule:
 
     ``ep_of()``: one MoE layer's EP all-to-all seconds (forward; computed only when a pairing schedule is possible).
+    ``head_fb_s``: the output layer's (forward, backward) seconds, as the default rows charge them (the backward
+    runs the logits GEMM twice and the fused cross-entropy once).
 
     * time: each rank is busy at least ``m`` x its chunks' forward + backward, less the EP all-to-all an
       overlapped pair hides (``pipeline_ops.fb_seconds`` >= F + B - hide_F - hide_B; hide = (1 - EP_OVERLAP_EXPOSED)
@@ -578,8 +580,9 @@ def _schedule_rows(T: Tables, model, job, st, mbs, m, rc, vpps, zs, sps, groups,
                 for j, (stage, nd, nm, rg) in enumerate(groups):
                     f, b, n_moe = slot_fb[(sp, v)][j]
                     e, o = holds_embedding(pv, stage), holds_output(pv, stage)
-                    f += (emb_s if e else 0.0) + (head_s if o else 0.0)
-                    b += (2 * emb_s if e else 0.0) + (2 * head_s if o else 0.0)
+                    # the output layer: logits GEMM + cross-entropy forward, 2 x the GEMM + the cross-entropy backward
+                    f += (emb_s if e else 0.0) + (head_fb_s[0] if o else 0.0)
+                    b += (2 * emb_s if e else 0.0) + (head_fb_s[1] if o else 0.0)
                     best = max(best, m * (f + b - 2 * hide * n_moe * ep_s))
                 P[int(sp)][v - 1] = best
         E = [O[z] if z in zz else INVALID for z in ZEROS]

@@ -203,6 +203,8 @@ def _round(x: Any) -> Any:
 @dataclass
 class ValidationReport:
     rows: list[RowResult]
+    #: leave-one-source-group-out errors (``planner.calibration.CrossValidation``), when asked for
+    cross_validation: Any = None
 
     @property
     def evaluated(self) -> list[RowResult]:
@@ -233,17 +235,22 @@ class ValidationReport:
         for g, (n, m) in self.group_mape().items():
             if n >= min_group_rows and m > max_group_mape:
                 msgs.append(f"group {g} MAPE {m:.2f}% > --max-group-mape {max_group_mape:g}%")
+        if self.cross_validation is not None:
+            msgs += self.cross_validation.failures(max_mape, max_group_mape, min_group_rows)
         return msgs
 
     def to_dict(self) -> dict[str, Any]:
-        return _round({
+        d = {
             "mape_percent": self.mape if self.evaluated else None,  # strict JSON has no NaN
             "evaluated": len(self.evaluated),
             "skipped": len(self.rows) - len(self.evaluated),
             "predicted_infeasible": [r.id for r in self.infeasible],
             "groups": {g: {"rows": n, "mape_percent": m} for g, (n, m) in self.group_mape().items()},
             "rows": [r.to_dict() for r in self.rows],
-        })
+        }
+        if self.cross_validation is not None:
+            self.cross_validation.annotate(d)
+        return _round(d)
 
 
 # --------------------------------------------------------------------------------------------- loading

@@ -183,14 +183,14 @@ def test_gb200_node_semantics():
         ("dgx-h800", "bf16", 794.5, 989.4),  # assumed: H100 silicon
         ("a800-roce", "bf16", 271.2, 312),  # assumed: A100 silicon
         ("jean-zay-a100", "bf16", 271.2, 312),
-        ("grand-teton-h100", "bf16", 794.5, 989.4),  # MAMF at 700 W; the 500 W cap is power_limit_clock_fraction
+        ("grand-teton-h100", "bf16", 794.5, 989.4),  # MAMF at 700 W; the 500 W cap lowers the clock (cost model)
     ],
 )
 def test_gemm_efficiency_from_mamf(name, dtype, measured_tflops, peak_tflops):
     spec = get_cluster(name)
     assert spec.calibration.gemm_efficiency[dtype] == pytest.approx(measured_tflops / peak_tflops, abs=1e-3)
-    # achievable rate: the MAMF figure (measured at the TDP) times the sustained clock under a lower power limit
-    assert spec.effective_flops(dtype) == pytest.approx(measured_tflops * 1e12 * spec.clock_fraction, rel=1e-3)
+    # achievable rate at the TDP clock: the MAMF figure (a lower power limit is the step-time model's clock law)
+    assert spec.effective_flops(dtype) == pytest.approx(measured_tflops * 1e12, rel=1e-3)
 
 
 def test_named_efficiencies():
@@ -425,23 +425,34 @@ def test_resolve_inconsistent():
 
 # ---------------------------------------------------------------- machines named by published runs (issue 9 item 6)
 def test_power_capped_h100_is_a_physical_input():
+    from cost_models.gemm import FIT_RANGES, UNCORE_POWER_FRACTION, clock_fraction
     gt = get_cluster("grand-teton-h100")
-    # torchtitan benchmarks/llama3_h100_202412_torchtitan.md: 96GB HBM2e, 2.4 TB/s, default 500 W power limit
-    assert gt.gpu.power_limit_w == 500 and gt.gpu.hbm_bandwidth_bytes_per_s == 2.4e12
-    # fitted, inside the documented physical range 0.67-0.87 (P ~ f .. f^3 with ~100 W not scaling)
-    assert 0.67 <= gt.clock_fraction <= 0.87
-    assert "FITTED" in gt.calibration.sources["power_limit_clock_fraction"]
-    assert get_cluster("dgx-h100").clock_fraction == 1.0 and get_cluster("dgx-h100").gpu.power_limit_w is None
+    # torchtitan benchmarks/llama3_h100_202412_torchtitan.md: 96GB HBM2e, 2.4 TB/s, default 500 W power limit (700 W TDP)
+    assert gt.gpu.power_limit_w == 500 and gt.gpu.tdp_w == 700 and gt.gpu.hbm_bandwidth_bytes_per_s == 2.4e12
+    assert gt.power_limit_ratio == pytest.approx(5 / 7)
+    # not measured: the power law with the exponent inside its fitted range gives 0.67-0.87 of the TDP clock
+    assert gt.calibration.power_limit_clock_fraction is None
+    rng = FIT_RANGES["POWER_CLOCK_EXPONENT"]
+    dyn = (5 / 7 - UNCORE_POWER_FRACTION) / (1 - UNCORE_POWER_FRACTION)
+    assert dyn ** (1 / rng.low) == pytest.approx(2 / 3) and 0.87 <= dyn ** (1 / rng.high) <= 0.875
+    assert dyn ** (1 / rng.low) <= clock_fraction(gt) <= dyn ** (1 / rng.high)
+    h100 = get_cluster("dgx-h100")
+    assert clock_fraction(h100) == 1.0 and h100.gpu.power_limit_w is None and h100.power_limit_ratio == 1.0
 
 
 def test_clock_fraction_needs_the_power_limit_it_belongs_to(tmp_path):
+    from cost_models.gemm import clock_fraction
     d = _h100_dict()
     d["calibration"]["power_limit_clock_fraction"] = 0.8
     d["calibration"]["sources"]["power_limit_clock_fraction"] = "test"
     with pytest.raises(ClusterSpecError, match="power_limit_w is not set"):
         load_cluster(str(_write(tmp_path, d)))
     d["gpu"]["power_limit_w"] = 500
-    assert load_cluster(str(_write(tmp_path, d, "capped.yaml"))).clock_fraction == 0.8
+    with pytest.raises(ClusterSpecError, match="needs gpu.tdp_w"):
+        load_cluster(str(_write(tmp_path, d, "capped.yaml")))
+    d["gpu"]["tdp_w"] = 700
+    # a measured clock fraction wins over the power law
+    assert clock_fraction(load_cluster(str(_write(tmp_path, d, "capped.yaml")))) == 0.8
 
 
 def test_jean_zay_network_is_the_measured_omni_path_figure():

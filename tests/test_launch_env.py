@@ -40,7 +40,7 @@ def _documents(jobs) -> list[tuple]:
 def _validate_json(documents) -> None:
     """Megatron-LM's validate_args (reproduced: tests/test_emit_support.py) on exactly each plan's
     ``launch.megatron`` with ``launch.env["megatron"]``, on Hopper and Blackwell; without the env, exactly the TP/CP
-    plans outside Megatron-FSDP and MoE expert-parallel overlap are rejected (the issue: 12 of 21 argument lists)."""
+    plans outside Megatron-FSDP and the combined 1F1B are rejected (the issue: 12 of 21 argument lists)."""
     rejected_without = needs = 0
     for *_, doc in documents:
         for plan in doc["plans"]:
@@ -48,9 +48,9 @@ def _validate_json(documents) -> None:
             a = parse_argv(launch["megatron"])
             megatron_validate_args(a, launch["world_size"], launch["env"]["megatron"])  # Hopper: arch 9
             megatron_validate_args(a, launch["world_size"], launch["env"]["megatron"], device_arch=10)
-            # validate_args only warns under --overlap-moe-expert-parallel-comm (combined 1F1B, a MoE plan)
+            # Megatron only warns under --overlap-moe-expert-parallel-comm (combined 1F1B: env 32)
             needs += ((q["tp"] > 1 or q["cp"] > 1) and q["zero_stage"] < 2
-                      and not a.get("overlap_moe_expert_parallel_comm"))
+                      and q["pipeline_schedule"] != "combined-1f1b")
             try:
                 megatron_validate_args(a, launch["world_size"], {})
             except AssertionError as e:

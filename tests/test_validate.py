@@ -23,13 +23,14 @@ def test_packaged_rows_are_the_shared_dev_rows_with_sources():
 
 #: What the calibrated model reaches on the dev rows today (plan3d validate): a ratchet against regressions.
 #: Lower these when the model improves; the project targets are the test below.
-#: 6.5 -> 6.8: the collective model now pipelines NVLink and network hops as NCCL does (ring busbw = min(NVLink,
-#: r NICs), 192 GB/s on DGX A100 as measured, not 118) and DeepSpeed reduces gradients in bf16; the constants were
-#: fitted under the old serial model (BLOOM 1.6 -> 6.7%, NeMo 24.07 7.0 -> 7.6%)
-ACHIEVED_MAX_MAPE = 6.8
-#: Bridge 9.0 -> 9.1: the compute under Megatron-FSDP's collectives is now slowed by the measured overlap slowdown
-#: (step_time.OVERLAP_COMPUTE_SLOWDOWN), which costs the one Bridge FSDP row (Llama 3 8B FP8-CS, 8 H100) 1.1 points
-ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 6.0, "nemo_bridge_perf_summary": 9.1}
+ACHIEVED_MAX_MAPE = 5.6
+#: After merging valrows (NCCL-like pipelined multi-node collectives, bf16 DeepSpeed gradient all-reduce, the
+#: torchtitan H100s at their 2.4 TB/s HBM) and refitting the FIT_RANGES constants: 6.57 -> 7.70 (merge, old
+#: constants) -> 6.28% (refit). MoE recipes 5.5 -> 6.0 since the per-local-expert host constant became the host time
+#: of the operations TE 2.8 issues per expert (cost_models/moe_overhead.py); NeMo 24.07 7.0 -> 8.3 and H100 weak
+#: scaling 6.8 -> 8.1 with the faster (measured) NCCL collectives: less exposed communication.
+ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 5.7, "nemo_bridge_perf_summary": 5.0, "nemo_2407_perf_summary": 5.9,
+                       "megatron_h100_weak_scaling": 7.9}
 
 
 def test_mape_does_not_regress(report):
@@ -181,3 +182,71 @@ def test_duplicate_row_ids_are_refused(run_cli, tmp_path):
     f.write_text(yaml.safe_dump([row, row]))
     r = run_cli("validate", "--dataset", str(f))
     assert r.exit_code == 2 and "appears twice" in r.stderr
+
+
+# ------------------------------------------------------------------ leave-one-source-group-out cross-validation
+
+#: The LOGO ratchet (issue 9: generalisation is the headline metric): each source group predicted by the step-time
+#: constants refitted without it (planner/calibration.py). Lower these when the model improves; the project targets
+#: are <= 7% overall and <= 10% per group of >= 3 rows (not met yet, see the closing note of issue 9).
+#: 7.88 -> 9.68% after the valrows merge and refit: torchtitan's own constants (elementwise passes, compute share,
+#: async-TP exposure, the power-clock exponent) start at the middle of their ranges when torchtitan is held out.
+#: 9.7 -> 9.9 with torchtitan's per-op selective checkpointing charged (in-sample 6.28 -> 6.10): held out, torchtitan
+#: takes the middle of its own constants' ranges, which the recomputed elementwise work makes costlier.
+#: 9.9 -> 7.82 with torchtitan's elementwise passes counted from its source, the power-clock law, the attention
+#: kernel tables and FSDP2's copy-out (e218d58); unchanged by merging main's pools, schedules and input guards.
+ACHIEVED_LOGO_MAPE = 7.9
+ACHIEVED_LOGO_GROUP_MAPE = {"nemo_bridge_perf_summary": 12.1}
+
+
+@pytest.fixture(scope="module")
+def cross_validation():
+    from planner.calibration import cross_validate
+    return cross_validate(load_rows())
+
+
+@pytest.mark.slow
+def test_cross_validated_mape_does_not_regress(cross_validation):
+    cv = cross_validation
+    assert cv.logo_mape <= ACHIEVED_LOGO_MAPE, cv.group_table()
+    for group, (n, _, logo) in cv.group_table().items():
+        if n >= MIN_GROUP_ROWS:
+            assert logo <= ACHIEVED_LOGO_GROUP_MAPE.get(group, DEFAULT_MAX_GROUP_MAPE), (group, logo)
+    # the constants come back to their shipped values
+    assert cv.in_sample == pytest.approx([r.error for r in run_validation().evaluated])
+
+
+@pytest.mark.slow
+def test_shipped_residuals_are_the_current_cross_validation(cross_validation):
+    # planner/data/step_time_residuals.json (the product's intervals) must be regenerated when the model changes:
+    # benchmarks/fit_step_time.py --write-residuals
+    import math
+
+    from planner.uncertainty import _residuals_path
+    shipped = {r["id"]: r["residual"] for r in json.loads(_residuals_path().read_text())["runs"]}
+    now = {i: math.log(1 + e) for i, e in zip(cross_validation.ids, cross_validation.logo)}
+    assert shipped.keys() == now.keys()
+    for k in now:
+        assert shipped[k] == pytest.approx(now[k], abs=2e-3), k
+
+
+def test_cli_cross_validate_json(run_cli, tmp_path):
+    # two small source groups: each is predicted by the constants refitted on the other
+    import yaml
+    rows = [r for r in load_rows() if r["id"].startswith(("nemo-2407-h100-llama2", "sc21-megatron-gpt-1.7b",
+                                                          "sc21-megatron-gpt-3.6b"))]
+    p = tmp_path / "two_groups.yaml"
+    p.write_text(yaml.safe_dump(rows))
+    r = run_cli("validate", "--dataset", str(p), "--cross-validate", "--format", "json", "--max-mape", "100",
+                "--max-group-mape", "100")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    cv = doc["cross_validated_mape_percent"]
+    assert set(cv["groups"]) == set(doc["groups"]) == {"nemo_2407_perf_summary", "megatron_sc21_table1"}
+    assert cv["overall"] > 0 and all(g["cross_validated_mape_percent"] >= 0 for g in doc["groups"].values())
+    assert all("cross_validated_error" in row for row in doc["rows"] if row["error"] is not None)
+    strict = run_cli("validate", "--dataset", str(p), "--cross-validate", "--max-mape", "100",
+                     "--max-group-mape", "100", "--format", "json")
+    assert strict.stdout == r.stdout  # deterministic
+    t = run_cli("validate", "--dataset", str(p), "--cross-validate", "--max-mape", "100", "--max-group-mape", "100")
+    assert t.exit_code == 0 and "LOGO MAPE" in t.stdout

@@ -1,0 +1,116 @@
+"""Attention core time (``softmax(QK^T)V``, the part without weights) of one layer, on one GPU (seconds).
+
+Fused flash attention: causal FLOPs (the kernel skips the masked half) at ``attention_efficiency`` x the 16-bit
+peak; backward ``ATTN_BWD_FACTOR`` x the forward (FlashAttention-2's backward runs 5 matmuls to the forward's 2,
+Dao 2023 Sec. 3.1). Unfused attention (SC21 / BLOOM era, ``TrainingJob.flash_attention`` False) runs the two
+batched GEMMs at the GEMM rate and streams the ``s x s`` scores ``UNFUSED_SCORE_PASSES`` times through HBM.
+"""
+from __future__ import annotations
+
+from cluster_specs.efficiency import attention_kernels, attention_tflops
+from cluster_specs.spec import ClusterSpec
+from model_zoo.spec import ModelSpec
+
+from .fit_range import FitRange
+from .config import ParallelConfig, TrainingJob, compute_bytes
+from .flops import attention_core_flops_per_token, attention_widths
+from .gemm import clock_fraction, gemm_rate, half_dtype, hbm_rate, peak_dtype
+
+#: Backward / forward time of the fused attention kernel (FlashAttention-2: 5 backward matmuls vs 2 forward,
+#: Dao 2023 Sec. 3.1, i.e. 2.5x the FLOPs at a similar rate).
+ATTN_BWD_FACTOR = 2.5
+#: Key length (tokens) at which a fused attention kernel reaches half its long-sequence rate, for GPUs without a
+#: series in ``attention.yaml`` (the ``eff_inf x s / (s + ATTN_HALF_SEQ)`` fallback): H100 cuDNN runs 315 of 539
+#: TFLOP/s at 512 keys, FlashAttention-2 191 of 335 (FA3 paper Fig. 5), i.e. half rate at ~360-390 keys.
+ATTN_HALF_SEQ = 384.0
+#: Fallback attention efficiency (fraction of the 16-bit dense peak) when the cluster has none calibrated
+#: (A100, MI300X): FlashAttention-2 reaches 50-73% of A100 peak forward and somewhat less backward (Dao 2023,
+#: Sec. 4.1); 0.5 is the low end.
+DEFAULT_ATTENTION_EFFICIENCY = 0.5
+#: HBM passes of the s x s score tensor per unfused attention forward (QK^T write, scale/mask/softmax read + write,
+#: dropout mask write + apply, score x V read), ~4-8 depending on dropout (Korthikanti et al. 2022 Sec. 4.1 counts
+#: 5·a·s² bytes of stored scores per layer with dropout). Fitted (7.5) on the SC21 rows, which ran attention dropout.
+UNFUSED_SCORE_PASSES = 8.0
+
+#: Fused-attention kernel each framework runs (``cluster_specs/data/efficiency/attention.yaml``): Megatron-LM / NeMo
+#: through Transformer Engine's ``FusedAttention`` (cuDNN), torchtitan and DeepSpeed through PyTorch SDPA's flash
+#: backend (FlashAttention-2). A GPU without that kernel's series uses the one it has.
+ATTENTION_KERNEL = {"megatron": "cudnn", "nemo": "cudnn", "torchtitan": "flash2", "deepspeed": "flash2"}
+#: Achieved fraction of the published kernel benchmark's rate (``attention.yaml``) inside a training step: the
+#: benchmarks run one kernel alone at boost clocks on 16k tokens x 2048 width; in training the GPU runs at the clock
+#: its power cap allows under sustained GEMMs, with the per-GPU heads left after TP and the framework's layout
+#: transposes around the call. Fitted on the dev rows.
+ATTENTION_TRAINING_SHARE = 0.6
+
+#: Plausible ranges of the fitted constants above (``planner/calibration.py`` fits inside them).
+FIT_RANGES = {
+    "ATTENTION_TRAINING_SHARE": FitRange(0.4, 1.0, "fraction of the kernel benchmark's TFLOP/s",
+                                         "1: the isolated benchmark rate; 0.4: H100 sustained training clocks "
+                                         "(~1.4-1.75 GHz under a 700 W cap vs 1.98 GHz boost) times the wave "
+                                         "quantisation of a few heads per GPU and the q/k/v layout copies around "
+                                         "the call"),
+    "UNFUSED_SCORE_PASSES": FitRange(4.0, 10.0, "HBM passes over the s x s scores",
+                                     "count of the unfused kernels: QK^T write, softmax read + write, dropout mask "
+                                     "write + apply (read + write), scores x V read = 4 without dropout, 7-8 with "
+                                     "(Korthikanti et al. 2022 Sec. 4.1: 5 a s^2 bytes stored per layer with dropout)"),
+}
+
+
+def attention_efficiency(cluster: ClusterSpec) -> float:
+    """Asymptotic fused-attention efficiency of the cluster (calibration ``attention_efficiency`` of the 16-bit
+    dtype), else ``DEFAULT_ATTENTION_EFFICIENCY``, times the sustained clock under the board power limit
+    (``gemm.clock_fraction``)."""
+    ae = cluster.calibration.attention_efficiency or {}
+    return ae.get(half_dtype(cluster), DEFAULT_ATTENTION_EFFICIENCY) * clock_fraction(cluster)
+
+
+def attention_core_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
+                     framework: str) -> tuple[float, float]:
+    """(forward, backward) seconds of one layer's attention core for one micro-batch on one GPU (``a/tp`` heads,
+    ``b·s/cp`` query tokens).
+
+    Flash attention: the kernel's rate rises with the key length it streams per query block (fixed per-block
+    setup, tail tiles of the causal triangle): ``eff(s) = eff_inf x s / (s + ATTN_HALF_SEQ)``. Under context
+    parallelism each kernel call sees only one ring step's keys, ``s / cp`` (the sequence is split into 2 cp chunks
+    for causal load balance and each rank holds two of them: Megatron-LM ``docs/source/api-guide/
+    context_parallel.rst``; Transformer Engine ``AttnFuncWithCPAndKVP2P`` runs one flash-attention call per ring
+    step and chunk half).
+    """
+    b, s = par.micro_batch_size, job.seq_length
+    tok = b * s / par.cp
+    heads_frac = 1.0 / par.tp
+    if job.flash_attention:
+        fl = attention_core_flops_per_token(model, s, causal_halved=True) * tok * heads_frac
+        s_key = s / par.cp
+        # fp32 training (PyTorch SDPA's memory-efficient kernel in fp32): the 16-bit kernel's time scaled by the
+        # 16-bit over the TF32 peak (the same tensor cores at the TF32 rate)
+        slow = (cluster.gpu.peak_flops[half_dtype(cluster)] / cluster.gpu.peak_flops[peak_dtype(cluster, job.precision)]
+                if job.precision == "fp32" else 1.0)
+        rates = _kernel_tflops(model, cluster, framework, s_key)
+        if rates is not None:
+            # the benchmarks ran at the TDP clock; a power-capped GPU runs its kernels at the capped clock
+            share = ATTENTION_TRAINING_SHARE * clock_fraction(cluster)
+            fwd = slow * fl / (rates[0] * 1e12 * share)
+            return fwd, slow * ATTN_BWD_FACTOR * fl / (rates[1] * 1e12 * share)
+        eff = attention_efficiency(cluster) * s_key / (s_key + ATTN_HALF_SEQ)
+        fwd = fl / (cluster.gpu.peak_flops[peak_dtype(cluster, job.precision)] * eff)  # TF32 peak in fp32
+        return fwd, ATTN_BWD_FACTOR * fwd
+    fl = attention_core_flops_per_token(model, s, causal_halved=False) * tok * heads_frac
+    ab = compute_bytes(job.precision)  # 4-byte scores in fp32 training
+    scores = ab * b * model.num_attention_heads * heads_frac * s * s / par.cp
+    fwd = fl / gemm_rate(cluster, "fp32" if job.precision == "fp32" else half_dtype(cluster)) + \
+        UNFUSED_SCORE_PASSES * scores / hbm_rate(cluster)
+    return fwd, 2.0 * fwd
+
+
+def _kernel_tflops(model: ModelSpec, cluster: ClusterSpec, framework: str, s_key: float) -> tuple[float, float] | None:
+    """(forward, backward) TFLOP/s of the framework's fused-attention kernel on the cluster's GPU at key length
+    ``s_key`` and the model's head size (mean of the query/key and value head dims), from
+    ``cluster_specs/data/efficiency/attention.yaml``; None when the GPU has no series."""
+    kernels = attention_kernels(cluster.gpu.name)
+    if not kernels:
+        return None
+    want = ATTENTION_KERNEL.get(framework.split("_")[0], "cudnn")
+    qk, v = attention_widths(model)
+    head_dim = (qk + v) / 2 / model.num_attention_heads
+    return attention_tflops(cluster.gpu.name, want if want in kernels else kernels[0], s_key, head_dim)

@@ -1,0 +1,144 @@
+"""Per-layer communication of model parallelism, on one GPU (seconds per micro-batch): TP, CP, EP and the
+pipeline's point-to-point sends. Collective costs come from ``comm.collective_time`` on the rank placement of
+``layout.group_placement``.
+
+* **Tensor parallel**: 2 all-reduces (or all-gather + reduce-scatter pairs under SP, same bytes) of the hidden
+  state per layer in forward and 2 in backward (formulas.md Sec. 6); with TP communication overlap only
+  ``TP_OVERLAP_EXPOSED`` of it is exposed.
+* **Context parallel**: ring attention passes K/V ``cp-1`` times forward and K/V + their gradients backward,
+  overlapped with the attention of each ring step; only the excess is exposed.
+* **Expert parallel**: dispatch (FP8 when the GEMMs are FP8) + combine all-to-all per MoE layer forward and
+  backward; a token routed to several experts of one NVLink domain crosses the network once. With EP overlap
+  ``EP_OVERLAP_EXPOSED`` of it is exposed.
+* **Pipeline**: one activation send per micro-batch and stage boundary.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from itertools import combinations
+
+from cluster_specs.spec import ClusterSpec
+from model_zoo.spec import ModelSpec
+
+from .fit_range import FitRange
+from .comm import collective_time
+from .config import ParallelConfig, TrainingJob, compute_bytes
+from .layout import GroupPlacement
+
+#: Share of TP communication left exposed when TP communication overlap is on (Megatron ``--tp-comm-overlap``,
+#: torchtitan async TP): Transformer Engine's userbuffers pipeline the collectives with the GEMM chunks; the fit
+#: finds them fully hidden in NeMo/Megatron and 53% exposed with torchtitan's async TP.
+TP_OVERLAP_EXPOSED = {"megatron": 0.0, "nemo": 0.0, "torchtitan": 0.525}
+#: Share of EP all-to-all left exposed when the framework overlaps it with another micro-batch's compute
+#: (Megatron-LM ``--overlap-moe-expert-parallel-comm`` / Megatron-Bridge ``moe_a2a_overlap``, DeepSeek-V3
+#: Sec. 3.2.1 "DualPipe"-style overlap). Fitted (benchmarks/fit_step_time.py) on the rows that run it: Megatron MoE
+#: recipes marked "EP overlap" (DeepSeek-V3 B200, Qwen3-235B B200/GB200) and Megatron-Bridge 26.08 DeepSeek-V3 GB200.
+EP_OVERLAP_EXPOSED = 0.42
+
+#: Plausible ranges of the fitted constants above (``planner/calibration.py`` fits inside them).
+FIT_RANGES = {
+    "TP_OVERLAP_EXPOSED.megatron": FitRange(0.0, 0.5, "share of TP communication exposed",
+                                            "0: fully hidden by Transformer Engine userbuffers (GEMM chunks pipelined "
+                                            "with the collective); 0.5: only the first/last chunk's share hidden",
+                                            tied=("nemo",)),
+    "TP_OVERLAP_EXPOSED.torchtitan": FitRange(0.0, 0.7, "share of TP communication exposed",
+                                              "torch async TP (micro-pipelined all-gather / reduce-scatter matmuls): "
+                                              "0 fully hidden, 0.7 mostly exposed"),
+    "EP_OVERLAP_EXPOSED": FitRange(0.0, 1.0, "share of EP all-to-all exposed",
+                                   "0: fully hidden under the other micro-batch's compute; 1: no overlap"),
+}
+
+
+def tp_exposed_share(fw_base: str, tp_comm_overlap: bool) -> float:
+    """Share of the TP collectives on the critical path: 1 without overlap, else ``TP_OVERLAP_EXPOSED``."""
+    return 1.0 if not tp_comm_overlap else TP_OVERLAP_EXPOSED.get(fw_base, TP_OVERLAP_EXPOSED["megatron"])
+
+
+def ep_exposed_share(ep_overlap: bool) -> float:
+    """Share of the EP all-to-all on the critical path: 1 without overlap, else ``EP_OVERLAP_EXPOSED``."""
+    return EP_OVERLAP_EXPOSED if ep_overlap else 1.0
+
+
+def tp_layer_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
+               groups: dict[str, GroupPlacement]) -> float:
+    """Forward seconds of one layer's TP collectives: 2 all-reduces of the 16-bit ``b·s/cp x h`` hidden state
+    (or their all-gather + reduce-scatter halves under sequence parallelism: the same bytes; Korthikanti et al.
+    2022 Sec. 4.2.2). The backward runs the same."""
+    if par.tp <= 1:
+        return 0.0
+    tok = par.micro_batch_size * job.seq_length / par.cp
+    act_bytes = compute_bytes(job.precision) * tok * model.hidden_size
+    return 2 * collective_time("all_reduce", act_bytes, groups["tp"], cluster)
+
+
+def cp_layer_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
+               groups: dict[str, GroupPlacement], attn_fwd_s: float) -> float:
+    """Exposed forward seconds of one layer's ring-attention K/V exchange: ``cp - 1`` P2P steps of the local K/V
+    (Megatron-LM ``docs/source/api-guide/context_parallel.rst``), each hidden behind one ring step's share of the
+    attention forward ``attn_fwd_s``; the backward sends K/V and their gradients (2x, the caller's factor)."""
+    if par.cp <= 1:
+        return 0.0
+    tok = par.micro_batch_size * job.seq_length / par.cp
+    kv_w = (model.num_kv_heads * model.head_dim if model.mla is None
+            else model.num_attention_heads * (model.mla.qk_nope_head_dim + model.mla.qk_rope_head_dim))
+    kv_bytes = 2 * compute_bytes(job.precision) * tok * kv_w / min(par.tp, max(1, model.num_kv_heads))
+    step = collective_time("p2p", kv_bytes, groups["cp"], cluster)
+    # forward: cp-1 ring steps, each hidden behind one block of attention compute
+    return max(0.0, (par.cp - 1) * step - attn_fwd_s * (par.cp - 1) / par.cp)
+
+
+def ep_layer_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, layer: int,
+               groups: dict[str, GroupPlacement]) -> float:
+    """Forward seconds of one MoE layer's EP all-to-alls: dispatch (FP8 when the GEMMs are FP8: DeepEP /
+    HybridEP) + combine (16-bit) of each token's routed copies; a token routed to several experts of one NVLink
+    domain crosses the network once (DeepEP's node-level dedup, ``ep_domain_copies``). Backward: the same."""
+    if par.ep <= 1 or model.moe is None or not model.is_moe_layer(layer):
+        return 0.0
+    tok = par.micro_batch_size * job.seq_length / par.cp
+    g = groups["ep"]
+    copies = ep_domain_copies(model.moe.num_experts, model.moe.top_k, g.num_domains,
+                              model.moe.n_group, model.moe.topk_group)
+    ab = compute_bytes(job.precision)
+    disp = (1.0 if job.precision == "fp8" else ab) + ab
+    return collective_time("all_to_all", disp * tok * copies * model.hidden_size / par.tp, g, cluster)
+
+
+def pipeline_p2p_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
+                   groups: dict[str, GroupPlacement]) -> float:
+    """Seconds of one activation send between adjacent pipeline stages (16-bit ``b·s/cp x h``, divided by TP
+    under sequence parallelism); 0 without pipeline parallelism."""
+    if par.pp <= 1:
+        return 0.0
+    tok = par.micro_batch_size * job.seq_length / par.cp
+    p2p_bytes = compute_bytes(job.precision) * tok * model.hidden_size / (par.tp if par.sequence_parallel else 1)
+    return collective_time("p2p", p2p_bytes, groups["pp"], cluster)
+
+
+@lru_cache(maxsize=256)
+def ep_domain_copies(num_experts: int, top_k: int, domains: int, n_group: int | None = None,
+                     topk_group: int | None = None) -> float:
+    """Expected NVLink domains one token's ``top_k`` routed copies reach when the EP group's experts are laid out
+    contiguously over ``domains`` domains (``E/domains`` experts each); with one domain, the ``top_k`` copies.
+
+    A token crosses the network once per distinct domain (DeepEP / HybridEP dedup at the node level, DeepSeek-V3
+    Sec. 3.2.2). Unrestricted routing, experts drawn independently: ``D(1 - (1 - 1/D)^k)``. Node-limited routing
+    (DeepSeek-V3 Sec. 2.1.2; HF ``n_group`` / ``topk_group``): the token first picks ``topk_group`` of the
+    ``n_group`` contiguous expert groups, then its ``k`` experts inside them; averaged over the equally likely
+    group choices, a domain is missed with probability ``(1 - |domain and chosen| / |chosen|)^k``. DeepSeek-V3 on
+    8 domains with 8 groups, 4 chosen: 3.60 domains per token instead of 5.25.
+    """
+    if domains <= 1:
+        return float(top_k)
+    if not n_group or not topk_group or topk_group >= n_group or num_experts % n_group or num_experts % domains:
+        return domains * (1 - (1 - 1 / domains) ** top_k)
+    per_g, per_d = num_experts // n_group, num_experts // domains
+    total, count = 0.0, 0
+    for chosen in combinations(range(n_group), topk_group):
+        experts = [e for g in chosen for e in range(g * per_g, (g + 1) * per_g)]
+        n = len(experts)
+        in_dom = [0] * domains
+        for e in experts:
+            in_dom[e // per_d] += 1
+        total += sum(1 - (1 - c / n) ** top_k for c in in_dom)
+        count += 1
+    return total / count

@@ -1,0 +1,218 @@
+"""GEMM time: the weight matmuls of a decoder layer and of the output layer, on one GPU (seconds).
+
+Each weight GEMM of ``M`` tokens, input width ``K`` and output width ``N`` (after TP/EP sharding) takes
+``2MKN / (peak x gemm_efficiency) + KAPPA x bytes(MK + KN + MN) / HBM``: the large-GEMM rate measured by MAMF
+(cluster calibration ``gemm_efficiency``) plus ``KAPPA`` times the time to stream its operands, so small per-GPU
+GEMMs (high TP, small hidden sizes, fine-grained experts) run at a lower fraction of peak (roofline; Williams et
+al. 2009). FP8 GEMMs use the FP8 rate and 1-byte operands. Backward = 2 x forward GEMM work (Narayanan et al. SC21
+Sec. 5.1); the caller applies that factor.
+"""
+from __future__ import annotations
+
+from cluster_specs.spec import ClusterSpec
+from model_zoo.spec import ModelSpec
+
+from .fit_range import FitRange
+from .config import ParallelConfig, TrainingJob, compute_bytes
+from .flops import layer_gemm_shapes
+
+#: GEMM operand-streaming weight (dimensionless): a GEMM costs its MAMF-rate compute time plus ``KAPPA`` times
+#: the time to read A and B and write C once from HBM (a GEMM at the roofline ridge point runs at 1/3 of its MAMF
+#: rate). Fitted on the dev rows (plan3d validate): it sets how much slower small per-GPU GEMMs (Qwen3-30B-A3B's
+#: 768-wide experts, h=2048 at TP 8) run than large ones.
+KAPPA = 2.25
+
+#: Share of the board power at the TDP that does not scale with the SM clock under a power limit (HBM, NVLink
+#: SerDes, board and leakage): ~100 W of the H100 SXM's 700 W (its idle draw is 70-120 W in nvidia-smi reports).
+#: Counted, not fitted.
+UNCORE_POWER_FRACTION = 100.0 / 700.0
+#: Exponent ``n`` of the SM clock in the dynamic power under sustained dense GEMMs, ``P_dyn ~ f^n``: 1 at a fixed
+#: voltage, up to 3 when the voltage tracks the clock (``P ~ C V^2 f``). Sets the sustained clock under a board power
+#: limit below the TDP (``clock_fraction``). Fitted on the power-capped rows (torchtitan on Grand Teton H100s at
+#: 500 W; the H200 rows of the same recipes at 700 W are the uncapped reference). Every framework runs its weight
+#: GEMMs at the same cuBLAS rate: torchtitan's once fitted "framework compute share" went to 1 once its per-op
+#: recompute, its elementwise kernels and the power cap were modelled, and was removed.
+POWER_CLOCK_EXPONENT = 3.0
+
+#: Plausible ranges of the fitted constants above (``planner/calibration.py`` fits inside them).
+FIT_RANGES = {
+    "POWER_CLOCK_EXPONENT": FitRange(1.0, 3.0, "exponent of the SM clock in the dynamic board power",
+                                     "CMOS dynamic power C V^2 f: 1 at a fixed voltage, 3 with the voltage scaling "
+                                     "with the clock (DVFS); at 500 of 700 W with UNCORE_POWER_FRACTION that is a "
+                                     "sustained clock of 0.67-0.87 of the TDP clock"),
+    "KAPPA": FitRange(0.5, 4.0, "HBM passes over the GEMM operands",
+                      "roofline (Williams et al. 2009): >= 0.5, the operands streamed once and half of it hidden under "
+                      "the tensor-core pipeline; <= 4, A and B re-read from HBM for every 128-256-wide output tile "
+                      "row/column that misses L2 (cuBLAS/CUTLASS tile sizes)"),
+}
+
+
+def half_dtype(cluster: ClusterSpec) -> str:
+    """The GPU's 16-bit training dtype: ``bf16``, or ``fp16`` on GPUs without bf16."""
+    return "bf16" if "bf16" in cluster.gpu.peak_flops else "fp16"
+
+
+def peak_dtype(cluster: ClusterSpec, precision: str) -> str:
+    """The tensor-core dtype whose dense peak a job's MFU (and its attention and 16-bit work) is measured against:
+    ``tf32`` for fp32 training (its GEMMs run on the TF32 tensor cores: ``TrainingJob``), else the 16-bit one
+    (also for FP8 runs, as the published FP8 summaries report MFU)."""
+    return "tf32" if precision == "fp32" and "tf32" in cluster.gpu.peak_flops else half_dtype(cluster)
+
+
+def clock_fraction(cluster: ClusterSpec) -> float:
+    """Sustained tensor-core clock under the cluster's board power limit over the clock at the TDP (at which the
+    MAMF GEMM and attention kernel rates were measured); 1 without a power cap.
+
+    The measured ``calibration.power_limit_clock_fraction`` when the cluster YAML has one; else the power law: dense
+    GEMMs run power-bound, the part ``UNCORE_POWER_FRACTION`` of the TDP does not scale, the rest scales as
+    ``f^POWER_CLOCK_EXPONENT``, so ``f = ((r - u) / (1 - u))^(1/n)`` with ``r = power_limit_w / tdp_w``.
+    """
+    measured = cluster.calibration.power_limit_clock_fraction
+    if measured is not None:
+        return measured
+    r = cluster.power_limit_ratio
+    if r >= 1.0:
+        return 1.0
+    u = UNCORE_POWER_FRACTION
+    return max(0.0, (r - u) / (1.0 - u)) ** (1.0 / POWER_CLOCK_EXPONENT)
+
+
+def gemm_rate(cluster: ClusterSpec, precision: str) -> float:
+    """Large-GEMM FLOP/s of ``precision`` on one GPU: dense peak x the MAMF efficiency of the cluster YAML x the
+    sustained clock under the board power limit (``clock_fraction``, 1 without a power cap). fp32 training runs its
+    GEMMs at the TF32 peak with the 16-bit MAMF efficiency (same tensor cores; no TF32 MAMF measurement in
+    hardware.yaml)."""
+    cal = cluster.calibration.gemm_efficiency
+    half = half_dtype(cluster)
+    if precision == "fp8" and "fp8" in cluster.gpu.peak_flops:
+        return cluster.gpu.peak_flops["fp8"] * cal.get("fp8", cal.get(half, 0.7)) * clock_fraction(cluster)
+    if precision == "fp32":
+        precision = peak_dtype(cluster, precision)
+    p = precision if precision in cluster.gpu.peak_flops else half
+    return cluster.gpu.peak_flops[p] * cal.get(p, cal.get(half, 0.7)) * clock_fraction(cluster)
+
+
+def hbm_rate(cluster: ClusterSpec) -> float:
+    """Achievable HBM bytes/s: the datasheet bandwidth x the calibrated ``hbm_efficiency`` (1 when unset)."""
+    return cluster.gpu.hbm_bandwidth_bytes_per_s * (cluster.calibration.hbm_efficiency or 1.0)
+
+
+def operand_bytes(precision: str) -> float:
+    """Bytes per GEMM operand element: 1 under FP8, 4 in fp32 training (``config.compute_bytes``), else the 16-bit
+    dtype's 2."""
+    return 1.0 if precision == "fp8" else float(compute_bytes(precision))
+
+
+def gemm_time(m: float, k: float, n: float, rate: float, hbm: float, bytes_per_el: float) -> float:
+    """Seconds of one ``m x k`` by ``k x n`` GEMM: compute at ``rate`` plus ``KAPPA`` x operand streaming."""
+    if m <= 0 or k <= 0 or n <= 0:
+        return 0.0
+    return 2.0 * m * k * n / rate + KAPPA * bytes_per_el * (m * k + k * n + m * n) / hbm
+
+
+def _local_gemms(model: ModelSpec, par: ParallelConfig, job: TrainingJob, layer: int) -> list[tuple[float, ...]]:
+    """Decoder layer ``layer``'s weight GEMMs on one GPU, in ``flops.layer_gemm_shapes`` order: ``(m, k, n, count)``
+    after TP / EP sharding. TP splits the attention and dense MLP GEMMs; routed experts (``etp``) are ``E/ep`` local
+    GEMMs, each receiving ``top_k/E`` of the tokens of all ``ep`` ranks (balanced routing)."""
+    tok = par.micro_batch_size * job.seq_length / par.cp  # tokens through this rank's layer (sequence split by CP)
+    etp = par.expert_tp
+    out = []
+    for k, n, share, shard, count in layer_gemm_shapes(model, layer):
+        if shard == "tp":
+            out.append((tok, k, n / par.tp, count))
+        elif shard == "etp":
+            out.append((tok * share * par.ep * etp / par.tp, k, n / etp, count / par.ep))
+        else:
+            out.append((tok, k, n, count))
+    return out
+
+
+def layer_gemms_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, layer: int,
+                  framework: str) -> tuple[float, float, float]:
+    """Forward seconds of decoder layer ``layer``'s weight GEMMs for one micro-batch on one GPU:
+    (all GEMMs, the MLP / MoE block's share, MLA's up-projections' share). Shapes: ``flops.layer_gemm_shapes``."""
+    rate = gemm_rate(cluster, job.precision)
+    hbm = hbm_rate(cluster)
+    el = operand_bytes(job.precision)
+    if model.mla is not None:
+        n_attn = (1 if model.mla.q_lora_rank is None else 2) + 3
+        up_idx = {n_attn - 2} | ({1} if model.mla.q_lora_rank is not None else set())
+    else:
+        n_attn, up_idx = 2, set()
+    total = mlp = up = 0.0
+    for idx, (m, k, n, cnt) in enumerate(_local_gemms(model, par, job, layer)):
+        g = cnt * gemm_time(m, k, n, rate, hbm, el)
+        total += g
+        if idx >= n_attn:
+            mlp += g
+        elif idx in up_idx:
+            up += g
+    return total, mlp, up
+
+
+def op_sac_recomputed_gemms_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
+                              layer: int, framework: str) -> float:
+    """Forward GEMM seconds of decoder layer ``layer`` (one micro-batch, one GPU) that torchtitan's per-op selective
+    activation checkpointing re-runs in backward: its policy saves the output of every ``aten.mm`` except every
+    second one in execution order (``_save_list`` / ``_custom_policy`` in ``parallelize_llama.py``, torchtitan
+    9dec370 (2024-12) and 820504e (2025-06): "Saves output of all compute ops, except every second mm").
+
+    torchtitan's linears are separate modules, so the fused shapes of ``flops.layer_gemm_shapes`` are split back:
+    QKV into ``wq, wk, wv`` (by width), a gated MLP's up-projection into ``w1, w3``; in a Llama layer the
+    recomputed ones are ``wk``, ``wo`` and ``w3`` (~37% of the forward GEMM FLOPs of Llama 3 8B). Float8 linears
+    count the same (the checkpoint's dispatch mode sees ``aten.mm`` on the float8 tensor subclass)."""
+    rate = gemm_rate(cluster, job.precision)
+    hbm, el = hbm_rate(cluster), operand_bytes(job.precision)
+    mms: list[tuple[float, float, float, float]] = []  # (m, k, n, count) per aten.mm, execution order
+    shapes = _local_gemms(model, par, job, layer)
+    for idx, (m, k, n, cnt) in enumerate(shapes):
+        if idx == 0 and model.mla is None:  # fused QKV -> wq, wk, wv
+            q, kv = model.num_attention_heads * model.head_dim, model.num_kv_heads * model.head_dim
+            mms += [(m, k, n * w / (q + 2 * kv), cnt) for w in (q, kv, kv)]
+        elif model.gated_mlp and idx == len(shapes) - 2 and idx > 1:  # fused w1 | w3 -> w1, w3
+            mms += [(m, k, n / 2, cnt), (m, k, n / 2, cnt)]
+        else:
+            mms.append((m, k, n, cnt))
+    return sum(cnt * gemm_time(m, k, n, rate, hbm, el) for j, (m, k, n, cnt) in enumerate(mms) if j % 2 == 1)
+
+
+def expert_gemms_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
+                   framework: str) -> tuple[float, float]:
+    """Forward seconds of one local expert's fc1 and fc2 GEMMs for one micro-batch (balanced routing: each expert
+    receives ``top_k / E`` of the tokens of the ``ep`` ranks), as ``layer_gemms_s`` charges them; (0, 0) for a
+    dense model."""
+    if model.moe is None:
+        return 0.0, 0.0
+    rate = gemm_rate(cluster, job.precision)
+    hbm, el = hbm_rate(cluster), operand_bytes(job.precision)
+    tok = par.micro_batch_size * job.seq_length / par.cp
+    moe, etp, h = model.moe, par.expert_tp, model.hidden_size
+    m = tok * moe.top_k / moe.num_experts * par.ep * etp / par.tp
+    up = 2 if model.gated_mlp else 1
+    return (gemm_time(m, h, up * moe.expert_ffn_hidden_size / etp, rate, hbm, el),
+            gemm_time(m, moe.expert_ffn_hidden_size, h / etp, rate, hbm, el))
+
+
+def logits_gemm_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
+                  framework: str) -> float:
+    """Forward seconds of the output layer's logits GEMM (``tokens x h`` by ``h x V/tp``) for one micro-batch.
+
+    Always in the 16-bit dtype, FP8 training included: Megatron-LM's output layer is a plain
+    ``tensor_parallel.ColumnParallelLinear``, outside Transformer Engine's ``fp8_autocast`` modules
+    (``megatron/core/models/gpt/gpt_model.py``), and torchtitan's float8 conversion skips the ``output`` linear
+    (``torchtitan/float8.py`` at 9dec370: ``module_filter_fn=lambda mod, fqn: fqn != "output"``)."""
+    half = "fp32" if job.precision == "fp32" else half_dtype(cluster)  # fp32 training: TF32 GEMM, fp32 operands
+    rate = gemm_rate(cluster, half)
+    tok = par.micro_batch_size * job.seq_length / par.cp
+    return gemm_time(tok, model.hidden_size, model.padded_vocab_size(par.tp) / par.tp, rate, hbm_rate(cluster),
+                     operand_bytes(half))
+
+
+def mtp_projection_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
+                     framework: str) -> float:
+    """Forward seconds of one multi-token-prediction module's input projection ``2h -> h`` (DeepSeek-V3 Sec. 2.2),
+    TP-sharded on the output."""
+    rate = gemm_rate(cluster, job.precision)
+    tok = par.micro_batch_size * job.seq_length / par.cp
+    h = model.hidden_size
+    return gemm_time(tok, 2 * h, h / par.tp, rate, hbm_rate(cluster), operand_bytes(job.precision))

@@ -1,0 +1,103 @@
+"""MoE work that is neither a GEMM, an HBM stream nor a collective, per MoE layer on one GPU (seconds per
+micro-batch): routing bookkeeping per routed token copy, and the host time of the per-expert work that the GPU
+cannot hide.
+
+Host-bound expert blocks. Dropless routing copies the per-expert token counts to the host and synchronises before
+the expert computation (Megatron-LM ``megatron/core/transformer/moe/token_dispatcher.py``,
+``MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize``, commit 8c1a3f5df0cb, Sept 2025), so the CPU cannot
+run ahead of the GPU into a MoE layer's experts. Transformer Engine's ``GroupedLinear``
+(``transformer_engine/pytorch/module/grouped_linear.py``, commit 7022d50fe1e9, Oct 2025: the TE 2.8 generation the
+2025 recipes ran) then issues the expert work *per local expert*: ``general_grouped_gemm`` loops over the experts
+(one cuBLAS GEMM each for fc1 and fc2 forward, dgrad + wgrad backward), and under FP8 ``tex.split_quantize``
+quantizes each expert's GEMM input (forward) and output gradient (backward) separately: MXFP8 / blockwise one cast
+kernel per tensor, per-tensor current scaling three (amax, scale, cast; ``Float8CurrentScalingQuantizer``).
+
+The host issues these operations one after the other and the GPU runs each as it arrives: an operation costs
+``max(host time, GPU time)``. So the block exposes ``max(0, host - GPU)`` per operation on top of the GPU work the
+other terms charge: for a GEMM call (``HOST_GEMM_S``) nothing when the expert has many tokens, at most the call's
+host time for tiny ones; a quantized tensor (``HOST_QUANTIZE_S``: allocation, quantizer conversion, the tensor
+object and the launches of one expert's slice, whose cast is microseconds of HBM traffic) is charged in full, so it
+grows with the local experts only as far as the source issues per-expert quantizations (TE 2.8; later TE versions
+quantize all experts in one ``group_quantize`` call). A
+full-iteration CUDA graph replays the launches without the host.
+"""
+from __future__ import annotations
+
+from cluster_specs.spec import ClusterSpec
+from model_zoo.spec import ModelSpec
+
+from .config import ParallelConfig, TrainingJob
+from .fit_range import FitRange
+from .gemm import expert_gemms_s
+
+#: Quantized tensors per local expert per MoE layer (fc1 + fc2), forward and backward: the two GEMM inputs forward,
+#: the two output gradients backward (``tex.split_quantize``); none in 16-bit.
+QUANTIZED_TENSORS_PER_EXPERT = 2
+#: Host seconds per expert GEMM call (``general_grouped_gemm``'s C++ loop: one cublasLtMatmul per expert). Fitted.
+HOST_GEMM_S = 15.75e-6
+#: Host seconds per quantized expert tensor, by FP8 recipe (``split_quantize`` in TE 2.8, ``csrc/extensions/
+#: cast.cpp``). ``mx`` (MXFP8 / blockwise): the outputs of all experts are bulk-allocated at once and each split
+#: gets a light ``*TensorStorage`` object and one cast launch (the block scales come out of the cast kernel).
+#: ``cs`` (per-tensor current scaling): each expert's output is allocated on its own (data, transpose, scale) as a
+#: ``Float8Tensor`` (a ``torch.Tensor`` subclass) and quantized by three launches: amax, scale, cast. Fitted; ``cs``
+#: sits on the top of its range, held there by one row (Bridge H100 Qwen3-30B-A3B FP8-CS, pp 2 x vpp 24).
+HOST_QUANTIZE_S = {"mx": 80e-6, "cs": 300e-6}
+#: Seconds per routed token copy per MoE layer (forward + backward) of routing bookkeeping that is neither GEMM
+#: nor HBM-bandwidth bound (top-k, sort by expert, index computation, scatter). Fitted on the dev rows.
+MOE_TOKEN_COPY_S = 1.25e-8
+
+#: Plausible ranges of the fitted constants above (``planner/calibration.py`` fits inside them).
+FIT_RANGES = {
+    "HOST_GEMM_S": FitRange(3e-6, 20e-6, "s per expert GEMM call",
+                            ">= 3 us: CUDA launch latency of a cublasLtMatmul from C++; <= 20 us: with the "
+                            "heuristic-cache lookup and TE tensor-wrapper setup per call"),
+    "HOST_QUANTIZE_S.mx": FitRange(10e-6, 120e-6, "s per quantized expert tensor",
+                                   ">= 10 us: one C++ cast launch and its share of a bulk allocation; <= 120 us: "
+                                   "with quantizer conversion and a Python storage object per split (eager "
+                                   "PyTorch-level overheads of 10-60 us each)"),
+    "HOST_QUANTIZE_S.cs": FitRange(20e-6, 300e-6, "s per quantized expert tensor",
+                                   ">= 20 us: three C++ launches (amax, scale, cast) and their allocations; <= 300 "
+                                   "us: with a torch.Tensor-subclass Float8Tensor built per expert (wrapper-subclass "
+                                   "creation, 3 allocations, quantizer conversion: up to ~5 eager-op overheads of "
+                                   "up to 60 us)"),
+    "MOE_TOKEN_COPY_S": FitRange(0.0, 5.0e-8, "s per routed token copy per layer",
+                                 "top-k, sort and scatter kernels: a few ns to tens of ns per copy at HBM speed"),
+}
+
+
+def quantize_host_s(job: TrainingJob, fp8_recipe: str) -> float:
+    """Host seconds to quantize one expert tensor: ``HOST_QUANTIZE_S`` of the FP8 recipe; 0 in 16-bit.
+
+    Raises:
+        ValueError: ``fp8_recipe`` is neither ``mx`` nor ``cs`` for an FP8 job.
+    """
+    if job.precision != "fp8":
+        return 0.0
+    if fp8_recipe not in HOST_QUANTIZE_S:
+        raise ValueError(f"fp8_recipe {fp8_recipe!r}: allowed mx, cs")
+    return HOST_QUANTIZE_S[fp8_recipe]
+
+
+def moe_routing_s(model: ModelSpec, job: TrainingJob, par: ParallelConfig, layer: int) -> float:
+    """Routing bookkeeping of one MoE layer, forward + backward seconds per micro-batch (1/3 forward, 2/3
+    backward): ``MOE_TOKEN_COPY_S`` per routed token copy (top-k, sort by expert, index/scatter kernels); 0 for
+    dense layers."""
+    if model.moe is None or not model.is_moe_layer(layer):
+        return 0.0
+    tok = par.micro_batch_size * job.seq_length / par.cp
+    return MOE_TOKEN_COPY_S * tok * model.moe.top_k / par.tp
+
+
+def moe_host_exposed_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, layer: int,
+                       framework: str, fp8_recipe: str, full_cuda_graph: bool) -> tuple[float, float]:
+    """(forward, backward) seconds one MoE layer's host-issued per-expert operations add to its GPU time for one
+    micro-batch (module docstring): per local expert, ``max(0, HOST_GEMM_S - GEMM time)`` for each expert GEMM
+    (fc1 and fc2 forward; their dgrad and wgrad backward, each as long as the forward GEMM) and
+    ``quantize_host_s`` for each quantized tensor. (0, 0) for dense layers and under a full CUDA graph."""
+    if model.moe is None or not model.is_moe_layer(layer) or full_cuda_graph:
+        return 0.0, 0.0
+    g1, g2 = expert_gemms_s(model, cluster, job, par, framework)
+    quant = QUANTIZED_TENSORS_PER_EXPERT * quantize_host_s(job, fp8_recipe)
+    gemm = max(0.0, HOST_GEMM_S - g1) + max(0.0, HOST_GEMM_S - g2)
+    local = model.moe.num_experts / par.ep
+    return local * (gemm + quant), local * (2 * gemm + quant)

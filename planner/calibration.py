@@ -1,0 +1,295 @@
+"""Fit the step-time model's physical constants on published runs, and measure how well they generalise.
+
+The fitted constants are the entries of the ``FIT_RANGES`` tables of the cost-model modules (``cost_models/gemm.py``,
+``attention.py``, ``elementwise.py``, ``collectives.py``, ``moe_overhead.py``): each a physical quantity with the
+range it may take and why (``cost_models.fit_range.FitRange``). The fit never leaves those ranges.
+
+Fit: coordinate descent over each constant's bounded grid (``GRID_POINTS`` evenly spaced points of its range, plus
+its current value, then half a grid step either side of the best), ``ROUNDS`` sweeps, minimising the mean of the
+per-source-group MAPEs plus half the overall MAPE (so that a large group does not drown a small one). Each row's prediction is cached and recomputed only when a
+constant it depends on changes (found once by perturbing each constant), which keeps a full cross-validation
+under a minute on one core.
+
+Leave-one-source-group-out (LOGO) cross-validation: for every source group, the constants are refitted on the
+other groups (starting from the shipped values; a constant that no other group's row depends on starts, and stays,
+at the middle of its range) and the group is predicted with them. The LOGO MAPE is the error
+a new run from an unseen source can expect; the in-sample MAPE (the shipped constants on all rows) is the error
+on the rows the constants were fitted on.
+"""
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Callable, Iterator, Sequence
+
+from cost_models import attention, collectives, elementwise, gemm, moe_overhead
+from cost_models.fit_range import FitRange
+
+from .validation import MIN_GROUP_ROWS, validate_row
+
+#: Modules whose ``FIT_RANGES`` list the fitted constants.
+FITTED_MODULES: tuple[ModuleType, ...] = (gemm, attention, elementwise, collectives, moe_overhead)
+#: Grid points per constant's range in one coordinate-descent sweep (plus the current value).
+GRID_POINTS = 7
+#: Coordinate-descent sweeps over all constants.
+ROUNDS = 2
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """One fitted constant: ``module.attr`` (a number) or ``module.attr[key]`` (+ its ``tied`` keys)."""
+
+    name: str
+    module: ModuleType
+    attr: str
+    key: str | None
+    bounds: FitRange
+
+    def get(self) -> float:
+        v = getattr(self.module, self.attr)
+        return float(v[self.key]) if self.key is not None else float(v)
+
+    def set(self, value: float) -> None:
+        if self.key is None:
+            setattr(self.module, self.attr, value)
+            return
+        d = getattr(self.module, self.attr)
+        for k in (self.key, *self.bounds.tied):
+            d[k] = value
+
+    def grid(self, n: int = GRID_POINTS) -> list[float]:
+        lo, hi = self.bounds.low, self.bounds.high
+        pts = [lo + (hi - lo) * i / (n - 1) for i in range(n)]
+        return sorted({float(f"{p:.6g}") for p in pts} | {self.get()})
+
+
+def parameters() -> list[Parameter]:
+    """The fitted constants of the step-time model, in module order."""
+    out = []
+    for mod in FITTED_MODULES:
+        for name, rng in getattr(mod, "FIT_RANGES", {}).items():
+            attr, _, key = name.partition(".")
+            out.append(Parameter(name, mod, attr, key or None, rng))
+    return out
+
+
+def current_values(params: Sequence[Parameter] | None = None) -> dict[str, float]:
+    """``{name: value}`` of the constants as they are now (the shipped values unless overridden)."""
+    return {p.name: p.get() for p in (params if params is not None else parameters())}
+
+
+@contextmanager
+def constants(values: dict[str, float], params: Sequence[Parameter] | None = None) -> Iterator[None]:
+    """Run the step-time model with ``values`` for the named constants, restoring them afterwards."""
+    params = list(params if params is not None else parameters())
+    saved = current_values(params)
+    by_name = {p.name: p for p in params}
+    try:
+        for k, v in values.items():
+            by_name[k].set(v)
+        yield
+    finally:
+        for p in params:
+            p.set(saved[p.name])
+
+
+@dataclass
+class RowErrors:
+    """The evaluable rows of a dataset and their signed errors (predicted / measured - 1) under the constants as
+    they are now; ``refresh`` re-predicts only the rows that depend on a given constant."""
+
+    rows: list[dict[str, Any]]
+    ids: list[str] = field(default_factory=list)
+    groups: list[str] = field(default_factory=list)
+    errors: list[float] = field(default_factory=list)
+    depends: dict[str, list[int]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, rows: Sequence[dict[str, Any]]) -> "RowErrors":
+        out = cls([])
+        for r in rows:
+            res = validate_row(r, check_feasibility=False)
+            if res.error is None:
+                continue
+            out.rows.append(r)
+            out.ids.append(res.id)
+            out.groups.append(res.group)
+            out.errors.append(res.error)
+        return out
+
+    def predict(self, idx: Sequence[int]) -> None:
+        for i in idx:
+            self.errors[i] = validate_row(self.rows[i], check_feasibility=False).error
+
+    def find_dependencies(self, params: Sequence[Parameter]) -> None:
+        """For each constant, the rows whose prediction moves when it moves (one perturbation each)."""
+        for p in params:
+            v0 = p.get()
+            lo, hi = p.bounds.low, p.bounds.high
+            probe = hi if abs(hi - v0) >= abs(v0 - lo) else lo
+            base = list(self.errors)
+            p.set(probe)
+            self.predict(range(len(self.rows)))
+            self.depends[p.name] = [i for i, (a, b) in enumerate(zip(base, self.errors)) if abs(a - b) > 1e-12]
+            p.set(v0)
+            self.errors = base
+
+
+def mape(errors: Sequence[float]) -> float:
+    """Mean absolute percentage error of signed fractional errors (NaN for none)."""
+    return 100.0 * sum(abs(e) for e in errors) / len(errors) if errors else float("nan")
+
+
+def group_mapes(ids_groups: Sequence[str], errors: Sequence[float]) -> dict[str, tuple[int, float]]:
+    """``{group: (rows, MAPE)}`` sorted by group."""
+    by: dict[str, list[float]] = {}
+    for g, e in zip(ids_groups, errors):
+        by.setdefault(g, []).append(e)
+    return {g: (len(v), mape(v)) for g, v in sorted(by.items())}
+
+
+def objective(groups: Sequence[str], errors: Sequence[float]) -> float:
+    """Mean of the per-group MAPEs plus half the overall MAPE (percent)."""
+    gm = group_mapes(groups, errors)
+    return sum(m for _, m in gm.values()) / len(gm) + 0.5 * mape(errors)
+
+
+def fit(data: RowErrors, train: Sequence[int], params: Sequence[Parameter], rounds: int = ROUNDS,
+        progress: Callable[[str], None] | None = None) -> dict[str, float]:
+    """Coordinate descent of ``params`` (bounded grids) on the rows ``train`` of ``data``; leaves the constants set
+    to the best values found and ``data.errors`` current for them. Returns the fitted values."""
+    train = list(train)
+    tset = set(train)
+    groups = [data.groups[i] for i in train]
+
+    def score() -> float:
+        return objective(groups, [data.errors[i] for i in train])
+
+    best = score()
+    for rnd in range(rounds):
+        changed = False
+        for p in params:
+            dep = [i for i in data.depends.get(p.name, range(len(data.rows))) if i in tset]
+            if not dep:
+                continue
+            v0 = p.get()
+            best_v = v0
+
+            def trial(v: float) -> None:
+                nonlocal best, best_v
+                if v == v0 or not p.bounds.low <= v <= p.bounds.high:
+                    return
+                p.set(v)
+                data.predict(dep)
+                s = score()
+                if s < best - 1e-9:
+                    best, best_v = s, v
+
+            for v in p.grid():
+                trial(v)
+            # one refinement: half a grid step either side of the best grid point, inside the range
+            step = (p.bounds.high - p.bounds.low) / (GRID_POINTS - 1)
+            for v in (best_v - step / 2, best_v + step / 2):
+                trial(float(f"{v:.6g}"))
+            p.set(best_v)
+            data.predict(dep)
+            changed |= best_v != v0
+            if progress is not None:
+                progress(f"round {rnd + 1}: {p.name} = {best_v:g} (objective {best:.3f})")
+        if not changed:
+            break
+    return current_values(params)
+
+
+@dataclass
+class CrossValidation:
+    """In-sample and leave-one-source-group-out errors per row, and the constants each fold was fitted to."""
+
+    ids: list[str]
+    groups: list[str]
+    in_sample: list[float]
+    logo: list[float]
+    shipped: dict[str, float]
+    folds: dict[str, dict[str, float]]
+
+    @property
+    def in_sample_mape(self) -> float:
+        return mape(self.in_sample)
+
+    @property
+    def logo_mape(self) -> float:
+        return mape(self.logo)
+
+    def group_table(self) -> dict[str, tuple[int, float, float]]:
+        """``{group: (rows, in-sample MAPE, LOGO MAPE)}``."""
+        ins = group_mapes(self.groups, self.in_sample)
+        lg = group_mapes(self.groups, self.logo)
+        return {g: (n, m, lg[g][1]) for g, (n, m) in ins.items()}
+
+    def failures(self, max_mape: float, max_group_mape: float, min_group_rows: int = MIN_GROUP_ROWS) -> list[str]:
+        """Threshold violations of the LOGO MAPE, overall and per group with >= ``min_group_rows`` rows."""
+        msgs = []
+        if self.logo_mape > max_mape:
+            msgs.append(f"cross-validated (LOGO) MAPE {self.logo_mape:.2f}% > {max_mape:g}%")
+        for g, (n, _, m) in self.group_table().items():
+            if n >= min_group_rows and m > max_group_mape:
+                msgs.append(f"group {g} cross-validated MAPE {m:.2f}% > {max_group_mape:g}%")
+        return msgs
+
+    def annotate(self, report: dict[str, Any]) -> dict[str, Any]:
+        """Add the cross-validation to a ``plan3d validate`` JSON report (``ValidationReport.to_dict``):
+        ``cross_validated_mape_percent`` {overall, groups} next to ``mape_percent``, each group's
+        ``cross_validated_mape_percent`` and each row's ``cross_validated_error`` (predicted / measured - 1 with the
+        constants fitted without the row's group)."""
+        table = self.group_table()
+        report["cross_validated_mape_percent"] = {"overall": self.logo_mape,
+                                                  "groups": {g: m for g, (_, _, m) in table.items()}}
+        for g, entry in report.get("groups", {}).items():
+            if g in table:
+                entry["cross_validated_mape_percent"] = table[g][2]
+        err = dict(zip(self.ids, self.logo))
+        for row in report.get("rows", []):
+            if row.get("id") in err:
+                row["cross_validated_error"] = err[row["id"]]
+        return report
+
+
+def cross_validate(rows: Sequence[dict[str, Any]], rounds: int = ROUNDS,
+                   fold_progress: Callable[[str, int, int], None] | None = None) -> CrossValidation:
+    """LOGO cross-validation of the fitted constants over the source groups of ``rows`` (see module docstring);
+    ``fold_progress(group, done, total)`` is called before each fold. The constants are restored to their shipped
+    values afterwards."""
+    params = parameters()
+    shipped = current_values(params)
+    data = RowErrors.of(rows)
+    in_sample = list(data.errors)
+    data.find_dependencies(params)
+    logo = [math.nan] * len(data.rows)
+    folds: dict[str, dict[str, float]] = {}
+    try:
+        names = sorted(set(data.groups))
+        for k, g in enumerate(names):
+            if fold_progress is not None:
+                fold_progress(g, k, len(names))
+            train = [i for i, x in enumerate(data.groups) if x != g]
+            test = [i for i, x in enumerate(data.groups) if x == g]
+            tset = set(train)
+            for p in params:
+                if not any(i in tset for i in data.depends.get(p.name, ())):
+                    # no training row depends on it: the held-out group alone fixed its shipped value, so it takes
+                    # the middle of its range instead (no evidence), not the shipped one
+                    p.set(p.bounds.low + (p.bounds.high - p.bounds.low) / 2)
+            folds[g] = fit(data, train, params, rounds)
+            data.predict(test)
+            for i in test:
+                logo[i] = data.errors[i]
+            # back to the shipped constants for the next fold
+            for p in params:
+                p.set(shipped[p.name])
+            data.errors = list(in_sample)
+    finally:
+        for p in params:
+            p.set(shipped[p.name])
+    return CrossValidation(data.ids, data.groups, in_sample, logo, shipped, folds)
