@@ -31,8 +31,11 @@ from .operations import OperationsSpec
 
 #: Training precisions the planner may choose, in display order. Other keys of
 #: ``GPUSpec.peak_flops`` (tf32, fp32, fp6, fp4) are kept as data but are not offered as a
-#: training precision.
+#: training precision; fp32 training (``FP32_TRAINING``) is offered on GPUs with a TF32 peak.
 TRAINING_PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8")
+#: Single-precision training: fp32 tensors, GEMMs on TF32 tensor cores (``cost_models.config.TrainingJob``), so it
+#: needs the GPU's ``tf32`` peak; its GEMM efficiency is the 16-bit one (same tensor cores, no TF32 MAMF figure).
+FP32_TRAINING = "fp32"
 
 #: dtype spellings accepted by :meth:`ClusterSpec.peak_flops` and friends.
 DTYPE_ALIASES: dict[str, str] = {
@@ -121,6 +124,12 @@ class NodeSpec(BaseModel):
         description="GPUs in one NVLink domain (8 on DGX, 72 on GB200 NVL72); a multiple of gpus_per_node"
     )
     nvls: bool = Field(False, description="NVLink SHARP (in-switch all-reduce, NCCL NVLS) available")
+    host_memory_bandwidth_bytes_per_s: Annotated[float, Plausible(
+        1e9, 1e14, "1 GB/s, below one DDR3 channel of a desktop board, to 100x the 1.02 TB/s of a GB200 NVL72 tray's "
+                   "two Grace CPUs")] | None = Field(
+        None, description="peak DRAM bandwidth of the node's CPUs, all sockets together, bytes/s (DGX H100: 2 "
+                                "sockets x 8 channels x DDR5-4800 x 8 bytes = 614.4e9); shared by the node's GPUs' "
+                                "host-side work (CPU Adam under optimizer offload). None = not known")
     source: str = Field(min_length=1, description="where each value came from")
 
     @model_validator(mode="after")
@@ -244,10 +253,11 @@ class ClusterSpec(BaseModel):
             raise ValueError(
                 f"calibration.gemm_efficiency has dtype(s) {', '.join(extra)} that gpu.peak_flops lacks"
             )
-        missing = [d for d in self.supported_precisions if d not in self.calibration.gemm_efficiency]
+        missing = [d for d in self.supported_precisions
+                   if d != FP32_TRAINING and d not in self.calibration.gemm_efficiency]
         if missing:
             raise ValueError(f"calibration.gemm_efficiency has no entry for precision(s): {', '.join(missing)}")
-        if not self.supported_precisions:
+        if not [d for d in self.supported_precisions if d != FP32_TRAINING]:
             raise ValueError(
                 f"gpu.peak_flops has none of the training precisions {', '.join(TRAINING_PRECISIONS)}"
             )
@@ -267,8 +277,10 @@ class ClusterSpec(BaseModel):
     # ----------------------------------------------------------------- derived quantities
     @property
     def supported_precisions(self) -> list[str]:
-        """Training precisions (subset of bf16, fp16, fp8, in that order) this GPU has a dense peak for."""
-        return [d for d in TRAINING_PRECISIONS if d in self.gpu.peak_flops]
+        """Training precisions (subset of bf16, fp16, fp8, in that order, then fp32 when the GPU has a TF32 peak)
+        this GPU has a dense peak for."""
+        out = [d for d in TRAINING_PRECISIONS if d in self.gpu.peak_flops]
+        return out + [FP32_TRAINING] if "tf32" in self.gpu.peak_flops else out
 
     @property
     def usable_memory_bytes(self) -> int:
@@ -282,6 +294,19 @@ class ClusterSpec(BaseModel):
     @property
     def nvlink_domain_size(self) -> int:
         return self.node.nvlink_domain_size
+
+    @property
+    def host_link_bytes_per_s(self) -> float | None:
+        """GPU-to-host bandwidth per GPU per direction, bytes/s (``operations.storage.host_link_bytes_per_s``: PCIe
+        Gen5 x16 64e9 on DGX H100, NVLink-C2C on GB200); None when the cluster file does not give it."""
+        return self.operations.storage.host_link_bytes_per_s
+
+    @property
+    def host_memory_bandwidth_per_gpu(self) -> float | None:
+        """The node's host DRAM bandwidth shared by its GPUs, bytes/s per GPU (``node.host_memory_bandwidth_bytes_per_s``
+        / ``gpus_per_node``); None when not given."""
+        bw = self.node.host_memory_bandwidth_bytes_per_s
+        return None if bw is None else bw / self.node.gpus_per_node
 
     def _no_dtype(self, what: str, dtype: str) -> ClusterSpecError:
         return ClusterSpecError(

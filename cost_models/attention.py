@@ -12,9 +12,9 @@ from cluster_specs.spec import ClusterSpec
 from model_zoo.spec import ModelSpec
 
 from .fit_range import FitRange
-from .config import BYTES_16BIT, ParallelConfig, TrainingJob
+from .config import ParallelConfig, TrainingJob, compute_bytes
 from .flops import attention_core_flops_per_token, attention_widths
-from .gemm import clock_fraction, gemm_rate, half_dtype, hbm_rate
+from .gemm import clock_fraction, gemm_rate, half_dtype, hbm_rate, peak_dtype
 
 #: Backward / forward time of the fused attention kernel (FlashAttention-2: 5 backward matmuls vs 2 forward,
 #: Dao 2023 Sec. 3.1, i.e. 2.5x the FLOPs at a similar rate).
@@ -82,18 +82,24 @@ def attention_core_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, p
     if job.flash_attention:
         fl = attention_core_flops_per_token(model, s, causal_halved=True) * tok * heads_frac
         s_key = s / par.cp
+        # fp32 training (PyTorch SDPA's memory-efficient kernel in fp32): the 16-bit kernel's time scaled by the
+        # 16-bit over the TF32 peak (the same tensor cores at the TF32 rate)
+        slow = (cluster.gpu.peak_flops[half_dtype(cluster)] / cluster.gpu.peak_flops[peak_dtype(cluster, job.precision)]
+                if job.precision == "fp32" else 1.0)
         rates = _kernel_tflops(model, cluster, framework, s_key)
         if rates is not None:
             # the benchmarks ran at the TDP clock; a power-capped GPU runs its kernels at the capped clock
             share = ATTENTION_TRAINING_SHARE * clock_fraction(cluster)
-            fwd = fl / (rates[0] * 1e12 * share)
-            return fwd, ATTN_BWD_FACTOR * fl / (rates[1] * 1e12 * share)
+            fwd = slow * fl / (rates[0] * 1e12 * share)
+            return fwd, slow * ATTN_BWD_FACTOR * fl / (rates[1] * 1e12 * share)
         eff = attention_efficiency(cluster) * s_key / (s_key + ATTN_HALF_SEQ)
-        fwd = fl / (cluster.gpu.peak_flops[half_dtype(cluster)] * eff)
+        fwd = fl / (cluster.gpu.peak_flops[peak_dtype(cluster, job.precision)] * eff)  # TF32 peak in fp32
         return fwd, ATTN_BWD_FACTOR * fwd
     fl = attention_core_flops_per_token(model, s, causal_halved=False) * tok * heads_frac
-    scores = BYTES_16BIT * b * model.num_attention_heads * heads_frac * s * s / par.cp
-    fwd = fl / gemm_rate(cluster, half_dtype(cluster)) + UNFUSED_SCORE_PASSES * scores / hbm_rate(cluster)
+    ab = compute_bytes(job.precision)  # 4-byte scores in fp32 training
+    scores = ab * b * model.num_attention_heads * heads_frac * s * s / par.cp
+    fwd = fl / gemm_rate(cluster, "fp32" if job.precision == "fp32" else half_dtype(cluster)) + \
+        UNFUSED_SCORE_PASSES * scores / hbm_rate(cluster)
     return fwd, 2.0 * fwd
 
 

@@ -22,7 +22,7 @@ from model_zoo.spec import ModelSpec
 
 from .fit_range import FitRange
 from .comm import collective_time
-from .config import BYTES_16BIT, ParallelConfig, TrainingJob
+from .config import ParallelConfig, TrainingJob, compute_bytes
 from .layout import GroupPlacement
 
 #: Share of TP communication left exposed when TP communication overlap is on (Megatron ``--tp-comm-overlap``,
@@ -67,7 +67,7 @@ def tp_layer_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: Pa
     if par.tp <= 1:
         return 0.0
     tok = par.micro_batch_size * job.seq_length / par.cp
-    act_bytes = BYTES_16BIT * tok * model.hidden_size
+    act_bytes = compute_bytes(job.precision) * tok * model.hidden_size
     return 2 * collective_time("all_reduce", act_bytes, groups["tp"], cluster)
 
 
@@ -81,7 +81,7 @@ def cp_layer_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: Pa
     tok = par.micro_batch_size * job.seq_length / par.cp
     kv_w = (model.num_kv_heads * model.head_dim if model.mla is None
             else model.num_attention_heads * (model.mla.qk_nope_head_dim + model.mla.qk_rope_head_dim))
-    kv_bytes = 2 * BYTES_16BIT * tok * kv_w / min(par.tp, max(1, model.num_kv_heads))
+    kv_bytes = 2 * compute_bytes(job.precision) * tok * kv_w / min(par.tp, max(1, model.num_kv_heads))
     step = collective_time("p2p", kv_bytes, groups["cp"], cluster)
     # forward: cp-1 ring steps, each hidden behind one block of attention compute
     return max(0.0, (par.cp - 1) * step - attn_fwd_s * (par.cp - 1) / par.cp)
@@ -98,7 +98,8 @@ def ep_layer_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: Pa
     g = groups["ep"]
     copies = ep_domain_copies(model.moe.num_experts, model.moe.top_k, g.num_domains,
                               model.moe.n_group, model.moe.topk_group)
-    disp = (1.0 if job.precision == "fp8" else BYTES_16BIT) + BYTES_16BIT
+    ab = compute_bytes(job.precision)
+    disp = (1.0 if job.precision == "fp8" else ab) + ab
     return collective_time("all_to_all", disp * tok * copies * model.hidden_size / par.tp, g, cluster)
 
 
@@ -109,7 +110,7 @@ def pipeline_p2p_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par
     if par.pp <= 1:
         return 0.0
     tok = par.micro_batch_size * job.seq_length / par.cp
-    p2p_bytes = BYTES_16BIT * tok * model.hidden_size / (par.tp if par.sequence_parallel else 1)
+    p2p_bytes = compute_bytes(job.precision) * tok * model.hidden_size / (par.tp if par.sequence_parallel else 1)
     return collective_time("p2p", p2p_bytes, groups["pp"], cluster)
 
 

@@ -8,18 +8,21 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from model_zoo.input_guard import Plausible
 from model_zoo.spec import POSITIONS
 
-Precision = Literal["bf16", "fp16", "fp8"]
+Precision = Literal["bf16", "fp16", "fp8", "fp32"]
 Recompute = Literal["none", "selective", "full"]
 Schedule = Literal["1f1b", "interleaved", "gpipe", "zb-h1", "zb-v", "dualpipe", "dualpipev", "combined-1f1b"]
 FlopsConvention = Literal["megatron", "palm"]
 #: Megatron-LM ``--recompute-modules`` choices (megatron/training/arguments.py; megatron-core
 #: ``TransformerConfig.recompute_modules``).
 RecomputeModule = Literal["core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"]
+#: Megatron-LM ``--offload-modules`` choices (fine-grained activation offloading; cost_models/activation_offload.py).
+OffloadModule = Literal["attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act",
+                        "fused_group_mlp"]
 #: Megatron-LM ``--exp-avg-dtype`` / ``--exp-avg-sq-dtype`` choices (precision-aware optimizer).
 OptimizerStateDtype = Literal["fp32", "fp16", "bf16", "fp8"]
 
@@ -29,16 +32,33 @@ BYTES_16BIT = 2
 BYTES_FP32 = 4
 
 
+def compute_bytes(precision: str) -> int:
+    """Bytes per element of the parameters' compute copy and of the activations: 4 for ``fp32`` training (fp32
+    parameters, gradients and activations; GEMMs on TF32 tensor cores), 2 otherwise (bf16 / fp16, and FP8 runs,
+    whose activations outside the GEMMs stay 16-bit)."""
+    return BYTES_FP32 if precision == "fp32" else BYTES_16BIT
+
+
 #: Global batch (sequences): one to 100x a 16,384-sequence batch, above the largest published ones (DeepSeek-V3
 #: 15,360 x 4K, arXiv:2412.19437 Sec. 4.2; Llama 3.1 405B 2,048 x 8K).
 GLOBAL_BATCH = Plausible(1, 100 * 16384, "one to 100x a 16,384-sequence batch; DeepSeek-V3 used 15,360")
+
+#: Busiest expert's routed tokens over the mean: 1 (balanced) up to num_experts / top_k (it takes every token of the
+#: micro-batch), bounded by 100x the 256 routed experts of DeepSeek-V3 (arXiv:2412.19437 Sec. 4.2) over top-1.
+EXPERT_LOAD_IMBALANCE = Plausible(1.0, 100 * 256, "1 = balanced, at most num_experts / top_k; 100x the 256 experts "
+                                                  "of DeepSeek-V3 over top-1")
 
 
 class TrainingJob(BaseModel):
     """What is trained: global batch (sequences), sequence length (tokens), precision, optimizer.
 
     ``precision`` selects the GEMM rate: ``fp8`` runs GEMMs at the FP8 rate with bf16 parameters and
-    activations elsewhere (Transformer Engine's recipe); weights/optimizer bytes are unchanged.
+    activations elsewhere (Transformer Engine's recipe); weights/optimizer bytes are unchanged. ``fp32`` trains
+    in single precision: 4-byte parameters, gradients and activations, no separate master copy (Megatron
+    ``dist_optimizer.md`` "fp32 param, fp32 grad": 16 bytes, 8 + 8/d distributed), GEMMs on the TF32 tensor cores
+    (Transformer Engine's cuBLASLt GEMMs default to ``CUBLAS_COMPUTE_32F_FAST_TF32``; PyTorch's own matmuls need
+    ``TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1``, which the emitters set) at the TF32 dense peak, the peak MFU is
+    reported against.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -57,6 +77,11 @@ class TrainingJob(BaseModel):
                            "GPU before the data-parallel sharding: DeepSpeed without deepspeed.zero.Init, or a loader "
                            "that builds the full model on each rank; False = built sharded (Megatron, torchtitan's "
                            "meta-device init, zero.Init)")
+    expert_load_imbalance: Annotated[float | None, EXPERT_LOAD_IMBALANCE] = Field(
+        None, description="dropless MoE routing: the busiest expert's routed tokens over the mean in one "
+                                  "micro-batch (1.0 = balanced, as with Megatron --moe-router-force-load-balancing); "
+                                  "None = cost_models/moe_imbalance.py's sourced default (2.21 for 256 experts, 1.61 "
+                                  "for 8). Sets how far the busiest expert-parallel rank exceeds the balanced share")
     cross_entropy_fusion_impl: Literal["native", "te"] = Field(
         "native", description="Megatron --cross-entropy-fusion-impl: 'native' (Megatron's fused vocab-parallel "
                               "cross entropy, bf16 logits + fp32 copy kept) or 'te' (Transformer Engine "
@@ -133,9 +158,21 @@ class ParallelConfig(BaseModel):
         0.0, ge=0.0, le=1.0, description="Megatron --optimizer-cpu-offload --optimizer-offload-fraction: share of the "
                                          "fp32 master weights and Adam moments kept in host memory (0 = none)")
 
+    offload_modules: tuple[OffloadModule, ...] | None = Field(
+        None, description="Megatron --fine-grained-activation-offloading --offload-modules: submodules whose saved "
+                          "activations go to host memory in forward and come back before backward "
+                          "(cost_models/activation_offload.py); None = no activation offloading")
     param_cpu_offload: bool = Field(
         False, description="DeepSpeed ZeRO-3 offload_param {device: cpu}: the 16-bit parameter partitions live in "
                            "host memory (with optimizer_cpu_offload_fraction 1.0: ZeRO-Infinity's CPU tier)")
+
+    @field_validator("offload_modules")
+    @classmethod
+    def _offload_rules(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if v:
+            from .activation_offload import check_offload_modules
+            check_offload_modules(v)
+        return v
 
     @model_validator(mode="after")
     def _sp_needs_tp(self) -> "ParallelConfig":

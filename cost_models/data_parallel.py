@@ -25,7 +25,7 @@ from cluster_specs.spec import ClusterSpec
 from model_zoo.spec import ModelSpec
 
 from .comm import collective_time
-from .config import BYTES_16BIT, BYTES_FP32, ParallelConfig, TrainingJob
+from .config import BYTES_16BIT, BYTES_FP32, ParallelConfig, TrainingJob, compute_bytes
 from .gemm import hbm_rate
 from .layout import GroupPlacement
 from .memory import StageParams
@@ -113,7 +113,8 @@ def dp_sync_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: Par
     grad_b = BYTES_16BIT if getattr(par, "grad_reduce_in_bf16", False) else BYTES_FP32
     # bytes per gathered parameter: 16-bit, or 1-byte FP8 weights with ``--fp8-param-gather`` under a per-tensor
     # FP8 recipe (Transformer Engine Float8Tensor; ``cost_models.memory.FP8_PARAM_BYTES``)
-    param_b = 1.0 if getattr(par, "fp8_param_gather", False) and job.precision == "fp8" else float(BYTES_16BIT)
+    ab = compute_bytes(job.precision)  # the parameters' compute copy: 4 bytes in fp32 training
+    param_b = 1.0 if getattr(par, "fp8_param_gather", False) and job.precision == "fp8" else float(ab)
     hsdp = getattr(par, "hsdp_shard_size", None)
     hsdp = hsdp if par.zero_stage >= 3 and hsdp and 1 < hsdp < shard and shard % hsdp == 0 else None
     if shard > 1:
@@ -126,7 +127,7 @@ def dp_sync_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: Par
             # ``communication_data_type``, ``allreduce_bucket`` casts the fp32 buffer; pipe/engine.py
             # ``_bf16_reduce_grads``); BLOOM needed PyTorch 1.11's NCCL "which supports BF16 comms" for it
             # (bigscience tr11-176B-ml README)
-            rs_t = collective_time("all_reduce", BYTES_16BIT * stage.dense, dp_group, cluster)
+            rs_t = collective_time("all_reduce", ab * stage.dense, dp_group, cluster)
             ag_t = collective_time("all_gather", param_b * stage.dense, dp_group, cluster)
         elif hsdp:
             # HSDP (ZeRO-3 within ``hsdp_shard_size`` ranks, replicated across): gathers and reduce-scatters stay in
@@ -147,13 +148,17 @@ def dp_sync_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: Par
         rs_t += collective_time("reduce_scatter" if par.zero_stage else "all_reduce",
                                 BYTES_FP32 * stage.expert, edp, cluster)
         if par.zero_stage:
-            ag_t += collective_time("all_gather", BYTES_16BIT * stage.expert, edp, cluster)
+            ag_t += collective_time("all_gather", ab * stage.expert, edp, cluster)
     if model.tie_word_embeddings and par.pp > 1:
         # first and last stage all-reduce the shared embedding's fp32 gradient after the pipeline drains
         # (Megatron-LM ``finalize_model_grads._allreduce_word_embedding_grads``; DeepSpeed ``ReduceTiedGrads``)
         emb_g = GroupPlacement(2, 2 if par.world_size // par.pp * (par.pp - 1) < dom else 1)
         vocab = model.padded_vocab_size(par.tp)
         rs_t += collective_time("all_reduce", BYTES_FP32 * vocab * model.hidden_size / par.tp, emb_g, cluster)
+    if getattr(par, "param_cpu_offload", False) and par.zero_stage >= 3 and shard > 1:
+        # ZeRO-Infinity CPU tier: each gather first copies this rank's 16-bit partition from host memory
+        # (``offload_param``; partitioned_param_coordinator fetches it to the GPU before the all-gather)
+        ag_t += ab * stage.dense / shard / (cluster.host_link_bytes_per_s or float("inf"))
     copy_out = 0.0
     if fw_base in FSDP2_FRAMEWORKS and par.zero_stage >= 3 and shard > 1:
         copy_out = FSDP2_COPY_OUT_PASSES * param_b * stage.dense / hbm_rate(cluster)

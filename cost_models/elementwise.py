@@ -15,7 +15,7 @@ from cluster_specs.spec import ClusterSpec
 from model_zoo.spec import ModelSpec
 
 from .fit_range import FitRange
-from .config import BYTES_16BIT, BYTES_FP32, ParallelConfig, TrainingJob
+from .config import BYTES_FP32, ParallelConfig, TrainingJob, compute_bytes
 from .flops import layer_gemm_shapes
 from .gemm import hbm_rate
 
@@ -116,8 +116,9 @@ def layer_memory_bound_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJo
     else:
         ffn_act = model.ffn_hidden_size / par.tp
     act = (3 + passes.ffn if model.gated_mlp else 2 + passes.ffn) * tok * ffn_act
-    mem = BYTES_16BIT * (passes.hidden * hid + passes.heads * tok * h / par.tp + act + extra) / hbm
-    mlp = BYTES_16BIT * (act + extra) / hbm
+    ab = compute_bytes(job.precision)  # 4 bytes per activation element in fp32 training
+    mem = ab * (passes.hidden * hid + passes.heads * tok * h / par.tp + act + extra) / hbm
+    mlp = ab * (act + extra) / hbm
     if job.precision == "fp8":
         mem += fp8_cast_s(model, cluster, job, par, layer)
     return mem, mlp
@@ -155,4 +156,4 @@ def cross_entropy_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
 def embedding_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig) -> float:
     """Embedding gather + write of one micro-batch's 16-bit hidden states, forward seconds (backward 2x)."""
     tok = par.micro_batch_size * job.seq_length / par.cp
-    return 2 * BYTES_16BIT * tok * model.hidden_size / hbm_rate(cluster)
+    return 2 * compute_bytes(job.precision) * tok * model.hidden_size / hbm_rate(cluster)

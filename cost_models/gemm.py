@@ -13,7 +13,7 @@ from cluster_specs.spec import ClusterSpec
 from model_zoo.spec import ModelSpec
 
 from .fit_range import FitRange
-from .config import BYTES_16BIT, ParallelConfig, TrainingJob
+from .config import ParallelConfig, TrainingJob, compute_bytes
 from .flops import layer_gemm_shapes
 
 #: GEMM operand-streaming weight (dimensionless): a GEMM costs its MAMF-rate compute time plus ``KAPPA`` times
@@ -52,6 +52,13 @@ def half_dtype(cluster: ClusterSpec) -> str:
     return "bf16" if "bf16" in cluster.gpu.peak_flops else "fp16"
 
 
+def peak_dtype(cluster: ClusterSpec, precision: str) -> str:
+    """The tensor-core dtype whose dense peak a job's MFU (and its attention and 16-bit work) is measured against:
+    ``tf32`` for fp32 training (its GEMMs run on the TF32 tensor cores: ``TrainingJob``), else the 16-bit one
+    (also for FP8 runs, as the published FP8 summaries report MFU)."""
+    return "tf32" if precision == "fp32" and "tf32" in cluster.gpu.peak_flops else half_dtype(cluster)
+
+
 def clock_fraction(cluster: ClusterSpec) -> float:
     """Sustained tensor-core clock under the cluster's board power limit over the clock at the TDP (at which the
     MAMF GEMM and attention kernel rates were measured); 1 without a power cap.
@@ -72,11 +79,15 @@ def clock_fraction(cluster: ClusterSpec) -> float:
 
 def gemm_rate(cluster: ClusterSpec, precision: str) -> float:
     """Large-GEMM FLOP/s of ``precision`` on one GPU: dense peak x the MAMF efficiency of the cluster YAML x the
-    sustained clock under the board power limit (``clock_fraction``, 1 without a power cap)."""
+    sustained clock under the board power limit (``clock_fraction``, 1 without a power cap). fp32 training runs its
+    GEMMs at the TF32 peak with the 16-bit MAMF efficiency (same tensor cores; no TF32 MAMF measurement in
+    hardware.yaml)."""
     cal = cluster.calibration.gemm_efficiency
     half = half_dtype(cluster)
     if precision == "fp8" and "fp8" in cluster.gpu.peak_flops:
         return cluster.gpu.peak_flops["fp8"] * cal.get("fp8", cal.get(half, 0.7)) * clock_fraction(cluster)
+    if precision == "fp32":
+        precision = peak_dtype(cluster, precision)
     p = precision if precision in cluster.gpu.peak_flops else half
     return cluster.gpu.peak_flops[p] * cal.get(p, cal.get(half, 0.7)) * clock_fraction(cluster)
 
@@ -87,8 +98,9 @@ def hbm_rate(cluster: ClusterSpec) -> float:
 
 
 def operand_bytes(precision: str) -> float:
-    """Bytes per GEMM operand element: 1 under FP8, else the 16-bit dtype's 2."""
-    return 1.0 if precision == "fp8" else float(BYTES_16BIT)
+    """Bytes per GEMM operand element: 1 under FP8, 4 in fp32 training (``config.compute_bytes``), else the 16-bit
+    dtype's 2."""
+    return 1.0 if precision == "fp8" else float(compute_bytes(precision))
 
 
 def gemm_time(m: float, k: float, n: float, rate: float, hbm: float, bytes_per_el: float) -> float:
@@ -189,7 +201,7 @@ def logits_gemm_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     ``tensor_parallel.ColumnParallelLinear``, outside Transformer Engine's ``fp8_autocast`` modules
     (``megatron/core/models/gpt/gpt_model.py``), and torchtitan's float8 conversion skips the ``output`` linear
     (``torchtitan/float8.py`` at 9dec370: ``module_filter_fn=lambda mod, fqn: fqn != "output"``)."""
-    half = half_dtype(cluster)
+    half = "fp32" if job.precision == "fp32" else half_dtype(cluster)  # fp32 training: TF32 GEMM, fp32 operands
     rate = gemm_rate(cluster, half)
     tok = par.micro_batch_size * job.seq_length / par.cp
     return gemm_time(tok, model.hidden_size, model.padded_vocab_size(par.tp) / par.tp, rate, hbm_rate(cluster),

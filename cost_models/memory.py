@@ -33,7 +33,8 @@ Activations per layer and micro-batch: Korthikanti et al. 2022 (K22) Sec. 4.1 te
 generalised to GQA/MLA projection widths, gated MLPs (SwiGLU's fc1 output is ``2f`` wide), fused attention (no
 ``5*a*s^2*b`` score term, only the fp32 log-sum-exp ``4*a*s*b``), dropout on/off (1-byte masks), context
 parallelism (each rank holds ``s/cp`` tokens), MoE (``top_k`` token copies dispatched and combined, the expert
-FFN width, fp32 router logits, capacity factor) and FP8 (GEMM inputs kept in 1-byte FP8 by Transformer Engine).
+FFN width, fp32 router logits; the busiest expert-parallel rank holds more than the balanced share under dropless
+routing, ``cost_models/moe_imbalance.py``, or exactly a padded capacity factor) and FP8 (GEMM inputs kept in 1-byte FP8 by Transformer Engine).
 Recompute: ``selective`` drops what ``recompute_modules`` names (Megatron ``--recompute-modules``; default
 ``core_attn``, the attention core of K22 / ``--recompute-activations``): ``layernorm`` the 16-bit norm outputs,
 ``mla_up_proj`` MLA's Q, K, V, ``moe_act`` the expert fc2 inputs, ``mlp`` / ``moe`` / ``shared_experts`` the whole
@@ -81,9 +82,11 @@ from typing import Literal
 from cluster_specs.spec import ClusterSpec
 from model_zoo.spec import ModelSpec
 
-from .config import BYTES_16BIT, BYTES_FP32, ParallelConfig, TrainingJob
+from .activation_offload import OFFLOAD_RESIDENT_LAYERS, offloaded_bytes
+from .config import BYTES_16BIT, BYTES_FP32, ParallelConfig, TrainingJob, compute_bytes
 from .layout import chunk_layer_counts, holds_embedding, holds_output, rank_layers
 from .memory_buffers import BufferInputs, backend_buffers, merge, moe_dispatch_buffers, pipeline_p2p_buffers
+from .moe_imbalance import rank_load_ratio
 from .pipeline import OP_ORDER_SCHEDULES, chunks_per_rank, in_flight_chunks
 
 Framework = Literal["megatron", "deepspeed", "torchtitan"]
@@ -130,6 +133,7 @@ class StageParams:
     expert: float  # after EP x ETP sharding; states sharded over the expert data-parallel group
     largest_layer: float  # params of the largest decoder layer on this GPU (FSDP/ZeRO-3 gather unit)
     largest_module: float = 0.0  # params of the largest single module (DeepSpeed's ``largest_layer_params``)
+    output_layer: float = 0.0  # params of the final norm + output layer on this GPU (last stage; an FSDP unit)
 
     @property
     def total(self) -> float:
@@ -220,7 +224,8 @@ class MemoryEstimate:
 
 def state_bytes(framework: str, grad_reduce_in_bf16: bool = False, *, fp8_params: bool = False,
                 moment_bytes: float = ADAM_MOMENT_BYTES_PER_PARAM, optimizer_offload_fraction: float = 0.0,
-                param_offload: bool = False, master_bytes: float = MASTER_WEIGHT_BYTES_PER_PARAM) -> StateBytes:
+                param_offload: bool = False, master_bytes: float = MASTER_WEIGHT_BYTES_PER_PARAM,
+                fp32: bool = False) -> StateBytes:
     """Bytes per parameter of the model states on the GPU before sharding (module docstring gives the sources).
 
     Megatron only: ``fp8_params`` (``--fp8-param-gather``, per-tensor recipe) stores 1-byte weights;
@@ -234,9 +239,17 @@ def state_bytes(framework: str, grad_reduce_in_bf16: bool = False, *, fp8_params
     ``estimate_zero2_model_states_mem_needs(cpu_offload=True)`` keeps only the 16-bit parameters, ``2P``, on the
     GPU). ``param_offload`` (DeepSpeed ZeRO-3 ``offload_param``) keeps no 16-bit parameter partition on the GPU
     (``estimate_zero3_model_states_mem_needs(cpu_offload_params=True)``: only the ``4 * largest_layer`` buffer).
+
+    ``fp32`` (single-precision training, ``TrainingJob.precision`` fp32): Megatron keeps fp32 weights and gradients
+    and no master copy, 4 + 4 + 8 = 16 (Megatron ``docs/user-guide/features/dist_optimizer.md``, row "fp32 param,
+    fp32 grad": 16, distributed 8 + 8/d); DeepSpeed's ZeRO optimizer still clones its partition into an fp32 master
+    (``stage_1_and_2.py``: ``single_partition_of_fp32_groups`` ``.clone().float()``), so its 2-byte terms become 4:
+    4 + (4 + 4) + 12; torchtitan's FSDP2 states are fp32 already (16).
     """
     keep = 1.0 - optimizer_offload_fraction
     if framework == "megatron":
+        if fp32:
+            return StateBytes(BYTES_FP32, BYTES_FP32, moment_bytes * keep)
         opt = (master_bytes + moment_bytes) * keep
         return StateBytes(FP8_PARAM_BYTES if fp8_params else WEIGHT_BYTES_PER_PARAM,
                           BYTES_16BIT if grad_reduce_in_bf16 else GRAD_BYTES_PER_PARAM, opt)
@@ -244,8 +257,9 @@ def state_bytes(framework: str, grad_reduce_in_bf16: bool = False, *, fp8_params
         # 16-bit grads (2) + fp32 grads (4); the 16-bit grads stay replicated under ZeRO-1. CPU offload moves the
         # fp32 gradient partition, the master weights and Adam to the host (and the 16-bit gradient partition of
         # ZeRO-2: the estimator keeps 2P alone on the GPU).
-        return StateBytes(0.0 if param_offload else BYTES_16BIT, BYTES_16BIT + BYTES_FP32 * keep,
-                          OPTIMIZER_BYTES_PER_PARAM * keep, gradients_replicated=BYTES_16BIT)
+        w = BYTES_FP32 if fp32 else BYTES_16BIT
+        return StateBytes(0.0 if param_offload else w, w + BYTES_FP32 * keep,
+                          OPTIMIZER_BYTES_PER_PARAM * keep, gradients_replicated=w)
     if framework == "torchtitan":
         return StateBytes(BYTES_FP32, BYTES_FP32, 2 * BYTES_FP32)
     raise ValueError(f"framework {framework!r}: allowed values are {', '.join(FRAMEWORKS)}")
@@ -324,10 +338,12 @@ def stage_params(model: ModelSpec, par: ParallelConfig, stage: int, layers, tp_v
         extra = model.embedding_params() - model.vocab_size * h  # learned positions / embedding norm
         dense += emb_table + extra
         largest_module = max(largest_module, model.vocab_size * h / tp)
+    output_layer = 0.0
     if holds_output(par, stage):
         out = model.output_params()
         final_norm = out - (0 if model.tie_word_embeddings else model.vocab_size * h)
         dense += final_norm
+        output_layer = final_norm + emb_table
         if not model.tie_word_embeddings or par.pp > 1:
             dense += emb_table
             largest_module = max(largest_module, model.vocab_size * h / tp)
@@ -335,7 +351,8 @@ def stage_params(model: ModelSpec, par: ParallelConfig, stage: int, layers, tp_v
             mp = model.mtp_layer_params()
             dense += model.num_mtp_layers * (mp.tp_sharded / tp + mp.replicated)
             expert += model.num_mtp_layers * mp.expert / ets
-    return StageParams(dense=dense, expert=expert, largest_layer=largest, largest_module=largest_module)
+    return StageParams(dense=dense, expert=expert, largest_layer=largest, largest_module=largest_module,
+                       output_layer=output_layer)
 
 
 def _attention_widths(model: ModelSpec) -> tuple[float, float, float, float]:
@@ -350,73 +367,110 @@ def _attention_widths(model: ModelSpec) -> tuple[float, float, float, float]:
 def activation_bytes_per_layer(model: ModelSpec, job: TrainingJob, par: ParallelConfig, layer: int,
                                framework: str = "megatron", capacity_factor: float | None = None) -> float:
     """Stored activation bytes of one decoder layer for one micro-batch on one GPU under ``par.recompute``
-    ``none`` or ``selective`` (K22 Sec. 4.1, generalised as described in the module docstring)."""
+    ``none`` or ``selective`` (K22 Sec. 4.1, generalised as described in the module docstring): the sum of
+    ``activation_terms_per_layer``."""
+    return sum(activation_terms_per_layer(model, job, par, layer, framework, capacity_factor).values())
+
+
+def activation_terms_per_layer(model: ModelSpec, job: TrainingJob, par: ParallelConfig, layer: int,
+                               framework: str = "megatron",
+                               capacity_factor: float | None = None) -> dict[str, float]:
+    """``activation_bytes_per_layer`` split by the tensor that holds the bytes (one micro-batch, one GPU):
+    ``attn_norm_in`` / ``mlp_norm_in`` (the two norm inputs), ``qkv_in`` / ``fc1_in`` (the QKV and fc1 GEMM inputs:
+    the norm outputs), ``dropout_masks``, ``qkv`` (Q, K, V), ``attn_out`` (the attention output, also the output
+    projection's input), ``mla_latent``, ``softmax_stats`` (fp32 log-sum-exp, or the unfused softmax/dropout
+    scores), ``fc1_out`` / ``fc2_in`` (dense MLP), the MoE terms of ``_moe_terms``, and ``saved`` (torchtitan's
+    per-op selective policy, not split). Activation offloading (``cost_models/activation_offload.py``) moves some
+    of them to the host."""
     b, s, h, t = par.micro_batch_size, job.seq_length / par.cp, model.hidden_size, par.tp
     sb = s * b
     a = model.num_attention_heads
     q_w, kv_w, v_w, latent = _attention_widths(model)
     drop = 1 if job.dropout else 0
-    gemm_in = 1 if job.precision == "fp8" else BYTES_16BIT  # TE keeps FP8 GEMM inputs (1 byte)
+    ab = compute_bytes(job.precision)  # 16-bit activations, 4 bytes in fp32 training
+    gemm_in = 1 if job.precision == "fp8" else ab  # TE keeps FP8 GEMM inputs (1 byte)
     mult = 2 if model.gated_mlp else 1
     is_moe = model.moe is not None and model.is_moe_layer(layer)
+    capacity_factor = expert_buffer_factor(model, job, par, capacity_factor) if is_moe else capacity_factor
     f = (model.moe.dense_ffn_hidden_size if model.moe and model.moe.dense_ffn_hidden_size else model.ffn_hidden_size)
 
     if framework == "torchtitan" and par.recompute == "selective":
         # Per-op SAC: the layer input, attention output + fp32 LSE, and every second matmul output (half of all).
         mm = q_w + kv_w + v_w + h + (mult * f + h if not is_moe else 0)  # wq wk wv wo (w1 w3) w2
-        saved = sb * BYTES_16BIT * (h + 0.5 * mm) / t + sb * BYTES_16BIT * q_w / t + 4 * a * sb / t
+        saved = sb * ab * (h + 0.5 * mm) / t + sb * ab * q_w / t + 4 * a * sb / t
         if is_moe:
-            saved += _moe_bytes(model, par, sb, gemm_in, mult, capacity_factor) * 0.5
-        return saved
+            saved += sum(_moe_terms(model, par, sb, gemm_in, mult, capacity_factor, ab=ab).values()) * 0.5
+        return {"saved": saved}
 
     mods = recompute_modules_of(par)
+    out: dict[str, float] = {}
     # Outside the TP region (split only under SP): 2 norm inputs (2+2), QKV and fc1 GEMM inputs, 2 dropout masks.
     # ``layernorm`` recompute discards the norm outputs (output-discarding checkpoint); in FP8 the GEMMs keep their
     # own 1-byte copies of them, so only 16-bit GEMM inputs go.
-    norm_out = 0 if ("layernorm" in mods and gemm_in == BYTES_16BIT) else 2 * gemm_in
-    outside = sb * h * (2 * BYTES_16BIT + norm_out + 2 * drop)
-    if par.sequence_parallel:
-        outside /= t
-        if framework == "torchtitan":
-            # DTensor SP: the QKV and fc1 linears save their all-gathered (Replicate) input, full size; Megatron
-            # re-gathers it in backward instead (torchtitan parallelize_llama.py apply_tp: PrepareModuleInput
-            # desired_input_layouts=Replicate() before attention and feed_forward).
-            outside += sb * h * 2 * gemm_in * (1 - 1 / t)
+    norm_out = 0 if ("layernorm" in mods and gemm_in == ab) else gemm_in
+    sp = t if par.sequence_parallel else 1
+    out["attn_norm_in"] = out["mlp_norm_in"] = sb * h * ab / sp
+    out["qkv_in"] = out["fc1_in"] = sb * h * norm_out / sp
+    out["dropout_masks"] = sb * h * 2 * drop / sp
+    if par.sequence_parallel and framework == "torchtitan":
+        # DTensor SP: the QKV and fc1 linears save their all-gathered (Replicate) input, full size; Megatron
+        # re-gathers it in backward instead (torchtitan parallelize_llama.py apply_tp: PrepareModuleInput
+        # desired_input_layouts=Replicate() before attention and feed_forward).
+        out["qkv_in"] += sb * h * gemm_in * (1 - 1 / t)
+        out["fc1_in"] += sb * h * gemm_in * (1 - 1 / t)
     # Attention inside TP: Q, K, V and the attention output O (kept for the attention backward; O is also the
     # output-projection GEMM input).
     ctx_w = v_w if model.mla is not None else q_w  # attention output = output-projection input
     # ``mla_up_proj`` recompute (MLA only) discards Q, K, V after the attention forward and recomputes them from
     # the stored latents before its backward (output-discarding checkpoint).
     qkv = 0 if ("mla_up_proj" in mods and model.mla is not None) else q_w + kv_w + v_w
-    attn = sb * (BYTES_16BIT * qkv + gemm_in * ctx_w) / t
-    attn += sb * BYTES_16BIT * latent
+    out["qkv"] = sb * ab * qkv / t
+    out["attn_out"] = sb * gemm_in * ctx_w / t
+    out["mla_latent"] = sb * ab * latent
     if job.flash_attention:
-        attn += 4 * a * sb / t  # fp32 log-sum-exp per head and token
+        out["softmax_stats"] = 4 * a * sb / t  # fp32 log-sum-exp per head and token
     elif "core_attn" not in mods:
         # K22: softmax output 2as^2b, dropout mask as^2b, dropout output 2as^2b (queries local s/cp, keys all s).
-        attn += (2 + 3 * drop) * a * s * job.seq_length * b / t
+        out["softmax_stats"] = (2 + 3 * drop) * a * s * job.seq_length * b / t
     if is_moe:
-        mlp = 0.0 if "moe" in mods else _moe_bytes(model, par, sb, gemm_in, mult, capacity_factor, mods)
-    elif "mlp" in mods:
-        mlp = 0.0  # the dense MLP is checkpointed: only its input (counted above) is kept
-    else:
+        if "moe" not in mods:
+            out.update(_moe_terms(model, par, sb, gemm_in, mult, capacity_factor, mods, ab))
+    elif "mlp" not in mods:  # else the dense MLP is checkpointed: only its input (fc1_in) is kept
         # fc1 output (mult*f, the activation's input) and fc2 input (f, a GEMM input).
-        mlp = sb * (BYTES_16BIT * mult * f + gemm_in * f) / t
-    return outside + attn + mlp
+        out["fc1_out"] = sb * ab * mult * f / t
+        out["fc2_in"] = sb * gemm_in * f / t
+    return out
 
 
-def _moe_bytes(model: ModelSpec, par: ParallelConfig, sb: float, gemm_in: int, mult: int,
-               capacity_factor: float | None, mods: frozenset[str] = frozenset()) -> float:
-    """MoE layer activations: ``k`` routed copies of every token (uniform routing; with a capacity factor the
-    expert buffers are padded to ``capacity_factor`` times that), each stored as the expert fc1 GEMM input (the
-    dispatched token, h, kept by the grouped GEMM in its input dtype: 1 byte in FP8; the fused permutation's backward
-    needs only the routing map), the expert fc1 output (mult*f_e), the fc2 input (f_e) and the un-permutation input
-    (the fc2 output, 2h bytes, kept for the gradient of the routing probabilities); shared experts as a dense MLP;
-    fp32 router logits and probabilities (Megatron ``moe_utils.permute``/``unpermute``, ``router.py``,
-    ``experts.py`` TEGroupedMLP). Tokens per GPU: under sequence parallelism each TP rank routes its own ``s/tp``
-    tokens and the expert-TP group all-gathers them, ``s*b*etp/tp`` (Megatron ``token_dispatcher.py``: all-to-all
-    over the TP x EP group with etp 1, all-gather over ETP otherwise; etp = tp gives the whole ``s*b``). Selective recompute ``mods``: ``moe_act`` discards the expert (and shared-expert) activation
-    outputs, the fc2 inputs (output-discarding checkpoint); ``shared_experts`` checkpoints the shared experts."""
+def expert_buffer_factor(model: ModelSpec, job: TrainingJob, par: ParallelConfig,
+                         capacity_factor: float | None = None) -> float:
+    """Routed token copies held by the busiest expert-parallel rank over the balanced share (dimensionless): the
+    capacity factor when one pads the expert buffers (``--moe-expert-capacity-factor`` with
+    ``--moe-pad-expert-input-to-capacity``: every expert holds exactly that many), else dropless routing's
+    imbalance ``moe_imbalance.rank_load_ratio`` for ``job.expert_load_imbalance`` (1 at ep 1, growing with ep)."""
+    if capacity_factor:
+        return capacity_factor
+    if model.moe is None:
+        return 1.0
+    return rank_load_ratio(model.moe.num_experts, par.ep, getattr(job, "expert_load_imbalance", None))
+
+
+def _moe_terms(model: ModelSpec, par: ParallelConfig, sb: float, gemm_in: int, mult: int,
+               capacity_factor: float | None, mods: frozenset[str] = frozenset(),
+               ab: int = BYTES_16BIT) -> dict[str, float]:
+    """MoE layer activations by tensor: ``k`` routed copies of every token times ``capacity_factor`` (the busiest
+    rank's share over the balanced one, ``expert_buffer_factor``: dropless imbalance, or padding to a capacity), each
+    stored as the expert fc1 GEMM input (``expert_fc1_in``: the dispatched token, h, kept by the grouped GEMM in its
+    input dtype: 1 byte in FP8; the fused permutation's backward needs only the routing map), the expert fc1 output
+    (``expert_fc1_out``, mult*f_e), the fc2 input (``expert_fc2_in``, f_e) and the un-permutation input
+    (``unpermute_in``: the fc2 output, 2h bytes, kept for the gradient of the routing probabilities); shared
+    experts as a dense MLP (``shared_experts``); fp32 router logits and probabilities (``router``) (Megatron
+    ``moe_utils.permute``/``unpermute``, ``router.py``, ``experts.py`` TEGroupedMLP). Tokens per GPU: under
+    sequence parallelism each TP rank routes its own ``s/tp`` tokens and the expert-TP group all-gathers them,
+    ``s*b*etp/tp`` (Megatron ``token_dispatcher.py``: all-to-all over the TP x EP group with etp 1, all-gather over
+    ETP otherwise; etp = tp gives the whole ``s*b``). Selective recompute ``mods``: ``moe_act`` discards the expert
+    (and shared-expert) activation outputs, the fc2 inputs (output-discarding checkpoint); ``shared_experts``
+    checkpoints the shared experts."""
     moe = model.moe
     assert moe is not None
     h, k = model.hidden_size, moe.top_k
@@ -425,18 +479,20 @@ def _moe_bytes(model: ModelSpec, par: ParallelConfig, sb: float, gemm_in: int, m
     fc2_in = 0 if "moe_act" in mods else gemm_in
     local = sb / par.tp if par.sequence_parallel else sb  # tokens this rank routes
     routed = min(sb, local * par.expert_tp)  # tokens whose copies reach this rank's experts
-    mlp = routed * k * cf * ((gemm_in + BYTES_16BIT) * h + BYTES_16BIT * mult * fe + fc2_in * fe)
+    copies = routed * k * cf
+    out = {"expert_fc1_in": copies * gemm_in * h, "unpermute_in": copies * ab * h,
+           "expert_fc1_out": copies * ab * mult * fe, "expert_fc2_in": copies * fc2_in * fe}
     if moe.shared_expert_ffn_hidden_size and "shared_experts" not in mods:
         fs = moe.shared_expert_ffn_hidden_size / par.tp
-        mlp += sb * (BYTES_16BIT * mult * fs + fc2_in * fs)
-    mlp += local * 2 * BYTES_FP32 * moe.num_experts  # fp32 router logits + probabilities
-    return mlp
+        out["shared_experts"] = sb * (ab * mult * fs + fc2_in * fs)
+    out["router"] = local * 2 * BYTES_FP32 * moe.num_experts  # fp32 router logits + probabilities
+    return out
 
 
 def layer_input_bytes(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> float:
     """Bytes of one layer's input (the checkpoint kept under full recompute): ``2*s*b*h``, ``/tp`` under SP
     (K22 Table 2 "full recompute" row; derived note in formulas.md Sec. 2)."""
-    x = BYTES_16BIT * job.seq_length / par.cp * par.micro_batch_size * model.hidden_size
+    x = compute_bytes(job.precision) * job.seq_length / par.cp * par.micro_batch_size * model.hidden_size
     return x / par.tp if par.sequence_parallel else x
 
 
@@ -497,19 +553,23 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
     expert_shard = par.expert_dp
     z = par.zero_stage
     bf16_grads = bool(getattr(par, "grad_reduce_in_bf16", False))
-    state_opts = state_options_of(par)
+    state_opts = {**state_options_of(par), "fp32": job.precision == "fp32"}
     ranges = rank_layers(model.num_layers, par)
     layer_in = layer_input_bytes(model, job, par)
     reserve = float(cluster.calibration.memory_reserve_bytes if reserve_bytes is None else reserve_bytes)
     tokens = job.seq_length / par.cp * par.micro_batch_size
     # activations depend on the layer only through is_moe_layer (dense or MoE MLP)
-    act_by_kind = {model.is_moe_layer(i): activation_bytes_per_layer(model, job, par, i, fw, capacity_factor)
-                   for i in _kind_representatives(model)}
-    # token copies one rank routes through the expert-parallel all-to-all (as ``_moe_bytes``)
+    terms_by_kind = {model.is_moe_layer(i): activation_terms_per_layer(model, job, par, i, fw, capacity_factor)
+                     for i in _kind_representatives(model)}
+    act_by_kind = {k: sum(v.values()) for k, v in terms_by_kind.items()}
+    # bytes activation offloading moves to the host per layer (cost_models/activation_offload.py)
+    off_mods = getattr(par, "offload_modules", None)
+    off_by_kind = {k: offloaded_bytes(v, off_mods) for k, v in terms_by_kind.items()}
+    # token copies one rank routes through the expert-parallel all-to-all (as ``_moe_terms``)
     moe_copies = 0.0
     if model.moe is not None:
         local = tokens / (par.tp if par.sequence_parallel else 1)
-        moe_copies = local * model.moe.top_k * (capacity_factor or 1.0)
+        moe_copies = local * model.moe.top_k * expert_buffer_factor(model, job, par, capacity_factor)
     out: list[StageMemory] = []
     for stage, layers in enumerate(ranges):
         sp = stage_params(model, par, stage, layers, vocab)
@@ -525,6 +585,10 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
         mask = model.moe_layer_mask
         per_layer = [act_by_kind[mask[i]] for i in idx]
         biggest = max(per_layer, default=0.0)
+        # what a layer that is not recomputed keeps on the GPU (its offloaded tensors are on the host)
+        kept = sorted((act_by_kind[model.is_moe_layer(i)] - off_by_kind[model.is_moe_layer(i)],
+                       off_by_kind[model.is_moe_layer(i)]) for i in idx)
+        offloaded = 0.0
         def chunks_of_stage() -> list[int]:
             return chunk_layer_counts(model.num_layers, par)[stage] if par.vpp > 1 else [len(layers)]
         if par.recompute == "full" and par.recompute_num_layers and getattr(par, "recompute_method", "") == "uniform":
@@ -539,21 +603,29 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
                 n_rc = len(per_layer)
             else:  # Megatron's block method: the first N layers of each model chunk (per virtual stage)
                 n_rc = min(len(per_layer), sum(min(par.recompute_num_layers, c) for c in chunks_of_stage()))
-            stored = layer_in * n_rc + sum(sorted(per_layer)[: len(per_layer) - n_rc])
+            rest = kept[: len(per_layer) - n_rc]
+            stored = layer_in * n_rc + sum(k for k, _ in rest)
+            offloaded = max((o for _, o in rest), default=0.0)
             working = 2 * biggest if n_rc else biggest  # recomputed layer + the gradients of its activations
         else:
-            stored = sum(per_layer)
+            stored = sum(k for k, _ in kept)
+            offloaded = max((o for _, o in kept), default=0.0)
             working = biggest
         if holds_embedding(par, stage):
             stored += TOKEN_ID_BYTES * tokens + (tokens * model.hidden_size if job.dropout else 0) / (
                 par.tp if par.sequence_parallel else 1)
         n_inflight = in_flight_microbatches(par, stage, m)
-        acts = stored * n_inflight
+        # offloaded layers: the last group of each name kept and one layer in flight stay on the GPU
+        acts = stored * n_inflight + OFFLOAD_RESIDENT_LAYERS * offloaded
         logits = 0.0
         if holds_output(par, stage):
             per_el = LOGITS_BYTES_PER_ELEMENT[fw]
             if fw == "megatron" and getattr(job, "cross_entropy_fusion_impl", "native") == "te":
                 per_el = TE_CROSS_ENTROPY_BYTES_PER_ELEMENT
+            if fw == "megatron" and job.precision == "fp32":
+                # the output layer already yields fp32 logits: no separate fp32 copy (``.float()`` returns them), and
+                # both fused losses write the gradient in place
+                per_el = BYTES_FP32
             logits = tokens * vocab / par.tp * per_el
         fwd_transient = 0.0
         if not job.flash_attention and par.recompute != "full":
@@ -563,10 +635,13 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
         # Data-parallel and pipeline buffers of the backend (cost_models/memory_buffers.py, each from its source).
         bufs = merge(
             backend_buffers(fw, BufferInputs(zero_stage=z, stage_params=sp.total, largest_layer=sp.largest_layer,
-                                             largest_module=sp.largest_module, dp_shard=dense_shard), par.pp),
+                                             largest_module=sp.largest_module, dp_shard=dense_shard,
+                                             output_layer=sp.output_layer,
+                                             elem_bytes=compute_bytes(job.precision)), par.pp),
             pipeline_p2p_buffers(fw, stage, par.pp, par.vpp, m, n_inflight * par.vpp, layer_in),
             moe_dispatch_buffers(moe_copies if any(model.is_moe_layer(i) for i in layers) else 0.0,
-                                 model.hidden_size, par.ep))
+                                 model.hidden_size, par.ep,
+                                 compute_bytes(job.precision)))
 
         # Optimizer step temporaries.
         if fw == "megatron":
@@ -581,7 +656,7 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
         # Initialization: the states exist; a full-model init first holds the stage's whole 16-bit model
         # (DeepSpeed 0.19.8 ``DeepSpeedEngine._configure_distributed_model``: ``self.module.to(self.device)`` unless
         # the model was built under ``zero.Init``, before the ZeRO optimizer partitions it).
-        full_model = BYTES_16BIT * sp.total if getattr(job, "full_model_init", False) else 0.0
+        full_model = compute_bytes(job.precision) * sp.total if getattr(job, "full_model_init", False) else 0.0
         init_extra = max(0.0, full_model - states)
         if full_model:
             bufs["init"] = {"full_model_materialized": full_model}

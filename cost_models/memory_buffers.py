@@ -38,6 +38,9 @@ DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
 DEEPSPEED_IPG_BUFFERS = 2
 #: DeepSpeed ZeRO-3 ``stage3_prefetch_bucket_size`` default, elements (``deepspeed/runtime/zero/config.py``).
 DEEPSPEED_PREFETCH_BUCKET_ELEMENTS = 50_000_000
+#: DeepSpeed ZeRO-3 ``stage3_max_reuse_distance`` default, elements (``deepspeed/runtime/zero/config.py``;
+#: ``stage3_max_live_parameters`` has the same default and caps only the prefetch).
+DEEPSPEED_MAX_REUSE_DISTANCE_ELEMENTS = 1_000_000_000
 
 PHASE_NAMES = ("forward", "backward", "optimizer")  # the init phase has no backend buffers
 
@@ -49,13 +52,18 @@ class BufferInputs:
     ``stage_params``: parameters on this GPU before data-parallel sharding (after TP/EP); ``largest_layer``: the
     largest decoder layer's parameters (the FSDP unit; also taken as Megatron-FSDP's mean unit, decoder layers
     being alike); ``largest_module``: DeepSpeed's ``largest_layer_params`` (largest single module);
-    ``dp_shard``: ranks the states are sharded over."""
+    ``dp_shard``: ranks the states are sharded over; ``elem_bytes``: the 16-bit dtype's 2 bytes, 4 under fp32
+    training (every "16-bit" buffer below is then fp32)."""
 
     zero_stage: int
     stage_params: float
     largest_layer: float
     largest_module: float
     dp_shard: int
+    #: bytes per element of the gathered parameters and of the gradient buckets: 2 (16-bit), 4 in fp32 training
+    elem_bytes: int = BYTES_16BIT
+    #: the final norm + output layer's parameters on this GPU (last pipeline stage; 0 elsewhere)
+    output_layer: float = 0.0
 
 
 def _empty() -> Buffers:
@@ -92,10 +100,10 @@ def megatron_buffers(b: BufferInputs) -> Buffers:
         return out
     unit = max(MEGATRON_FSDP_COMM_UNIT_ELEMENTS, 2 * layer) if b.zero_stage >= 3 else \
         MEGATRON_FSDP_COMM_UNIT_ELEMENTS
-    rs_queue = BYTES_16BIT * min(p, unit + 2 * layer)
+    rs_queue = b.elem_bytes * min(p, unit + 2 * layer)
     out["backward"]["fsdp_grad_reduce_queue"] = rs_queue
     if b.zero_stage >= 3:
-        gathered = BYTES_16BIT * min(p, 2 * layer + unit / 2)
+        gathered = b.elem_bytes * min(p, 2 * layer + unit / 2)
         out["forward"]["fsdp_param_gather"] = gathered
         out["backward"]["fsdp_param_gather"] = gathered
     return out
@@ -116,20 +124,29 @@ def deepspeed_buffers(b: BufferInputs) -> Buffers:
       16-bit elements in forward and backward (``PartitionedParameterCoordinator``), and the IPG reduce bucket,
       ``reduce_bucket_size`` elements of the 16-bit dtype allocated once at init and kept (``DeepSpeedZeroOptimizer_
       Stage3.__init__``: ``bucket.buffer = torch.empty(self.reduce_bucket_size, ...)``).
+    * ZeRO-3 parameters kept gathered for reuse: after a module runs, its parameters are not released if the trace
+      shows them used again within ``stage3_max_reuse_distance`` (1e9) parameters (``partitioned_param_coordinator
+      .py`` ``__params_to_release``). At the end of forward the last modules' parameters come back first in
+      backward, after about twice the parameters that follow them, so the last ``max_reuse_distance / 2`` of the
+      stage's parameters stay gathered from their forward to their backward: ``2 * min(P_stage, 5e8)`` in forward
+      (at its end) and in backward (at its start). (``stage3_max_live_parameters`` bounds only the prefetch:
+      ``max_params_to_prefetch = min(max_available - n_available, prefetch_bucket)``.)
     """
     out = _empty()
     p = b.stage_params
     if b.zero_stage in (1, 2) and b.dp_shard > 1:
-        bucket = BYTES_16BIT * min(DEEPSPEED_REDUCE_BUCKET_ELEMENTS, p)
+        bucket = b.elem_bytes * min(DEEPSPEED_REDUCE_BUCKET_ELEMENTS, p)
         out["backward"]["zero_reduce_bucket"] = DEEPSPEED_IPG_BUFFERS * bucket
         out["optimizer"]["zero_reduce_bucket"] = bucket
     elif b.zero_stage >= 3:
-        gather = 4 * b.largest_module
-        prefetch = BYTES_16BIT * min(DEEPSPEED_PREFETCH_BUCKET_ELEMENTS, p)
-        ipg = BYTES_16BIT * min(DEEPSPEED_REDUCE_BUCKET_ELEMENTS, p)
+        gather = 2 * b.elem_bytes * b.largest_module
+        prefetch = b.elem_bytes * min(DEEPSPEED_PREFETCH_BUCKET_ELEMENTS, p)
+        ipg = b.elem_bytes * min(DEEPSPEED_REDUCE_BUCKET_ELEMENTS, p)
+        retained = b.elem_bytes * min(p, DEEPSPEED_MAX_REUSE_DISTANCE_ELEMENTS / 2)
         for ph in ("forward", "backward"):
             out[ph]["zero3_gather"] = gather
             out[ph]["zero3_prefetch_bucket"] = prefetch
+            out[ph]["zero3_reuse_retained"] = retained
         for ph in PHASE_NAMES:
             out[ph]["zero3_reduce_bucket"] = ipg
     return out
@@ -143,7 +160,14 @@ def torchtitan_buffers(b: BufferInputs, pp: int) -> Buffers:
       unsharded 16-bit parameters and the next one's, all-gathered ahead by FSDP2's implicit prefetch
       (``2 * 2 * block``); backward adds the block's 16-bit unsharded gradients and their fp32 copy for the
       reduce-scatter (``reduce_dtype`` fp32: ``foreach_reduce`` copies into a ``reduce_dtype`` input,
-      ``(2 + 4) * block``).
+      ``(2 + 4) * block``). The final norm and output layer are one more unit (``apply_fsdp``:
+      ``fully_shard([model.norm, model.lm_head], reshard_after_forward=policy == "always")``: under the default
+      policy it is not even resharded after forward, "since FSDP would prefetch them immediately"), the first to run
+      backward: while its weight gradient is computed, with the loss's logits buffers still alive, it holds its
+      unsharded 16-bit weights and 16-bit gradients and the last block is prefetched, ``(2 + 2) * head + 2 * block``
+      (the fp32 reduce copy comes in the post-backward hook, once autograd has freed the logits' gradient); in
+      forward, its weights (``2 * head``) once the last block is freed. With a vocabulary of 128k that unit is 2.4x
+      a Llama-3.1-8B block, so the head, not a block, sets the backward buffers of the last stage.
     * PP: no resharding after forward, so the stage's 16-bit parameters stay gathered (``2 * P_stage``), and with
       gradient sync off between micro-batches (``torch/distributed/pipelining/stage.py``
       ``_backward_maybe_with_nosync``: ``set_requires_gradient_sync(False)``) the unsharded gradients accumulate in
@@ -154,14 +178,23 @@ def torchtitan_buffers(b: BufferInputs, pp: int) -> Buffers:
     if b.zero_stage < 3:
         return out
     if pp > 1:
-        out["forward"]["fsdp_unsharded_params"] = BYTES_16BIT * b.stage_params
-        out["backward"]["fsdp_unsharded_params"] = BYTES_16BIT * b.stage_params
+        out["forward"]["fsdp_unsharded_params"] = b.elem_bytes * b.stage_params
+        out["backward"]["fsdp_unsharded_params"] = b.elem_bytes * b.stage_params
         out["backward"]["fsdp_accumulated_grads"] = BYTES_FP32 * b.stage_params
         return out
-    gathered = 2 * BYTES_16BIT * b.largest_layer
+    # the fp32 reduce copy is the gradient itself in fp32 training
+    grad = b.elem_bytes + (BYTES_FP32 if b.elem_bytes != BYTES_FP32 else 0)
+    layer, head = b.largest_layer, b.output_layer
+    if head and b.elem_bytes * (2 * head + layer) > (2 * b.elem_bytes + grad) * layer:
+        # the output layer's unit binds (docstring): weights + gradients at its backward, its weights in forward
+        out["forward"]["fsdp_param_gather"] = b.elem_bytes * max(2 * layer, head)
+        out["backward"]["fsdp_param_gather"] = b.elem_bytes * (head + layer)
+        out["backward"]["fsdp_unsharded_grads"] = b.elem_bytes * head
+        return out
+    gathered = 2 * b.elem_bytes * layer
     out["forward"]["fsdp_param_gather"] = gathered
     out["backward"]["fsdp_param_gather"] = gathered
-    out["backward"]["fsdp_reduce_scatter"] = (BYTES_16BIT + BYTES_FP32) * b.largest_layer
+    out["backward"]["fsdp_reduce_scatter"] = grad * layer
     return out
 
 
@@ -220,9 +253,11 @@ def backend_buffers(framework: str, b: BufferInputs, pp: int) -> Buffers:
     return megatron_buffers(b)
 
 
-def moe_dispatch_buffers(routed_token_copies: float, hidden_size: int, ep: int) -> Buffers:
-    """Expert-parallel all-to-all buffers of the running MoE layer (``routed_token_copies`` = token copies this rank
-    sends, ``tokens x top_k x capacity factor``; balanced routing, so it also receives as many).
+def moe_dispatch_buffers(routed_token_copies: float, hidden_size: int, ep: int,
+                         elem_bytes: int = BYTES_16BIT) -> Buffers:
+    """Expert-parallel all-to-all buffers of the running MoE layer (``routed_token_copies`` = token copies the
+    busiest rank receives, ``tokens x top_k x`` its share over the balanced one: dropless imbalance or a padded
+    capacity, ``cost_models.memory.expert_buffer_factor``).
 
     With ``ep > 1`` the dispatch sends the permuted token copies and receives the other ranks' copies for its own
     experts: Megatron-LM ``MoEAlltoAllTokenDispatcher`` (``token_dispatcher.py``: ``dispatch_preprocess`` permutes,
@@ -230,14 +265,15 @@ def moe_dispatch_buffers(routed_token_copies: float, hidden_size: int, ep: int) 
     when a rank holds several experts); torchtitan ``ExpertParallel._token_dispatch`` (``all_to_all_single_autograd``).
     Only the sorted receive buffer is kept for the expert GEMM (stored activations); during the exchange one more
     copy of the routed tokens is alive (the send buffer, then the unsorted receive buffer), and the combine's backward
-    exchanges the gradients the same way: ``2 * copies * h`` bytes (16-bit) in forward and in backward. With
-    ``ep == 1`` the all-to-all returns its input (no copy). Dropless routing is taken as balanced; a capacity factor
-    (``--capacity-factor``) states the imbalance bound, and scales ``routed_token_copies``.
+    exchanges the gradients the same way: ``elem_bytes * copies * h`` bytes (16-bit, or 4 in fp32 training) in
+    forward and in backward. With
+    ``ep == 1`` the all-to-all returns its input (no copy). The receive side is the larger one on the busiest rank
+    (it sends its balanced ``tokens x top_k`` and receives more), so the copy is counted at the received size.
     """
     out = _empty()
     if ep <= 1:
         return out
-    copy = BYTES_16BIT * routed_token_copies * hidden_size
+    copy = elem_bytes * routed_token_copies * hidden_size
     out["forward"]["ep_all_to_all"] = copy
     out["backward"]["ep_all_to_all"] = copy
     return out

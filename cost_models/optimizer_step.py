@@ -12,10 +12,15 @@ from .memory import StageParams
 ADAM_HBM_BYTES_PER_PARAM = 34
 
 
-def optimizer_step_s(cluster: ClusterSpec, par: ParallelConfig, stage: StageParams) -> float:
-    """Seconds of one Adam step over ``stage``'s local parameters: ``ADAM_HBM_BYTES_PER_PARAM`` per parameter at
-    the HBM bandwidth; ZeRO >= 1 shards dense parameters over dp x cp and expert parameters over expert-dp."""
+def local_params(par: ParallelConfig, stage: StageParams) -> float:
+    """Parameters of ``stage`` whose optimizer state this rank updates: ZeRO >= 1 shards dense parameters over
+    dp x cp and expert parameters over expert-dp."""
     shard = par.dp * par.cp
-    local_params = stage.dense / (shard if par.zero_stage >= 1 else 1) + \
+    return stage.dense / (shard if par.zero_stage >= 1 else 1) + \
         stage.expert / (par.expert_dp if par.zero_stage >= 1 else 1)
-    return ADAM_HBM_BYTES_PER_PARAM * local_params / hbm_rate(cluster)
+
+
+def optimizer_step_s(cluster: ClusterSpec, par: ParallelConfig, stage: StageParams) -> float:
+    """Seconds of one Adam step over ``stage``'s local parameters (``local_params``): ``ADAM_HBM_BYTES_PER_PARAM``
+    per parameter at the HBM bandwidth."""
+    return ADAM_HBM_BYTES_PER_PARAM * local_params(par, stage) / hbm_rate(cluster)

@@ -73,20 +73,22 @@ from .attention import (ATTN_BWD_FACTOR, ATTN_HALF_SEQ, DEFAULT_ATTENTION_EFFICI
                         UNFUSED_SCORE_PASSES, attention_efficiency)
 from .collectives import (EP_OVERLAP_EXPOSED, TP_OVERLAP_EXPOSED, ep_domain_copies,  # noqa: F401 (re-exported)
                           ep_exposed_share, pipeline_p2p_s, tp_exposed_share)
-from .config import FlopsConvention, ParallelConfig, TrainingJob
+from .activation_offload import offloaded_bytes, transfer_exposed_s
+from .config import BYTES_16BIT, BYTES_FP32, FlopsConvention, ParallelConfig, TrainingJob
 from .data_parallel import (FSDP_REDUCE_EVERY_MICROBATCH, OVERLAP_COMPUTE_SLOWDOWN,  # noqa: F401 (re-exported)
                             dp_exposed_s, dp_sync_s, fsdp_exposed_s)
 from .elementwise import CE_PASSES, ELEMENTWISE_PASSES, cross_entropy_s, embedding_s  # noqa: F401 (re-exported)
 from .flops import recomputed_layers, step_hardware_flops, step_model_flops
-from .gemm import (KAPPA, gemm_rate, gemm_time, hbm_rate,  # noqa: F401 (re-exported)
+from .gemm import (KAPPA, gemm_rate, gemm_time, hbm_rate, peak_dtype,  # noqa: F401 (re-exported)
                    logits_gemm_s, mtp_projection_s)
 from .layer_cost import (OP_SAC_TP_SHARE, LayerCost, layer_cost, recompute_breakdown_s, selective_recompute_s,
                          uses_op_sac)
 from .layout import (GroupPlacement, LayoutError, group_placement, rank_chunks, rank_stages,  # noqa: F401
                      virtual_stage)
-from .memory import stage_params
+from .memory import activation_terms_per_layer, stage_params
 from .moe_overhead import MOE_TOKEN_COPY_S, moe_host_exposed_s, moe_routing_s  # noqa: F401 (re-exported)
-from .optimizer_step import ADAM_HBM_BYTES_PER_PARAM, optimizer_step_s  # noqa: F401 (re-exported)
+from .optimizer_offload import offloaded_optimizer_step
+from .optimizer_step import ADAM_HBM_BYTES_PER_PARAM, local_params, optimizer_step_s  # noqa: F401 (re-exported)
 from .pipeline import PAIRING_SCHEDULES, chunks_per_rank, simulate
 
 # Names other modules use (planner/solver.py reads the per-layer costs for its lower bounds).
@@ -174,9 +176,18 @@ def _stage_times(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: 
     v = len(chunks[0])
     n = par.pp * v
     out = _Stages([0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n,
-                  {"tp": [0.0] * par.pp, "cp": [0.0] * par.pp, "ep": [0.0] * par.pp})
+                  {"tp": [0.0] * par.pp, "cp": [0.0] * par.pp, "ep": [0.0] * par.pp, "host": [0.0] * par.pp})
     rc_layers = set(recomputed_layers(model, par))  # decoder layers that full recompute re-runs
     sac = uses_op_sac(framework)
+    # activation offloading: bytes each layer copies to the host in forward and back before backward
+    # (cost_models/activation_offload.py), over the cluster's host link; per layer kind (dense, MoE)
+    off_mods = getattr(par, "offload_modules", None)
+    fw_base = framework.split("_")[0]
+    off_kind = {k: offloaded_bytes(activation_terms_per_layer(model, job, par, i, fw_base), off_mods)
+                for k, i in ((False, 0), (True, next((j for j in range(model.num_layers)
+                                                       if model.is_moe_layer(j)), None))) if i is not None} \
+        if off_mods else {}
+    link = cluster.host_link_bytes_per_s
     for r in range(par.pp):
         for c, chunk in enumerate(chunks[r]):
             k = virtual_stage(par, r, c)
@@ -186,6 +197,13 @@ def _stage_times(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: 
                 full_i = i in rc_layers
                 fwd_i, bwd_i = layer_pass_s(model, cluster, job, par, i, x, framework, tp_exp, ep_exp, fp8_recipe,
                                             full_cuda_graph, full_i)
+                off = 0.0 if full_i else off_kind.get(model.moe is not None and model.is_moe_layer(i), 0.0)
+                if off:
+                    # the copy runs under the layer's forward compute (D2H) and its backward (H2D reload)
+                    off = transfer_exposed_s(off, x.compute_forward_s(), link) + \
+                        transfer_exposed_s(off, bwd_i - x.comm_backward_s(tp_exp, ep_exp), link)
+                    out.exposed["host"][r] += off
+                    bwd_i += off
                 # TP share that recompute re-runs (``layer_pass_s``)
                 rc_tp = 1.0 if full_i else (OP_SAC_TP_SHARE if par.recompute == "selective" and sac else 0.0)
                 f += fwd_i
@@ -337,6 +355,14 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
                               last_bwd_s=rank_s(busiest, bwd_v),
                               units=max(1, len(ranges[busiest])))  # FSDP units: decoder layers on the busiest rank
     optimizer = optimizer_step_s(cluster, par, sp_max)
+    offload_f = getattr(par, "optimizer_cpu_offload_fraction", 0.0)
+    if offload_f > 0:
+        # (part of) the optimizer in host memory: gradient and parameter copies and CPU Adam
+        # (cost_models/optimizer_offload.py); gradients copied at the reduction's width
+        grad_b = BYTES_16BIT if getattr(par, "grad_reduce_in_bf16", False) else BYTES_FP32
+        optimizer = offloaded_optimizer_step(cluster, fw_base, local_params(par, sp_max), offload_f, optimizer,
+                                             grad_bytes=grad_b, num_microbatches=m,
+                                             backward_s=rank_s(busiest, bwd_v)).exposed_s
 
     exposed = {k: m * st_times.exposed[k][busiest] for k in ("tp", "cp", "ep")}
     # the EP all-to-all a paired schedule hid behind the partner op's compute (``pipeline.simulate``)
@@ -344,22 +370,24 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     # P2P sends on the warm-up / cool-down critical path (the steady state overlaps them with compute)
     exposed["pp"] = min(bubble, 2 * (par.pp - 1) * v * p2p) if par.pp > 1 else 0.0
     exposed["dp"] = dp_exposed
+    if getattr(par, "offload_modules", None):
+        exposed["host"] = m * st_times.exposed["host"][busiest]
     step = pipeline_s + dp_exposed + optimizer
-    compute = busy - exposed["tp"] - exposed["cp"] - exposed["ep"]
+    compute = busy - exposed["tp"] - exposed["cp"] - exposed["ep"] - exposed.get("host", 0.0)
     # embedding, output layer, cross-entropy, MTP and host-bound time are the rest of the busiest rank's compute
     kinds["other"] = max(0.0, compute - sum(kinds.values()))
     n_gpus = par.world_size
     mf = step_model_flops(model, job, convention)
     # HFU in the same convention: model FLOPs plus what recompute re-executes (PaLM App. B)
     hf = mf + step_hardware_flops(model, job, par) - step_model_flops(model, job, "megatron")
-    peak_dtype = "bf16" if "bf16" in cluster.gpu.peak_flops else "fp16"
-    peak = cluster.gpu.peak_flops[peak_dtype]
+    mfu_dtype = peak_dtype(cluster, job.precision)  # the TF32 peak for fp32 training
+    peak = cluster.gpu.peak_flops[mfu_dtype]
     return StepEstimate(
         step_s=step, compute_s=compute, bubble_s=bubble, optimizer_s=optimizer, exposed_comm_s=exposed,
         bubble_fraction=bubble / step if step > 0 else 0.0, num_microbatches=m,
         tokens_per_s=job.tokens_per_step / step, model_flops=mf, hardware_flops=hf,
         tflops_per_gpu=mf / step / n_gpus / 1e12, mfu=mf / (step * n_gpus * peak),
-        hfu=hf / (step * n_gpus * peak), peak_flops_per_gpu=peak, mfu_peak_dtype=peak_dtype,
+        hfu=hf / (step * n_gpus * peak), peak_flops_per_gpu=peak, mfu_peak_dtype=mfu_dtype,
         flops_convention=convention,
         stage_forward_s=fwd_v, stage_backward_s=bwd_v, stage_wgrad_s=st_times.wgt,
         stage_hide_forward_s=st_times.hide_f, stage_hide_backward_s=st_times.hide_b, p2p_s=p2p, pp=par.pp,

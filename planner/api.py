@@ -47,7 +47,7 @@ if TYPE_CHECKING:  # heavy imports stay lazy: the CLI's start-up only pays for w
     ClusterLike = str | os.PathLike[str] | ClusterSpec
 
 #: Allowed values of the enumerated options (the CLI's choices; the API checks them itself).
-PRECISIONS = ("bf16", "fp16", "fp8")
+PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
 FRAMEWORKS = ("megatron", "deepspeed", "torchtitan")
 FLOPS_CONVENTIONS = ("megatron", "palm")
 RECOMPUTE_CHOICES = ("none", "selective", "full")
@@ -71,7 +71,7 @@ class JobOptions(TypedDict, total=False):
     nodes: int | None
     global_batch_size: int
     seq_length: int
-    precision: Literal["bf16", "fp16", "fp8"]
+    precision: Literal["bf16", "fp16", "fp8", "fp32"]
     flash_attention: bool
     dropout: bool
     framework: Literal["megatron", "deepspeed", "torchtitan"] | None
@@ -79,6 +79,7 @@ class JobOptions(TypedDict, total=False):
     at_risk_margin: float
     full_model_init: bool
     flops_convention: Literal["megatron", "palm"]
+    expert_load_imbalance: float | None
 
 
 class LayoutOptions(JobOptions, total=False):
@@ -100,6 +101,7 @@ class LayoutOptions(JobOptions, total=False):
     last_stage_layers: int | None
     pipeline_layout: str | None
     recompute_modules: tuple[str, ...] | None
+    offload_modules: tuple[str, ...] | None
     recompute_method: Literal["block", "uniform"]
     optimizer_cpu_offload: float
     param_cpu_offload: bool
@@ -209,11 +211,13 @@ def _check_keys(options: dict[str, Any], allowed: frozenset[str], where: str) ->
 def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = None, *, gpus: int | None = None,
                 nodes: int | None = None, global_batch_size: int = 1024, seq_length: int = 4096,
                 precision: str = "bf16", flash_attention: bool = True, dropout: bool = False,
-                framework: str | None = None, full_model_init: bool = False) -> Inputs:
+                framework: str | None = None, full_model_init: bool = False,
+                expert_load_imbalance: float | None = None) -> Inputs:
     """Resolve the model (default ``llama3.1-8b``), the cluster (default ``dgx-h100``), the GPU count (``gpus`` or
     ``nodes``; default the cluster's default node count: a multiple of the node size, or a divisor of it for a job
     on part of one node) and the job (``full_model_init``: every rank first materializes its whole 16-bit model,
-    DeepSpeed without ``zero.Init``; checked as the init phase).
+    DeepSpeed without ``zero.Init``; checked as the init phase; ``expert_load_imbalance``: dropless MoE routing's
+    busiest expert over the mean in one micro-batch, None = ``cost_models/moe_imbalance.py``'s default).
 
     Raises ``ModelSpecError`` / ``ClusterSpecError`` (unreadable or invalid files, unknown names, a GPU count that
     is not whole nodes) and ``PlanInputError`` (an option outside its allowed values).
@@ -245,20 +249,33 @@ def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = No
     n = resolve_num_gpus(c, gpus, nodes)
     if precision not in c.supported_precisions:
         raise PlanInputError(f"--precision {precision}: {c.gpu.name} supports {', '.join(c.supported_precisions)}")
+    if precision == "fp32" and flash_attention and fw in ("megatron", "deepspeed"):
+        # Transformer Engine's DotProductAttention picks its unfused backend for fp32 (FlashAttention and cuDNN
+        # fused attention take fp16/bf16 only), so a fused-attention fp32 plan would not be the run that happens
+        raise PlanInputError(f"--precision fp32 with --framework {fw}: fused attention has no fp32 kernel (Transformer "
+                             f"Engine runs its unfused attention); add --no-flash-attention, or use --framework "
+                             f"torchtitan (PyTorch SDPA's memory-efficient kernel takes fp32)")
+    if expert_load_imbalance is not None and (isinstance(expert_load_imbalance, bool)
+                                              or not isinstance(expert_load_imbalance, (int, float))):
+        raise PlanInputError(f"--expert-load-imbalance {expert_load_imbalance!r}: must be a number >= 1 (the busiest "
+                             f"expert's routed tokens over the mean; 1 = balanced)")
     from pydantic import ValidationError
     try:
         job = TrainingJob(global_batch_size=global_batch_size, seq_length=seq_length, precision=precision,
                           flash_attention=bool(flash_attention), dropout=bool(dropout), framework=fw,
-                          full_model_init=bool(full_model_init))
+                          full_model_init=bool(full_model_init),
+                          expert_load_imbalance=None if expert_load_imbalance is None else float(expert_load_imbalance))
     except ValidationError as e:  # a plausible range (cost_models/config.py): "--seq-length V is outside [lo, hi]"
         from .errors import option_error
-        raise option_error(e, {"global_batch_size": "--global-batch-size", "seq_length": "--seq-length"}) from None
+        raise option_error(e, {"global_batch_size": "--global-batch-size", "seq_length": "--seq-length",
+                               "expert_load_imbalance": "--expert-load-imbalance"}) from None
     return Inputs(m, c, n, job)
 
 
 def _job_kwargs(options: dict[str, Any]) -> dict[str, Any]:
     return {k: options[k] for k in ("gpus", "nodes", "global_batch_size", "seq_length", "precision",
-                                    "flash_attention", "dropout", "framework", "full_model_init") if k in options}
+                                    "flash_attention", "dropout", "framework", "full_model_init",
+                                    "expert_load_imbalance") if k in options}
 
 
 def _fraction(field: str, value: float | None, default: float) -> float:
@@ -283,6 +300,7 @@ def parallel_config(inputs: Inputs, *, tp: int = 1, pp: int = 1, cp: int = 1, ep
                     recompute_num_layers: int | None = None, sequence_parallel: bool = False,
                     first_stage_layers: int | None = None, last_stage_layers: int | None = None,
                     pipeline_layout: str | None = None, recompute_modules: tuple[str, ...] | None = None,
+                    offload_modules: tuple[str, ...] | None = None,
                     recompute_method: str = "block",
                     optimizer_cpu_offload: float = 0.0, param_cpu_offload: bool = False,
                     exp_avg_dtype: str = "fp32", exp_avg_sq_dtype: str = "fp32",
@@ -290,7 +308,8 @@ def parallel_config(inputs: Inputs, *, tp: int = 1, pp: int = 1, cp: int = 1, ep
     """The ``ParallelConfig`` of one given layout on ``inputs`` (``dp`` derived as GPUs / (tp x pp x cp)).
 
     Memory knobs (``cost_models.config.ParallelConfig``): ``pipeline_layout`` (Megatron
-    ``--pipeline-model-parallel-layout``, a custom per-stage layer list), ``recompute_modules`` (``--recompute-modules``
+    ``--pipeline-model-parallel-layout``, a custom per-stage layer list), ``offload_modules`` (Megatron
+    ``--offload-modules``: activation offloading to host memory), ``recompute_modules`` (``--recompute-modules``
     under selective recompute), ``recompute_method`` (``--recompute-method`` block | uniform with
     ``recompute_num_layers``), ``optimizer_cpu_offload`` (share of the optimizer in host memory: Megatron
     ``--optimizer-offload-fraction``, DeepSpeed ``offload_optimizer``), ``param_cpu_offload`` (DeepSpeed ZeRO-3
@@ -336,6 +355,7 @@ def parallel_config(inputs: Inputs, *, tp: int = 1, pp: int = 1, cp: int = 1, ep
                               account_for_embedding_in_pipeline_split=account,
                               account_for_loss_in_pipeline_split=account, pipeline_layout=pipeline_layout,
                               recompute_modules=tuple(recompute_modules) if recompute_modules else None,
+                              offload_modules=tuple(offload_modules) if offload_modules else None,
                               recompute_method=recompute_method,
                               optimizer_cpu_offload_fraction=optimizer_cpu_offload,
                               param_cpu_offload=bool(param_cpu_offload), exp_avg_dtype=exp_avg_dtype,
@@ -385,13 +405,15 @@ class _PlanSetup:
     space: Any  # planner.space.SearchSpace
     budget: Any  # planner.progress.Budget: wall seconds for repeated planning
     progress: Callable[[str], None]  # told each step of repeated planning (a status line)
+    at_risk_margin: float = DEFAULT_AT_RISK_MARGIN
 
     def problem(self):
         """The deadline searches' ``planner.cost_search.Problem`` on this setup's cluster."""
         from .cost_search import Problem
         i = self.inputs
         return Problem(i.model, i.cluster, i.job, self.space, self.headroom, i.job.framework, self.solver,
-                       self.convention, self.cost, self.budget, self.progress)
+                       self.convention, self.cost, budget=self.budget, progress=self.progress,
+                       at_risk_margin=self.at_risk_margin)
 
 
 def _plan_setup(model, cluster, options: dict[str, Any]) -> _PlanSetup:
@@ -451,7 +473,7 @@ def _plan_setup(model, cluster, options: dict[str, Any]) -> _PlanSetup:
         raise PlanInputError(f"--time-budget {seconds!r}: must be a positive number of seconds")
     return _PlanSetup(inputs, objective, solver, conv, headroom, top_k, within, step_t, tok_t,
                       None if deadline is None else float(deadline), cost, SearchSpace(**sp_kw), Budget(seconds),
-                      o.get("progress") or no_progress)
+                      o.get("progress") or no_progress, _at_risk_margin(o.get("at_risk_margin")))
 
 
 def plan(model: ModelLike | None = None, cluster: ClusterLike | None = None,
@@ -485,7 +507,8 @@ def plan(model: ModelLike | None = None, cluster: ClusterLike | None = None,
     elif st.objective == "min-gpus":
         from .search import fewest_gpus
         res, n = fewest_gpus(m, c, job, n, top_k, space, headroom, fw, st.solver, st.target_step_s,
-                             st.target_tokens_per_day, st.convention, budget=st.budget, progress=st.progress)
+                             st.target_tokens_per_day, st.convention, at_risk_margin=margin, budget=st.budget,
+                             progress=st.progress)
     else:
         from .search import run_search
         res = run_search(m, c, job, n, top_k, space, headroom, fw, st.solver, st.objective,

@@ -105,8 +105,10 @@ def constraint_report(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, 
     dom = cluster.node.nvlink_domain_size
     add(Constraint("tp_nvlink", par.tp <= dom, float(dom - par.tp), "GPUs",
                    f"tp {par.tp} within the NVLink domain of {dom} GPUs"))
-    rate = cluster.gpu.peak_flops.get(job.precision)
-    add(Constraint("precision", bool(rate), 0.0, "", f"{cluster.gpu.name} dense {job.precision} rate "
+    # fp32 training runs its GEMMs on the TF32 tensor cores (cost_models.config.TrainingJob): it needs a TF32 peak
+    gemm_dtype = "tf32" if job.precision == "fp32" else job.precision
+    rate = cluster.gpu.peak_flops.get(gemm_dtype)
+    add(Constraint("precision", bool(rate), 0.0, "", f"{cluster.gpu.name} dense {gemm_dtype} rate "
                    + (f"{rate / 1e12:.0f} TFLOP/s" if rate else "missing")))
     try:
         counts = stage_layer_counts(model.num_layers, par)

@@ -25,6 +25,7 @@ class Precision(str, Enum):
     bf16 = "bf16"
     fp16 = "fp16"
     fp8 = "fp8"
+    fp32 = "fp32"
 
 
 class RecomputeOpt(str, Enum):
@@ -108,7 +109,9 @@ GpusOpt = Annotated[Optional[int], typer.Option(
 NodesOpt = Annotated[Optional[int], typer.Option("--nodes", min=1, help="number of nodes")]
 GbsOpt = Annotated[int, typer.Option("--global-batch-size", min=1, help="sequences per optimizer step")]
 SeqOpt = Annotated[int, typer.Option("--seq-length", min=1, help="tokens per sequence")]
-PrecOpt = Annotated[Precision, typer.Option("--precision", help="GEMM precision")]
+PrecOpt = Annotated[Precision, typer.Option(
+    "--precision", help="GEMM precision: bf16, fp16, fp8, or fp32 (single precision, GEMMs on the TF32 tensor cores, "
+                        "MFU against the TF32 peak)")]
 FmtOpt = Annotated[Fmt, typer.Option("--format", help="table or json")]
 OutOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="write the output to this file")]
 #: Same default as planner.checks.DEFAULT_MEMORY_HEADROOM (a test keeps them equal; not imported here to keep
@@ -126,6 +129,11 @@ FullInitOpt = Annotated[bool, typer.Option(
     "--full-model-init/--sharded-init",
     help="each rank first materializes its whole 16-bit model (DeepSpeed without zero.Init): checked as the init "
          "phase")]
+ImbalanceOpt = Annotated[Optional[float], typer.Option(
+    "--expert-load-imbalance", min=1.0,
+    help="dropless MoE: the busiest expert's routed tokens over the mean in one micro-batch (1 = balanced, e.g. "
+         "--moe-router-force-load-balancing); sets how much more the busiest EP rank holds (default: 2.21 for 256 "
+         "experts, 1.61 for 8; cost_models/moe_imbalance.py)")]
 FlopsOpt = Annotated[Optional[FlopsConv], typer.Option(
     "--flops-convention", help="model FLOPs behind TFLOP/s and MFU: megatron (causal attention halved, "
                                "Megatron-LM's logger) or palm (6N + 12LHQT, torchtitan)")]
@@ -212,7 +220,8 @@ def _plans_table(doc, title: str, at_risk_margin: float = AT_RISK_DEFAULT):
                f"{at_risk_margin:.0%} of capacity), OOM = over it; full N/chunk = the first N layers of each model chunk recomputed (Megatron --recompute-method block)")
     thr = next((p.throughput for p in doc.plans if p.throughput), None)
     if thr is not None:
-        caption += (f"; MFU = model FLOPs ({thr.flops_convention} count) / dense 16-bit peak "
+        kind = "TF32" if thr.mfu_peak_dtype == "tf32" else "16-bit"
+        caption += (f"; MFU = model FLOPs ({thr.flops_convention} count) / dense {kind} peak "
                     f"{thr.peak_flops_per_gpu / 1e12:.0f} TFLOP/s per GPU")
     t = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     from .cost_report import money
@@ -418,6 +427,7 @@ def plan(
     pin_rc: Annotated[Optional[RecomputeOpt], typer.Option("--recompute", help="pin recompute")] = None,
     pin_schedule: ScheduleOptT = None,
     flops_convention: FlopsOpt = None, at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT,
+    expert_load_imbalance: ImbalanceOpt = None,
     train_tokens: TrainTokensOpt = None, gpu_hour_price: PriceOpt = None, async_checkpoint: AsyncCkptOpt = False,
     interruption_rate: RateOpt = None, restart_s: RestartOpt = None, pue: PueOpt = None,
     deadline_days: Annotated[Optional[float], typer.Option(
@@ -493,7 +503,8 @@ def plan(
                 pipeline_schedule=_value(pin_schedule),
                 train_tokens=train_tokens, gpu_hour_price=gpu_hour_price, async_checkpoint=async_checkpoint,
                 interruption_rate=interruption_rate, restart_s=restart_s, pue=pue, deadline_days=deadline_days,
-                at_risk_margin=at_risk_margin, time_budget_s=time_budget)
+                at_risk_margin=at_risk_margin, expert_load_imbalance=expert_load_imbalance,
+                time_budget_s=time_budget)
     if choice.kind != "single":
         if emit is not None:
             raise PlanInputError("--emit writes one plan: give one --cluster")
@@ -603,6 +614,10 @@ LayoutStrOpt = Annotated[Optional[str], typer.Option(
 RecomputeModulesOpt = Annotated[Optional[str], typer.Option(
     "--recompute-modules", help="selective recompute modules, comma-separated (Megatron --recompute-modules): "
                                 "core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts")]
+OffloadModulesOpt = Annotated[Optional[str], typer.Option(
+    "--offload-modules", help="activation offloading to host memory, comma-separated (Megatron "
+                              "--fine-grained-activation-offloading --offload-modules): attn_norm, qkv_linear, core_attn, "
+                              "attn_proj, mlp_norm, expert_fc1, moe_act, fused_group_mlp")]
 OffloadOpt = Annotated[float, typer.Option(
     "--optimizer-cpu-offload", min=0.0, max=1.0,
     help="share of the optimizer states in host memory (Megatron --optimizer-offload-fraction; DeepSpeed "
@@ -621,7 +636,8 @@ MasterDtypeOpt = Annotated[str, typer.Option(
 def _layout(model, cluster, gpus, nodes, global_batch_size, seq_length, precision, flash_attention, dropout,
             framework, memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute,
             recompute_num_layers, sequence_parallel, first_stage_layers, last_stage_layers,
-            flops_convention=None, at_risk_margin=AT_RISK_DEFAULT, full_model_init=False, **knobs) -> dict:
+            flops_convention=None, at_risk_margin=AT_RISK_DEFAULT, full_model_init=False,
+            expert_load_imbalance=None, **knobs) -> dict:
     """The options of a one-layout command as the API's keyword arguments (``planner.api.LayoutOptions``)."""
     return dict(model=model, cluster=cluster, gpus=gpus, nodes=nodes, global_batch_size=global_batch_size,
                 seq_length=seq_length, precision=precision.value, flash_attention=flash_attention, dropout=dropout,
@@ -630,15 +646,19 @@ def _layout(model, cluster, gpus, nodes, global_batch_size, seq_length, precisio
                 recompute_num_layers=recompute_num_layers, sequence_parallel=sequence_parallel,
                 first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
                 flops_convention=_value(flops_convention), at_risk_margin=at_risk_margin,
-                full_model_init=full_model_init, **_knobs(**knobs))
+                full_model_init=full_model_init, expert_load_imbalance=expert_load_imbalance, **_knobs(**knobs))
 
 
 def _knobs(pipeline_layout=None, recompute_modules=None, recompute_method="block", optimizer_cpu_offload=0.0,
+           offload_modules=None,
            param_cpu_offload=False, exp_avg_dtype="fp32", exp_avg_sq_dtype="fp32", main_params_dtype="fp32",
            pipeline_schedule=None) -> dict:
     """The memory knobs of a one-layout command as API keyword arguments (``planner.api.parallel_config``)."""
-    mods = tuple(m.strip() for m in recompute_modules.split(",") if m.strip()) if recompute_modules else None
+    def split(text):
+        return tuple(m.strip() for m in text.split(",") if m.strip()) if text else None
+    mods = split(recompute_modules)
     return dict(pipeline_layout=pipeline_layout, recompute_modules=mods, recompute_method=recompute_method,
+                offload_modules=split(offload_modules),
                 optimizer_cpu_offload=optimizer_cpu_offload,
                 param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype, exp_avg_sq_dtype=exp_avg_sq_dtype,
                 main_params_dtype=main_params_dtype, pipeline_schedule=_value(pipeline_schedule))
@@ -665,10 +685,11 @@ def evaluate(
     flops_convention: FlopsOpt = None, at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT,
     full_model_init: FullInitOpt = False,
     pipeline_layout: LayoutStrOpt = None, recompute_modules: RecomputeModulesOpt = None,
+    offload_modules: OffloadModulesOpt = None,
     recompute_method: RecomputeMethodOpt = "block",
     optimizer_cpu_offload: OffloadOpt = 0.0, param_cpu_offload: ParamOffloadOpt = False,
     exp_avg_dtype: MomentDtypeOpt = "fp32", exp_avg_sq_dtype: MomentDtypeOpt = "fp32",
-    main_params_dtype: MasterDtypeOpt = "fp32",
+    main_params_dtype: MasterDtypeOpt = "fp32", expert_load_imbalance: ImbalanceOpt = None,
     train_tokens: TrainTokensOpt = None, gpu_hour_price: PriceOpt = None, async_checkpoint: AsyncCkptOpt = False,
     interruption_rate: RateOpt = None, restart_s: RestartOpt = None, pue: PueOpt = None,
 ) -> None:
@@ -684,8 +705,10 @@ def evaluate(
         memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute, recompute_num_layers,
         sequence_parallel, first_stage_layers, last_stage_layers, flops_convention, at_risk_margin, full_model_init,
         pipeline_layout=pipeline_layout, recompute_modules=recompute_modules, recompute_method=recompute_method,
+        offload_modules=offload_modules,
         optimizer_cpu_offload=optimizer_cpu_offload, param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype,
-        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype, pipeline_schedule=pipeline_schedule),
+        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype, pipeline_schedule=pipeline_schedule,
+        expert_load_imbalance=expert_load_imbalance),
         train_tokens=train_tokens, gpu_hour_price=gpu_hour_price, async_checkpoint=async_checkpoint,
         interruption_rate=interruption_rate, restart_s=restart_s, pue=pue)
     i = doc.input
@@ -711,10 +734,11 @@ def memory(
         "--capacity-factor", min=1.0, help="MoE expert capacity factor (pads expert buffers; default: dropless)")] = None,
     at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT, full_model_init: FullInitOpt = False,
     pipeline_layout: LayoutStrOpt = None, recompute_modules: RecomputeModulesOpt = None,
+    offload_modules: OffloadModulesOpt = None,
     recompute_method: RecomputeMethodOpt = "block",
     optimizer_cpu_offload: OffloadOpt = 0.0, param_cpu_offload: ParamOffloadOpt = False,
     exp_avg_dtype: MomentDtypeOpt = "fp32", exp_avg_sq_dtype: MomentDtypeOpt = "fp32",
-    main_params_dtype: MasterDtypeOpt = "fp32",
+    main_params_dtype: MasterDtypeOpt = "fp32", expert_load_imbalance: ImbalanceOpt = None,
 ) -> None:
     """Per-stage memory breakdown of one configuration (largest terms first, the total of each phase: init,
     forward, backward, optimizer; the backend buffers named).
@@ -729,8 +753,10 @@ def memory(
         model, cluster, gpus, nodes, global_batch_size, seq_length, precision, flash_attention, dropout, framework,
         memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute, recompute_num_layers,
         sequence_parallel, first_stage_layers, last_stage_layers, None, at_risk_margin, full_model_init, pipeline_layout=pipeline_layout, recompute_modules=recompute_modules, recompute_method=recompute_method,
+        offload_modules=offload_modules,
         optimizer_cpu_offload=optimizer_cpu_offload, param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype,
-        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype, pipeline_schedule=pipeline_schedule))
+        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype, pipeline_schedule=pipeline_schedule,
+        expert_load_imbalance=expert_load_imbalance))
     if plot is not None:
         plot_memory(rep.estimate, plot, rep.title, at_risk_margin)
     if fmt == Fmt.json:
@@ -767,10 +793,11 @@ def explain(
         "--timeline", help="draw the simulated pipeline schedule to FILE.svg or FILE.png")] = None,
     at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT, full_model_init: FullInitOpt = False,
     pipeline_layout: LayoutStrOpt = None, recompute_modules: RecomputeModulesOpt = None,
+    offload_modules: OffloadModulesOpt = None,
     recompute_method: RecomputeMethodOpt = "block",
     optimizer_cpu_offload: OffloadOpt = 0.0, param_cpu_offload: ParamOffloadOpt = False,
     exp_avg_dtype: MomentDtypeOpt = "fp32", exp_avg_sq_dtype: MomentDtypeOpt = "fp32",
-    main_params_dtype: MasterDtypeOpt = "fp32",
+    main_params_dtype: MasterDtypeOpt = "fp32", expert_load_imbalance: ImbalanceOpt = None,
 ) -> None:
     """List every constraint of one given configuration with its slack (same options as ``evaluate``).
 
@@ -782,8 +809,10 @@ def explain(
         model, cluster, gpus, nodes, global_batch_size, seq_length, precision, flash_attention, dropout, framework,
         memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute, recompute_num_layers,
         sequence_parallel, first_stage_layers, last_stage_layers, None, at_risk_margin, full_model_init, pipeline_layout=pipeline_layout, recompute_modules=recompute_modules, recompute_method=recompute_method,
+        offload_modules=offload_modules,
         optimizer_cpu_offload=optimizer_cpu_offload, param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype,
-        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype, pipeline_schedule=pipeline_schedule))
+        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype, pipeline_schedule=pipeline_schedule,
+        expert_load_imbalance=expert_load_imbalance))
     ex, par, i = rep.explanation, rep.parallel, rep.inputs
     where = f"{i.model.name} on {i.num_gpus} x {i.cluster.gpu.name} ({i.cluster.name})"
     if timeline is not None:

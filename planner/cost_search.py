@@ -4,7 +4,8 @@
   ``--train-tokens`` in at most D effective days (interruptions, restarts and checkpoints counted), by the same
   doubling-then-bisection over node counts as ``planner.search.fewest_gpus``.
 * ``cheapest_by_deadline`` (``--objective cost --deadline-days D``): the plan with the fewest GPU-hours (on one
-  cluster the price per GPU-hour is one number, so fewest GPU-hours is cheapest) among those that finish by D. GPU
+  cluster the price per GPU-hour is one number, so fewest GPU-hours is cheapest) among those that finish by D,
+  plans within the at-risk margin of capacity after those that clear it (as ``plan`` ranks them). GPU
   counts tried: the fewest that meet the deadline, then the doubling ladder above it up to ``--gpus`` (more GPUs can
   be cheaper when fewer need recompute or a deep pipeline). Every returned plan meets the deadline.
 * ``cost_sweep``: the best plan at each GPU count of the doubling ladder, with its days and cost (``--plot``).
@@ -42,11 +43,18 @@ class Problem:
     #: wall seconds the repeated searches may take, and the status line told each one (planner/progress.py)
     budget: Budget | None = None
     progress: Progress = no_progress
+    #: plans within this fraction of capacity are at risk: feasible, ranked after those that clear it
+    at_risk_margin: float | None = None
 
     def search(self, num_gpus: int, top_k: int) -> SearchResult:
         self.progress(f"planning on {num_gpus:,} GPUs")
         return run_search(self.model, self.cluster, self.job, num_gpus, top_k, self.space, self.memory_headroom,
-                          self.framework, self.solver, convention=self.convention)
+                          self.framework, self.solver, convention=self.convention, at_risk_margin=self.at_risk_margin)
+
+    def at_risk(self, ev: Evaluation) -> bool:
+        """The plan's peak is within ``at_risk_margin`` of capacity (``planner.checks.memory_verdict`` at risk)."""
+        m = self.at_risk_margin
+        return m is not None and ev.memory is not None and ev.memory.peak_bytes > ev.memory.capacity_bytes * (1 - m)
 
     def cost_of(self, ev: Evaluation, num_gpus: int) -> CostInfo:
         return plan_cost(self.model, self.cluster, self.job, ev, num_gpus, self.cost)
@@ -76,7 +84,8 @@ def fewest_gpus_by_deadline(p: Problem, max_gpus: int, top_k: int, deadline_days
         return p.cost_of(ev, n).effective_days <= deadline_days
 
     res, n = fewest_gpus(p.model, p.cluster, p.job, max_gpus, top_k, p.space, p.memory_headroom, p.framework,
-                         p.solver, convention=p.convention, meets=meets, budget=p.budget, progress=p.progress)
+                         p.solver, convention=p.convention, meets=meets, at_risk_margin=p.at_risk_margin,
+                         budget=p.budget, progress=p.progress)
     if not res.plans and res.note is None:
         err = _deadline_missed(p, max_gpus, deadline_days)
         if err is not None:
@@ -86,11 +95,12 @@ def fewest_gpus_by_deadline(p: Problem, max_gpus: int, top_k: int, deadline_days
 
 def cheapest_by_deadline(p: Problem, max_gpus: int, top_k: int, deadline_days: float) -> tuple[SearchResult, int]:
     """The GPU count and plans with the fewest GPU-hours that finish by ``deadline_days`` (module docstring);
-    plans cheapest first. Raises like ``fewest_gpus_by_deadline``."""
+    plans cheapest first, plans at risk (``Problem.at_risk``) after those that clear the margin, here and across GPU
+    counts. Raises like ``fewest_gpus_by_deadline``."""
     res, n_min = fewest_gpus_by_deadline(p, max_gpus, top_k, deadline_days)
     if not res.plans:
         return res, n_min
-    best: tuple[float, int, SearchResult] | None = None
+    best: tuple[tuple[bool, float], int, SearchResult] | None = None
     for n in [n_min] + [c for c in gpu_counts(p.cluster, max_gpus) if c > n_min]:
         if n != n_min and p.budget is not None and p.budget.spent:
             best[2].note = (f"--objective cost stopped after {p.budget.elapsed_s:.0f} s, the time budget, before "
@@ -98,11 +108,11 @@ def cheapest_by_deadline(p: Problem, max_gpus: int, top_k: int, deadline_days: f
             break
         r = res if n == n_min else p.search(n, top_k)
         scored = [(p.cost_of(e, n), e) for e in r.plans]
-        ok = sorted((((c.gpu_hours, rank_key(e)), e) for c, e in scored if c.effective_days <= deadline_days),
-                    key=lambda x: x[0])
-        if ok and (best is None or ok[0][0][0] < best[0]):
+        ok = sorted((((p.at_risk(e), c.gpu_hours, rank_key(e)), e) for c, e in scored
+                     if c.effective_days <= deadline_days), key=lambda x: x[0])
+        if ok and (best is None or ok[0][0][:2] < best[0]):
             r.plans = [e for _, e in ok]
-            best = (ok[0][0][0], n, r)
+            best = (ok[0][0][:2], n, r)
     assert best is not None  # n_min met the deadline
     return best[2], best[1]
 

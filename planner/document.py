@@ -28,7 +28,9 @@ from .uncertainty import step_class, step_interval
 #: 1.3 (additive): launch.env (framework -> environment variables of its launch, planner/emit/env.py);
 #:     input.job.framework / flash_attention / dropout (the job options the plans depend on, so that a consumer such
 #:     as plan3d fallback --plan re-evaluates the same job)
-#: 1.4 (additive): time.step_s_low / step_s_high, throughput.mfu_low / mfu_high (planner/uncertainty.py)
+#: 1.4 (additive): time.step_s_low / step_s_high, throughput.mfu_low / mfu_high (planner/uncertainty.py);
+#:     input.job.expert_load_imbalance (--expert-load-imbalance: the dropless MoE busiest-expert ratio the plans were
+#:     sized for, cost_models/moe_imbalance.py; null = the sourced default)
 SCHEMA_VERSION = "1.4"
 
 
@@ -75,6 +77,9 @@ class JobInfo(_Strict):
                                                     "documents written before it was recorded (megatron)")
     flash_attention: bool | None = Field(None, description="fused attention (--flash-attention); null: true")
     dropout: bool | None = Field(None, description="dropout layers (--dropout); null: false")
+    expert_load_imbalance: float | None = Field(
+        None, description="dropless MoE: busiest expert's routed tokens over the mean (--expert-load-imbalance); null: "
+                          "cost_models/moe_imbalance.py's sourced default")
 
 
 class InputInfo(_Strict):
@@ -158,7 +163,8 @@ class ThroughputInfo(_Strict):
     hfu: float
     flops_convention: str
     peak_flops_per_gpu: float
-    #: number format of ``peak_flops_per_gpu`` (the MFU denominator; the 16-bit peak also for FP8 runs)
+    #: number format of ``peak_flops_per_gpu`` (the MFU denominator; the 16-bit peak also for FP8 runs, the TF32 peak
+    #: for fp32 training, whose GEMMs run on the TF32 tensor cores)
     mfu_peak_dtype: str = "bf16"
     #: MFU at time.step_s_high and time.step_s_low
     mfu_low: float | None = None
@@ -263,7 +269,8 @@ def input_info(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpu
                             num_nodes=num_gpus // gpn, memory_bytes_per_gpu=cluster.gpu.memory_bytes),
         job=JobInfo(global_batch_size=job.global_batch_size, seq_length=job.seq_length, precision=job.precision,
                     optimizer=job.optimizer, tokens_per_step=job.tokens_per_step, framework=job.framework,
-                    flash_attention=job.flash_attention, dropout=job.dropout))
+                    flash_attention=job.flash_attention, dropout=job.dropout,
+                    expert_load_imbalance=job.expert_load_imbalance))
 
 
 def parallel_info(par: ParallelConfig, job: TrainingJob) -> ParallelInfo:

@@ -25,10 +25,11 @@ from functools import lru_cache
 
 from cluster_specs.spec import ClusterSpec
 from cost_models import step_time as stm
-from cost_models.config import ParallelConfig, TrainingJob
+from cost_models.config import ParallelConfig, TrainingJob, compute_bytes
 from cost_models.layout import group_placement
 from cost_models.memory import (LOGITS_BYTES_PER_ELEMENT, TOKEN_ID_BYTES, activation_bytes_per_layer,
-                                layer_input_bytes, model_state_terms, stage_params, state_options_of)
+                                expert_buffer_factor, layer_input_bytes, model_state_terms, stage_params,
+                                state_options_of)
 from cost_models.memory_buffers import moe_dispatch_buffers, pipeline_p2p_buffers
 from model_zoo.spec import ModelSpec
 
@@ -142,7 +143,7 @@ def stage_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: 
     kinds = layer_kinds(model) if kinds is None else kinds
     vocab = model.padded_vocab_size(par.tp)
     shard, eshard = par.dp * par.cp, par.expert_dp
-    opts = state_options_of(par)
+    opts = {**state_options_of(par), "fp32": job.precision == "fp32"}
     bf16 = bool(getattr(par, "grad_reduce_in_bf16", False))
 
     def states(sp) -> float:
@@ -167,8 +168,11 @@ def stage_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: 
     p2p = pipeline_p2p_buffers(framework, 0, 2, 1, 1, 1.0, lin)["backward"]
     ep = 0.0
     if model.moe is not None and set(kinds) == {1}:
-        copies = tokens / (par.tp if par.sequence_parallel else 1) * model.moe.top_k
-        ep = sum(moe_dispatch_buffers(copies, model.hidden_size, par.ep)["backward"].values())
+        # the busiest EP rank's received copies (memory.expert_buffer_factor: dropless imbalance)
+        copies = tokens / (par.tp if par.sequence_parallel else 1) * model.moe.top_k * expert_buffer_factor(
+            model, job, par)
+        ep = sum(moe_dispatch_buffers(copies, model.hidden_size, par.ep,
+                                      compute_bytes(job.precision))["backward"].values())
     return StageMemoryFacts(
         layer_states=(layer_states[0], layer_states[1]), layer_act=(layer_act[0], layer_act[1]), working=working,
         first_states=states(stage_params(model, par, 0, range(0), vocab)), first_act=tok_ids,

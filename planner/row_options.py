@@ -5,7 +5,7 @@ published-runs dataset. The published columns leave out things the model needs: 
 defaults), how the source counts TFLOP/s, the machine when the GPU name alone does not say it (a power cap, a slow
 network), whether the run had fused attention, and recipe settings (selective-recompute modules, 16-bit gradient
 reduction, FP8 primary weights, precision-aware optimizer states, Transformer Engine cross entropy, pipeline layouts,
-EP overlap, CUDA graphs). A row states them as data, each with its source, in a ``setup`` block (the header of
+EP overlap, CUDA graphs, forced balanced MoE routing). A row states them as data, each with its source, in a ``setup`` block (the header of
 ``planner/data/published_runs_dev.yaml`` lists the keys); nothing here is keyed on a source's name, so every dataset
 is held to the same physics. A published ``parallel.*`` value wins over ``setup``.
 
@@ -55,6 +55,7 @@ class RowSetup(BaseModel):
     cross_entropy_fusion_impl: Literal["native", "te"] | None = None
     ep_overlap: bool | None = None
     full_cuda_graph: bool | None = None
+    moe_router_force_load_balancing: bool | None = None
     sources: dict[str, str] = Field(default_factory=dict)
 
 
@@ -148,6 +149,11 @@ def row_options(row: dict[str, Any], framework: str = "megatron") -> RowOptions:
     if s.exp_avg_dtype or s.exp_avg_sq_dtype:
         out.notes.append(f"precision-aware optimizer: Adam moments {s.exp_avg_dtype or 'fp32'}/"
                          f"{s.exp_avg_sq_dtype or 'fp32'} ({setup_source(s, 'exp_avg_dtype')})")
+    if s.moe_router_force_load_balancing:
+        # Megatron --moe-router-force-load-balancing routes every token to random, evenly loaded experts: the busiest
+        # expert gets the mean (cost_models/moe_imbalance.py)
+        out.job["expert_load_imbalance"] = 1.0
+        out.notes.append(f"MoE routing forced to balance ({setup_source(s, 'moe_router_force_load_balancing')})")
     if s.cross_entropy_fusion_impl is not None:
         out.job["cross_entropy_fusion_impl"] = s.cross_entropy_fusion_impl
         out.notes.append(f"cross entropy {s.cross_entropy_fusion_impl} ({setup_source(s, 'cross_entropy_fusion_impl')})")

@@ -143,11 +143,14 @@ def fewest_gpus(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, max_gp
                 framework: str = "megatron", solver: str = "cpsat", target_step_s: float | None = None,
                 target_tokens_per_day: float | None = None,
                 convention: FlopsConvention = "megatron",
-                meets: Callable[[Evaluation, int], bool] | None = None, budget: Budget | None = None,
+                meets: Callable[[Evaluation, int], bool] | None = None,
+                at_risk_margin: float | None = None, budget: Budget | None = None,
                 progress: Progress = no_progress) -> tuple[SearchResult, int]:
     """Fewest GPUs (a multiple of the node size, up to ``max_gpus``) whose best plan meets the target (step
     seconds, or tokens per day = tokens/s x 86,400, or ``meets(plan, gpus)``, e.g. a deadline: planner/cost_search.py).
-    Returns the plans that meet it and the GPU count.
+    Returns the plans that meet it and the GPU count. Each count is searched as ``run_search`` does with
+    ``at_risk_margin``: plans within it of capacity are feasible (they count as meeting the target) but rank after
+    the plans that clear it.
 
     Doubling from one node brackets the answer between the last count that misses and the first that meets it;
     bisection over node counts then narrows it (assuming, as the cost model does almost everywhere, that the best
@@ -162,7 +165,7 @@ def fewest_gpus(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, max_gp
     def attempt(n):
         progress(f"min-gpus: planning on {n:,} GPUs")
         res = run_search(model, cluster, job, n, top_k, space, memory_headroom, framework, solver,
-                         convention=convention)
+                         convention=convention, at_risk_margin=at_risk_margin)
         ok = [e for e in res.plans if (target_step_s is None or e.step.step_s <= target_step_s) and
               (target_tokens_per_day is None or e.step.tokens_per_s * 86400 >= target_tokens_per_day) and
               (meets is None or meets(e, n))]

@@ -229,6 +229,10 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
     fws = sorted({getattr(job, "framework", None) or "megatron", framework} & known) or ["megatron"]
     lbpe = getattr(mm, "LOGITS_BYTES_PER_ELEMENT", {})
     logit_bpe = min([lbpe.get(fw, 0) for fw in getattr(mm, "FRAMEWORKS", ("megatron",)) if fw in fws] or [0])
+    # fp32 training: fp32 model states without a master copy (memory.state_bytes), 4-byte Megatron logits
+    fp32 = job.precision == "fp32"
+    if fp32:
+        logit_bpe = min(logit_bpe, 4)
     adam = float(getattr(stm, "ADAM_HBM_BYTES_PER_PARAM", 0.0))
     T = Tables()
     for st in structures(model, cluster, job, num_gpus, space, framework):
@@ -265,8 +269,8 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
                 best = math.inf
                 for fw in fws:
                     try:
-                        a = (sum(model_state_terms(fw, z, sp_.dense, shard))
-                             + sum(model_state_terms(fw, z, sp_.expert, edp)))
+                        a = (sum(model_state_terms(fw, z, sp_.dense, shard, fp32=fp32))
+                             + sum(model_state_terms(fw, z, sp_.expert, edp, fp32=fp32)))
                     except Exception:  # pragma: no cover
                         a = 0.0
                     best = min(best, a)
@@ -585,8 +589,10 @@ def _schedule_rows(T: Tables, model, job, st, mbs, m, rc, vpps, zs, sps, groups,
         sparams = [stage_params(model, pv, stage, r, vocab) for stage, _, _, r in groups]
         Wk, Xk = [], []
         for j, (stage, nd, nm, rg) in enumerate(groups):
-            states = [min(sum(model_state_terms(fw, z, sparams[j].dense, shard))
-                          + sum(model_state_terms(fw, z, sparams[j].expert, edp)) for fw in fws) for z in ZEROS]
+            fp32 = job.precision == "fp32"  # fp32 states (memory.state_bytes), as build_tables'
+            states = [min(sum(model_state_terms(fw, z, sparams[j].dense, shard, fp32=fp32))
+                          + sum(model_state_terms(fw, z, sparams[j].expert, edp, fp32=fp32)) for fw in fws)
+                      for z in ZEROS]
             logits = tok * vocab / pv.tp * logit_bpe if holds_output(pv, stage) else 0.0
             Wk.append([states[z] + reserve + logits for z in ZEROS])
             xs = [[0.0] * V for _ in range(2)]

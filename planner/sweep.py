@@ -50,7 +50,7 @@ class Grid(BaseModel):
     global_batch_sizes: list[int] = Field([1024], min_length=1, description="sequences per optimizer step")
     seq_lengths: list[int] = Field([4096], min_length=1, description="tokens per sequence")
     objectives: list[Literal["throughput", "headroom", "min-gpus"]] = Field(["throughput"], min_length=1)
-    precision: Literal["bf16", "fp16", "fp8"] = "bf16"
+    precision: Literal["bf16", "fp16", "fp8", "fp32"] = "bf16"
     framework: Literal["megatron", "deepspeed", "torchtitan"] = "megatron"
     solver: Literal["cpsat", "enumerate"] = "cpsat"
     memory_headroom: float = Field(0.05, ge=0.0, le=0.5)

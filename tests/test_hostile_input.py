@@ -161,6 +161,13 @@ def test_absurd_cluster_never_reaches_the_solver(run_cli, tmp_path):
                     "field 'node.nvlink_bandwidth_bytes_per_s' = 1e-297 is outside [1e+09, 9e+13]")
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", "1e9", "0.5"])
+def test_expert_load_imbalance_outside_its_range_is_one_line(run_cli, value):
+    # 1 (balanced) up to num_experts / top_k; NaN or Infinity would reach the EP buffers and the all-to-all time
+    _one_error_line(run_cli("plan", "--model", "mixtral-8x7b", "--expert-load-imbalance", value),
+                    "--expert-load-imbalance")
+
+
 def test_vanishing_efficiency_never_reaches_the_ring_formula(run_cli, tmp_path):
     # ZeroDivisionError in comm._ring: 1e-300 bytes/s x 1e-300 efficiency underflows to 0
     p = _cluster(tmp_path, ("calibration.network_bus_efficiency", 1e-300))
@@ -216,6 +223,7 @@ def test_usage_and_input_errors_are_exactly_one_line(run_cli, args):
     ("gpu.peak_flops.bf16", 1e300), ("gpu.peak_flops.bf16", float("nan")), ("network.latency_s", 1e300),
     ("gpu.memory_bytes", 10**30), ("node.nvlink_domain_size", 10**6), ("calibration.gemm_efficiency.bf16", 1e-9),
     ("network.nvlink_latency_s", float("inf")), ("calibration.memory_reserve_bytes", -1),
+    ("node.host_memory_bandwidth_bytes_per_s", 1e-297),
 ])
 def test_absurd_but_positive_cluster_values_are_range_errors(run_cli, tmp_path, path, value):
     # accepted before, they came out as NaN / Infinity in the plan, MFU 0.0 or plans out of throughput order

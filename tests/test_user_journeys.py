@@ -129,7 +129,8 @@ def test_plan_table_shows_the_knobs_that_tell_plans_apart(run_cli):
     #1 and #3 with every column equal (tp 2 pp 1 dp 1024 ep 256 mbs 1 zero 3 selective) but 47.8 vs 57.6 GiB: they
     differ in etp (1 vs 2), which the table did not show; a pinned or searched non-default pipeline schedule was not
     shown either. A MoE model's table has an etp column, and a schedule column appears when a plan uses one."""
-    r = run_cli("plan", "--model", "mixtral-8x7b", "--gpus", "16", "--top-k", "2")
+    # balanced routing: with the default dropless imbalance the best plan is combined 1F1B (a schedule column)
+    r = run_cli("plan", "--model", "mixtral-8x7b", "--gpus", "16", "--top-k", "2", "--expert-load-imbalance", "1")
     assert r.exit_code == 0 and "etp" in _header(r.stdout) and "schedule" not in _header(r.stdout)
     r = run_cli("plan", "--gpus", "16", "--top-k", "2")
     assert "etp" not in _header(r.stdout)

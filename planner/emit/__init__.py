@@ -58,7 +58,7 @@ def launch_fields(model: ModelSpec, job: TrainingJob, par: ParallelConfig, gpus_
             out["deepspeed"] = None
             unsupported["deepspeed"] = f"{e}; and no Megatron-DeepSpeed launch: {unsupported['megatron_deepspeed']}"
     out["unsupported"] = unsupported
-    out["env"] = {fw: launch_env(fw, par, cluster) for fw in FRAMEWORKS if fw not in unsupported}
+    out["env"] = {fw: launch_env(fw, par, cluster, job) for fw in FRAMEWORKS if fw not in unsupported}
     return out
 
 

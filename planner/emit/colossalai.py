@@ -115,6 +115,8 @@ def check_colossalai(model: ModelSpec, job: TrainingJob, par: ParallelConfig) ->
     if par.exp_avg_dtype != "fp32" or par.exp_avg_sq_dtype != "fp32" or par.main_params_dtype != "fp32":
         raise _refuse("exp_avg_dtype/exp_avg_sq_dtype/main_params_dtype", "optimizer states and master weights are "
                                                                           "fp32")
+    if par.offload_modules:
+        raise _refuse("offload_modules", "HybridParallelPlugin has no per-module activation offloading")
     if par.param_cpu_offload:
         raise _refuse("param_cpu_offload", "HybridParallelPlugin offloads optimizer states only (cpu_offload)")
     if par.optimizer_cpu_offload_fraction:

@@ -138,6 +138,8 @@ def deepspeed_config(job: TrainingJob, par: ParallelConfig, model: ModelSpec | N
     if job.precision == "fp16":
         cfg["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
                        "hysteresis": 2, "min_loss_scale": 1}
+    elif job.precision == "fp32":
+        pass  # no fp16/bf16 section: DeepSpeed trains the fp32 model as it is
     else:
         # fp8 GEMMs run under Transformer Engine inside the model; DeepSpeed keeps bf16 weights.
         cfg["bf16"] = {"enabled": True}
@@ -236,7 +238,8 @@ def megatron_deepspeed_args(model: ModelSpec, job: TrainingJob, par: ParallelCon
         a.append("--checkpoint-activations")
         if par.tp > 1:
             a.append("--partition-activations")
-    a.append("--fp16" if job.precision == "fp16" else "--bf16")
+    if job.precision != "fp32":  # Megatron-DeepSpeed trains fp32 without --fp16/--bf16
+        a.append("--fp16" if job.precision == "fp16" else "--bf16")
     if job.precision == "fp8":
         # FP8 GEMMs through Transformer Engine layers, hybrid format (E4M3 forward, E5M2 backward), the scaling of
         # the Megatron-LM launch (megatron/arguments.py: fp8 needs --transformer-impl transformer_engine)

@@ -22,11 +22,19 @@ plan did not time (NVIDIA/nccl ``src/transport/nvls.cc`` ``NCCL_PARAM(NvlsEnable
 torchtitan: ``PYTORCH_ALLOC_CONF=expandable_segments:True``, what torchtitan's launcher sets
 (``run_train.sh``, v0.2.2) and under which its published memory figures were measured. Colossal-AI: the NCCL
 setting only.
+
+All frameworks, fp32 training: ``TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1``. The plan times fp32 GEMMs at the TF32 peak
+(``cost_models.config.TrainingJob``); Transformer Engine's GEMMs use TF32 by default, PyTorch's own matmuls only when
+allowed, which torch's default (``torch.backends.cuda.matmul.allow_tf32 = False``) and neither Megatron-LM nor
+torchtitan turns on; ``at::Context::allowTF32CuBLAS`` reads this variable.
+
+Megatron-LM with fine-grained activation offloading (``--offload-modules``): ``NVTE_CPU_OFFLOAD_V1=1``, which
+``validate_args`` asserts with Transformer Engine >= 2.10 ("to avoid offloading weights").
 """
 from __future__ import annotations
 
 from cluster_specs.spec import ClusterSpec
-from cost_models.config import ParallelConfig
+from cost_models.config import ParallelConfig, TrainingJob
 from cost_models.layout import GroupPlacement, group_placement
 
 #: CUDA's default number of hardware work queues per device (CUDA C++ Programming Guide, env vars).
@@ -58,10 +66,15 @@ def megatron_env(par: ParallelConfig) -> dict[str, str]:
     return {}
 
 
-def launch_env(framework: str, par: ParallelConfig, cluster: ClusterSpec | None = None) -> dict[str, str]:
+def launch_env(framework: str, par: ParallelConfig, cluster: ClusterSpec | None = None,
+               job: TrainingJob | None = None) -> dict[str, str]:
     """Environment variables of ``framework``'s launch of ``par`` (``megatron``, ``deepspeed`` (the
-    Megatron-DeepSpeed launch), ``torchtitan`` or ``colossalai``), sorted by name."""
+    Megatron-DeepSpeed launch), ``torchtitan`` or ``colossalai``) for ``job`` (its precision), sorted by name."""
     env: dict[str, str] = {}
+    if job is not None and job.precision == "fp32":
+        env["TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"] = "1"
+    if framework == "megatron" and getattr(par, "offload_modules", None):
+        env["NVTE_CPU_OFFLOAD_V1"] = "1"
     if framework in ("megatron", "deepspeed"):
         # Megatron-DeepSpeed keeps Megatron-LM's rule (its examples export CUDA_DEVICE_MAX_CONNECTIONS=1); its
         # ZeRO-2/3 is DeepSpeed's, not Megatron-FSDP, so only the TP/CP value applies there

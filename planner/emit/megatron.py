@@ -249,7 +249,8 @@ def model_args(model: ModelSpec, job: TrainingJob) -> list[str]:
 
 def recipe_knobs_set(job: TrainingJob, par: ParallelConfig, expressed: tuple[str, ...] = ()) -> list[str]:
     """The Megatron-LM recipe knobs ``par`` / ``job`` set away from their defaults (bf16 gradient reduction, FP8
-    weights, low-precision Adam moments or master weights, optimizer offload, Transformer Engine's cross entropy),
+    weights, low-precision Adam moments or master weights, optimizer offload, Transformer Engine's cross entropy,
+    fine-grained activation offloading),
     each as the knob with its value, less those in ``expressed`` (the caller's framework has a setting for them):
     the other frameworks have no setting that runs them as plan3d evaluates them."""
     return [knob for name, knob, on in (
@@ -261,7 +262,9 @@ def recipe_knobs_set(job: TrainingJob, par: ParallelConfig, expressed: tuple[str
         ("optimizer_cpu_offload_fraction", f"optimizer_cpu_offload_fraction {par.optimizer_cpu_offload_fraction:g}",
          par.optimizer_cpu_offload_fraction > 0),
         ("cross_entropy_fusion_impl", "cross_entropy_fusion_impl te",
-         getattr(job, "cross_entropy_fusion_impl", "native") == "te")) if on and name not in expressed]
+         getattr(job, "cross_entropy_fusion_impl", "native") == "te"),
+        ("offload_modules", f"offload_modules {','.join(par.offload_modules or ())}", bool(par.offload_modules)),
+    ) if on and name not in expressed]
 
 
 #: Pipeline schedules Megatron-LM runs: 1F1B and interleaved 1F1B (``pipeline_parallel/schedules.py``) and the
@@ -372,22 +375,31 @@ def parallel_args(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> li
     if master == "bf16" and par.zero_stage < 2:
         raise EmitError("main_params_dtype bf16: Megatron keeps bf16 master weights only under Megatron-FSDP "
                         "(--megatron-fsdp-main-params-dtype, zero_stage 2 or 3); --main-params-dtype allows fp32 or fp16")
-    if (m1, m2, master) != ("fp32", "fp32", "fp32"):
+    offload = getattr(par, "optimizer_cpu_offload_fraction", 0.0)
+    if (m1, m2, master) != ("fp32", "fp32", "fp32") or offload > 0:
+        # the optimizer CPU offload runs on the precision-aware optimizer's code path (arguments.py: "must be used
+        # in conjunction with --use-precision-aware-optimizer")
         add(["--use-precision-aware-optimizer", "--exp-avg-dtype", m1, "--exp-avg-sq-dtype", m2])
         if master == "fp16":
             add(["--main-params-dtype", "fp16"])
         elif master == "bf16":
             add(["--megatron-fsdp-main-params-dtype", "bf16"])
-    offload = getattr(par, "optimizer_cpu_offload_fraction", 0.0)
     if offload > 0:
-        add(["--optimizer-cpu-offload", "--optimizer-offload-fraction", f"{offload:g}"])
+        # the copies and the CPU step pipelined per parameter, as cost_models/optimizer_offload.py times them
+        add(["--optimizer-cpu-offload", "--optimizer-offload-fraction", f"{offload:g}",
+             "--overlap-cpu-optimizer-d2h-h2d"])
+    off_mods = getattr(par, "offload_modules", None)
+    if off_mods:
+        # fine-grained activation offloading (cost_models/activation_offload.py); with Transformer Engine >= 2.10
+        # Megatron also needs NVTE_CPU_OFFLOAD_V1=1 in the environment (arguments.py validate_args)
+        add(["--fine-grained-activation-offloading", "--offload-modules", *off_mods])
     if sharded_dp:
         a.append("--overlap-grad-reduce")
         if par.zero_stage >= 1:
             a.append("--overlap-param-gather")
     if job.precision == "fp16":
         a.append("--fp16")
-    else:
+    elif job.precision != "fp32":  # fp32 is Megatron's default (no --bf16/--fp16): fp32 params, FP32Optimizer
         a.append("--bf16")
     if job.precision == "fp8":
         modules = getattr(par, "recompute_modules", None) or ()

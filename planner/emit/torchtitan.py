@@ -101,7 +101,7 @@ def check_torchtitan(model: ModelSpec, job: TrainingJob, par: ParallelConfig) ->
     for knob in (recipe_knobs_set(job, par) + job_knobs)[:1]:
         raise EmitError(f"{knob}: torchtitan has no setting that runs it as plan3d evaluated it "
                         f"(planner/emit/torchtitan.py)")
-_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16"}
+_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16", "fp32": "float32"}
 
 
 def _stage_layers(model: ModelSpec, par: ParallelConfig) -> tuple[int, int, int]:
