@@ -73,7 +73,7 @@ def test_cpsat_equals_enumerator_on_zoo_models(name, gpus, gbs, seq):
 def test_wrong_bounds_only_cost_speed_not_correctness(monkeypatch):
     """If the tables stop being lower bounds (a cost model changed under them), the re-scoring loop detects the
     first re-scored value below its bound, scales the bounds down and still returns the enumerator's top K."""
-    import planner.solver as S
+    import planner.tables as S
     from model_zoo import get_model
     real = S._layer_lb
 
@@ -83,5 +83,5 @@ def test_wrong_bounds_only_cost_speed_not_correctness(monkeypatch):
     m, c = get_model("llama2-7b"), get_cluster("dgx-h100")
     job = TrainingJob(global_batch_size=128, seq_length=4096)
     oracle = enumerate_plans(m, c, job, 8, top_k=3, space=SPACE)
-    got = S.solve(m, c, job, 8, top_k=3, space=SPACE)
+    got = solve(m, c, job, 8, top_k=3, space=SPACE)
     assert [e.parallel for e in got.plans] == [e.parallel for e in oracle.plans]
