@@ -117,9 +117,10 @@ def nearest_changes(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, nu
         r = run_search(model, cluster, jb, n, 1, sp, memory_headroom, framework)
         return r.plans[0] if r.plans else None
 
-    for field, full in (("zero_stage", (0, 1, 2, 3)), ("recompute", ("none", "selective", "full")),
-                        ("micro_batch_size", (1, 2, 4, 8))):
-        if tuple(getattr(space, field)) != full:
+    unpinned = SearchSpace()
+    for field in ("zero_stage", "recompute", "micro_batch_size"):
+        full = getattr(unpinned, field)
+        if getattr(space, field) != full:
             e = best(replace(space, **{field: full}))
             if e is not None:
                 out.append(f"unpin {field.replace('_', '-')}: {_plan_str(e)}")
@@ -158,7 +159,7 @@ def closest_structural_violations(model: ModelSpec, cluster: ClusterSpec, job: T
                 split = layer_split(model, pp) or (None, None)
                 dp = max(1, num_gpus // (tp * pp * cp))
                 par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=(space.ep or (1,))[0],
-                                     micro_batch_size=space.micro_batch_size[0], zero_stage=space.zero_stage[0],
+                                     micro_batch_size=(space.micro_batch_size or (1,))[0], zero_stage=space.zero_stage[0],
                                      recompute=space.recompute[0], vpp=(space.vpp or (1,))[0],
                                      first_stage_layers=split[0], last_stage_layers=split[1],
                                      sequence_parallel=tp > 1 and (space.ep or (1,))[0] > 1)

@@ -16,7 +16,7 @@ from .evaluate import Evaluation, evaluate
 from .ranking import nearest_key, rank_plans
 from .recompute import dominated_by_no_recompute, with_fewest_recomputed_layers
 from .solver import solve
-from .space import SearchSpace, candidates
+from .space import SearchSpace, candidates, dominated_by_cp_twin
 
 
 @dataclass
@@ -37,8 +37,9 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, nu
                     framework: str = "megatron", convention: FlopsConvention = "megatron",
                     progress: Callable[[int], None] | None = None, objective: str = "throughput",
                     within: float = 0.05) -> SearchResult:
-    """Evaluate every candidate; keep the ``top_k`` feasible ones by ``planner.ranking.rank_plans``. A
-    full-recompute candidate that fits with every layer recomputed is evaluated at the fewest recomputed layers
+    """Evaluate every candidate; keep the ``top_k`` feasible ones by ``planner.ranking.rank_plans``. Candidates
+    with an at-least-as-good context-parallel twin (``planner.space.dominated_by_cp_twin``) are counted, not
+    evaluated or listed, as in the solver. A full-recompute candidate that fits with every layer recomputed is evaluated at the fewest recomputed layers
     per chunk that fit (``planner.recompute.fewest_recomputed_layers``)."""
     feasible: list[Evaluation] = []
     near: list[tuple[tuple, ParallelConfig]] = []
@@ -51,6 +52,8 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, nu
         n += 1
         if progress and n % 256 == 0:
             progress(n)
+        if dominated_by_cp_twin(par.cp, par.micro_batch_size, space):
+            continue  # a context-parallel twin is at least as good (planner.space.dominated_by_cp_twin)
         mem = estimate_memory(model, cluster, job, par)
         if mem.peak_bytes > limit:
             near.append((nearest_key(mem.peak_bytes - limit, par), par))

@@ -24,6 +24,8 @@ return the same top K (tests/test_solver_property.py). ``ortools`` is imported o
 """
 from __future__ import annotations
 
+import bisect
+import heapq
 import math
 from dataclasses import dataclass, field
 
@@ -38,10 +40,14 @@ from .checks import DEFAULT_MEMORY_HEADROOM
 from .evaluate import Evaluation, evaluate
 from .ranking import nearest_key, rank_plans
 from .recompute import dominated_by_no_recompute, with_fewest_recomputed_layers
-from .space import SearchSpace, to_parallel
-from .tables import MEM_MARGIN, V, build_tables
+from .space import (SearchSpace, Structure, dominated_by_cp_twin, micro_batch_options, structures, to_parallel,
+                    vpp_options)
+from .tables import (MEM_MARGIN, V, Tables, _stage_facts, add_group_tables, busiest_rank_bounds, context,
+                     group_bound)
 
 MIB = 2**20
+#: Groups tabulated in the first round of the branch and bound while no threshold is known (doubling after).
+FIRST_BATCH = 32
 #: If a re-scored value is ever below its bound, bounds are scaled by the ratio seen x this.
 BOUND_FALLBACK = 0.9
 #: CP-SAT parameters: one worker (the speed goals are per core); full LP relaxation, no presolve and no probing
@@ -174,11 +180,57 @@ def _cpsat_optimum(A, P, E, W, X, valid_mem_limit: float, time_limit_s: float = 
     return name, solver.ObjectiveValue() / scale, (pick(xk), pick(yv), pick(ys), pick(yz))
 
 
+@dataclass
+class _Group:
+    """One (structure, micro-batch): its first time bound (``tables.busiest_rank_bound``), its refined bound
+    (``tables.group_bound``, None until computed), its candidates and how many of them may fit."""
+
+    st: Structure
+    mbs: int
+    lb0: float
+    cells: int
+    lb1: float | None = None
+    fit_cells: int = 0
+    built: bool = False
+
+
+def _groups(ctx, num_gpus: int) -> tuple[list[_Group], dict, int]:
+    """Every group of the space that is not dominated by a context-parallel twin (``space.dominated_by_cp_twin``)
+    with its first bound, sorted by (bound, enumeration order); the structures' facts; the number of candidates
+    of the whole space, dominated points included."""
+    model, job, space, fw = ctx.model, ctx.job, ctx.space, ctx.framework
+    out: list[_Group] = []
+    facts = {}
+    n_cand = 0
+    n_vpp: dict[tuple, int] = {}
+    for st in structures(model, ctx.cluster, job, num_gpus, space, fw):
+        mbss = micro_batch_options(st, job, space)
+        sf = _stage_facts(ctx, st) if mbss else None
+        if sf is None:
+            continue
+        facts[st] = sf
+        per_cell = len(sf.sps) * len(sf.zs) * len(space.recompute)
+        keep = []
+        for mbs in mbss:
+            m = job.global_batch_size // (mbs * st.dp)
+            key = (st.pp, st.first, st.last, m % st.pp == 0)  # vpp_options depends on m only through m % pp
+            if key not in n_vpp:
+                n_vpp[key] = len(vpp_options(model, st, m, fw, space))
+            cells = per_cell * n_vpp[key]
+            n_cand += cells
+            if not dominated_by_cp_twin(st.cp, mbs, space):
+                keep.append((mbs, cells))
+        for (mbs, cells), lb in zip(keep, busiest_rank_bounds(ctx, sf, [x for x, _ in keep])):
+            out.append(_Group(st, mbs, lb, cells))
+    order = sorted(range(len(out)), key=lambda i: (out[i].lb0, i))
+    return [out[i] for i in order], facts, n_cand
+
+
 def solve(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int, top_k: int = 5,
           space: SearchSpace = SearchSpace(), memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
           framework: str = "megatron", convention: FlopsConvention = "megatron",
           objective: str = "throughput", within: float = 0.05) -> SolveResult:
-    """Best ``top_k`` plans by the scalar model; CP-SAT finds the table optimum (see module docstring).
+    """Best ``top_k`` plans by the scalar model (module docstring), ranked by ``planner.ranking.rank_plans``.
 
     ``objective``: ``throughput`` (default) or ``headroom`` (most memory headroom among plans within
     ``within`` of the best step time).
@@ -186,103 +238,190 @@ def solve(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: in
     import time
     tm: dict[str, float] = {}
     t0 = time.perf_counter()
-    T = build_tables(model, cluster, job, num_gpus, space, framework, memory_headroom)
-    if not T.keys:
-        return SolveResult([], 0, 0, 0, "NO_CANDIDATES", None)
-    A, P, E, W, X = T.arrays()
+    ctx = context(model, cluster, job, space, framework, memory_headroom)
+    groups, facts, n_cand = _groups(ctx, num_gpus)
+    tm["bounds"] = time.perf_counter() - t0
+    if not groups:
+        return SolveResult([], n_cand, 0, 0, "NO_CANDIDATES", None, timings_s=tm)
     limit = cluster.gpu.memory_bytes * (1 - memory_headroom)
-    # the full (k, sp, v, z) grid of table values: step seconds and per-slot memory (bytes)
+    T = Tables()
+    cache: dict = {}
+    seen: dict[tuple, Evaluation] = {}
+    corr, mem_margin = 1.0, MEM_MARGIN
+    # a full-recompute plan whose no-recompute twin fits with no higher peak is slower and no smaller: not listed
+    drop_dominated = "none" in space.recompute
+    batch = FIRST_BATCH
+    t_refine = t_tables = t_rescore = 0.0
+    feas: list[Evaluation] = []
+    exhausted = False
+
+    def threshold(steps: list[float]) -> float:
+        """Step seconds above which nothing can enter the answer (inf while it is not known); ``steps``: the
+        feasible step times found, sorted."""
+        if objective == "headroom":
+            return steps[0] * (1 + within) if steps else math.inf
+        return steps[top_k - 1] if len(steps) >= top_k else math.inf
+
+    def below(lb: float, thr: float) -> bool:
+        return lb * corr * (1 - 1e-9) <= thr
+
+    # Branch and bound, best first (module docstring): a heap of (bound, group, level); level 0 holds a group's
+    # first bound, level 1 its refined bound. Popping a level-0 entry refines it; popping a level-1 entry queues
+    # its tables. Queued tables are built ``batch`` at a time (doubling), then the built candidates are re-scored,
+    # which lowers the threshold; the search ends when the heap's smallest bound exceeds the threshold.
+    heap = [(g.lb0, i, 0) for i, g in enumerate(groups)]  # already in (lb0, index) order: a valid heap
+    thr = math.inf
+    while True:
+        t1 = time.perf_counter()
+        pending: list[_Group] = []
+        while heap and below(heap[0][0], thr) and len(pending) < batch:
+            _, i, level = heapq.heappop(heap)
+            g = groups[i]
+            if level == 0:
+                t0r = time.perf_counter()
+                g.lb1, g.fit_cells = group_bound(ctx, facts[g.st], g.mbs, limit * (1 + mem_margin))
+                t_refine += time.perf_counter() - t0r
+                if math.isfinite(g.lb1):
+                    heapq.heappush(heap, (g.lb1, i, 1))
+            else:
+                pending.append(g)
+        for g in pending:
+            add_group_tables(ctx, T, facts[g.st], g.mbs)
+            g.built = True
+        batch *= 2
+        t3 = time.perf_counter()
+        t_tables += t3 - t1
+        if not pending and cache:
+            break  # nothing left below the threshold, and the built candidates are re-scored
+        if not T.keys:
+            break  # nothing fits the memory bound anywhere
+        if pending or not cache:
+            cache = _grids(T, limit)
+        feas, restart, mem_ratio_lo, exhausted, corr = _rescore(
+            model, cluster, job, num_gpus, T, cache, seen, limit, mem_margin, corr, top_k, memory_headroom,
+            framework, convention, drop_dominated, threshold)
+        t_rescore += time.perf_counter() - t3
+        thr = threshold(sorted(e.step.step_s for e in feas))
+        if restart:
+            cache = {}  # re-score again with the scaled bounds
+            continue
+        # the memory filter is safe while no re-scored candidate's scalar memory fell below its bound
+        if not (mem_ratio_lo * (1 + mem_margin) >= 1 - 1e-9 or mem_margin >= 4):
+            mem_margin = max(mem_margin * 2, 1 / (mem_ratio_lo * BOUND_FALLBACK) - 1)
+            for g in groups:  # refine again under the wider filter
+                g.lb1 = None if not g.built else g.lb1
+            heap = [(g.lb0, i, 0) for i, g in enumerate(groups) if not g.built]
+            heapq.heapify(heap)
+            cache = {}
+    t_tables -= t_refine
+    tm["refine"], tm["tables"], tm["rescore"] = t_refine, t_tables, t_rescore
+    # candidates that may fit: the built ones whose memory bound fits, every candidate of the refined groups that
+    # fits at vpp 1, every candidate of the others (an upper bound unless everything was re-scored)
+    n_fit = int(cache["fits"].sum()) if cache else 0
+    n_fit += sum(g.cells if g.lb1 is None else g.fit_cells for g in groups if not g.built)
+    exhausted = exhausted and all(g.built or (g.lb1 is not None and g.fit_cells == 0) for g in groups)
+    if exhausted:
+        n_fit = len(feas)  # every candidate was re-scored: the exact count (else an upper bound)
+    t1 = time.perf_counter()
+    status, opt = "INFEASIBLE", None
+    if cache and cache["n_fit"]:
+        status, opt = _table_optimum(cache, limit, threshold(sorted(e.step.step_s for e in feas)) / corr)
+    tm["cpsat"] = time.perf_counter() - t1
+    plans = rank_plans(feas, top_k, objective, within)
+    near: list[Evaluation] = []
+    if not plans:
+        t1 = time.perf_counter()
+        for g in groups:  # the closest layouts: every group's tables (nothing fits; no speed goal)
+            if not g.built:
+                add_group_tables(ctx, T, facts[g.st], g.mbs)
+        cache = _grids(T, limit)
+        near = _nearest(model, cluster, job, num_gpus, T, cache["peak"], cache["valid"], limit, memory_headroom,
+                        framework, convention)
+        tm["nearest"] = time.perf_counter() - t1
+    return SolveResult(plans, n_cand, n_fit, len(seen), status, opt, near, tm, exhausted)
+
+
+def _table_optimum(cache: dict, limit: float, thr: float) -> tuple[str, float | None]:
+    """CP-SAT's optimum of the built tables (the step-time bound ``A + P + E`` over the cells whose memory bound
+    fits), posted on the cells whose bound is at most ``thr`` seconds: the hint (the grid's minimum) is one of
+    them and is at most the best plan's scalar step time <= ``thr``, so the restriction keeps the optimum."""
+    A, P, E, W, X = cache["arrays"]
+    step = cache["step"]
+    keep = np.flatnonzero((cache["fits"] & (step <= thr * (1 + 1e-9))).any(axis=(1, 2, 3)))
+    if not keep.size:
+        keep = np.array([cache["hint"][0]])
+    fits = cache["fits"][keep] & (step[keep] <= thr * (1 + 1e-9))
+    hk, hsp, hv, hz = cache["hint"]
+    hint = (int(np.searchsorted(keep, hk)), hsp, hv, hz)
+    if not fits[hint]:
+        fits[hint] = True
+    status, opt, _ = _cpsat_optimum(A[keep], P[keep], E[keep], W[keep], X[keep], limit * (1 + MEM_MARGIN),
+                                    hint=hint, fits=fits)
+    return status, opt
+
+
+def _grids(T: Tables, limit: float) -> dict:
+    """The (k, sp, v, z) grids of the built tables: step and memory bounds, validity, the tight bound, the hint."""
+    A, P, E, W, X = T.arrays()
     step = A[:, None, :, None] + P[:, :, :, None] + E[:, None, None, :]          # (k, sp, v, z)
     mem = W[:, :, None, None, :] + X[:, :, :, :, None]                              # (k, j, sp, v, z)
     peak = mem.max(axis=1)                                                          # (k, sp, v, z)
     valid = np.isfinite(step)
     tight = np.where(valid, T.tight(A, P), np.inf)
-    n_cand = int(valid.sum())
     fits = valid & (peak <= limit * (1 + MEM_MARGIN))
     n_fit = int(fits.sum())
-    tm["tables"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
     hint = None
     if n_fit:
         hint = tuple(int(x) for x in np.unravel_index(np.argmin(np.where(fits, step, np.inf)), step.shape))
-    status, opt, _ = (_cpsat_optimum(A, P, E, W, X, limit * (1 + MEM_MARGIN), hint=hint, fits=fits) if n_fit
-                      else ("INFEASIBLE", None, None))
-    tm["cpsat"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    if opt is None or n_fit == 0:
-        near = _nearest(model, cluster, job, num_gpus, T, step, peak, valid, limit, memory_headroom, framework,
-                        convention)
-        tm["rescore"] = time.perf_counter() - t0
-        return SolveResult([], n_cand, 0, 0, status, None, near, tm)
-    # Disposal: re-score candidates in increasing order of their step-time lower bound until the next bound
-    # exceeds the K-th best scalar step time (``headroom``: the best x (1 + within)). The tables are lower bounds
-    # of the scalar model, so this returns exactly the enumerator's top K. Should a re-scored value ever fall below
-    # its bound (the cost models changed under the tables), the bounds are scaled down by the worst ratio seen
-    # x BOUND_FALLBACK and the loop continues, and the memory filter is widened the same way.
-    mem_margin = MEM_MARGIN
-    # a full-recompute plan whose no-recompute twin fits with no higher peak is slower and no smaller: not listed
-    drop_dominated = "none" in space.recompute
-    seen: dict[tuple, Evaluation] = {}
-    corr = 1.0
-    while True:
-        cand = valid & (peak <= limit * (1 + mem_margin))
-        idx = np.argwhere(cand)
-        prox = tight[cand]
-        order = np.argsort(prox, kind="stable")
-        feas: list[Evaluation] = []
-        mem_ratio_lo = math.inf
-        pos = 0
-        restart = exhausted = False
-        while pos < len(order):
-            o = order[pos]
-            pos += 1
-            bound = float(prox[o]) * corr * (1 - 1e-9)
-            if objective == "headroom" and feas:
-                # nothing beyond the best x (1 + within) can enter, however many plans are in the band
-                if bound > min(e.step.step_s for e in feas) * (1 + within):
-                    break
-            elif len(feas) >= top_k:
-                if bound > sorted(e.step.step_s for e in feas)[top_k - 1]:
-                    break
-            ki, spi, vi, zi = (int(x) for x in idx[o])
-            key = (ki, spi, vi, zi)
-            ev = seen.get(key)
-            if ev is None:
-                st, mbs, rc = T.keys[ki]
-                par = to_parallel(st, mbs, vi + 1, zi, bool(spi), rc)
-                par = with_fewest_recomputed_layers(model, cluster, job, par, framework, memory_headroom)
-                ev = evaluate(model, cluster, job, par, num_gpus, memory_headroom, framework, convention)
-                seen[key] = ev
-            if ev.step is not None and prox[o] > 0:
-                r = ev.step.step_s / float(prox[o])
-                if r * (1 + 1e-9) < corr:
-                    corr = r * BOUND_FALLBACK
-                    restart = True
-            if ev.memory is not None and peak[ki, spi, vi, zi] > 0:
-                mem_ratio_lo = min(mem_ratio_lo, ev.memory.peak_bytes / peak[ki, spi, vi, zi])
-            if ev.feasible and not (drop_dominated and dominated_by_no_recompute(
-                    model, cluster, job, ev.parallel, ev.memory.peak_bytes, memory_headroom, framework)):
-                feas.append(ev)
-            if restart:
-                break
-        else:
-            exhausted = True  # every candidate re-scored
-        if restart:
-            continue
-        # the memory filter is safe while no re-scored candidate's scalar memory fell below its bound
-        if mem_ratio_lo * (1 + mem_margin) >= 1 - 1e-9 or mem_margin >= 4:
-            break
-        mem_margin = max(mem_margin * 2, 1 / (mem_ratio_lo * BOUND_FALLBACK) - 1)
-    if exhausted:
-        n_fit = len(feas)  # every candidate was re-scored: the exact count (else the memory-bound count, an upper bound)
-    feas = rank_plans(feas, top_k, objective, within)
-    near = [] if feas else _nearest(model, cluster, job, num_gpus, T, step, peak, valid, limit, memory_headroom,
-                                    framework, convention)
-    tm["rescore"] = time.perf_counter() - t0
-    return SolveResult(feas, n_cand, n_fit, len(seen), status, opt, near, tm, exhausted)
+    return {"arrays": (A, P, E, W, X), "step": step, "peak": peak, "valid": valid, "tight": tight, "fits": fits,
+            "n_fit": n_fit, "hint": hint}
 
 
-def _nearest(model, cluster, job, num_gpus, T, step, peak, valid, limit, headroom, framework, convention,
+def _rescore(model, cluster, job, num_gpus, T, cache, seen, limit, mem_margin, corr, top_k, headroom, framework,
+             convention, drop_dominated, threshold):
+    """Disposal: re-score the built candidates in increasing order of their step-time lower bound until the next
+    bound exceeds the threshold (the K-th best scalar step time; ``headroom``: the best x (1 + within)). The tables
+    are lower bounds of the scalar model, so no candidate past the stop can enter the answer. Should a re-scored
+    value ever fall below its bound (the cost models changed under the tables), the bounds are scaled down by the
+    worst ratio seen x BOUND_FALLBACK (``restart``), and the caller widens the memory filter the same way when a
+    scalar peak falls below its memory bound (``mem_ratio_lo`` < 1).
+
+    Returns (feasible evaluations, restart, lowest scalar / bound memory ratio, every candidate re-scored, corr)."""
+    peak, tight, valid = cache["peak"], cache["tight"], cache["valid"]
+    cand = valid & (peak <= limit * (1 + mem_margin))
+    idx = np.argwhere(cand)
+    prox = tight[cand]
+    order = np.argsort(prox, kind="stable")
+    feas: list[Evaluation] = []
+    mem_ratio_lo = math.inf
+    steps: list[float] = []  # sorted
+    for o in order:
+        bound = float(prox[o]) * corr * (1 - 1e-9)
+        if bound > threshold(steps):
+            return feas, False, mem_ratio_lo, False, corr
+        ki, spi, vi, zi = (int(x) for x in idx[o])
+        key = (ki, spi, vi, zi)
+        ev = seen.get(key)
+        if ev is None:
+            st, mbs, rc = T.keys[ki]
+            par = to_parallel(st, mbs, vi + 1, zi, bool(spi), rc)
+            par = with_fewest_recomputed_layers(model, cluster, job, par, framework, headroom)
+            ev = evaluate(model, cluster, job, par, num_gpus, headroom, framework, convention)
+            seen[key] = ev
+        if ev.step is not None and prox[o] > 0:
+            r = ev.step.step_s / float(prox[o])
+            if r * (1 + 1e-9) < corr:
+                return feas, True, mem_ratio_lo, False, r * BOUND_FALLBACK
+        if ev.memory is not None and peak[ki, spi, vi, zi] > 0:
+            mem_ratio_lo = min(mem_ratio_lo, ev.memory.peak_bytes / peak[ki, spi, vi, zi])
+        if ev.feasible and not (drop_dominated and dominated_by_no_recompute(
+                model, cluster, job, ev.parallel, ev.memory.peak_bytes, headroom, framework)):
+            feas.append(ev)
+            bisect.insort(steps, ev.step.step_s)
+    return feas, False, mem_ratio_lo, True, corr
+
+
+def _nearest(model, cluster, job, num_gpus, T, peak, valid, limit, headroom, framework, convention,
              n: int = 3, max_exact: int = 20000) -> list[Evaluation]:
     """The ``n`` valid configurations with the smallest memory excess, ties by ``ranking.config_key``: the
     enumerator's answer. Candidates are taken in order of their memory lower bound (``peak``) and estimated

@@ -34,8 +34,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cluster_specs.spec import ClusterSpec
-from cost_models.comm import collective_time
-from cost_models.config import BYTES_16BIT, BYTES_FP32, TrainingJob
+from cost_models import memory as mm
+from cost_models import step_time as stm
+from cost_models.comm import collective_time as comm_time
+from cost_models.config import BYTES_16BIT, BYTES_FP32, ParallelConfig, TrainingJob
 from cost_models.layout import GroupPlacement, group_placement, stage_layer_ranges
 from cost_models.memory import (TOKEN_ID_BYTES, activation_bytes_per_layer, in_flight_microbatches,
                                 layer_input_bytes, model_state_terms, stage_params)
@@ -105,7 +107,6 @@ def _layer_lb(model, cluster, job, par, layer, groups, exposed_comm: bool = Fals
     overlap only for NeMo, EP overlap only on request); otherwise at their smallest exposed share. Falls back to
     zeros (a trivially valid bound) if the step model's internals change."""
     try:
-        from cost_models import step_time as stm
         x = stm._layer_cost(model, cluster, job, par, layer, "megatron", groups)
         tp_exp = 1.0 if exposed_comm else min(1.0, float(getattr(stm, "TP_OVERLAP_EXPOSED", 0.0)))
         ep_exp = 1.0 if exposed_comm else min(1.0, float(getattr(stm, "EP_OVERLAP_EXPOSED", 0.0)))
@@ -120,7 +121,7 @@ def _layer_lb(model, cluster, job, par, layer, groups, exposed_comm: bool = Fals
 
 @dataclass
 class _Ctx:
-    """Constants of one search (model, cluster, job, framework) and the per-layer caches."""
+    """Constants of one search (model, cluster, job, framework) and the caches shared by all structures."""
 
     model: ModelSpec
     cluster: ClusterSpec
@@ -139,15 +140,21 @@ class _Ctx:
     logit_bpe: float
     adam: float
     partial_rc: bool
-    lay_cache: dict = field(default_factory=dict)
-    act_cache: dict = field(default_factory=dict)
-    param_cache: dict = field(default_factory=dict)
+    least_rc: tuple[str, ...]      # the recompute settings searched with the least activation memory
+    cache: dict = field(default_factory=dict)
+
+    def memo(self, key: tuple, make):
+        """``make()`` once per ``key`` (per-layer costs, stage parameters, placements, layouts)."""
+        try:
+            return self.cache[key]
+        except KeyError:
+            val = self.cache[key] = make()
+            return val
 
 
-def _context(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, space: SearchSpace, framework: str,
-             memory_headroom: float | None) -> _Ctx:
-    from cost_models import memory as mm
-    from cost_models import step_time as stm
+def context(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, space: SearchSpace = SearchSpace(),
+            framework: str = "megatron", memory_headroom: float | None = None) -> _Ctx:
+    """The constants and caches of one search (``memory_headroom`` None: no memory limit is used by the bounds)."""
     rep: dict[int, int] = {}
     prefix = [0]
     for i in range(model.num_layers):
@@ -172,193 +179,437 @@ def _context(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, space: Se
                 float(cluster.calibration.memory_reserve_bytes), rate, hbm,
                 1.0 if job.precision == "fp8" else float(BYTES_16BIT), float(getattr(stm, "CE_PASSES", 0.0)),
                 logit_bpe, float(getattr(stm, "ADAM_HBM_BYTES_PER_PARAM", 0.0)),
-                framework.split("_")[0] in PARTIAL_RECOMPUTE_FRAMEWORKS)
+                framework.split("_")[0] in PARTIAL_RECOMPUTE_FRAMEWORKS, tuple(space.recompute))
+
+
+@dataclass
+class _Layout:
+    """Where the layers sit for one (pp, first, last): stage ranges, the distinct stage slots and the rank runs."""
+
+    ranges: list[range]
+    groups: list[tuple[int, int, int, range]]   # slot -> (first stage index, dense layers, MoE layers, range)
+    sig_of: list[int]                           # stage -> slot
+    runs: dict[int, list] = field(default_factory=dict)
+
+
+def _layout(ctx: _Ctx, st: Structure) -> _Layout:
+    def make():
+        pp = st.pp
+        ranges = stage_layer_ranges(ctx.model.num_layers, ParallelConfig(
+            pp=pp, first_stage_layers=st.first, last_stage_layers=st.last))
+        # distinct stages: (n layers, n moe layers, first?, last?) -> first stage index with that signature; the
+        # lowest index of a signature holds the most in-flight micro-batches, so it bounds the others' memory
+        sig_of, groups = [], []
+        seen: dict[tuple, int] = {}
+        for i, r in enumerate(ranges):
+            nm = ctx.moe_prefix[r.stop] - ctx.moe_prefix[r.start]
+            sig = (len(r), nm, i == 0, i == pp - 1)
+            if sig not in seen:
+                seen[sig] = len(groups)
+                groups.append((i, len(r) - nm, nm, r))
+            sig_of.append(seen[sig])
+        return _Layout(ranges, groups, sig_of)
+    return ctx.memo(("layout", st.pp, st.first, st.last), make)
+
+
+def _runs(ctx: _Ctx, lay: _Layout, pp: int, v: int) -> list[tuple]:
+    """Ranks grouped in runs of equal (slot, first-chunk dense/MoE counts); rank 0 and the last rank are always
+    runs of their own: (slot, first-chunk dense, first-chunk MoE, ranks, first rank)."""
+    if v not in lay.runs:
+        out: list[list] = []
+        for r in range(pp):
+            c0 = lay.ranges[r][: len(lay.ranges[r]) // v]
+            nm0 = ctx.moe_prefix[c0.stop] - ctx.moe_prefix[c0.start] if len(c0) else 0
+            key = (lay.sig_of[r], len(c0) - nm0, nm0)
+            if out and tuple(out[-1][:3]) == key and r not in (1, pp - 1):
+                out[-1][3] += 1
+            else:
+                out.append([*key, 1, r])
+        lay.runs[v] = [tuple(x) for x in out]
+    return lay.runs[v]
+
+
+def _placements(ctx: _Ctx, st: Structure) -> dict[str, GroupPlacement]:
+    """Placement of the tp, cp and ep groups (they depend on tp, cp, ep and etp only: strides 1, tp, etp)."""
+    def make():
+        par = ParallelConfig(tp=st.tp, cp=st.cp, ep=st.ep, etp=st.etp)
+        return {d: group_placement(d, par, ctx.cluster.node.nvlink_domain_size) for d in ("tp", "cp", "ep")}
+    return ctx.memo(("placement", st.tp, st.cp, st.ep, st.etp), make)
 
 
 @dataclass
 class _Stages:
-    """Per-structure facts: distinct stages (slots), their model states by ZeRO stage, optimizer and DP terms."""
+    """Per-structure facts: layout, framework options; model states by ZeRO stage (``_with_states``) and the
+    optimizer and data-parallel terms (``_comm_facts``) are added lazily, for the structures that need them."""
 
     st: Structure
+    lay: _Layout
     zs: list[int]
     sps: list[bool]
-    ranges: list[range]
-    groups: list[tuple[int, int, int, range]]   # slot -> (first stage index, dense layers, MoE layers, range)
-    sig_of: list[int]                           # stage -> slot
-    states: list[list[float]]                   # [slot][z] bytes
-    opt: dict[int, float]                       # ZeRO class (0 unsharded, 1 sharded) -> optimizer step seconds
-    rs_t: dict[int, float]                      # ZeRO class -> gradient reduction seconds
-    ag_t: dict[int, float]                      # ZeRO class -> parameter gather seconds
-    rs3: float
-    ag3: float
+    vocab: int
+    placements: dict[str, GroupPlacement]
     shard: int
     edp: int
-    dp_full: bool
-    placements: dict[str, GroupPlacement]
-    vocab: int
-    runs: dict[int, list] = field(default_factory=dict)
+    states: list[list[float]] = field(default_factory=list)   # [slot][z] bytes
+    smax: object = None                                        # StageParams of the most loaded slot
+    opt: dict[int, float] = field(default_factory=dict)   # ZeRO class (0 unsharded, 1 sharded) -> seconds
+    rs_t: dict[int, float] = field(default_factory=dict)  # ZeRO class -> gradient reduction seconds
+    ag_t: dict[int, float] = field(default_factory=dict)  # ZeRO class -> parameter gather seconds
+    rs3: float = 0.0
+    ag3: float = 0.0
+    dp_full: bool = True
+    o_coef: dict[int, tuple[float, float]] = field(default_factory=dict)   # z -> (a, c): O[z] = a + m c seconds
+    has_comm: bool = False
 
 
 def _stage_facts(ctx: _Ctx, st: Structure) -> _Stages | None:
-    """The structure's stage slots, model states and optimizer / data-parallel terms (None when the framework
-    rules leave it no ZeRO stage or no sequence-parallel setting)."""
-    model, cluster, framework = ctx.model, ctx.cluster, ctx.framework
-    zs = zero_options(st, framework, ctx.space, model.moe is not None)
-    sps = sp_options(st, ctx.job, framework, ctx.space)
+    """The structure's layout and framework options (None when the framework rules leave it no ZeRO stage or no
+    sequence-parallel setting)."""
+    zs = zero_options(st, ctx.framework, ctx.space, ctx.model.moe is not None)
+    sps = sp_options(st, ctx.job, ctx.framework, ctx.space)
     if not zs or not sps:
         return None
-    dom = cluster.node.nvlink_domain_size
-    par0 = to_parallel(st, 1, 1, 0, False, "none")
-    tp, cp, pp = st.tp, st.cp, st.pp
-    vocab = model.padded_vocab_size(tp)
-    ranges = stage_layer_ranges(model.num_layers, par0)
-    # distinct stages: (n layers, n moe layers, first?, last?) -> first stage index with that signature; the
-    # lowest index of a signature holds the most in-flight micro-batches, so it bounds the others' memory
-    sig_of, groups = [], []
-    seen_sig: dict[tuple, int] = {}
-    for i, r in enumerate(ranges):
-        nm = ctx.moe_prefix[r.stop] - ctx.moe_prefix[r.start]
-        sig = (len(r), nm, i == 0, i == pp - 1)
-        if sig not in seen_sig:
-            seen_sig[sig] = len(groups)
-            groups.append((i, len(r) - nm, nm, r))
-        sig_of.append(seen_sig[sig])
+    tp = st.tp
+    etp = st.etp if st.etp is not None else tp
+    vocab = ctx.memo(("vocab", tp), lambda: ctx.model.padded_vocab_size(tp))
+    edp = max(1, tp * st.dp * st.cp // (etp * st.ep))   # ParallelConfig.expert_dp
+    return _Stages(st, _layout(ctx, st), zs, sps, vocab, _placements(ctx, st), st.dp * st.cp, edp)
+
+
+def _with_states(ctx: _Ctx, sf: _Stages) -> None:
+    """Model states per slot and ZeRO stage: the smallest over the frameworks in play of weights + gradients +
+    optimizer states (``memory.model_state_terms``), bytes. They depend on (tp, pp, split, ep, etp) and the shard
+    sizes dp x cp = world / (tp x pp) and the expert data-parallel size, not on how dp x cp splits, so they are
+    shared by every cp."""
+    if sf.states:
+        return
+    st = sf.st
+    sf.states, sf.smax = ctx.memo(("states", st.tp, st.pp, st.first, st.last, st.ep, st.etp, sf.shard, sf.edp,
+                                   tuple(sf.zs)), lambda: _new_states(ctx, sf))
+
+
+def _new_states(ctx: _Ctx, sf: _Stages):
+    model, st = ctx.model, sf.st
+    tp, pp = st.tp, st.pp
+    etp = st.etp if st.etp is not None else tp
     sparams = []
-    for stage, nd, nm, r in groups:
-        key = (tp, st.ep, par0.expert_tp, pp, stage == 0, stage == pp - 1, nd, nm)
-        if key not in ctx.param_cache:
-            ctx.param_cache[key] = stage_params(model, par0, stage, r, vocab)
-        sparams.append(ctx.param_cache[key])
-    shard, edp = st.dp * cp, par0.expert_dp
-    states = []  # [slot][z]: min over frameworks of weights + gradients + optimizer (memory.model_state_terms)
+    for stage, nd, nm, r in sf.lay.groups:
+        sparams.append(ctx.memo(
+            ("params", tp, st.ep, etp, pp, stage == 0, stage == pp - 1, nd, nm),
+            lambda stage=stage, r=r: stage_params(model, ParallelConfig(tp=tp, pp=pp, ep=st.ep, etp=st.etp), stage,
+                                                  r, sf.vocab)))
+    states = []
     for sp_ in sparams:
         row = []
         for z in ZEROS:
+            if z not in sf.zs:
+                row.append(INVALID)  # never read: W[z] of a ZeRO stage the framework rules exclude
+                continue
             best = math.inf
             for fw in ctx.fws:
                 try:
-                    a = (sum(model_state_terms(fw, z, sp_.dense, shard))
-                         + sum(model_state_terms(fw, z, sp_.expert, edp)))
+                    a = (sum(model_state_terms(fw, z, sp_.dense, sf.shard))
+                         + sum(model_state_terms(fw, z, sp_.expert, sf.edp)))
                 except Exception:  # pragma: no cover
                     a = 0.0
                 best = min(best, a)
             row.append(best)
         states.append(row)
-    # optimizer step (step_time: memory-bound Adam over the most loaded stage's local parameters)
-    smax = max(sparams, key=lambda x: x.total)
+    return states, max(sparams, key=lambda x: x.total)
+
+
+def _comm_facts(ctx: _Ctx, sf: _Stages) -> None:
+    """Optimizer step (step_time: memory-bound Adam over the most loaded stage's local parameters) and the
+    data-parallel gradient reduction / parameter gather seconds by ZeRO class, into ``sf``. They depend on the
+    states' key and the placement of the dp x cp shard group, so most cp values share them."""
+    if sf.has_comm:
+        return
+    _with_states(ctx, sf)
+    st, dom = sf.st, ctx.cluster.node.nvlink_domain_size
+    par0 = ctx.memo(("par0", st.tp, st.pp, st.dp, st.cp),
+                    lambda: ParallelConfig(tp=st.tp, pp=st.pp, dp=st.dp, cp=st.cp))
+    dp_g, cp_g = group_placement("dp", par0, dom), sf.placements["cp"]
+    dpg = GroupPlacement(sf.shard, dp_g.ranks_per_domain * (cp_g.size if cp_g.intra_domain else 1)) \
+        if sf.shard > 1 else GroupPlacement(1, 1)
+    key = ("comm", st.tp, st.pp, st.first, st.last, st.ep, st.etp, sf.shard, sf.edp, dpg, tuple(sf.zs))
+    got = ctx.cache.get(key)
+    if got is None:
+        sf.opt, sf.rs_t, sf.ag_t, sf.rs3, sf.ag3 = _new_comm(ctx, sf, dpg)
+        # exposed in full without overlap (Megatron-LM's default; DeepSpeed's pipeline engine); otherwise only
+        # what the busiest rank's backward / forward cannot hide (bounded with the compute upper bounds)
+        sf.dp_full = ctx.framework == "megatron" or (ctx.framework == "deepspeed" and st.pp > 1)
+        sf.o_coef = _o_coefficients(ctx, sf)
+        ctx.cache[key] = (sf.opt, sf.rs_t, sf.ag_t, sf.rs3, sf.ag3, sf.dp_full, sf.o_coef)
+    else:
+        sf.opt, sf.rs_t, sf.ag_t, sf.rs3, sf.ag3, sf.dp_full, sf.o_coef = got
+    sf.has_comm = True
+
+
+def _new_comm(ctx: _Ctx, sf: _Stages, dpg: GroupPlacement):
+    cluster, st, smax, shard, edp = ctx.cluster, sf.st, sf.smax, sf.shard, sf.edp
+
+    def collective_time(kind: str, nbytes: float, g: GroupPlacement) -> float:  # cost_models.comm, cached
+        return ctx.memo(("coll", kind, nbytes, g), lambda: comm_time(kind, nbytes, g, cluster))
+    dom = cluster.node.nvlink_domain_size
+    etp = st.etp if st.etp is not None else st.tp
     opt = {zc: ctx.adam * (smax.dense / (shard if zc else 1) + smax.expert / (edp if zc else 1)) / ctx.hbm
            for zc in (0, 1)}
-    pl = {d: group_placement(d, par0, dom) for d in ("tp", "cp", "ep", "dp", "pp")}
     # data-parallel gradient reduction (+ parameter all-gather under ZeRO 1/2), fully exposed in Megatron-LM
     # without --overlap-grad-reduce (the step model's default for framework megatron); bounded by 0 for the
     # frameworks that overlap it and for ZeRO-3 (per-micro-batch gathers hidden behind compute)
-    cp_g, dp_g = pl["cp"], pl["dp"]
-    dpg = GroupPlacement(shard, dp_g.ranks_per_domain * (cp_g.size if cp_g.intra_domain else 1)) \
-        if shard > 1 else GroupPlacement(1, 1)
+    eg = GroupPlacement(edp, max(1, min(edp, dom // max(1, etp * st.ep))))
     ag3 = rs3 = 0.0
     if shard > 1:
-        rs3 = collective_time("reduce_scatter", BYTES_FP32 * smax.dense, dpg, cluster)
-        ag3 = collective_time("all_gather", BYTES_16BIT * smax.dense, dpg, cluster)
-    eg = GroupPlacement(edp, max(1, min(edp, dom // max(1, par0.expert_tp * st.ep))))
+        rs3 = collective_time("reduce_scatter", BYTES_FP32 * smax.dense, dpg)
+        ag3 = collective_time("all_gather", BYTES_16BIT * smax.dense, dpg)
     if edp > 1 and smax.expert > 0:
-        rs3 += collective_time("reduce_scatter", BYTES_FP32 * smax.expert, eg, cluster)
-        ag3 += collective_time("all_gather", BYTES_16BIT * smax.expert, eg, cluster)
+        rs3 += collective_time("reduce_scatter", BYTES_FP32 * smax.expert, eg)
+        ag3 += collective_time("all_gather", BYTES_16BIT * smax.expert, eg)
     # gradient reduction (rs) and parameter gather (ag) seconds by ZeRO class (0: all-reduce; 1, 2: distributed
     # optimizer reduce-scatter + all-gather), dense and expert groups (step_time)
     rs_t, ag_t = {0: 0.0, 1: 0.0}, {0: 0.0, 1: 0.0}
     for zc in (0, 1):
         if shard > 1:
             if zc == 0:
-                rs_t[zc] = collective_time("all_reduce", BYTES_FP32 * smax.dense, dpg, cluster)
+                rs_t[zc] = collective_time("all_reduce", BYTES_FP32 * smax.dense, dpg)
             else:
-                rs_t[zc] = collective_time("reduce_scatter", BYTES_FP32 * smax.dense, dpg, cluster)
-                ag_t[zc] = collective_time("all_gather", BYTES_16BIT * smax.dense, dpg, cluster)
+                rs_t[zc] = collective_time("reduce_scatter", BYTES_FP32 * smax.dense, dpg)
+                ag_t[zc] = collective_time("all_gather", BYTES_16BIT * smax.dense, dpg)
         if edp > 1 and smax.expert > 0:
-            rs_t[zc] += collective_time("reduce_scatter" if zc else "all_reduce", BYTES_FP32 * smax.expert, eg,
-                                        cluster)
+            rs_t[zc] += collective_time("reduce_scatter" if zc else "all_reduce", BYTES_FP32 * smax.expert, eg)
             if zc:
-                ag_t[zc] += collective_time("all_gather", BYTES_16BIT * smax.expert, eg, cluster)
-    # exposed in full without overlap (Megatron-LM's default; DeepSpeed's pipeline engine); otherwise only what
-    # the busiest rank's backward / forward cannot hide (bounded with the compute upper bounds below)
-    dp_full = framework == "megatron" or (framework == "deepspeed" and pp > 1)
-    return _Stages(st, zs, sps, ranges, groups, sig_of, states, opt, rs_t, ag_t, rs3, ag3, shard, edp, dp_full,
-                   pl, vocab)
-
-
-def _runs(ctx: _Ctx, sf: _Stages, v: int) -> list[tuple]:
-    """Ranks grouped in runs of equal (slot, first-chunk dense/MoE counts); rank 0 and the last rank are always
-    runs of their own: (slot, first-chunk dense, first-chunk MoE, ranks, first rank)."""
-    if v not in sf.runs:
-        pp = sf.st.pp
-        out: list[list] = []
-        for r in range(pp):
-            c0 = sf.ranges[r][: len(sf.ranges[r]) // v]
-            nm0 = ctx.moe_prefix[c0.stop] - ctx.moe_prefix[c0.start] if len(c0) else 0
-            key = (sf.sig_of[r], len(c0) - nm0, nm0)
-            if out and tuple(out[-1][:3]) == key and r not in (1, pp - 1):
-                out[-1][3] += 1
-            else:
-                out.append([*key, 1, r])
-        sf.runs[v] = [tuple(x) for x in out]
-    return sf.runs[v]
+                ag_t[zc] += collective_time("all_gather", BYTES_16BIT * smax.expert, eg)
+    return opt, rs_t, ag_t, rs3, ag3
 
 
 @dataclass
 class _MicroBatch:
-    """Per (structure, micro-batch) facts: micro-batches, vpp choices, end-stage extras, per-layer costs."""
+    """Per (structure, micro-batch) facts: micro-batches, end-stage extras, per-layer costs; vpp choices,
+    in-flight micro-batches and activations are added by ``_with_memory_facts``."""
 
     mbs: int
     m: int
-    vpps: list[int]
     tok: float
     lg: float          # output-layer GEMM forward seconds
     ce: float          # cross-entropy seconds
     emb: float         # embedding seconds
     logits_b: float    # logits bytes
-    inflight: dict[int, list[float]]                         # vpp -> per slot
     lay: dict[bool, dict[int, tuple]]                        # sp -> type -> (f, b, rc_sel, rc_full) seconds
-    acts: dict[tuple[bool, str], tuple[dict[int, float], float]]  # (sp, rc) -> (type -> bytes, layer input bytes)
+    vpps: list[int] = field(default_factory=list)
+    inflight: dict[int, list[float]] = field(default_factory=dict)   # vpp -> per slot
+    acts: dict = field(default_factory=dict)   # (sp, rc) -> (type -> bytes, layer input bytes)
+
+
+def _layer_costs(ctx: _Ctx, st: Structure, mbs: int, sp: bool) -> dict[int, tuple]:
+    """Per layer type: ``_layer_lb`` seconds (forward, backward, selective and full recompute) per micro-batch."""
+    key = ("layer", st.tp, st.cp, st.ep, st.etp, mbs, sp)
+    got = ctx.cache.get(key)
+    if got is None:
+        groups = dict(_placements(ctx, st), dp=GroupPlacement(1, 1), pp=GroupPlacement(1, 1))
+        pr = to_parallel(st, mbs, 1, 0, sp, "none")
+        got = ctx.cache[key] = {t: _layer_lb(ctx.model, ctx.cluster, ctx.job, pr, i, groups, True)
+                                for t, i in ctx.rep.items()}
+    return got
+
+
+def _activations(ctx: _Ctx, st: Structure, mbs: int, sp: bool, rc: str) -> tuple[dict[int, float], float]:
+    """Per layer type: the smallest stored activation bytes over the frameworks in play; the layer input bytes."""
+    def make():
+        prc = to_parallel(st, mbs, 1, 0, sp, rc)
+        per_t = {}
+        for t, i in ctx.rep.items():
+            vals = []
+            for fw in ctx.fws:
+                try:
+                    vals.append(activation_bytes_per_layer(ctx.model, ctx.job, prc, i, fw))
+                except TypeError:  # pragma: no cover - older signature
+                    vals.append(activation_bytes_per_layer(ctx.model, ctx.job, prc, i))
+            per_t[t] = min(vals)
+        return per_t, layer_input_bytes(ctx.model, ctx.job, prc)
+    return ctx.memo(("acts", st.tp, st.cp, st.ep, st.etp, mbs, sp, rc), make)
+
+
+def _in_flight(ctx: _Ctx, pp: int, v: int, stage: int, m: int) -> float:
+    par = ctx.memo(("pv", pp, v), lambda: ParallelConfig(pp=pp, vpp=v))
+    return in_flight_microbatches(par, stage, m)
 
 
 def _microbatch_facts(ctx: _Ctx, sf: _Stages, mbs: int) -> _MicroBatch:
-    from cost_models import step_time as stm
+    key = ("mb", sf.st, mbs)
+    mb = ctx.cache.get(key)
+    if mb is None:
+        mb = ctx.cache[key] = _new_microbatch_facts(ctx, sf, mbs)
+    return mb
+
+
+def _new_microbatch_facts(ctx: _Ctx, sf: _Stages, mbs: int) -> _MicroBatch:
     model, job, st = ctx.model, ctx.job, sf.st
     m = job.global_batch_size // (mbs * st.dp)
-    vpps = vpp_options(model, st, m, ctx.framework, ctx.space)
     tok = mbs * job.seq_length / st.cp
     h, vocab, tp = model.hidden_size, sf.vocab, st.tp
-    lg = stm.gemm_time(tok, h, vocab / tp, ctx.rate, ctx.hbm, ctx.el) if hasattr(stm, "gemm_time") else 0.0
+    lg = ctx.memo(("lg", tp, tok), lambda: stm.gemm_time(tok, h, vocab / tp, ctx.rate, ctx.hbm, ctx.el)
+                  if hasattr(stm, "gemm_time") else 0.0)
     ce = ctx.ce_passes * tok * vocab / tp / ctx.hbm
     emb = 2 * BYTES_16BIT * tok * h / ctx.hbm
     logits_b = tok * vocab / tp * ctx.logit_bpe
-    inflight = {}
-    for v in vpps:
-        pv = to_parallel(st, mbs, v, 0, False, "none")
-        inflight[v] = [in_flight_microbatches(pv, stage, m) for stage, _, _, _ in sf.groups]
-    pl = sf.placements
-    lay, acts = {}, {}
+    lay = {}
     for sp in sf.sps:
-        key = (tp, st.cp, st.ep, st.etp, mbs, sp, pl["tp"], pl["cp"], pl["ep"])
-        if key not in ctx.lay_cache:
-            pr = to_parallel(st, mbs, 1, 0, sp, "none")
-            ctx.lay_cache[key] = {t: _layer_lb(model, ctx.cluster, job, pr, i, pl, True) for t, i in ctx.rep.items()}
-        lay[sp] = ctx.lay_cache[key]
+        lay[sp] = _layer_costs(ctx, st, mbs, sp)
+    return _MicroBatch(mbs, m, tok, lg, ce, emb, logits_b, lay)
+
+
+def _with_memory_facts(ctx: _Ctx, sf: _Stages, mb: _MicroBatch) -> None:
+    """vpp choices, in-flight micro-batches per vpp and slot, the activations of every (sp, recompute), and the
+    model states (``_with_states``)."""
+    if mb.vpps:
+        return
+    _with_states(ctx, sf)
+    mb.vpps = vpp_options(ctx.model, sf.st, mb.m, ctx.framework, ctx.space)
+    for v in mb.vpps:
+        mb.inflight[v] = [_in_flight(ctx, sf.st.pp, v, stage, mb.m) for stage, _, _, _ in sf.lay.groups]
+    for sp in sf.sps:
         for rc in ctx.space.recompute:
-            akey = (tp, st.cp, st.ep, st.etp, mbs, sp, rc)
-            if akey not in ctx.act_cache:
-                prc = to_parallel(st, mbs, 1, 0, sp, rc)
-                per_t = {}
-                for t, i in ctx.rep.items():
-                    vals = []
-                    for fw in ctx.fws:
-                        try:
-                            vals.append(activation_bytes_per_layer(model, job, prc, i, fw))
-                        except TypeError:  # pragma: no cover - older signature
-                            vals.append(activation_bytes_per_layer(model, job, prc, i))
-                    per_t[t] = min(vals)
-                ctx.act_cache[akey] = (per_t, layer_input_bytes(model, job, prc))
-            acts[(sp, rc)] = ctx.act_cache[akey]
-    return _MicroBatch(mbs, m, vpps, tok, lg, ce, emb, logits_b, inflight, lay, acts)
+            mb.acts[(sp, rc)] = _activations(ctx, sf.st, mb.mbs, sp, rc)
+
+
+def busiest_rank_bounds(ctx: _Ctx, sf: _Stages, mbss) -> list[float]:
+    """For each micro-batch of ``mbss``: a lower bound (seconds) of the tight bound ``A + max(P, Z) + O`` of every
+    candidate of (structure, micro-batch), cheap enough for the whole space: ``P`` by the busiest rank's
+    m x (forward + backward) per micro-batch, and ``Z`` with the smallest per-rank forward / backward, both at no
+    recompute (recompute only adds) and the smaller sp setting; the smallest ``max(P, Z[z]) + O[z]`` over the
+    ZeRO stages. Per-layer costs and the DP / optimizer terms are cached (``_layer_costs``, ``_comm_facts``)."""
+    _comm_facts(ctx, sf)
+    st, job, cache = sf.st, ctx.job, ctx.cache
+    pp, dp, tp, h, vocab = st.pp, st.dp, st.tp, ctx.model.hidden_size, sf.vocab
+    first_last = [(stage == 0, stage == pp - 1, nd, nm) for stage, nd, nm, _ in sf.lay.groups]
+    out = []
+    for mbs in mbss:
+        m = job.global_batch_size // (mbs * dp)
+        tok = mbs * job.seq_length / st.cp
+        lg = cache.get(("lg", tp, tok))
+        if lg is None:
+            lg = cache[("lg", tp, tok)] = stm.gemm_time(tok, h, vocab / tp, ctx.rate, ctx.hbm, ctx.el)
+        ce = ctx.ce_passes * tok * vocab / tp / ctx.hbm
+        emb = 2 * BYTES_16BIT * tok * h / ctx.hbm
+        best = math.inf
+        for sp in sf.sps:
+            lt = _layer_costs(ctx, st, mbs, sp)
+            d, e = lt.get(0), lt.get(1)
+            busy, f0, b0 = 0.0, math.inf, math.inf
+            for is_first, is_last, nd, nm in first_last:
+                f = b = 0.0
+                if nd and d is not None:
+                    f, b = nd * d[0], nd * d[1]
+                if nm and e is not None:
+                    f, b = f + nm * e[0], b + nm * e[1]
+                if is_last:
+                    f, b = f + lg + ce, b + 2 * lg + ce
+                if is_first:
+                    f, b = f + emb, b + 2 * emb
+                busy = max(busy, f + b)
+                f0, b0 = min(f0, f), min(b0, b)
+            busy *= m
+            for z, (a, c) in sf.o_coef.items():
+                best = min(best, max(busy, _z_bound(sf, m, z, f0, b0)) + a + m * c)
+        out.append(best)
+    return out
+
+
+def group_bound(ctx: _Ctx, sf: _Stages, mbs: int, mem_limit: float) -> tuple[float, int]:
+    """A lower bound (seconds) of the tight bound ``A + max(P, Z) + O`` of every candidate of (structure, ``mbs``)
+    whose memory bound fits ``mem_limit`` (bytes), and how many candidates may fit (an upper bound).
+
+    Over (recompute, sp, zero): skipped when the memory bound at vpp 1 exceeds the limit (interleaving never holds
+    fewer micro-batches in flight, ``memory.in_flight_microbatches``, so no vpp fits either); else
+    ``max(P', Z[sp][z]) + O[z]`` with ``P'`` the vpp-1 pipeline bound when vpp 1 is the only choice, else the
+    busiest rank's m x (forward + backward), the recompute charged at vpp 1 (the fewest recomputed layers per
+    chunk N_lb only grows with the in-flight micro-batches, and interleaving recomputes N_lb per chunk), and ``Z``
+    with the smallest per-rank forward/backward at vpp 1 (``Z`` is non-decreasing in them). inf when nothing fits.
+    """
+    mb = _microbatch_facts(ctx, sf, mbs)
+    _with_memory_facts(ctx, sf, mb)
+    _comm_facts(ctx, sf)
+    pp = sf.st.pp
+    if not mb.vpps:
+        return math.inf, 0
+    only_v1 = mb.vpps == [1]
+    slots = sf.lay.groups
+    infl1 = [_in_flight(ctx, pp, 1, stage, mb.m) for stage, _, _, _ in slots]
+    w = [[sf.states[j][z] + ctx.reserve + (mb.logits_b if stage == pp - 1 else 0.0) for z in ZEROS]
+         for j, (stage, _, _, _) in enumerate(slots)]
+    best, fits = math.inf, 0
+    for rc in ctx.space.recompute:
+        for sp in sf.sps:
+            x = [_stored(ctx, mb, sp, rc, stage, nd, nm) * infl1[j] + _biggest(mb, sp, rc, nd, nm)
+                 for j, (stage, nd, nm, _) in enumerate(slots)]
+            ok = [z for z in sf.zs if max(wj[z] + xj for wj, xj in zip(w, x)) <= mem_limit]
+            if not ok:
+                continue
+            fits += len(ok) * len(mb.vpps)
+            fb = _rank_fb(ctx, mb, rc, sp, _min_recomputed_layers(ctx, sf, mb, rc, sp, 1))
+            busy, f0, b0 = 0.0, math.inf, math.inf
+            for stage, nd, nm, _ in slots:
+                f, b = fb(nd, nm)
+                if stage == pp - 1:
+                    f, b = f + mb.lg + mb.ce, b + 2 * mb.lg + mb.ce
+                if stage == 0:
+                    f, b = f + mb.emb, b + 2 * mb.emb
+                busy = max(busy, f + b)
+                f0, b0 = min(f0, f), min(b0, b)
+            p = _pipeline_bound(ctx, sf, mb, fb, 1) if only_v1 else mb.m * busy
+            for z in ok:
+                best = min(best, max(p, _z_bound(sf, mb.m, z, f0, b0)) + _o_bound(ctx, sf, mb.m, z))
+    return best, fits
+
+
+def _z_bound(sf: _Stages, m: int, z: int, f0: float, b0: float) -> float:
+    """The ``Z`` table's value: the DP / ZeRO-3 terms that the smallest per-rank forward f0 and backward b0
+    (seconds per micro-batch) cannot hide (``dp_table``)."""
+    zc = 1 if z else 0
+    if z < 3 and not sf.dp_full and sf.shard * sf.edp > 1:
+        return (m - 1) * (f0 + b0) + max(f0, sf.ag_t[zc]) + max(b0, sf.rs_t[zc])
+    if z >= 3 and (sf.shard > 1 or sf.edp > 1):
+        return m * (max(f0, sf.ag3) + max(b0, sf.ag3 + sf.rs3))
+    return 0.0
+
+
+def _o_bound(ctx: _Ctx, sf: _Stages, m: int, z: int) -> float:
+    """The ``O`` table's value: the optimizer step plus the fully exposed DP terms (``dp_table``)."""
+    a, c = sf.o_coef[z]
+    return a + m * c
+
+
+def _o_coefficients(ctx: _Ctx, sf: _Stages) -> dict[int, tuple[float, float]]:
+    """``O[z] = a + m x c`` seconds per ZeRO stage: the optimizer step plus the DP reduction and gather where they
+    are fully exposed; Megatron-FSDP ``optim_grads`` (z 2) reduce-scatters in every micro-batch's backward, layer
+    by layer, + the exposed weight gather: step_time.fsdp_exposed_s(0, rs, c, n) >= rs / n + (n - 1) / n x
+    OVERLAP_COMPUTE_SLOWDOWN x rs for any compute c, n = the busiest rank's layers, between the fewest and the
+    most layers per rank."""
+    out = {}
+    for z in sf.zs:
+        zc = 1 if z else 0
+        if z == 2 and ctx.framework == "megatron":
+            n_hi = max(1, max(len(r) for r in sf.lay.ranges))
+            n_lo = max(1, min(len(r) for r in sf.lay.ranges))
+            out[z] = (sf.opt[zc] + sf.ag_t[zc],
+                      sf.rs_t[zc] * (1 / n_hi + (1 - 1 / n_lo) * stm.OVERLAP_COMPUTE_SLOWDOWN))
+        else:
+            out[z] = (sf.opt[zc] + (sf.rs_t[zc] + sf.ag_t[zc] if z < 3 and sf.dp_full else 0.0), 0.0)
+    return out
+
+
+def _stored(ctx: _Ctx, mb: _MicroBatch, sp: bool, rc: str, stage: int, nd: int, nm: int) -> float:
+    """Stored activation bytes of one micro-batch on a stage with nd dense and nm MoE layers (token ids on the
+    first stage); full recompute keeps only each layer's input (the least of any recompute_num_layers)."""
+    per_t, lin = mb.acts[(sp, rc)]
+    stored = lin * (nd + nm) if rc == "full" else nd * per_t.get(0, 0.0) + nm * per_t.get(1, 0.0)
+    return stored + (TOKEN_ID_BYTES * mb.tok if stage == 0 else 0.0)
+
+
+def _biggest(mb: _MicroBatch, sp: bool, rc: str, nd: int, nm: int) -> float:
+    """The largest layer's activation bytes (its working set while it runs)."""
+    per_t, _ = mb.acts[(sp, rc)]
+    return max([per_t[t] for t, c in ((0, nd), (1, nm)) if c and t in per_t], default=0.0)
 
 
 def _min_recomputed_layers(ctx: _Ctx, sf: _Stages, mb: _MicroBatch, rc: str, sp: bool, v: int) -> int:
@@ -370,14 +621,14 @@ def _min_recomputed_layers(ctx: _Ctx, sf: _Stages, mb: _MicroBatch, rc: str, sp:
     per_t, lin = mb.acts[(sp, rc)]
     pp = sf.st.pp
     need = 1
-    for j, (stage, nd, nm, rg) in enumerate(sf.groups):
+    for j, (stage, nd, nm, rg) in enumerate(sf.lay.groups):
         present = [per_t[t] for t, c in ((0, nd), (1, nm)) if c and t in per_t]
         if not present:
             continue
         a_min, big = min(present), max(present)
         n_l = nd + nm
         w = min(sf.states[j][z] for z in sf.zs) + ctx.reserve + (mb.logits_b if stage == pp - 1 else 0.0)
-        infl = mb.inflight[v][j]
+        infl = mb.inflight[v][j] if v in mb.inflight else _in_flight(ctx, pp, v, stage, mb.m)
         tid = TOKEN_ID_BYTES * mb.tok if stage == 0 else 0.0
         over = w + (n_l * a_min + tid) * infl + big - ctx.mem_lim
         if over <= 0 or a_min <= lin or infl <= 0:
@@ -386,62 +637,73 @@ def _min_recomputed_layers(ctx: _Ctx, sf: _Stages, mb: _MicroBatch, rc: str, sp:
     return need
 
 
-def pipeline_table(ctx: _Ctx, sf: _Stages, mb: _MicroBatch, rc: str):
-    """``A[v]`` (0 where vpp v is valid) and ``P[sp][v]`` (seconds, module docstring), and the smallest per-rank
-    forward and backward lower bounds per micro-batch by sp (for ``dp_table``)."""
+def _rank_fb(ctx: _Ctx, mb: _MicroBatch, rc: str, sp: bool, nlb: int):
+    """``fb(nd, nm, nch=1)``: lower bounds of the forward and backward seconds per micro-batch of nd dense and nm
+    MoE layers in ``nch`` model chunks under recompute ``rc``. Full recompute with a derivable N
+    (planner.recompute) re-runs at least min(nlb, chunk layers) layers per chunk, every layer otherwise."""
+    lt = mb.lay[sp]
+    memo: dict[tuple, tuple[float, float]] = {}
+    partial = ctx.partial_rc
+
+    def fb(nd: int, nm: int, nch: int = 1) -> tuple[float, float]:
+        key = (nd, nm, nch)
+        if key not in memo:
+            f = b = 0.0
+            full_min = math.inf
+            for t, n in ((0, nd), (1, nm)):
+                if n and t in lt:
+                    lf, lb, sel, full = lt[t]
+                    f += n * lf
+                    b += n * (lb + (sel if rc == "selective" else full if rc == "full" and not partial else 0.0))
+                    full_min = min(full_min, full)
+            if rc == "full" and partial and full_min < math.inf:
+                b += nch * min(nlb, (nd + nm) // nch) * full_min
+            memo[key] = (f, b)
+        return memo[key]
+    return fb
+
+
+def _pipeline_bound(ctx: _Ctx, sf: _Stages, mb: _MicroBatch, fb, v: int, minima: list | None = None) -> float:
+    """``P`` at vpp ``v``: max over ranks r of (the first micro-batch's forward + backward through the ranks before
+    r, first chunk only) + m x (r's forward + backward). Ranks come in runs of equal (stage signature, first-chunk
+    mix), along which the bound grows, so each run's last rank is its maximum. ``minima`` collects the smallest
+    per-rank (forward, backward)."""
     pp = sf.st.pp
+    best = pre = 0.0
+    for g, nd0, nm0, cnt, r0 in _runs(ctx, sf.lay, pp, v):
+        stage, nd, nm, rg = sf.lay.groups[g]
+        f, b = fb(nd, nm, v)
+        if r0 + cnt - 1 == pp - 1:
+            f += mb.lg + mb.ce
+            b += 2 * mb.lg + mb.ce
+        if r0 == 0:
+            f += mb.emb
+            b += 2 * mb.emb
+        if minima is not None:
+            minima[0], minima[1] = min(minima[0], f), min(minima[1], b)
+        f0, b0 = fb(nd0, nm0, 1)
+        if r0 == 0:
+            f0 += mb.emb
+            b0 += 2 * mb.emb
+        best = max(best, pre + (cnt - 1) * (f0 + b0) + mb.m * (f + b))
+        pre += cnt * (f0 + b0)
+    return best
+
+
+def pipeline_table(ctx: _Ctx, sf: _Stages, mb: _MicroBatch, rc: str):
+    """``A[v]`` (0 where vpp v is valid) and ``P[sp][v]`` (seconds, ``_pipeline_bound``), and the smallest per-rank
+    forward and backward lower bounds per micro-batch by sp (for ``dp_table``)."""
     A = [INVALID] * V
     for v in mb.vpps:
         A[v - 1] = 0.0
     P = [[INVALID] * V for _ in range(2)]
     fb_min = {}
     for sp in sf.sps:
-        lt = mb.lay[sp]
-        memo: dict[tuple, tuple[float, float]] = {}
-
-        def fb(nd, nm, nch=1, nlb=1, lt=lt, memo=memo):
-            # nch: model chunks in these layers. Full recompute with a derivable N (planner.recompute) re-runs
-            # at least min(nlb, chunk layers) layers per chunk, every layer otherwise
-            key = (nd, nm, nch, nlb)
-            if key not in memo:
-                f = b = 0.0
-                full_min = math.inf
-                for t, n in ((0, nd), (1, nm)):
-                    if n and t in lt:
-                        lf, lb, sel, full = lt[t]
-                        f += n * lf
-                        b += n * (lb + (sel if rc == "selective" else
-                                        full if rc == "full" and not ctx.partial_rc else 0.0))
-                        full_min = min(full_min, full)
-                if rc == "full" and ctx.partial_rc and full_min < math.inf:
-                    b += nch * min(nlb, (nd + nm) // nch) * full_min
-                memo[key] = (f, b)
-            return memo[key]
-
-        fmin = bmin = math.inf
+        minima = [math.inf, math.inf]
         for v in mb.vpps:
-            nlb = _min_recomputed_layers(ctx, sf, mb, rc, sp, v)
-            # ranks in runs of equal (stage signature, first-chunk mix): the bound pre_r + m (f_r + b_r) grows
-            # along a run, so its last rank is the run's maximum
-            best = pre = 0.0
-            for g, nd0, nm0, cnt, r0 in _runs(ctx, sf, v):
-                stage, nd, nm, rg = sf.groups[g]
-                f, b = fb(nd, nm, v, nlb)
-                if r0 + cnt - 1 == pp - 1:
-                    f += mb.lg + mb.ce
-                    b += 2 * mb.lg + mb.ce
-                if r0 == 0:
-                    f += mb.emb
-                    b += 2 * mb.emb
-                fmin, bmin = min(fmin, f), min(bmin, b)
-                f0, b0 = fb(nd0, nm0, 1, nlb)
-                if r0 == 0:
-                    f0 += mb.emb
-                    b0 += 2 * mb.emb
-                best = max(best, pre + (cnt - 1) * (f0 + b0) + mb.m * (f + b))
-                pre += cnt * (f0 + b0)
-            P[int(sp)][v - 1] = best
-        fb_min[sp] = (fmin, bmin)
+            fb = _rank_fb(ctx, mb, rc, sp, _min_recomputed_layers(ctx, sf, mb, rc, sp, v))
+            P[int(sp)][v - 1] = _pipeline_bound(ctx, sf, mb, fb, v, minima)
+        fb_min[sp] = tuple(minima)
     return A, P, fb_min
 
 
@@ -454,39 +716,20 @@ def dp_table(ctx: _Ctx, sf: _Stages, mb: _MicroBatch, P, fb_min):
     * ZeRO-3: m x (max(0, ag - f_B) + max(0, ag + rs - b_B))  =>  step >= m (max(f_B, ag) + max(b_B, ag + rs));
     * overlapped DP: max(0, rs - b_B) + max(0, ag - f_B)  =>  step >= (m-1)(f_B + b_B) + max(f_B, ag) + max(b_B, rs)
 
-    with f_B, b_B >= the smallest per-rank lower bounds. E adds what exceeds the largest P of this k, so P + E stays
-    below the step time for every (sp, vpp).
+    with f_B, b_B >= the smallest per-rank lower bounds (``_z_bound``), plus the optimizer step and the exposed
+    DP terms (``_o_bound``). E adds what exceeds the largest P of this k, so P + E stays below the step time for
+    every (sp, vpp).
     """
-    from cost_models import step_time as stm
-    m = mb.m
+    _comm_facts(ctx, sf)
     pmax = max((x for row in P for x in row if x != INVALID), default=0.0)
     E = [INVALID] * 4
     O = [INVALID] * 4
     Zk = [[0.0] * 4 for _ in range(2)]
     for z in sf.zs:
-        zc = 1 if z else 0
-        if z == 2 and ctx.framework == "megatron":
-            # Megatron-FSDP optim_grads: a reduce-scatter in every micro-batch's backward, layer by layer, + the
-            # exposed weight gather. step_time.fsdp_exposed_s(0, rs, c, n) >= rs / n + (n - 1) / n x
-            # OVERLAP_COMPUTE_SLOWDOWN x rs for any compute c, n = the busiest rank's layers, between the fewest
-            # and the most layers per rank
-            n_hi = max(1, max(len(r) for r in sf.ranges))
-            n_lo = max(1, min(len(r) for r in sf.ranges))
-            rs_mb = sf.rs_t[zc] * (1 / n_hi + (1 - 1 / n_lo) * stm.OVERLAP_COMPUTE_SLOWDOWN)
-            O[z] = sf.opt[zc] + sf.ag_t[zc] + m * rs_mb
-        else:
-            O[z] = sf.opt[zc] + (sf.rs_t[zc] + sf.ag_t[zc] if z < 3 and sf.dp_full else 0.0)
-        zz = {}
+        O[z] = _o_bound(ctx, sf, mb.m, z)
         for sp in sf.sps:
-            f0, b0 = fb_min[sp]
-            if z < 3 and not sf.dp_full and sf.shard * sf.edp > 1:
-                zz[sp] = (m - 1) * (f0 + b0) + max(f0, sf.ag_t[zc]) + max(b0, sf.rs_t[zc])
-            elif z >= 3 and (sf.shard > 1 or sf.edp > 1):
-                zz[sp] = m * (max(f0, sf.ag3) + max(b0, sf.ag3 + sf.rs3))
-            else:
-                zz[sp] = 0.0
-            Zk[int(sp)][z] = zz[sp]
-        E[z] = O[z] + max(0.0, min(zz.values()) - pmax)
+            Zk[int(sp)][z] = _z_bound(sf, mb.m, z, *fb_min[sp])
+        E[z] = O[z] + max(0.0, min(Zk[int(sp)][z] for sp in sf.sps) - pmax)
     return E, Zk, O
 
 
@@ -495,52 +738,44 @@ def memory_table(ctx: _Ctx, sf: _Stages, mb: _MicroBatch, rc: str):
     activations x in-flight micro-batches + the largest layer's working set), bytes."""
     pp = sf.st.pp
     Wk, Xk = [], []
-    for j, (stage, nd, nm, rg) in enumerate(sf.groups):
+    for j, (stage, nd, nm, rg) in enumerate(sf.lay.groups):
         Wk.append([sf.states[j][z] + ctx.reserve + (mb.logits_b if stage == pp - 1 else 0.0) for z in ZEROS])
         xs = [[0.0] * V for _ in range(2)]
         for sp in sf.sps:
-            per_t, lin = mb.acts[(sp, rc)]
-            present = [per_t[t] for t, c in ((0, nd), (1, nm)) if c and t in per_t]
-            biggest = max(present, default=0.0)
-            if rc == "full":
-                stored = lin * (nd + nm)
-            else:
-                stored = nd * per_t.get(0, 0.0) + nm * per_t.get(1, 0.0)
-            if stage == 0:
-                stored += TOKEN_ID_BYTES * mb.tok
+            stored, biggest = _stored(ctx, mb, sp, rc, stage, nd, nm), _biggest(mb, sp, rc, nd, nm)
             for v in mb.vpps:
                 xs[int(sp)][v - 1] = stored * mb.inflight[v][j] + biggest
         Xk.append(xs)
     return Wk, Xk
 
 
+def add_group_tables(ctx: _Ctx, T: Tables, sf: _Stages, mbs: int) -> None:
+    """Append the tables of every recompute setting of (structure ``sf``, micro-batch ``mbs``) to ``T``."""
+    mb = _microbatch_facts(ctx, sf, mbs)
+    _with_memory_facts(ctx, sf, mb)
+    for rc in ctx.space.recompute:
+        A, P, fb_min = pipeline_table(ctx, sf, mb, rc)
+        E, Z, O = dp_table(ctx, sf, mb, P, fb_min)
+        W, X = memory_table(ctx, sf, mb, rc)
+        T.add((sf.st, mbs, rc), A, P, E, W, X, Z, O)
+
+
 def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int,
                  space: SearchSpace = SearchSpace(), framework: str = "megatron",
-                 memory_headroom: float | None = None, structures=None) -> Tables:
-    """Tabulate the factorized lower bounds of every structure (module docstring): step-time bound =
-    ``P[k, sp, v] + E[k, z]``, memory bound of stage slot j = ``W[k, j, z] + X[k, j, sp, v]``; both are <= the
-    scalar model's values (``planner.evaluate``), which is what makes the solver's re-scoring loop exact.
-
-    ``structures``: the structures to tabulate (default: all of ``planner.space.structures``).
-    ``memory_headroom`` sets the limit used to derive the fewest recomputed layers under full recompute (N_lb = 1
-    when None).
-    """
-    from .space import structures as all_structures
-    ctx = _context(model, cluster, job, space, framework, memory_headroom)
+                 memory_headroom: float | None = None) -> Tables:
+    """Tabulate the factorized lower bounds of every structure and micro-batch of the space (module docstring):
+    step-time bound = ``P[k, sp, v] + E[k, z]``, memory bound of stage slot j = ``W[k, j, z] + X[k, j, sp, v]``;
+    both are <= the scalar model's values (``planner.evaluate``), which is what makes the solver's re-scoring
+    loop exact. ``memory_headroom`` sets the limit used to derive the fewest recomputed layers under full
+    recompute (N_lb = 1 when None). The solver builds the same tables group by group (``add_group_tables``)."""
+    from .space import structures
+    ctx = context(model, cluster, job, space, framework, memory_headroom)
     T = Tables()
-    sts = all_structures(model, cluster, job, num_gpus, space, framework) if structures is None else structures
-    for st in sts:
+    for st in structures(model, cluster, job, num_gpus, space, framework):
         mbss = micro_batch_options(st, job, space)
-        if not mbss:
-            continue
-        sf = _stage_facts(ctx, st)
+        sf = _stage_facts(ctx, st) if mbss else None
         if sf is None:
             continue
         for mbs in mbss:
-            mb = _microbatch_facts(ctx, sf, mbs)
-            for rc in space.recompute:
-                A, P, fb_min = pipeline_table(ctx, sf, mb, rc)
-                E, Z, O = dp_table(ctx, sf, mb, P, fb_min)
-                W, X = memory_table(ctx, sf, mb, rc)
-                T.add((st, mbs, rc), A, P, E, W, X, Z, O)
+            add_group_tables(ctx, T, sf, mbs)
     return T

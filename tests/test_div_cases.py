@@ -176,15 +176,20 @@ def test_f21_ep_with_tp_requires_sp():
 
 
 def test_expert_tensor_parallel_options_and_grid():
-    """Expert TP is 1 or tp (Megatron --expert-tensor-parallel-size; torchtitan allows only these), 1 for DeepSpeed;
-    every proposed layout tiles the world with the expert grid ep x etp (F16)."""
-    m = get_model("mixtral-8x7b")
+    """Expert TP (issue 11): Megatron any divisor of tp that divides the expert FFN width
+    (--expert-tensor-parallel-size; parallel_state needs etp*ep*pp to divide the world), torchtitan 1 or tp
+    (expert_tensor_parallel_degree), DeepSpeed 1; every proposed layout tiles the world with the expert grid
+    ep x etp (F16)."""
+    m = get_model("mixtral-8x7b")  # expert FFN 14336 = 2^11 x 7: every divisor of tp 8 divides it
     sp = SearchSpace(micro_batch_size=(1,), zero_stage=(1,), recompute=("full",))
     seen = set()
     for p in candidates(m, H100, JOB, 32, sp):
         if p.ep > 1:
-            assert p.expert_tp in (1, p.tp)
+            assert p.tp % p.expert_tp == 0
             assert (p.dp * p.cp * p.tp) % (p.ep * p.expert_tp) == 0
             seen.add((p.tp, p.expert_tp))
-    assert (4, 4) in seen and (4, 1) in seen
+    assert {(4, 4), (4, 2), (4, 1), (8, 8), (8, 4), (8, 2), (8, 1)} <= seen
+    fsdp = SearchSpace(micro_batch_size=(1,), zero_stage=(3,), recompute=("full",))
+    assert {p.expert_tp for p in candidates(m, H100, JOB, 32, fsdp, framework="torchtitan")
+            if p.ep > 1 and p.tp == 8} == {1, 8}
     assert all(p.expert_tp == 1 for p in candidates(m, H100, JOB, 32, sp, framework="deepspeed") if p.ep > 1)
