@@ -1,13 +1,15 @@
 """Refit the step-time model's free parameters on the dev rows (coordinate descent on the mean group MAPE).
 
-Prints the fitted values; they are then written by hand, with this provenance, into cost_models/step_time.py,
-planner/validate.py and the cluster YAMLs' calibration. Run: .venv/bin/python benchmarks/fit_step_time.py
+Prints the fitted values; they are then written by hand, with this provenance, into cost_models/step_time.py and the
+cluster YAMLs' calibration (TT500: grand-teton-h100's power_limit_clock_fraction). The Omni-Path bus efficiency of
+jean-zay-a100 is no longer fitted: it is the measured NCCL figure (cluster YAML).
+Run: .venv/bin/python benchmarks/fit_step_time.py
 """
 from __future__ import annotations
 
 import cost_models.step_time as st
-import planner.validate as pv
-from planner.validate import load_rows, validate_row, ValidationReport
+from cluster_specs.spec import ClusterSpec
+from planner.validation import load_rows, validate_row, ValidationReport
 
 ROWS = load_rows()
 ATTN = {"H100": 0.5, "B200": 0.5, "GB200": 0.5, "A100": 0.5}
@@ -18,11 +20,16 @@ def _attn(cluster):
     g = cluster.gpu.name.upper()
     for k in ("GB200", "B200", "H100", "H200", "A100"):
         if k in g:
-            return ATTN["H100" if k == "H200" else k] * (pv.H100_500W_FACTOR if cluster.name == "dgx-h100-500w" else 1)
+            return ATTN["H100" if k == "H200" else k] * cluster.clock_fraction
     return _orig_attn(cluster)
 
 
 st._attn_eff = _attn
+
+#: calibration.power_limit_clock_fraction of the power-capped clusters (grand-teton-h100), swept by TT500
+CLOCK = {"capped": 0.825}
+ClusterSpec.clock_fraction = property(
+    lambda c: CLOCK["capped"] if (c.calibration.power_limit_clock_fraction or 1.0) < 1 else 1.0)
 
 PARAMS = {
     "KAPPA": (lambda v: setattr(st, "KAPPA", v), [1.5, 2, 2.5, 3, 3.5, 4, 5]),
@@ -39,12 +46,11 @@ PARAMS = {
     "MOE_EXP": (lambda v: st.MOE_EXPERT_HOST_S.update(mx=v), [0, 0.1e-3, 0.2e-3, 0.3e-3, 0.4e-3, 0.5e-3, 0.7e-3]),
     "MOE_BF16": (lambda v: st.MOE_EXPERT_HOST_S.update(bf16=v), [0, 0.1e-3, 0.2e-3, 0.4e-3]),
     "MOE_CS": (lambda v: st.MOE_EXPERT_HOST_S.update(cs=v), [0.4e-3, 0.8e-3, 1.0e-3, 1.2e-3, 1.4e-3, 1.6e-3, 2e-3]),
-    "JZ": (lambda v: setattr(pv, "JEAN_ZAY_NET_EFFICIENCY", v), [0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 0.94]),
     "MOE_TOK": (lambda v: setattr(st, "MOE_TOKEN_COPY_S", v), [0, 1e-8, 2e-8, 3e-8, 5e-8]),
     "UNF": (lambda v: setattr(st, "UNFUSED_SCORE_PASSES", v), [4, 6, 8, 10, 12]),
     "ATT_H100": (lambda v: ATTN.update(H100=v), [0.28, 0.3, 0.32, 0.34, 0.37, 0.4, 0.44, 0.48]),
     "ATT_B200": (lambda v: ATTN.update(B200=v, GB200=v), [0.3, 0.32, 0.35, 0.38, 0.42, 0.46, 0.5, 0.55]),
-    "TT500": (lambda v: setattr(pv, "H100_500W_FACTOR", v), [0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 1.0]),
+    "TT500": (lambda v: CLOCK.update(capped=v), [0.65, 0.7, 0.75, 0.8, 0.825, 0.85, 0.9, 1.0]),
 }
 
 
@@ -58,7 +64,7 @@ if __name__ == "__main__":
     import sys
     cur = {"KAPPA": 2, "PASS_MEG": 12, "PASS_DS": 24, "PASS_TT": 64, "PASS_TTC": 4, "TP_OVL": 0.0, "TT_TP": 0.15,
            "TT_EFF": 0.82, "EP_OVL": 0.6, "ATT_S0": 512, "MOE_EXP": 0.0004, "MOE_BF16": 0.0, "MOE_CS": 0.0012,
-           "MOE_TOK": 2e-8, "JZ": 0.4, "UNF": 8, "ATT_H100": 0.3, "ATT_B200": 0.38, "TT500": 0.8}
+           "MOE_TOK": 2e-8, "UNF": 8, "ATT_H100": 0.3, "ATT_B200": 0.38, "TT500": 0.825}
     for k, v in cur.items():
         PARAMS[k][0](v)
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 2

@@ -64,6 +64,13 @@ class GPUSpec(BaseModel):
         "cannot run is absent (A100 has no fp8)",
     )
     hbm_bandwidth_bytes_per_s: float = Field(gt=0, description="peak HBM bandwidth, bytes/s (decimal)")
+    power_limit_w: float | None = Field(
+        None,
+        gt=0,
+        description="board power limit the GPUs run at, watts, when it is below the datasheet TDP (e.g. 500 on "
+        "Meta's Grand Teton H100s); None = the datasheet TDP. Its effect on the tensor-core clock is "
+        "calibration.power_limit_clock_fraction",
+    )
     source: str = Field(min_length=1, description="where each value came from")
 
     @model_validator(mode="after")
@@ -154,6 +161,14 @@ class Calibration(BaseModel):
         le=1,
         description="achieved fraction of peak HBM bandwidth in memory-bound kernels; None = not calibrated (use 1.0)",
     )
+    power_limit_clock_fraction: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="sustained tensor-core clock at gpu.power_limit_w over the clock at the TDP the GEMM and "
+        "attention efficiencies were measured at (dense GEMMs are power-bound); scales both rates. None = 1 "
+        "(no power cap)",
+    )
     sources: dict[str, str] = Field(description="field name -> measurement/source it came from")
 
     @model_validator(mode="after")
@@ -207,6 +222,12 @@ class ClusterSpec(BaseModel):
         if not self.supported_precisions:
             raise ValueError(
                 f"gpu.peak_flops has none of the training precisions {', '.join(TRAINING_PRECISIONS)}"
+            )
+        capped = self.calibration.power_limit_clock_fraction
+        if capped is not None and capped < 1 and self.gpu.power_limit_w is None:
+            raise ValueError(
+                "calibration.power_limit_clock_fraction is below 1 but gpu.power_limit_w is not set; "
+                "name the power limit it belongs to"
             )
         if self.calibration.memory_reserve_bytes >= self.gpu.memory_bytes:
             raise ValueError(
@@ -272,9 +293,15 @@ class ClusterSpec(BaseModel):
             return table[d]
         return self.gemm_efficiency(d)
 
+    @property
+    def clock_fraction(self) -> float:
+        """Sustained tensor-core clock under the board power limit over the TDP clock
+        (``calibration.power_limit_clock_fraction``; 1.0 without a power cap)."""
+        return self.calibration.power_limit_clock_fraction or 1.0
+
     def effective_flops(self, dtype: str) -> float:
-        """Achievable GEMM FLOP/s per GPU: ``peak_flops(dtype) * gemm_efficiency(dtype)``."""
-        return self.peak_flops(dtype) * self.gemm_efficiency(dtype)
+        """Achievable GEMM FLOP/s per GPU: ``peak_flops(dtype) * gemm_efficiency(dtype) * clock_fraction``."""
+        return self.peak_flops(dtype) * self.gemm_efficiency(dtype) * self.clock_fraction
 
     @property
     def effective_hbm_bandwidth_bytes_per_s(self) -> float:

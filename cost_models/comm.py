@@ -4,14 +4,17 @@ Ring costs per rank (formulas.md Sec. 6; NCCL's bus-bandwidth convention, nccl-t
 all-reduce ``2(n-1)/n * S``, reduce-scatter and all-gather ``(n-1)/n * S`` (S = full, un-sharded bytes),
 all-to-all ``(n-1)/n * S``. Latency ``(n-1)`` steps of ``alpha`` for RS/AG, ``2(n-1)`` for all-reduce.
 
-A group that spans NVLink domains runs hierarchically (NCCL's intra-node/inter-node split): reduce-scatter
-inside the domain on NVLink, the cross-domain collective on ``S/r`` bytes over each GPU's own NIC
-(rail-optimised fabric, every GPU has a NIC), then all-gather inside the domain. Achievable bandwidth is the
-link rate times the cluster's calibrated bus efficiency (measured NCCL busbw over line rate). Inside an NVLink
-domain with NVLink SHARP (``node.nvls``) all-reduce runs in the switch at the measured NVLS bus bandwidth.
+A group that spans NVLink domains runs as NCCL runs it, NVLink and network hops pipelined (``multi_domain_time``):
+a ring at the slower of NVLink and the ``r`` NICs of the group's ``r`` GPUs per domain (rail-optimised fabric,
+every GPU has a NIC), or for all-reduce a tree (NCCL's double binary tree / NVLSTree) when that is faster (2 domains,
+latency-bound sizes). Achievable bandwidth is the link rate times the cluster's calibrated bus efficiency (measured
+NCCL busbw over line rate), so a slow network (RoCE, Omni-Path, 100-200 Gb/s per GPU) costs its own line rate and
+efficiency. Inside an NVLink domain with NVLink SHARP (``node.nvls``) all-reduce runs in the switch at the measured
+NVLS bus bandwidth. Checked against nccl-tests figures in ``tests/test_slow_networks.py``.
 """
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from cluster_specs.spec import ClusterSpec
@@ -68,9 +71,44 @@ def collective_time(kind: Collective, size_bytes: float, group: GroupPlacement, 
         intra = size_bytes * (r - 1) / n / nvl_bw
         inter = size_bytes * (n - r) / n / net_bw
         return max(intra, inter) + (domains - 1) * a_net + (r - 1) * a_nvl
-    # hierarchical: intra-domain part on NVLink, inter-domain part on S/r bytes over the NICs
-    inner = _ring("reduce_scatter" if kind != "all_gather" else "all_gather", r, size_bytes, nvl_bw, a_nvl)
-    if kind == "all_reduce":
-        inner *= 2  # reduce-scatter before, all-gather after
-    outer = _ring(kind, domains, size_bytes / r, net_bw, a_net)
-    return inner + outer
+    nvls_bw = cluster.node.nvlink_bandwidth_bytes_per_s * NVLS_BUSBW_OVER_LINE_RATE if cluster.node.nvls else None
+    return multi_domain_time(kind, n, r, size_bytes, nvl_bw, net_bw, a_nvl, a_net, nvls_bw)
+
+
+def multi_domain_time(kind: Collective, n: int, r: int, size_bytes: float, nvl_bw: float, net_bw: float,
+                      a_nvl: float, a_net: float, nvls_bw: float | None = None) -> float:
+    """Seconds of an all-reduce, reduce-scatter or all-gather of ``size_bytes`` over ``n`` ranks, ``r`` per NVLink
+    domain (``n / r`` domains, > 1), at achievable NVLink bandwidth ``nvl_bw`` and NIC bandwidth ``net_bw`` per GPU
+    (bytes/s per direction); ``nvls_bw``: the NVLink SHARP all-reduce bus bandwidth, None without NVLS.
+
+    As NCCL runs them (``src/graph/tuning.cc`` models the same two algorithms), transfers on NVLink and on the
+    network are pipelined, not one after the other:
+
+    * **ring** (every collective): each rank moves ``f (n-1)/n S`` (``f`` = 2 for all-reduce, 1 for reduce-scatter /
+      all-gather) at the ring's bus bandwidth, the slower of NVLink and the ``r`` NICs its ``r`` GPUs in a domain
+      drive (rail-optimised fabric, one NIC per GPU): ``min(nvl_bw, r net_bw)``; multi-node DGX A100 rings reach
+      8 x 24 = 192 GB/s busbw (AddyLaddy, NVIDIA, nccl issue 812), not the NVLink+network sum. Latency: ``f (n-1)``
+      steps, ``f (D-1)`` of them on the network (tuning.cc ``nInterSteps``).
+    * **tree** (all-reduce only; NCCL's double binary tree, or NVLSTree on Hopper): the intra-domain reduce/broadcast
+      (NVLS where the switch reduces) runs under the inter-domain tree. Per domain the NICs carry ``S`` per direction
+      on 2 domains (each tree is one edge) and ``2S`` beyond (interior nodes of one tree: ``1.5 S``, leaves of the
+      other: ``S/2``), over ``r`` NICs. This is why 2-node all-reduce busbw exceeds the NIC rate (nccl-tests
+      ``doc/PERFORMANCE.md``; hardware.yaml measured.nccl_conventions.two_node_caveat). Latency
+      ``2((r-1) a_nvl + log2(D) a_net)`` (tuning.cc tree latency).
+
+    NCCL picks the faster; so does this model.
+    """
+    domains = math.ceil(n / r)
+    f = 2 if kind == "all_reduce" else 1
+    ring_bw = min(nvl_bw, r * net_bw) if r > 1 else net_bw
+    ring = f * (n - 1) / n * size_bytes / ring_bw + f * ((domains - 1) * a_net + (n - domains) * a_nvl)
+    if kind != "all_reduce":
+        return ring
+    if r > 1:
+        intra_bw = nvls_bw if nvls_bw is not None and r > 2 else nvl_bw
+        intra = 2 * (r - 1) / r * size_bytes / intra_bw
+    else:
+        intra = 0.0
+    inter = (1 if domains == 2 else 2) * size_bytes / (r * net_bw)
+    tree = max(intra, inter) + 2 * ((r - 1) * a_nvl + math.ceil(math.log2(domains)) * a_net)
+    return min(ring, tree)

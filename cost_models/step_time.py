@@ -76,13 +76,17 @@ parameter                      value    mainly constrained by
                                         FSDP overlap slowdown below was modelled
 ``OVERLAP_COMPUTE_SLOWDOWN``   0.189    not fitted: Lee et al. 2025 (arXiv 2507.03114) average measured slowdown of
                                         compute under overlapped NCCL collectives (A100/H100)
-validate: H100 500 W factor    0.8      torchtitan rows on power-capped H100 (cross-check: H200/H100 ratio 0.78)
-validate: Jean Zay Omni-Path   0.4      the three BLOOM rows (bus efficiency of NCCL over Omni-Path)
+power_limit_clock_fraction     0.825    torchtitan rows on Grand Teton H100s at 500 W (cluster YAML grand-teton-h100;
+                                        physical range 0.67-0.87; cross-check: H200/H100 ratio 0.78)
 =============================  =======  ===========================================================================
 
-Not fitted but read from the rows' recipes (``planner/validate.py``): DeepSeek-V3 node-limited routing (HF config
-``n_group`` 8 / ``topk_group`` 4) in the EP all-to-all (``ep_domain_copies``), Megatron pipeline layouts
-(``ParallelConfig.pipeline_layout``) and the Megatron-Bridge DeepSeek-V3 presets (EP overlap, full-iteration CUDA graph).
+Measured, not fitted any more: NCCL over Jean Zay's Omni-Path reaches 0.40 of a 100 Gb/s port (cluster YAML
+jean-zay-a100, BigScience's all-reduce benchmark on that partition), the value the BLOOM rows had been fitted to.
+
+Not fitted but read from the rows' recipes (each row's ``setup`` block, ``planner/row_options.py``): DeepSeek-V3
+node-limited routing (HF config ``n_group`` 8 / ``topk_group`` 4) in the EP all-to-all (``ep_domain_copies``), Megatron
+pipeline layouts (``ParallelConfig.pipeline_layout``) and the Megatron-Bridge DeepSeek-V3 presets (EP overlap,
+full-iteration CUDA graph).
 
 ZeRO-3 with pipeline parallelism in torchtitan: PyTorch's pipeline stage keeps the parameters unsharded across
 micro-batches and reduces once (``torch/distributed/pipelining/stage.py`` ``backward_maybe_with_nosync``), but the
@@ -90,9 +94,11 @@ published torchtitan 405B PP rows (1F1B / interleaved, torchtitan's default 8 / 
 +19.7% with that schedule (torchtitan group 7.25%) and -3.3% / +6.2% with per-micro-batch gathers (6.90%), so the
 per-micro-batch schedule is kept there (a calibration choice, open until a trace settles it).
 
-Result on the dev rows (``plan3d validate``): MAPE 6.46% overall over 91 evaluated rows (13 skipped: no layout, no
+Result on the dev rows (``plan3d validate``): MAPE 6.77% overall over 91 evaluated rows (13 skipped: no layout, no
 GB300 spec, DeepSeek-V4 dims unpublished); every source group with >= 3 rows <= 10% (Megatron-Bridge 9.1%,
-torchtitan 6.9%, Megatron Llama examples 7.9%, NeMo 24.07 7.0%, Megatron MoE recipes 5.5%).
+torchtitan 7.0%, Megatron Llama examples 7.9%, NeMo 24.07 7.6%, Megatron MoE recipes 5.4%, BLOOM 6.7%). The
+constants above were fitted with the earlier hierarchical (NVLink + network in series) collective model and fp32
+DeepSpeed gradient all-reduces; ``cost_models.comm`` now pipelines them as NCCL does and DeepSpeed reduces in bf16.
 """
 from __future__ import annotations
 
@@ -306,12 +312,14 @@ def _half(cluster: ClusterSpec) -> str:
 
 
 def _gemm_rate(cluster: ClusterSpec, precision: str) -> float:
+    """Large-GEMM FLOP/s: dense peak x MAMF efficiency x the sustained clock under the board power limit
+    (``ClusterSpec.clock_fraction``, 1 without a power cap)."""
     cal = cluster.calibration.gemm_efficiency
     half = _half(cluster)
     if precision == "fp8" and "fp8" in cluster.gpu.peak_flops:
-        return cluster.gpu.peak_flops["fp8"] * cal.get("fp8", cal.get(half, 0.7))
+        return cluster.gpu.peak_flops["fp8"] * cal.get("fp8", cal.get(half, 0.7)) * cluster.clock_fraction
     p = precision if precision in cluster.gpu.peak_flops else half
-    return cluster.gpu.peak_flops[p] * cal.get(p, cal.get(half, 0.7))
+    return cluster.gpu.peak_flops[p] * cal.get(p, cal.get(half, 0.7)) * cluster.clock_fraction
 
 
 def _hbm(cluster: ClusterSpec) -> float:
@@ -319,8 +327,9 @@ def _hbm(cluster: ClusterSpec) -> float:
 
 
 def _attn_eff(cluster: ClusterSpec) -> float:
+    """Fused-attention fraction of the 16-bit peak, times the sustained clock under the board power limit."""
     ae = cluster.calibration.attention_efficiency or {}
-    return ae.get(_half(cluster), DEFAULT_ATTENTION_EFFICIENCY)
+    return ae.get(_half(cluster), DEFAULT_ATTENTION_EFFICIENCY) * cluster.clock_fraction
 
 
 def gemm_time(m: float, k: float, n: float, rate: float, hbm: float, bytes_per_el: float) -> float:
@@ -633,8 +642,12 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
             rs_t = collective_time("all_reduce", BYTES_FP32 * sp_max.dense, dp_group, cluster)
         elif fw_base == "deepspeed" and par.zero_stage == 1:
             # DeepSpeed's BF16_Optimizer (runtime/bf16_optimizer.py): all-reduce of the fp32 gradient buffer, each
-            # rank updates its partition, then all-gathers the 16-bit weights
-            rs_t = collective_time("all_reduce", BYTES_FP32 * sp_max.dense, dp_group, cluster)
+            # rank updates its partition, then all-gathers the 16-bit weights. The all-reduce runs in the engine's
+            # communication_data_type, bf16 / fp16 under bf16 / fp16 training (runtime/engine.py
+            # ``communication_data_type``, ``allreduce_bucket`` casts the fp32 buffer; pipe/engine.py
+            # ``_bf16_reduce_grads``); BLOOM needed PyTorch 1.11's NCCL "which supports BF16 comms" for it
+            # (bigscience tr11-176B-ml README)
+            rs_t = collective_time("all_reduce", BYTES_16BIT * sp_max.dense, dp_group, cluster)
             ag_t = collective_time("all_gather", param_b * sp_max.dense, dp_group, cluster)
         elif hsdp:
             # HSDP (ZeRO-3 within ``hsdp_shard_size`` ranks, replicated across): gathers and reduce-scatters stay in

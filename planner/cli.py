@@ -77,36 +77,10 @@ FlopsOpt = Annotated[Optional[FlopsConv], typer.Option(
     "--flops-convention", help="model FLOPs behind TFLOP/s and MFU: megatron (causal attention halved, "
                                "Megatron-LM's logger) or palm (6N + 12LHQT, torchtitan)")]
 FrameworkOpt = Annotated[Framework, typer.Option("--framework", help="framework whose rules apply")]
-
-
-def _defaults():
-    from cluster_specs import DEFAULT_CLUSTER
-    from model_zoo import DEFAULT_MODEL
-    return DEFAULT_MODEL, DEFAULT_CLUSTER
-
-
-def _load(model: str | None, cluster: str | None, gpus: int | None, nodes: int | None, gbs: int, seq: int,
-          precision: str):
-    """Resolve model, cluster, GPU count and job from CLI options (raises the loaders' one-line errors)."""
-    from cluster_specs import load_cluster, resolve_num_gpus
-    from cost_models.config import TrainingJob
-    from model_zoo import load_model
-
-    from .errors import PlanInputError
-    dm, dc = _defaults()
-    if model is not None and not model.strip():
-        raise PlanInputError("--model: empty; give a built-in name (plan3d models), a model YAML or a config.json")
-    m = load_model(model or dm)
-    if m.position_embedding == "learned" and seq > m.max_position_embeddings:
-        # a longer learned position table is another model (more parameters): refuse rather than plan it
-        raise PlanInputError(f"--seq-length {seq} exceeds {m.name}'s learned position embeddings "
-                             f"(max_position_embeddings {m.max_position_embeddings}); use --seq-length <= "
-                             f"{m.max_position_embeddings} or a model file with a longer table")
-    c = load_cluster(cluster or dc)
-    n = resolve_num_gpus(c, gpus, nodes)
-    if precision not in c.supported_precisions:
-        raise PlanInputError(f"--precision {precision}: {c.gpu.name} supports {', '.join(c.supported_precisions)}")
-    return m, c, n, TrainingJob(global_batch_size=gbs, seq_length=seq, precision=precision)
+FlashOpt = Annotated[bool, typer.Option("--flash-attention/--no-flash-attention",
+                                        help="fused attention (no s x s scores stored or streamed; default on)")]
+DropoutOpt = Annotated[bool, typer.Option("--dropout/--no-dropout",
+                                          help="dropout layers present (masks stored; default off)")]
 
 
 def _write(text: str, output: Path | None) -> None:
@@ -244,9 +218,9 @@ def _pair_args(args: list[str]) -> list[str]:
 def plan(
     model: ModelOpt = None, cluster: ClusterOpt = None, gpus: GpusOpt = None, nodes: NodesOpt = None,
     global_batch_size: GbsOpt = 1024, seq_length: SeqOpt = 4096, precision: PrecOpt = Precision.bf16,
+    flash_attention: FlashOpt = True, dropout: DropoutOpt = False,
     top_k: Annotated[int, typer.Option("--top-k", min=1, help="number of plans to return")] = 5,
-    memory_headroom: Annotated[Optional[float], typer.Option(
-        "--memory-headroom", min=0.0, max=0.5, help="fraction of GPU memory kept free (default 0.05)")] = None,
+    memory_headroom: HeadroomOpt = HEADROOM_DEFAULT,
     framework: Annotated[Optional[Framework], typer.Option(
         "--framework", help="framework whose rules apply (default: the --emit target, else megatron)")] = None,
     fmt: FmtOpt = Fmt.table, output: OutOpt = None,
@@ -277,76 +251,71 @@ def plan(
     flops_convention: FlopsOpt = None,
 ) -> None:
     """Search the parallel layouts and print the best plans (default: llama3.1-8b on one dgx-h100 node)."""
-    from .document import build_document
-    from .errors import NoFeasiblePlan, PlanInputError
+    from .api import plan as api_plan
+    from .errors import PlanInputError
 
-    for flag, v in (("--target-step-s", target_step_s), ("--target-tokens-per-day", target_tokens_per_day)):
-        if v is not None and v <= 0:
-            raise PlanInputError(f"{flag} {v:g}: must be a positive number")
-    if within is not None and objective != ObjectiveOpt.headroom:
-        raise PlanInputError("--within applies to --objective headroom only")
-    within = 0.05 if within is None else within
     if rank != 1 and emit is None:
         raise PlanInputError(f"--rank {rank} selects the plan --emit writes: give --emit megatron|deepspeed|torchtitan")
-    m, c, n, job = _load(model, cluster, gpus, nodes, global_batch_size, seq_length, precision.value)
     if framework is None:  # an explicit --framework wins; else plan under the rules of the --emit target
         framework = emit if emit is not None else Framework.megatron
-    job = job.model_copy(update={"framework": framework.value})  # the memory model uses the framework's states
-    from .space import SearchSpace
-    one = lambda x: None if x is None else (x,)  # noqa: E731
-    sp_kw = {"tp": one(pin_tp), "pp": one(pin_pp), "cp": one(pin_cp), "ep": one(pin_ep), "vpp": one(pin_vpp)}
-    if pin_mbs is not None:
-        sp_kw["micro_batch_size"] = (pin_mbs,)
-    if pin_zero is not None:
-        sp_kw["zero_stage"] = (pin_zero,)
-    if pin_rc is not None:
-        sp_kw["recompute"] = (pin_rc.value,)
-    space = SearchSpace(**sp_kw)
-    from .checks import DEFAULT_MEMORY_HEADROOM
-    headroom = DEFAULT_MEMORY_HEADROOM if memory_headroom is None else memory_headroom
-    k = max(top_k, rank if emit is not None else 1)
-    conv = (flops_convention or FlopsConv.megatron).value
-    if objective == ObjectiveOpt.min_gpus:
-        if (target_step_s is None) == (target_tokens_per_day is None):
-            raise PlanInputError("--objective min-gpus needs exactly one of --target-step-s, --target-tokens-per-day")
-        from .search import fewest_gpus
-        res, n = fewest_gpus(m, c, job, n, k, space, headroom, framework.value, solver.value, target_step_s,
-                             target_tokens_per_day, conv)
-    else:
-        if target_step_s is not None or target_tokens_per_day is not None:
-            raise PlanInputError("--target-step-s / --target-tokens-per-day need --objective min-gpus")
-        from .search import run_search
-        res = run_search(m, c, job, n, k, space, headroom, framework.value, solver.value, objective.value, within,
-                         conv)
-    if not res.plans:
-        from .explain import why_infeasible
-        raise NoFeasiblePlan(why_infeasible(m, c, job, n, res, space, headroom, framework.value,
-                                            target_step_s, target_tokens_per_day))
-    doc = build_document(m, c, job, n, res.plans)
+    doc = api_plan(model, cluster, gpus=gpus, nodes=nodes, global_batch_size=global_batch_size,
+                   seq_length=seq_length, precision=precision.value, flash_attention=flash_attention,
+                   dropout=dropout, framework=framework.value, memory_headroom=memory_headroom,
+                   flops_convention=_value(flops_convention), top_k=max(top_k, rank if emit is not None else 1),
+                   solver=solver.value, objective=objective.value, within=within, target_step_s=target_step_s,
+                   target_tokens_per_day=target_tokens_per_day, tp=pin_tp, pp=pin_pp, cp=pin_cp, ep=pin_ep,
+                   vpp=pin_vpp, micro_batch_size=pin_mbs, zero_stage=pin_zero, recompute=_value(pin_rc))
+    i, stats = doc.input, doc.search_stats
     _render(doc, fmt, output, emit,
-            f"plan3d: {m.name} on {n} x {c.gpu.name} ({c.name}), GBS {job.global_batch_size} x seq "
-            f"{job.seq_length}, {job.precision}: top {len(res.plans)} of "
-            f"{'' if res.num_feasible_exact else 'at most '}{res.num_feasible} feasible "
-            f"({res.num_candidates} examined)", rank, framework.value)
+            f"plan3d: {i.model.name} on {i.cluster.num_gpus} x {i.cluster.gpu} ({i.cluster.name}), GBS "
+            f"{i.job.global_batch_size} x seq {i.job.seq_length}, {i.job.precision}: top {len(doc.plans)} of "
+            f"{'' if stats.exact else 'at most '}{stats.num_feasible} feasible ({stats.num_candidates} examined)",
+            rank, framework.value)
+
+
+def _value(opt):
+    """The string value of an optional enum option (None stays None)."""
+    return None if opt is None else opt.value
+
+
+TpOpt = Annotated[int, typer.Option("--tp", min=1, help="tensor parallel size")]
+PpOpt = Annotated[int, typer.Option("--pp", min=1, help="pipeline parallel size")]
+CpOpt = Annotated[int, typer.Option("--cp", min=1, help="context parallel size")]
+EpOpt = Annotated[int, typer.Option("--ep", min=1, help="expert parallel size")]
+EtpOpt = Annotated[Optional[int], typer.Option("--etp", min=1, help="expert tensor parallel (default: tp)")]
+VppOpt = Annotated[int, typer.Option("--vpp", min=1, help="model chunks per pipeline rank")]
+MbsOpt = Annotated[int, typer.Option("--micro-batch-size", min=1)]
+ZeroOpt = Annotated[int, typer.Option("--zero-stage", min=0, max=3, help="1 = Megatron distributed optimizer")]
+RecomputeLayoutOpt = Annotated[RecomputeOpt, typer.Option("--recompute")]
+RecomputeLayersOpt = Annotated[Optional[int], typer.Option("--recompute-num-layers", min=1)]
+SpOpt = Annotated[bool, typer.Option("--sequence-parallel/--no-sequence-parallel")]
+FirstOpt = Annotated[Optional[int], typer.Option("--first-stage-layers", min=1)]
+LastOpt = Annotated[Optional[int], typer.Option("--last-stage-layers", min=1)]
+
+
+def _layout(model, cluster, gpus, nodes, global_batch_size, seq_length, precision, flash_attention, dropout,
+            framework, memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute,
+            recompute_num_layers, sequence_parallel, first_stage_layers, last_stage_layers,
+            flops_convention=None) -> dict:
+    """The options of a one-layout command as the API's keyword arguments (``planner.api.LayoutOptions``)."""
+    return dict(model=model, cluster=cluster, gpus=gpus, nodes=nodes, global_batch_size=global_batch_size,
+                seq_length=seq_length, precision=precision.value, flash_attention=flash_attention, dropout=dropout,
+                framework=framework.value, memory_headroom=memory_headroom, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp,
+                vpp=vpp, micro_batch_size=micro_batch_size, zero_stage=zero_stage, recompute=recompute.value,
+                recompute_num_layers=recompute_num_layers, sequence_parallel=sequence_parallel,
+                first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
+                flops_convention=_value(flops_convention))
 
 
 @app.command()
 def evaluate(
     model: ModelOpt = None, cluster: ClusterOpt = None, gpus: GpusOpt = None, nodes: NodesOpt = None,
     global_batch_size: GbsOpt = 1024, seq_length: SeqOpt = 4096, precision: PrecOpt = Precision.bf16,
-    tp: Annotated[int, typer.Option("--tp", min=1)] = 1,
-    pp: Annotated[int, typer.Option("--pp", min=1)] = 1,
-    cp: Annotated[int, typer.Option("--cp", min=1)] = 1,
-    ep: Annotated[int, typer.Option("--ep", min=1)] = 1,
-    etp: Annotated[Optional[int], typer.Option("--etp", min=1, help="expert tensor parallel (default: tp)")] = None,
-    vpp: Annotated[int, typer.Option("--vpp", min=1, help="model chunks per pipeline rank")] = 1,
-    micro_batch_size: Annotated[int, typer.Option("--micro-batch-size", min=1)] = 1,
-    zero_stage: Annotated[int, typer.Option("--zero-stage", min=0, max=3, help="1 = Megatron distributed optimizer")] = 0,
-    recompute: Annotated[RecomputeOpt, typer.Option("--recompute")] = RecomputeOpt.none,
-    recompute_num_layers: Annotated[Optional[int], typer.Option("--recompute-num-layers", min=1)] = None,
-    sequence_parallel: Annotated[bool, typer.Option("--sequence-parallel/--no-sequence-parallel")] = False,
-    first_stage_layers: Annotated[Optional[int], typer.Option("--first-stage-layers", min=1)] = None,
-    last_stage_layers: Annotated[Optional[int], typer.Option("--last-stage-layers", min=1)] = None,
+    flash_attention: FlashOpt = True, dropout: DropoutOpt = False,
+    tp: TpOpt = 1, pp: PpOpt = 1, cp: CpOpt = 1, ep: EpOpt = 1, etp: EtpOpt = None, vpp: VppOpt = 1,
+    micro_batch_size: MbsOpt = 1, zero_stage: ZeroOpt = 0, recompute: RecomputeLayoutOpt = RecomputeOpt.none,
+    recompute_num_layers: RecomputeLayersOpt = None, sequence_parallel: SpOpt = False,
+    first_stage_layers: FirstOpt = None, last_stage_layers: LastOpt = None,
     memory_headroom: HeadroomOpt = HEADROOM_DEFAULT,
     framework: Annotated[Optional[Framework], typer.Option(
         "--framework", help="framework whose rules apply (default: the --emit target, else megatron)")] = None,
@@ -361,40 +330,27 @@ def evaluate(
     dp is derived: GPUs / (tp * pp * cp). When pp does not divide the layers and no split is given, the end
     stages get fewer layers (Megatron's --decoder-first/last-pipeline-num-layers).
     """
-    par, m, c, n, job = _parallel_from_options(
-        model, cluster, gpus, nodes, global_batch_size, seq_length, precision, tp, pp, cp, ep, etp, vpp,
-        micro_batch_size, zero_stage, recompute, recompute_num_layers, sequence_parallel, first_stage_layers,
-        last_stage_layers)
-    from .document import build_document
-    from .evaluate import evaluate as run_eval
+    from .api import evaluate as api_evaluate
     if framework is None:
         framework = emit if emit is not None else Framework.megatron
-    conv = (flops_convention or FlopsConv.megatron).value
-    ev = run_eval(m, c, job, par, n, memory_headroom, framework.value, conv)
-    doc = build_document(m, c, job, n, [ev])
-    _render(doc, fmt, output, emit, f"plan3d evaluate: {m.name} on {n} x {c.gpu.name} ({c.name})",
-            framework=framework.value)
+    doc = api_evaluate(**_layout(
+        model, cluster, gpus, nodes, global_batch_size, seq_length, precision, flash_attention, dropout, framework,
+        memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute, recompute_num_layers,
+        sequence_parallel, first_stage_layers, last_stage_layers, flops_convention))
+    i = doc.input
+    _render(doc, fmt, output, emit, f"plan3d evaluate: {i.model.name} on {i.cluster.num_gpus} x {i.cluster.gpu} "
+                                    f"({i.cluster.name})", framework=framework.value)
 
 
 @app.command()
 def memory(
     model: ModelOpt = None, cluster: ClusterOpt = None, gpus: GpusOpt = None, nodes: NodesOpt = None,
     global_batch_size: GbsOpt = 1024, seq_length: SeqOpt = 4096, precision: PrecOpt = Precision.bf16,
-    tp: Annotated[int, typer.Option("--tp", min=1)] = 1,
-    pp: Annotated[int, typer.Option("--pp", min=1)] = 1,
-    cp: Annotated[int, typer.Option("--cp", min=1)] = 1,
-    ep: Annotated[int, typer.Option("--ep", min=1)] = 1,
-    etp: Annotated[Optional[int], typer.Option("--etp", min=1, help="expert tensor parallel (default: tp)")] = None,
-    vpp: Annotated[int, typer.Option("--vpp", min=1, help="model chunks per pipeline rank")] = 1,
-    micro_batch_size: Annotated[int, typer.Option("--micro-batch-size", min=1)] = 1,
-    zero_stage: Annotated[int, typer.Option("--zero-stage", min=0, max=3, help="1 = Megatron distributed optimizer")] = 0,
-    recompute: Annotated[RecomputeOpt, typer.Option("--recompute")] = RecomputeOpt.none,
-    recompute_num_layers: Annotated[Optional[int], typer.Option("--recompute-num-layers", min=1)] = None,
-    sequence_parallel: Annotated[bool, typer.Option("--sequence-parallel/--no-sequence-parallel")] = False,
-    first_stage_layers: Annotated[Optional[int], typer.Option("--first-stage-layers", min=1)] = None,
-    last_stage_layers: Annotated[Optional[int], typer.Option("--last-stage-layers", min=1)] = None,
-    flash_attention: Annotated[bool, typer.Option("--flash-attention/--no-flash-attention")] = True,
-    dropout: Annotated[bool, typer.Option("--dropout/--no-dropout", help="dropout layers present")] = False,
+    flash_attention: FlashOpt = True, dropout: DropoutOpt = False,
+    tp: TpOpt = 1, pp: PpOpt = 1, cp: CpOpt = 1, ep: EpOpt = 1, etp: EtpOpt = None, vpp: VppOpt = 1,
+    micro_batch_size: MbsOpt = 1, zero_stage: ZeroOpt = 0, recompute: RecomputeLayoutOpt = RecomputeOpt.none,
+    recompute_num_layers: RecomputeLayersOpt = None, sequence_parallel: SpOpt = False,
+    first_stage_layers: FirstOpt = None, last_stage_layers: LastOpt = None,
     memory_headroom: HeadroomOpt = HEADROOM_DEFAULT, framework: FrameworkOpt = Framework.megatron,
     fmt: FmtOpt = Fmt.table, output: OutOpt = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="draw the per-stage breakdown to FILE.png|svg")] = None,
@@ -405,99 +361,41 @@ def memory(
 
     Same options as evaluate. Exit 1 when the peak stage does not fit; the report is printed either way.
     """
-    par, m, c, n, job = _parallel_from_options(
-        model, cluster, gpus, nodes, global_batch_size, seq_length, precision, tp, pp, cp, ep, etp, vpp,
-        micro_batch_size, zero_stage, recompute, recompute_num_layers, sequence_parallel, first_stage_layers,
-        last_stage_layers)
-    job = job.model_copy(update={"framework": framework.value, "flash_attention": flash_attention,
-                                 "dropout": dropout})
-    from .document import build_document, to_json
-    from .errors import NoFeasiblePlan, PlanInputError
-    from .evaluate import evaluate as run_eval
-    from .memory_report import memory_table, plot_memory, status
-    ev = run_eval(m, c, job, par, n, memory_headroom, framework.value)
-    if ev.memory is None:
-        raise PlanInputError("; ".join(v.message for v in ev.violations) or "no memory estimate for this layout")
-    if capacity_factor is not None:
-        if m.moe is None:
-            raise PlanInputError(f"--capacity-factor applies to MoE models; {m.name} has no experts")
-        from cost_models.memory import estimate_memory
-        from .checks import check_config
-        ev.memory = estimate_memory(m, c, job, par, capacity_factor=capacity_factor)
-        ev.violations = check_config(m, c, job, par, n, memory=ev.memory, memory_headroom=memory_headroom,
-                                     framework=framework.value)
-    est = ev.memory
-    title = (f"plan3d memory: {m.name} on {n} x {c.gpu.name} ({c.name}), {framework.value}, tp {par.tp} pp {par.pp} "
-             f"dp {par.dp} cp {par.cp} ep {par.ep} vpp {par.vpp}, mbs {par.micro_batch_size}, zero "
-             f"{par.zero_stage}, recompute {par.recompute}, seq {job.seq_length}")
+    from .api import memory as api_memory
+    from .document import to_json
+    from .memory_report import memory_table, plot_memory
+    rep = api_memory(capacity_factor=capacity_factor, **_layout(
+        model, cluster, gpus, nodes, global_batch_size, seq_length, precision, flash_attention, dropout, framework,
+        memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute, recompute_num_layers,
+        sequence_parallel, first_stage_layers, last_stage_layers))
     if plot is not None:
-        plot_memory(est, plot, title)
+        plot_memory(rep.estimate, plot, rep.title)
     if fmt == Fmt.json:
-        _write(to_json(build_document(m, c, job, n, [ev])), output)
+        _write(to_json(rep.document), output)
     else:
         from rich.console import Console
         if output is not None:
             with _open_output(output) as fh:
                 con = Console(file=fh, width=200)
-                con.print(title, highlight=False)
-                con.print(memory_table(est, ""))
+                con.print(rep.title, highlight=False)
+                con.print(memory_table(rep.estimate, ""))
         else:
             con = Console(width=max(200, Console().width))
-            con.print(title, highlight=False)
-            con.print(memory_table(est, ""))
-    if status(est) == "OOM":
-        pk = est.peak_stage
-        raise NoFeasiblePlan(f"out of memory: stage {pk.stage} peaks at {pk.total / 2**30:.1f} GiB in {pk.phase} "
-                             f"> {est.capacity_bytes / 2**30:.1f} GiB capacity")
-
-
-def _parallel_from_options(model, cluster, gpus, nodes, gbs, seq, precision, tp, pp, cp, ep, etp, vpp, mbs,
-                           zero_stage, recompute, recompute_num_layers, sequence_parallel, first, last):
-    from cost_models.config import ParallelConfig
-    from cost_models.layout import uneven_split
-
-    from .errors import PlanInputError
-    m, c, n, job = _load(model, cluster, gpus, nodes, gbs, seq, precision.value)
-    if n % (tp * pp * cp):
-        raise PlanInputError(f"--gpus {n} is not divisible by tp*pp*cp = {tp}*{pp}*{cp} = {tp * pp * cp}")
-    account = False
-    if first is None and last is None and m.num_layers % pp:
-        split = uneven_split(m.num_layers, pp)
-        if split is not None:
-            first, last = split
-        if vpp > 1 and (m.num_layers + 2) % (pp * vpp) == 0:
-            # interleaving an uneven split: Megatron counts the embedding and the loss as one layer each
-            # (--account-for-embedding/loss-in-pipeline-split), as the search does (planner.space.to_parallel)
-            first = last = None
-            account = True
-    par = ParallelConfig(tp=tp, pp=pp, dp=n // (tp * pp * cp), cp=cp, ep=ep, etp=etp, vpp=vpp,
-                         micro_batch_size=mbs, zero_stage=zero_stage, recompute=recompute.value,
-                         recompute_num_layers=recompute_num_layers, sequence_parallel=sequence_parallel,
-                         first_stage_layers=first, last_stage_layers=last,
-                         account_for_embedding_in_pipeline_split=account, account_for_loss_in_pipeline_split=account)
-    return par, m, c, n, job
+            con.print(rep.title, highlight=False)
+            con.print(memory_table(rep.estimate, ""))
+    rep.raise_if_oom()
 
 
 @app.command()
 def explain(
     model: ModelOpt = None, cluster: ClusterOpt = None, gpus: GpusOpt = None, nodes: NodesOpt = None,
     global_batch_size: GbsOpt = 1024, seq_length: SeqOpt = 4096, precision: PrecOpt = Precision.bf16,
-    tp: Annotated[int, typer.Option("--tp", min=1)] = 1,
-    pp: Annotated[int, typer.Option("--pp", min=1)] = 1,
-    cp: Annotated[int, typer.Option("--cp", min=1)] = 1,
-    ep: Annotated[int, typer.Option("--ep", min=1)] = 1,
-    etp: Annotated[Optional[int], typer.Option("--etp", min=1, help="expert tensor parallel (default: tp)")] = None,
-    vpp: Annotated[int, typer.Option("--vpp", min=1, help="model chunks per pipeline rank")] = 1,
-    micro_batch_size: Annotated[int, typer.Option("--micro-batch-size", min=1)] = 1,
-    zero_stage: Annotated[int, typer.Option("--zero-stage", min=0, max=3, help="1 = Megatron distributed optimizer")] = 0,
-    recompute: Annotated[RecomputeOpt, typer.Option("--recompute")] = RecomputeOpt.none,
-    recompute_num_layers: Annotated[Optional[int], typer.Option("--recompute-num-layers", min=1)] = None,
-    sequence_parallel: Annotated[bool, typer.Option("--sequence-parallel/--no-sequence-parallel")] = False,
-    first_stage_layers: Annotated[Optional[int], typer.Option("--first-stage-layers", min=1)] = None,
-    last_stage_layers: Annotated[Optional[int], typer.Option("--last-stage-layers", min=1)] = None,
-    memory_headroom: Annotated[Optional[float], typer.Option(
-        "--memory-headroom", min=0.0, max=0.5, help="fraction of GPU memory kept free (default 0.05)")] = None,
-    framework: FrameworkOpt = Framework.megatron,
+    flash_attention: FlashOpt = True, dropout: DropoutOpt = False,
+    tp: TpOpt = 1, pp: PpOpt = 1, cp: CpOpt = 1, ep: EpOpt = 1, etp: EtpOpt = None, vpp: VppOpt = 1,
+    micro_batch_size: MbsOpt = 1, zero_stage: ZeroOpt = 0, recompute: RecomputeLayoutOpt = RecomputeOpt.none,
+    recompute_num_layers: RecomputeLayersOpt = None, sequence_parallel: SpOpt = False,
+    first_stage_layers: FirstOpt = None, last_stage_layers: LastOpt = None,
+    memory_headroom: HeadroomOpt = HEADROOM_DEFAULT, framework: FrameworkOpt = Framework.megatron,
     fmt: FmtOpt = Fmt.table, output: OutOpt = None,
     timeline: Annotated[Optional[Path], typer.Option(
         "--timeline", help="draw the simulated pipeline schedule to FILE.svg or FILE.png")] = None,
@@ -506,33 +404,27 @@ def explain(
 
     Exit code 0 when the configuration is feasible, 1 when a constraint is violated.
     """
-    par, m, c, n, job = _parallel_from_options(
-        model, cluster, gpus, nodes, global_batch_size, seq_length, precision, tp, pp, cp, ep, etp, vpp,
-        micro_batch_size, zero_stage, recompute, recompute_num_layers, sequence_parallel, first_stage_layers,
-        last_stage_layers)
-    from .checks import DEFAULT_MEMORY_HEADROOM
-    from .explain import explain_config, explanation_rows, format_slack
-    headroom = DEFAULT_MEMORY_HEADROOM if memory_headroom is None else memory_headroom
-    job = job.model_copy(update={"framework": framework.value})  # the memory model uses the framework's states
-    ex = explain_config(m, c, job, par, n, headroom, framework.value)
+    from .api import explain as api_explain
+    from .explanation import format_slack
+    rep = api_explain(**_layout(
+        model, cluster, gpus, nodes, global_batch_size, seq_length, precision, flash_attention, dropout, framework,
+        memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute, recompute_num_layers,
+        sequence_parallel, first_stage_layers, last_stage_layers))
+    ex, par, i = rep.explanation, rep.parallel, rep.inputs
+    where = f"{i.model.name} on {i.num_gpus} x {i.cluster.gpu.name} ({i.cluster.name})"
     if timeline is not None:
         from .timeline import draw_timeline
         if ex.evaluation.step is None:
             from .errors import PlanInputError
             raise PlanInputError(f"--timeline {timeline}: the configuration has no step estimate (invalid layout)")
-        draw_timeline(ex.evaluation.step, timeline, f"{m.name} on {n} x {c.gpu.name} ({c.name})")
+        draw_timeline(ex.evaluation.step, timeline, where)
     if fmt == Fmt.json:
         import json
-        st = ex.evaluation.step
-        doc = {"model": m.name, "cluster": c.name, "num_gpus": n, "parallel": par.model_dump(mode="json"),
-               "feasible": ex.evaluation.feasible, "memory_headroom": headroom, "framework": framework.value,
-               "constraints": explanation_rows(ex),
-               "step_s": st.step_s if st else None, "tokens_per_s": st.tokens_per_s if st else None}
-        _write(json.dumps(doc, indent=2, sort_keys=True) + "\n", output)
+        _write(json.dumps(rep.to_dict(), indent=2, sort_keys=True) + "\n", output)
     else:
         from rich.console import Console
         from rich.table import Table
-        t = Table(title=f"plan3d explain: {m.name} on {n} x {c.gpu.name} ({c.name}), tp {par.tp} pp {par.pp} "
+        t = Table(title=f"plan3d explain: {where}, tp {par.tp} pp {par.pp} "
                         f"dp {par.dp} cp {par.cp} ep {par.ep} vpp {par.vpp} mbs {par.micro_batch_size} zero "
                         f"{par.zero_stage} recompute {par.recompute} sp {'y' if par.sequence_parallel else 'n'}",
                   title_justify="left")
@@ -549,16 +441,7 @@ def explain(
             con.print(t)
             if st is not None:
                 con.print(f"step {st.step_s:.3f} s, {st.tokens_per_s:,.0f} tokens/s, MFU {st.mfu:.1%}")
-    if not ex.evaluation.feasible:
-        from .errors import NoFeasiblePlan
-        b = ex.binding
-        relief = ""
-        if b.unit == "bytes" and ex.evaluation.memory is not None:
-            from .explain import relief_on_layout
-            tries = relief_on_layout(m, c, job, par, n, headroom, framework.value)
-            relief = (". Changes: " + "; ".join(tries)) if tries else ""
-        raise NoFeasiblePlan(f"configuration infeasible: {b.name} binds ({b.detail}; slack {format_slack(b)})"
-                             f"{relief}")
+    rep.raise_if_infeasible()
 
 
 @app.command()
@@ -571,13 +454,9 @@ def validate(
     fmt: FmtOpt = Fmt.table, output: OutOpt = None,
 ) -> None:
     """Run the step-time model over published training runs; exit 1 when a MAPE threshold is exceeded."""
-    from .errors import PlanInputError
-    from .validate import report_json, run_validation
-    rep = run_validation(dataset)
-    if not rep.evaluated:
-        reasons = sorted({r.skipped for r in rep.rows if r.skipped})
-        raise PlanInputError(f"--dataset: no row could be evaluated ({len(rep.rows)} rows"
-                             + (f"; skipped: {'; '.join(reasons[:3])}" if reasons else "") + ")")
+    from .api import validate as api_validate
+    from .validation import report_json
+    rep = api_validate(dataset)
     if fmt == Fmt.json:
         _write(report_json(rep) + "\n", output)
     else:
@@ -687,7 +566,7 @@ def clusters(fmt: FmtOpt = Fmt.table, show: ShowOpt = None) -> None:
         t.add_row(r["name"], r["gpu"], f"{r['memory_bytes'] / 2**30:.1f}", str(r["gpus_per_node"]),
                   str(r["nvlink_domain_size"]), f"{(r['peak_bf16_flops'] or 0) / 1e12:.0f}",
                   f"{(r['peak_fp8_flops'] or 0) / 1e12:.0f}" if r["peak_fp8_flops"] else "-",
-                  f"{r['nvlink_bytes_per_s'] / 1e9:.0f}", f"{r['nic_bytes_per_s'] / 1e9:.0f}")
+                  f"{r['nvlink_bytes_per_s'] / 1e9:.0f}", f"{r['nic_bytes_per_s'] / 1e9:.3g}")
     Console(width=200).print(t)
 
 

@@ -9,7 +9,7 @@ import json
 import math
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from cluster_specs.spec import ClusterSpec
 from cost_models.config import ParallelConfig, TrainingJob
@@ -17,7 +17,7 @@ from model_zoo.spec import ModelSpec
 
 from .checks import AT_RISK_FRACTION
 from .emit import launch_fields
-from .evaluate import Evaluation
+from .evaluation import Evaluation
 
 #: 1.1 (additive): parallel.account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split
 SCHEMA_VERSION = "1.1"
@@ -168,6 +168,21 @@ class PlanDocument(_Strict):
     schema_version: str = SCHEMA_VERSION
     input: InputInfo
     plans: list[PlanInfo]
+    #: ``planner.api.SearchStats`` of the search that produced the plans (not part of the JSON)
+    _search_stats: Any = PrivateAttr(default=None)
+
+    @property
+    def search_stats(self):
+        """How many candidates the search examined and found feasible (``planner.api.SearchStats``), or None for
+        a document that no search produced (``evaluate``)."""
+        return self._search_stats
+
+    def model_dump_json(self, **kwargs: Any) -> str:
+        """The document's JSON text. Without arguments: exactly what ``plan3d plan|evaluate --format json``
+        prints (``to_json``: 2-space indent, declared key order, 6 significant digits, trailing newline), so a
+        script using the Python API and one reading the CLI's output see the same bytes. With arguments:
+        pydantic's own serializer."""
+        return super().model_dump_json(**kwargs) if kwargs else to_json(self)
 
 
 def input_info(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int) -> InputInfo:

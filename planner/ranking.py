@@ -15,7 +15,7 @@ from typing import Sequence
 
 from cost_models.config import ParallelConfig
 
-from .evaluate import Evaluation
+from .evaluation import Evaluation
 
 RECOMPUTE_ORDER = {"none": 0, "selective": 1, "full": 2}
 OBJECTIVES = ("throughput", "headroom")

@@ -96,7 +96,7 @@ def dominated_by_no_recompute(model: ModelSpec, cluster: ClusterSpec, job: Train
     capacity x (1 - ``headroom``) with a peak no higher than ``peak_bytes`` (``par``'s own): it is then slower
     and no smaller, so a plan list should show the no-recompute plan instead. The search drops such plans only
     when ``none`` is in its recompute space (callers check). ``framework`` selects the memory model, as in
-    ``planner.evaluate``."""
+    ``planner.evaluation.evaluate``."""
     if par.recompute != "full":
         return False
     plain = par.model_copy(update={"recompute": "none", "recompute_num_layers": None})

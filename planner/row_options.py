@@ -1,77 +1,95 @@
-"""Recipe settings of a published run that plan3d's memory model needs beyond the row's parallel layout.
+"""What a published run needs beyond its parallel layout: the row's ``setup`` block, read and checked.
 
-``plan3d validate`` (``planner/validate.py``) builds a model, cluster, job and ``ParallelConfig`` from each row of
-the published-runs dataset; this module adds what the row's own recipe says about memory and the layout mapping
-leaves out: the GPU's real capacity, selective-recompute modules, FP8 primary weights, 16-bit gradient reduction,
-Megatron-FSDP sharding and precision-aware optimizer states. Every rule names the file it was read from; a rule
-keyed on a source group applies only to the recipes named in it.
+``plan3d validate`` (``planner/validation.py``) builds a model, cluster, job and ``ParallelConfig`` from each row of a
+published-runs dataset. The published columns leave out things the model needs: the framework (kernel set and overlap
+defaults), how the source counts TFLOP/s, the machine when the GPU name alone does not say it (a power cap, a slow
+network), whether the run had fused attention, and recipe settings (selective-recompute modules, 16-bit gradient
+reduction, FP8 primary weights, precision-aware optimizer states, Transformer Engine cross entropy, pipeline layouts,
+EP overlap, CUDA graphs). A row states them as data, each with its source, in a ``setup`` block (the header of
+``planner/data/published_runs_dev.yaml`` lists the keys); nothing here is keyed on a source's name, so every dataset
+is held to the same physics. A published ``parallel.*`` value wins over ``setup``.
 
-``row_options(row)`` returns the fields; ``apply_row_options`` applies them (one call in ``build_inputs``).
+``row_setup(row)`` parses the block (one-line ``PlanInputError`` naming the field on bad input); ``row_options(row)``
+turns it into ``ParallelConfig`` / ``TrainingJob`` fields; ``apply_row_options`` applies them (one call in
+``build_inputs``).
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, get_args
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from cluster_specs.spec import ClusterSpec
 from cost_models.config import ParallelConfig, RecomputeModule, TrainingJob
 
-#: Visible memory (bytes) of GPUs whose row states a capacity other than the built-in cluster's, by
-#: (GPU family prefix, ``hardware.memory_gb``). H100 96 GB HBM2e (Meta Grand Teton; torchtitan
-#: ``benchmarks/llama3_h100_202412_torchtitan.md``: "Each H100 GPU is equipped with 96GB HBM2e"): no nvidia-smi
-#: quote of this variant was found; the other 96 GB GH100 parts (GH200 96 GB, H20) report "97871MiB" in
-#: nvidia-smi, assumed the same here (6 x 16 GB stacks; the 80 GB part's 81559 MiB is the same 5 x 16 GB minus
-#: the same reserved share).
-GPU_MEMORY_BYTES: dict[tuple[str, int], int] = {
-    ("h100", 96): 97871 * 2**20,
-}
-
-#: Megatron-Bridge performance recipes (``scripts/performance/configs``) set ``grad_reduce_in_fp32 = False``
-#: (``llama3_llm_pretrain.py`` ``set_llama3_common_configs``, ``qwen3_llm_pretrain.py``
-#: ``set_qwen3_common_configs``, ``deepseek_llm_pretrain.py`` ``set_deepseek_v3_common_configs``): 2-byte main
-#: gradients. NeMo 24.07's Nemotron-4 340B recipe (NeMo-Framework-Launcher
-#: ``launcher_scripts/conf/training/nemotron/nemotron_340b.yaml``: ``optim.grad_sync_dtype: bf16``) does the same.
-BF16_GRAD_RECIPES: dict[str, str] = {
-    "nemo_bridge_perf_summary": "",  # every Bridge perf recipe
-    "nemo_2407_perf_summary": "nemotron",  # only the recipe read: Nemotron-4 340B
-}
-
-#: Megatron-Bridge DeepSeek-V3 performance recipes (``scripts/performance/configs/deepseek/deepseek_llm_pretrain.py``,
-#: commit 013284246bc0): ``recompute_granularity = "selective"`` with ``recompute_modules = ["mla_up_proj"]`` on
-#: GB200/B200 and ``["mla_up_proj", "mlp"]`` on H100.
-BRIDGE_DEEPSEEK_RECOMPUTE: dict[str, tuple[str, ...]] = {
-    "gb200": ("mla_up_proj",), "b200": ("mla_up_proj",), "h100": ("mla_up_proj", "mlp"),
-}
-
-#: Megatron-LM MoE recipes (``examples/moe_recipes/*/*.yaml`` at the rows' commit, e.g.
-#: ``qwen3_235b/b200/mxfp8_128GPU_TP2PP4EP16.yaml``, ``deepseek_v3/b200/mxfp8_256GPU_TP1PP8EP32.yaml``):
-#: ``use_precision_aware_optimizer: true``, ``exp_avg_dtype: bf16``, ``exp_avg_sq_dtype: bf16`` (main params and
-#: main grads fp32). Their ``fp8_param_gather: true`` is MXFP8 (no byte saved; ``cost_models.memory.FP8_PARAM_BYTES``).
-MOE_RECIPE_OPTIMIZER = {"exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16"}
-
-#: Transformer Engine cross entropy (``cross_entropy_fusion_impl: te``): the Megatron-LM MoE recipe YAMLs
-#: (``cross_entropy_loss_fusion: true``, ``cross_entropy_fusion_impl: te``) and Megatron-Bridge's pretrain recipes
-#: (``recipes/llama/llama3.py`` common pretrain config: ``model_cfg.cross_entropy_fusion_impl = "te"``;
-#: ``recipes/qwen/qwen3_moe`` kernel selections: ``cross_entropy_loss_fusion = True``,
-#: ``cross_entropy_fusion_impl = "te"``).
-TE_CROSS_ENTROPY_GROUPS = ("megatron_moe_recipes", "nemo_bridge_perf_summary")
-
-#: Megatron-Bridge perf configs set ``expert_tensor_parallel_size=1`` for DeepSeek-V3
-#: (``scripts/performance/configs/deepseek/parallelism_configs.py``, every preset) and Qwen3 MoE
-#: (``configs/qwen/qwen3_workload_base_configs.py``: ``BASE_QWEN3_*_CONFIG``).
-BRIDGE_ETP1_MODELS = ("deepseek", "qwen3")
+from .errors import PlanInputError
 
 _MODULES: tuple[str, ...] = get_args(RecomputeModule)
+
+#: Frameworks a row can name (``planner.validation._FRAMEWORK_DEFAULTS``): Megatron-LM, NeMo / Megatron-Bridge recipes,
+#: DeepSpeed (Megatron-DeepSpeed), torchtitan.
+RowFramework = Literal["megatron", "nemo", "deepspeed", "torchtitan"]
+#: How a source counts its TFLOP/s (``cost_models.flops.model_flops_per_token_variant``).
+RowConvention = Literal["causal", "full_attention", "n21_hardware", "bloom_hardware"]
+
+
+class RowSetup(BaseModel):
+    """A row's ``setup`` block (see the module docstring); every set field needs an entry in ``sources``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    framework: RowFramework | None = None
+    flops_convention: RowConvention | None = None
+    cluster: str | None = Field(None, min_length=1, description="plan3d cluster name or YAML path")
+    flash_attention: bool | None = None
+    recompute: Literal["none", "selective", "full"] | None = None
+    recompute_modules: tuple[RecomputeModule, ...] | None = None
+    etp: int | None = Field(None, ge=1)
+    pipeline_layout: str | None = Field(None, min_length=1)
+    grad_reduce_in_bf16: bool | None = None
+    fp8_param_gather: bool | None = None
+    exp_avg_dtype: Literal["fp32", "bf16"] | None = None
+    exp_avg_sq_dtype: Literal["fp32", "bf16"] | None = None
+    cross_entropy_fusion_impl: Literal["native", "te"] | None = None
+    ep_overlap: bool | None = None
+    full_cuda_graph: bool | None = None
+    sources: dict[str, str] = Field(default_factory=dict)
+
+
+def row_setup(row: dict[str, Any]) -> RowSetup:
+    """The row's ``setup`` block; an empty one when absent.
+
+    Raises:
+        PlanInputError: unknown key, wrong value type, or a set field without its ``sources`` entry.
+    """
+    raw = row.get("setup")
+    if raw is None:
+        return RowSetup()
+    rid = row.get("id")
+    if not isinstance(raw, dict):
+        raise PlanInputError(f"row {rid!r}: setup must be a mapping of fields, got {type(raw).__name__}")
+    try:
+        s = RowSetup.model_validate(raw)
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        loc = ".".join(str(x) for x in e["loc"])
+        raise PlanInputError(f"row {rid!r}: setup.{loc}: {e['msg']}, got {e.get('input')!r}") from None
+    missing = [k for k in RowSetup.model_fields if k != "sources" and getattr(s, k) is not None
+               and not str(s.sources.get(k, "")).strip()]
+    if missing:
+        raise PlanInputError(f"row {rid!r}: setup.sources has no entry for {', '.join(missing)} "
+                             f"(every setup value names where it was read)")
+    return s
 
 
 @dataclass
 class RowOptions:
-    """Extra ``ParallelConfig`` / ``TrainingJob`` fields, a GPU memory override (bytes) and why each was set."""
+    """Extra ``ParallelConfig`` / ``TrainingJob`` fields and why each was set."""
 
     parallel: dict[str, Any] = field(default_factory=dict)
     job: dict[str, Any] = field(default_factory=dict)
-    gpu_memory_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
 
 
@@ -84,73 +102,63 @@ def _recompute_modules(text: str) -> tuple[str, ...] | None:
     return names or None
 
 
-def row_options(row: dict[str, Any]) -> RowOptions:
-    """The recipe's memory settings for one published-runs row (see the module constants for the sources)."""
-    out = RowOptions()
-    group = str((row.get("source") or {}).get("group", ""))
-    p = row.get("parallel") or {}
-    hw = row.get("hardware") or {}
-    gpu = str(hw.get("gpu") or "").lower()
-    name = str((row.get("model") or {}).get("name") or "").lower()
-    prec = str(p.get("precision") or "").lower()
+def setup_source(s: RowSetup, key: str) -> str:
+    """The short name of where a setup value was read (its source up to the first ':' or ' (')."""
+    text = s.sources.get(key, "")
+    return re.split(r": | \(", text, maxsplit=1)[0]
 
-    mem_gb = hw.get("memory_gb")
-    for (fam, gb), nbytes in GPU_MEMORY_BYTES.items():
-        if gpu.startswith(fam) and mem_gb == gb:
-            out.gpu_memory_bytes = nbytes
-            out.notes.append(f"GPU memory {gb} GB as the row states ({nbytes / 2**30:.2f} GiB visible, assumed)")
+
+def row_options(row: dict[str, Any], framework: str = "megatron") -> RowOptions:
+    """The recipe settings of one published-runs row: the published recompute modules, then the ``setup`` block.
+
+    ``framework`` (the row's, ``megatron`` by default) decides what an integer ``parallel.fsdp`` means: Megatron-FSDP
+    ``optim_grads_params`` (ZeRO-3; Megatron-Bridge perf scripts ``set_mcore_fsdp_configs``) for Megatron and NeMo.
+    """
+    out = RowOptions()
+    s = row_setup(row)
+    p = row.get("parallel") or {}
 
     rc = str(p.get("recompute") or "").lower()
     mods = _recompute_modules(rc) if rc.startswith("selective") else None
-    if mods is None and not rc and group == "nemo_bridge_perf_summary" and "deepseek" in name:
-        fam = next((k for k in BRIDGE_DEEPSEEK_RECOMPUTE if gpu.startswith(k)), None)
-        if fam is not None:
-            mods = BRIDGE_DEEPSEEK_RECOMPUTE[fam]
-            out.parallel["recompute"] = "selective"
-            out.notes.append(f"selective recompute of {', '.join(mods)} (Megatron-Bridge DeepSeek-V3 perf recipe)")
     if mods is not None:
         out.parallel["recompute_modules"] = mods
-        if "recompute" not in out.parallel:
-            out.notes.append(f"selective recompute modules {', '.join(mods)} (row)")
-
-    key = BF16_GRAD_RECIPES.get(group)
-    if key is not None and key in name:
-        out.parallel["grad_reduce_in_bf16"] = True
-        out.notes.append("16-bit main gradients (recipe: grad_reduce_in_fp32 False / grad_sync_dtype bf16)")
+        out.notes.append(f"selective recompute modules {', '.join(mods)} (row)")
+    elif not rc and s.recompute_modules:
+        out.parallel["recompute_modules"] = tuple(s.recompute_modules)
+        out.notes.append(f"selective recompute modules {', '.join(s.recompute_modules)} "
+                         f"({setup_source(s, 'recompute_modules')})")
 
     fsdp = p.get("fsdp")
-    if group != "torchtitan" and isinstance(fsdp, int) and not isinstance(fsdp, bool) and fsdp > 1:
-        # Megatron-Bridge perf scripts (set_mcore_fsdp_configs): data_parallel_sharding_strategy optim_grads_params
+    if framework in ("megatron", "nemo") and isinstance(fsdp, int) and not isinstance(fsdp, bool) and fsdp > 1:
         out.parallel["zero_stage"] = 3
         out.notes.append(f"Megatron-FSDP over {fsdp} ranks: optim_grads_params (ZeRO-3; Megatron-Bridge perf scripts)")
 
-    if group == "nemo_bridge_perf_summary" and re.search(r"fp8[-_ ]?cs", prec):
-        # Megatron-Bridge bf16_with_fp8_current_scaling_mixed(): fp8_recipe tensorwise, fp8_param_gather True
+    if p.get("etp") is None and s.etp is not None and p.get("ep"):
+        out.parallel["etp"] = s.etp
+        out.notes.append(f"expert tensor parallel {s.etp} ({setup_source(s, 'etp')})")
+    if s.grad_reduce_in_bf16:
+        out.parallel["grad_reduce_in_bf16"] = True
+        out.notes.append(f"16-bit main gradients ({setup_source(s, 'grad_reduce_in_bf16')})")
+    if s.fp8_param_gather:
         out.parallel["fp8_param_gather"] = True
-        out.notes.append("FP8 primary weights (FP8-CS recipe: fp8_param_gather True, 1-byte weights)")
-
-    if group in TE_CROSS_ENTROPY_GROUPS:
-        out.job["cross_entropy_fusion_impl"] = "te"
-        out.notes.append("Transformer Engine cross entropy (recipe: cross_entropy_fusion_impl te)")
-
-    if (group == "nemo_bridge_perf_summary" and p.get("etp") is None and p.get("ep")
-            and any(m in name for m in BRIDGE_ETP1_MODELS)):
-        out.parallel["etp"] = 1
-        out.notes.append("expert tensor parallel 1 (Megatron-Bridge perf config)")
-
-    if group == "megatron_moe_recipes":
-        out.parallel.update(MOE_RECIPE_OPTIMIZER)
-        out.notes.append("precision-aware optimizer: bf16 Adam moments (recipe YAML)")
+        out.notes.append(f"FP8 primary weights, 1 byte each ({setup_source(s, 'fp8_param_gather')})")
+    for k in ("exp_avg_dtype", "exp_avg_sq_dtype"):
+        if getattr(s, k) is not None:
+            out.parallel[k] = getattr(s, k)
+    if s.exp_avg_dtype or s.exp_avg_sq_dtype:
+        out.notes.append(f"precision-aware optimizer: Adam moments {s.exp_avg_dtype or 'fp32'}/"
+                         f"{s.exp_avg_sq_dtype or 'fp32'} ({setup_source(s, 'exp_avg_dtype')})")
+    if s.cross_entropy_fusion_impl is not None:
+        out.job["cross_entropy_fusion_impl"] = s.cross_entropy_fusion_impl
+        out.notes.append(f"cross entropy {s.cross_entropy_fusion_impl} ({setup_source(s, 'cross_entropy_fusion_impl')})")
     return out
 
 
 def apply_row_options(row: dict[str, Any], cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
-                      notes: list[str]) -> tuple[ClusterSpec, TrainingJob, ParallelConfig]:
-    """``row_options(row)`` applied to the built inputs; its notes are appended to ``notes``."""
-    o = row_options(row)
+                      notes: list[str], framework: str = "megatron") -> tuple[ClusterSpec, TrainingJob, ParallelConfig]:
+    """``row_options(row, framework)`` applied to the built inputs; its notes are appended to ``notes``."""
+    o = row_options(row, framework)
     notes.extend(o.notes)
-    if o.gpu_memory_bytes is not None and o.gpu_memory_bytes != cluster.gpu.memory_bytes:
-        cluster = cluster.model_copy(update={"gpu": cluster.gpu.model_copy(update={"memory_bytes": o.gpu_memory_bytes})})
     if o.parallel:
         par = ParallelConfig(**{**par.model_dump(), **o.parallel})
     if o.job:

@@ -12,7 +12,7 @@ from cost_models.memory import estimate_memory
 from model_zoo.spec import ModelSpec
 
 from .checks import DEFAULT_MEMORY_HEADROOM
-from .evaluate import Evaluation, evaluate
+from .evaluation import Evaluation, evaluate
 from .ranking import nearest_key, rank_plans
 from .recompute import dominated_by_no_recompute, with_fewest_recomputed_layers
 from .solver import solve

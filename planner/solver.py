@@ -12,7 +12,7 @@ How it works (DESIGN.md "The solver proposes, the scalar model disposes"):
    marginal-consistency constraints), with every stage's memory bound <= capacity x (1 - headroom), minimising the
    step-time bound (integer units of 1e-6 of the largest table value). Its optimum, and a hint from the same
    tables, start the re-scoring.
-4. **Re-scoring**: candidates are evaluated by the scalar model (``planner.evaluate.evaluate``, which also runs the
+4. **Re-scoring**: candidates are evaluated by the scalar model (``planner.evaluation.evaluate``, which also runs the
    independent checker) in increasing order of their bound until the next bound exceeds the K-th best scalar step
    time. Because the tables are lower bounds, the result is exactly the enumerator's top K (ranked by
    ``planner.ranking``). If a re-scored value ever falls below its bound (the cost models changed under the
@@ -37,7 +37,7 @@ from cost_models.memory import estimate_memory
 from model_zoo.spec import ModelSpec
 
 from .checks import DEFAULT_MEMORY_HEADROOM
-from .evaluate import Evaluation, evaluate
+from .evaluation import Evaluation, evaluate
 from .ranking import nearest_key, rank_plans
 from .recompute import dominated_by_no_recompute, with_fewest_recomputed_layers
 from .space import (SearchSpace, Structure, dominated_by_cp_twin, micro_batch_options, structures, to_parallel,

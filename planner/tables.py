@@ -765,7 +765,7 @@ def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_g
                  memory_headroom: float | None = None) -> Tables:
     """Tabulate the factorized lower bounds of every structure and micro-batch of the space (module docstring):
     step-time bound = ``P[k, sp, v] + E[k, z]``, memory bound of stage slot j = ``W[k, j, z] + X[k, j, sp, v]``;
-    both are <= the scalar model's values (``planner.evaluate``), which is what makes the solver's re-scoring
+    both are <= the scalar model's values (``planner.evaluation.evaluate``), which is what makes the solver's re-scoring
     loop exact. ``memory_headroom`` sets the limit used to derive the fewest recomputed layers under full
     recompute (N_lb = 1 when None). The solver builds the same tables group by group (``add_group_tables``)."""
     from .space import structures

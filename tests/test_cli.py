@@ -7,7 +7,7 @@ from cluster_specs import get_cluster
 from cost_models.config import ParallelConfig, TrainingJob
 from model_zoo import get_model
 from planner.checks import check_config
-from planner.evaluate import evaluate
+from planner.evaluation import evaluate
 
 
 def _par(p: dict) -> ParallelConfig:

@@ -22,7 +22,8 @@ from cluster_specs import (
     resolve_num_gpus,
 )
 
-BUILTINS = ["dgx-a100-40g", "dgx-a100-80g", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72", "mi300x"]
+BUILTINS = ["dgx-a100-40g", "dgx-a100-80g", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72", "mi300x",
+            "dgx-h800", "a800-roce", "jean-zay-a100", "grand-teton-h100"]
 MiB = 2**20
 GiB = 2**30
 
@@ -58,6 +59,10 @@ def test_h100_dense_peaks_not_sparse():
         ("dgx-b200", 183359),  # nvidia-smi "NVIDIA B200, 183359 MiB"
         ("gb200-nvl72", 189471),  # nvidia-smi "NVIDIA GB200, 189471 MiB"
         ("mi300x", 196288),  # rocm-smi 205822885888 B
+        ("dgx-h800", 81559),  # assumed as H100 80GB HBM3 (no H800 nvidia-smi quote read)
+        ("a800-roce", 81920),  # assumed as A100 80GB
+        ("jean-zay-a100", 81920),  # A100 SXM4 80GB
+        ("grand-teton-h100", 97871),  # 96 GB GH100 parts (GH200 96 GB, H20) report 97871 MiB
     ],
 )
 def test_visible_memory(name, mib):
@@ -81,6 +86,10 @@ def test_memory_exact_values():
         ("dgx-b200", 2250e12, 4500e12),
         ("gb200-nvl72", 2500e12, 5000e12),
         ("mi300x", 1307.4e12, 2614.9e12),
+        ("dgx-h800", 989.4e12, 1978.9e12),  # H100 compute (hardware.yaml H800 compute_note)
+        ("a800-roce", 312e12, None),  # A100 compute, no FP8
+        ("jean-zay-a100", 312e12, None),
+        ("grand-teton-h100", 989.4e12, 1978.9e12),  # peaks at the boost clock; the power cap is a clock fraction
     ],
 )
 def test_dense_peaks(name, bf16, fp8):
@@ -120,6 +129,10 @@ def test_a100_has_no_fp8():
         ("dgx-b200", 900e9, 8, 8, 50e9),  # NVLink 5, 1.8 TB/s bidir
         ("gb200-nvl72", 900e9, 72, 4, 50e9),  # tray of 4, 72-GPU NVLink domain
         ("mi300x", 448e9, 8, 8, 50e9),  # 7 x 64 GB/s per direction (896 is bidir)
+        ("dgx-h800", 200e9, 8, 8, 50e9),  # NVLink 400 GB/s bidir; 8 x 400 Gb/s IB (DeepSeek-V3)
+        ("a800-roce", 200e9, 8, 8, 25e9),  # 8 NVLink 3 links; 200 Gb/s RoCE per GPU
+        ("jean-zay-a100", 300e9, 8, 8, 6.25e9),  # 4 x 100 Gb/s Omni-Path per 8 GPUs
+        ("grand-teton-h100", 450e9, 8, 8, 50e9),  # 400 Gb/s RDMA per GPU
     ],
 )
 def test_interconnect_per_direction(name, nvlink, domain, gpn, nic):
@@ -159,12 +172,17 @@ def test_gb200_node_semantics():
         ("gb200-nvl72", "bf16", 1822.0, 2500),
         ("gb200-nvl72", "fp8", 3615.6, 5000),
         ("mi300x", "bf16", 668.4, 1307.4),
+        ("dgx-h800", "bf16", 794.5, 989.4),  # assumed: H100 silicon
+        ("a800-roce", "bf16", 271.2, 312),  # assumed: A100 silicon
+        ("jean-zay-a100", "bf16", 271.2, 312),
+        ("grand-teton-h100", "bf16", 794.5, 989.4),  # MAMF at 700 W; the 500 W cap is power_limit_clock_fraction
     ],
 )
 def test_gemm_efficiency_from_mamf(name, dtype, measured_tflops, peak_tflops):
     spec = get_cluster(name)
     assert spec.calibration.gemm_efficiency[dtype] == pytest.approx(measured_tflops / peak_tflops, abs=1e-3)
-    assert spec.effective_flops(dtype) == pytest.approx(measured_tflops * 1e12, rel=1e-3)
+    # achievable rate: the MAMF figure (measured at the TDP) times the sustained clock under a lower power limit
+    assert spec.effective_flops(dtype) == pytest.approx(measured_tflops * 1e12 * spec.clock_fraction, rel=1e-3)
 
 
 def test_named_efficiencies():
@@ -181,7 +199,9 @@ def test_named_efficiencies():
 @pytest.mark.parametrize("name", BUILTINS)
 def test_every_calibration_field_has_a_source(name):
     spec = get_cluster(name)
-    fields = [f for f in Calibration.model_fields if f != "sources"]
+    # power_limit_clock_fraction is optional: only a power-capped cluster sets it (and must source it)
+    fields = [f for f in Calibration.model_fields if f != "sources" and
+              (f != "power_limit_clock_fraction" or spec.calibration.power_limit_clock_fraction is not None)]
     for f in fields:
         assert spec.calibration.sources.get(f, "").strip(), f"{name}: no source for calibration.{f}"
     for part in (spec.gpu, spec.node, spec.network):
@@ -381,3 +401,32 @@ def test_resolve_non_positive(gpus, nodes):
 def test_resolve_inconsistent():
     with pytest.raises(ClusterSpecError, match="--gpus 16 and --nodes 1 disagree"):
         resolve_num_gpus(get_cluster("dgx-h100"), 16, 1)
+
+
+# ---------------------------------------------------------------- machines named by published runs (issue 9 item 6)
+def test_power_capped_h100_is_a_physical_input():
+    gt = get_cluster("grand-teton-h100")
+    # torchtitan benchmarks/llama3_h100_202412_torchtitan.md: 96GB HBM2e, 2.4 TB/s, default 500 W power limit
+    assert gt.gpu.power_limit_w == 500 and gt.gpu.hbm_bandwidth_bytes_per_s == 2.4e12
+    # fitted, inside the documented physical range 0.67-0.87 (P ~ f .. f^3 with ~100 W not scaling)
+    assert 0.67 <= gt.clock_fraction <= 0.87
+    assert "FITTED" in gt.calibration.sources["power_limit_clock_fraction"]
+    assert get_cluster("dgx-h100").clock_fraction == 1.0 and get_cluster("dgx-h100").gpu.power_limit_w is None
+
+
+def test_clock_fraction_needs_the_power_limit_it_belongs_to(tmp_path):
+    d = _h100_dict()
+    d["calibration"]["power_limit_clock_fraction"] = 0.8
+    d["calibration"]["sources"]["power_limit_clock_fraction"] = "test"
+    with pytest.raises(ClusterSpecError, match="power_limit_w is not set"):
+        load_cluster(str(_write(tmp_path, d)))
+    d["gpu"]["power_limit_w"] = 500
+    assert load_cluster(str(_write(tmp_path, d, "capped.yaml"))).clock_fraction == 0.8
+
+
+def test_jean_zay_network_is_the_measured_omni_path_figure():
+    jz = get_cluster("jean-zay-a100")
+    # 4 x 100 Gb/s Omni-Path per 8-GPU node (tr11-176B-ml README) = 12.5 GB/s per port, 2 GPUs per port
+    assert jz.network.nic_bandwidth_bytes_per_s * 2 == 12.5e9
+    # BigScience experiments/bandwidth/n4_a100_all_reduce_bench.txt: busbw 39.87 Gb/s on one Omni-Path port
+    assert jz.effective_nic_bandwidth_bytes_per_s * 2 == pytest.approx(39.87e9 / 8, rel=0.01)

@@ -7,7 +7,7 @@ import re
 from cluster_specs import get_cluster
 from cost_models.config import TrainingJob
 from model_zoo import get_model
-from planner.explain import why_infeasible
+from planner.explanation import why_infeasible
 from planner.search import run_search
 
 GiB = 2**30

@@ -1,7 +1,7 @@
 """Every published run of the dev dataset really ran, so the memory model must fit each of them on its GPU.
 
-The rows are mapped as ``plan3d validate`` maps them (``planner.validate.build_inputs``, which applies the recipe
-settings of ``planner/row_options.py``); the peak is ``cost_models.memory.estimate_memory``'s, reserve included.
+The rows are mapped as ``plan3d validate`` maps them (``planner.validation.build_inputs``, which applies the recipe
+settings of the rows' ``setup`` blocks, ``planner/row_options.py``); the peak is ``cost_models.memory.estimate_memory``'s, reserve included.
 Rows that report memory (torchtitan's logged max reserved GiB) are compared with it; the recipe knobs the mapping
 uses are checked against the numbers their sources imply.
 """
@@ -15,8 +15,8 @@ from cost_models.layout import LayoutError
 from cost_models.memory import (TE_CROSS_ENTROPY_BYTES_PER_ELEMENT, activation_bytes_per_layer, estimate_memory,
                                 model_state_terms)
 from model_zoo import get_model
-from planner.row_options import GPU_MEMORY_BYTES, row_options
-from planner.validate import build_inputs, load_rows
+from planner.row_options import row_options
+from planner.validation import build_inputs, load_rows
 
 GiB = 2**30
 MiB = 2**20
@@ -100,7 +100,7 @@ def test_every_memory_row_is_covered():
 def test_memory_row_peak(row, estimates):
     est = estimates[row["id"]]
     measured = row["measured"]["memory_per_gpu_gib"]
-    # the measured reserved memory fits the GPU the row names (96 GB H100: row_options' capacity)
+    # the measured reserved memory fits the GPU the row names (96 GB H100: the grand-teton-h100 cluster's capacity)
     assert measured * GiB <= est.capacity_bytes
     predicted = est.peak_bytes / GiB
     err = predicted / (measured + CUDA_CONTEXT_GIB) - 1
@@ -170,17 +170,21 @@ def test_moe_tokens_per_gpu_under_sequence_parallel():
 
 # ------------------------------------------------------------ the row mapping (planner/row_options.py)
 
-def test_row_options_torchtitan_96gb_h100():
-    o = row_options(BY_ID["torchtitan-2412-llama31-8b-8gpu-cp8-256k"])
-    assert o.gpu_memory_bytes == GPU_MEMORY_BYTES[("h100", 96)] == 97871 * MiB
+def test_torchtitan_rows_name_their_96gb_h100_cluster():
+    # torchtitan's Grand Teton H100s (96 GB HBM2e, 500 W): the row's setup names the cluster, whose capacity is the
+    # 97871 MiB the other 96 GB GH100 parts report
+    _, cluster, _, _, _, _ = build_inputs(BY_ID["torchtitan-2412-llama31-8b-8gpu-cp8-256k"])
+    assert cluster.name == "grand-teton-h100" and cluster.gpu.memory_bytes == 97871 * MiB
 
 
 def test_row_options_bridge_recipes():
-    ds = row_options(BY_ID["bridge-2509-h100-deepseekv3-(dropless)-fp8-1024"])
-    assert ds.parallel["recompute"] == "selective" and ds.parallel["recompute_modules"] == ("mla_up_proj", "mlp")
+    row = BY_ID["bridge-2509-h100-deepseekv3-(dropless)-fp8-1024"]
+    ds = row_options(row, "nemo")
+    assert ds.parallel["recompute_modules"] == ("mla_up_proj", "mlp")
     assert ds.parallel["grad_reduce_in_bf16"] and ds.parallel["etp"] == 1
     assert ds.job["cross_entropy_fusion_impl"] == "te"
-    llama = row_options(BY_ID["bridge-2511-h100-llama3-8b-fp8cs-8"])
+    assert build_inputs(row)[3].recompute == "selective"  # the recipe's granularity (setup.recompute)
+    llama = row_options(BY_ID["bridge-2511-h100-llama3-8b-fp8cs-8"], "nemo")
     assert llama.parallel["zero_stage"] == 3 and llama.parallel["fp8_param_gather"] is True
 
 

@@ -150,7 +150,7 @@ def test_torchtitan_fsdp2_on_64_a100_matches_the_published_table(name, mbs, rc, 
 def test_torchtitan_8b_on_128_h100_mfu_is_in_the_published_range():
     # torchtitan paper (Liang et al. 2024, Table 2): Llama 3.1 8B, FSDP on 128 H100 (500 W power cap), seq 8192,
     # local batch 2, selective AC: 29-34% MFU (eager / compiled). On uncapped 700 W H100 the model's GEMM rate is
-    # 1 / 0.8 higher (planner/validate.py power-cap factor), so <= 0.34 / 0.8
+    # 1 / 0.8 higher (planner/validation.py power-cap factor), so <= 0.34 / 0.8
     m = get_model("llama3.1-8b")
     job = TrainingJob(global_batch_size=256, seq_length=8192, precision="bf16", framework="torchtitan")
     st = estimate_step(m, H100, job, ParallelConfig(dp=128, micro_batch_size=2, zero_stage=3, recompute="selective"))

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from planner.validate import (DEFAULT_MAX_GROUP_MAPE, DEFAULT_MAX_MAPE, MIN_GROUP_ROWS, ROW_CONVENTIONS,
-                              build_inputs, fp8_recipe, implied_flops_per_token, load_rows, row_flops_per_token,
+from planner.validation import (DEFAULT_MAX_GROUP_MAPE, DEFAULT_MAX_MAPE, MIN_GROUP_ROWS, build_inputs, fp8_recipe,
+                              implied_flops_per_token, load_rows, row_convention, row_flops_per_token,
                               row_pipeline_layout, run_validation)
 
 
@@ -23,7 +23,10 @@ def test_packaged_rows_are_the_shared_dev_rows_with_sources():
 
 #: What the calibrated model reaches on the dev rows today (plan3d validate): a ratchet against regressions.
 #: Lower these when the model improves; the project targets are the test below.
-ACHIEVED_MAX_MAPE = 6.5
+#: 6.5 -> 6.8: the collective model now pipelines NVLink and network hops as NCCL does (ring busbw = min(NVLink,
+#: r NICs), 192 GB/s on DGX A100 as measured, not 118) and DeepSpeed reduces gradients in bf16; the constants were
+#: fitted under the old serial model (BLOOM 1.6 -> 6.7%, NeMo 24.07 7.0 -> 7.6%)
+ACHIEVED_MAX_MAPE = 6.8
 #: Bridge 9.0 -> 9.1: the compute under Megatron-FSDP's collectives is now slowed by the measured overlap slowdown
 #: (step_time.OVERLAP_COMPUTE_SLOWDOWN), which costs the one Bridge FSDP row (Llama 3 8B FP8-CS, 8 H100) 1.1 points
 ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 6.0, "nemo_bridge_perf_summary": 9.1}
@@ -57,7 +60,7 @@ def test_skipped_rows_say_why(report):
 def test_row_convention_matches_the_flops_per_token_the_source_implies(row_id):
     row = next(r for r in load_rows() if r["id"] == row_id)
     model, cluster, job, par, fw, notes = build_inputs(row)
-    conv = ROW_CONVENTIONS[row["source"]["group"]]
+    conv = row_convention(row)
     assert row_flops_per_token(model, job, par, conv) == pytest.approx(implied_flops_per_token(row), rel=0.01)
 
 
@@ -167,7 +170,7 @@ def test_dataset_with_no_usable_row_is_an_input_error(run_cli, tmp_path):
     f.write_text("[]\n")
     r = run_cli("validate", "--dataset", str(f), "--format", "json")
     assert r.exit_code == 2 and "no row could be evaluated" in r.stderr and r.stdout == ""
-    from planner.validate import ValidationReport
+    from planner.validation import ValidationReport
     assert ValidationReport([]).to_dict()["mape_percent"] is None  # never NaN in the JSON
 
 

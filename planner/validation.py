@@ -6,14 +6,18 @@ a parallel configuration; ``cost_models.step_time.estimate_step`` predicts the s
 with the row's own measured number, like with like:
 
 * ``tokens_per_s_per_gpu`` (or ``step_time_s``) when the row has one: free of FLOP conventions;
-* otherwise ``tflops_per_gpu`` in the row's own FLOP convention (``ROW_CONVENTIONS`` below, chosen from the row's
+* otherwise ``tflops_per_gpu`` in the row's own FLOP convention (``setup.flops_convention``, chosen from the row's
   ``metric_definition``; where a row has both tokens/s and TFLOP/s the implied FLOPs per token confirm the choice,
   see ``implied_flops_per_token``);
 * otherwise ``mfu`` (model FLOPs over the dense 16-bit peak).
 
-Where a row leaves a setting out, the framework's documented default is used and named in the row's
-``assumptions`` (see ``_FRAMEWORK_DEFAULTS``). Rows that cannot be evaluated at all (no layer shapes and no model
-of that name, no parallel layout, no cluster spec for the GPU) are listed as skipped, with the reason.
+What a row needs beyond its published columns (framework, FLOP convention, the machine, flash attention, recipe
+settings) is read from its ``setup`` block (``planner/row_options.py``), each value with its source; nothing here is
+keyed on a source's name. Where a row leaves a setting out, the framework's documented default is used and named in
+the row's ``assumptions`` (see ``_FRAMEWORK_DEFAULTS``). A row that states the GPU count and the batch but no layout
+is a tuned run, compared through plan3d's best plan in the group ``tuned_runs`` (``planner/tuned_runs.py``). Rows
+that cannot be evaluated at all (no layer shapes and no model of that name, no GPU count or batch, no cluster spec
+for the GPU) are listed as skipped, with the reason.
 
 The error of a row is ``predicted / measured - 1``; MAPE is the mean of ``|error|`` (in percent) over the
 evaluated rows, overall and per ``source.group``.
@@ -31,46 +35,32 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from cluster_specs import get_cluster
+from cluster_specs import ClusterSpecError, get_cluster, load_cluster
 from cluster_specs.spec import ClusterSpec
 from cost_models.config import ParallelConfig, TrainingJob
 from cost_models.flops import model_flops_per_token_variant
 from cost_models.layout import parse_pipeline_layout, uneven_split
-from cost_models.step_time import DEFAULT_ATTENTION_EFFICIENCY, StepEstimate, estimate_step
+from cost_models.step_time import StepEstimate, estimate_step
 from model_zoo import get_model
 from model_zoo.loaders import from_hf_config
 from model_zoo.spec import ModelSpec
 
 from .errors import PlanInputError
-from .row_options import apply_row_options
+from .row_options import apply_row_options, row_setup, setup_source
 
 #: Project thresholds (issue "Step-time and MFU model ..."): overall MAPE and per source group with >= 3 rows.
 DEFAULT_MAX_MAPE = 7.0
 DEFAULT_MAX_GROUP_MAPE = 10.0
 MIN_GROUP_ROWS = 3
 
-#: FLOP convention of each source group's TFLOP/s (used only for rows without tokens/s or step time).
-#: ``n21_hardware``: Narayanan et al. SC21 eq. (3), 96·B·s·l·h²(1 + s/6h + V/16lh): GEMMs + full (not
-#: causal-halved) attention, 4 passes with recompute, logits 3 passes; BLOOM's Megatron-DeepSpeed logger uses the
-#: same formula with the checkpoint factor 4 on every term ("4*2 coefficient"; ``bloom_hardware``).
-#: ``full_attention``: model FLOPs with the attention core counted over the whole s x s matrix (Megatron-LM's
-#: ``num_floating_point_operations`` before April 2025, formulas.md Sec. 3.2; NeMo 24.07's formulas: the NeMo
-#: 24.07 rows give 697 TFLOP/s at 12036 tokens/s/GPU for Llama 3 8B at 8k = 57.9 GFLOP/token, the full-attention
-#: count, not the causal-halved 51.5).
-#: ``causal``: Megatron-LM's current count, causal attention halved (Megatron-Bridge 25.11: 744 TFLOP/s at
-#: 14451 tokens/s/GPU for Llama 3 8B at 8k = 51.5 GFLOP/token).
-ROW_CONVENTIONS: dict[str, str] = {
-    "megatron_sc21_table1": "n21_hardware",
-    "bloom": "bloom_hardware",
-    "megatron_h100_weak_scaling": "full_attention",
-    "megatron_llama_example": "full_attention",
-    "nemo_2407_perf_summary": "full_attention",
-    "nemo_long_sequence_cp": "full_attention",
-    "megatron_moe_recipes": "causal",
-    "nemo_bridge_perf_summary": "causal",
-    "korthikanti2022": "causal",
-    "torchtitan": "full_attention",
-}
+#: FLOP conventions a row's ``setup.flops_convention`` may name (used only for rows without tokens/s or step time):
+#: ``n21_hardware``: Narayanan et al. SC21 eq. (3), 96·B·s·l·h²(1 + s/6h + V/16lh): GEMMs + full (not causal-halved)
+#: attention, 4 passes with recompute, logits 3 passes; ``bloom_hardware``: BLOOM's Megatron-DeepSpeed logger, the
+#: same formula with the checkpoint factor 4 on every term ("4*2 coefficient"); ``full_attention``: model FLOPs with
+#: the attention core counted over the whole s x s matrix (Megatron-LM's ``num_floating_point_operations`` before
+#: April 2025, formulas.md Sec. 3.2; NeMo 24.07); ``causal`` (the default): Megatron-LM's current count, causal
+#: attention halved. Where a row has both tokens/s and TFLOP/s, ``implied_flops_per_token`` confirms the choice.
+DEFAULT_CONVENTION = "causal"
 
 #: Built-in zoo models by the (normalised) names rows use.
 _ZOO_BY_NAME: list[tuple[str, str]] = [
@@ -140,14 +130,25 @@ _FRAMEWORK_DEFAULTS: dict[str, dict[str, Any]] = {
     "deepspeed": {"mbs": 1, "recompute": "none", "sp_with_tp": False, "zero": 1, "seq": None},
 }
 
-#: The Megatron-LM Llama example table lists the layouts of NeMo's performance recipes (Llama 3 8B tp1 cp2 dp4,
-#: 405B tp8 pp8 cp2 vpp8, as in the NeMo/Megatron-Bridge summaries) and counts FLOPs as NeMo 24.07 does, so NeMo's
-#: recipe defaults (TP communication overlap, distributed optimizer) are assumed for it.
-_GROUP_FRAMEWORK = {
-    "torchtitan": "torchtitan", "bloom": "deepspeed", "nemo_2407_perf_summary": "nemo",
-    "megatron_llama_example": "nemo",
-    "nemo_long_sequence_cp": "nemo", "nemo_bridge_perf_summary": "nemo",
-}
+#: A row's framework when its ``setup`` names none: ``parallel.other.framework`` as published, by name.
+_FRAMEWORK_NAMES: list[tuple[str, str]] = [
+    (r"deepspeed", "deepspeed"), (r"torchtitan", "torchtitan"), (r"nemo|bridge", "nemo"), (r"megatron", "megatron"),
+]
+
+
+def row_framework(row: dict[str, Any]) -> str:
+    """The row's framework: ``setup.framework``, else the published ``parallel.other.framework`` by name, else
+    ``megatron`` (the framework whose defaults ``_FRAMEWORK_DEFAULTS`` fills in)."""
+    fw = row_setup(row).framework
+    if fw is not None:
+        return fw
+    text = str(((row.get("parallel") or {}).get("other") or {}).get("framework") or "").lower()
+    return next((name for pat, name in _FRAMEWORK_NAMES if re.search(pat, text)), "megatron")
+
+
+def row_convention(row: dict[str, Any]) -> str:
+    """How the row's source counts TFLOP/s: ``setup.flops_convention``, else ``DEFAULT_CONVENTION``."""
+    return row_setup(row).flops_convention or DEFAULT_CONVENTION
 
 
 @dataclass
@@ -170,12 +171,16 @@ class RowResult:
     measured_tflops_per_gpu: float | None = None
     assumptions: list[str] = field(default_factory=list)
     skipped: str | None = None
+    #: the row's ``source.group`` (``group`` is ``tuned_runs`` for a tuned run) and whether it is one
+    source_group: str = ""
+    tuned: bool = False
     step: StepEstimate | None = None
     #: constraint violations ``planner.checks`` finds for this published (hence feasible) configuration
     violations: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        d = {k: getattr(self, k) for k in ("id", "group", "gpu", "num_gpus", "config", "metric", "convention",
+        d = {k: getattr(self, k) for k in ("id", "group", "source_group", "tuned", "gpu", "num_gpus", "config",
+                                           "metric", "convention",
                                            "measured", "predicted", "error", "predicted_tokens_per_s_per_gpu",
                                            "measured_tokens_per_s_per_gpu", "predicted_tflops_per_gpu",
                                            "measured_tflops_per_gpu", "assumptions", "skipped", "violations")}
@@ -257,7 +262,8 @@ def load_rows(path: str | Path | None = None) -> list[dict[str, Any]]:
         raise PlanInputError(f"--dataset: {p}: " + ("is a directory; give a YAML file" if p.is_dir()
                                                     else "no such file"))
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        # libyaml's loader where PyYAML was built with it (4x faster on the 6,600-line dev rows), same result
+        data = yaml.load(p.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as exc:
         raise PlanInputError(f"--dataset: {p.name}: malformed YAML: {str(exc).splitlines()[0]}") from None
     if not isinstance(data, list) or not all(isinstance(r, dict) and "id" in r for r in data):
@@ -328,51 +334,20 @@ def _model_for(row: dict[str, Any], notes: list[str]) -> ModelSpec | str:
         max_position_embeddings=arch.get("seq_length") or 2048)
 
 
-#: Clock factor of the power-capped H100 of the torchtitan benchmarks ("H100 SXM (HBM2e variant, 500W power
-#: limit)") relative to a 700 W DGX H100, applied to its GEMM and attention rates. Fitted on the torchtitan dev
-#: rows; cross-check: the same torchtitan recipe (Llama 3.1 8B, FSDP, compile, float8, 8k) gives 8532 tokens/s/GPU
-#: on these GPUs and 10938 on 700 W H200s (trainy rows), a ratio of 0.78.
-H100_500W_FACTOR = 0.8
-
-
-def _power_capped_h100(notes: list[str]) -> ClusterSpec:
-    c = get_cluster("dgx-h100")
-    cal = c.calibration
-    ge = {k: v * H100_500W_FACTOR for k, v in cal.gemm_efficiency.items()}
-    ae = {k: v * H100_500W_FACTOR for k, v in (cal.attention_efficiency or {"bf16": DEFAULT_ATTENTION_EFFICIENCY,
-                                                                           "fp16": DEFAULT_ATTENTION_EFFICIENCY}).items()}
-    notes.append(f"H100 at a 500 W power limit: GEMM and attention rates x {H100_500W_FACTOR} (fitted)")
-    return c.model_copy(update={"name": "dgx-h100-500w", "calibration": cal.model_copy(
-        update={"gemm_efficiency": ge, "attention_efficiency": ae})})
-
-
-#: Jean Zay (BLOOM): "Omni-Path (4 links/node)" per the row; Intel Omni-Path 100 series links run at 100 Gb/s,
-#: so 4 x 12.5e9 bytes/s per 8-GPU node = 6.25e9 bytes/s per GPU per direction.
-JEAN_ZAY_NIC_BYTES_PER_S_PER_GPU = 4 * 12.5e9 / 8
-
-
-#: NCCL bus bandwidth achieved on Jean Zay's Omni-Path over its line rate. Omni-Path has no native NCCL transport
-#: (NCCL runs over its verbs emulation), so the NDR figure (0.94) does not carry over; fitted on the three BLOOM
-#: rows, whose ramp-up steps (1 and 24 micro-batches) are dominated by the gradient all-reduce.
-JEAN_ZAY_NET_EFFICIENCY = 0.4
-
-
-def _jean_zay(notes: list[str]) -> ClusterSpec:
-    c = get_cluster("dgx-a100-80g")
-    notes.append(f"Jean Zay network: 4 x 100 Gb/s Omni-Path per node = 6.25 GB/s per GPU at "
-                 f"{JEAN_ZAY_NET_EFFICIENCY:g} bus efficiency")
-    return c.model_copy(update={"name": "jean-zay-a100", "network": c.network.model_copy(
-        update={"nic_bandwidth_bytes_per_s": JEAN_ZAY_NIC_BYTES_PER_S_PER_GPU}),
-        "calibration": c.calibration.model_copy(update={"network_bus_efficiency": JEAN_ZAY_NET_EFFICIENCY})})
-
-
 def _cluster_for(row: dict[str, Any], notes: list[str] | None = None) -> ClusterSpec | str:
+    """The row's machine: the cluster its ``setup.cluster`` names (built-in name or YAML path), else the built-in
+    cluster of its GPU label (``_CLUSTER_BY_GPU``; A100 by memory size); a string says why there is none."""
     hw = row.get("hardware") or {}
+    named = row_setup(row).cluster
+    if named is not None:
+        try:
+            c = load_cluster(named)
+        except ClusterSpecError as exc:
+            raise PlanInputError(f"row {row.get('id')!r}: setup.cluster: {exc}") from None
+        if notes is not None:
+            notes.append(f"cluster {c.name} (row setup: {c.description})")
+        return c
     gpu = str(hw.get("gpu") or "").lower()
-    if "omni-path" in str(hw.get("interconnect") or "").lower() and gpu.startswith("a100"):
-        return _jean_zay(notes if notes is not None else [])
-    if gpu.startswith("h100") and "500w" in gpu.replace(" ", ""):
-        return _power_capped_h100(notes if notes is not None else [])
     if gpu.startswith("a100"):
         return get_cluster("dgx-a100-40g" if hw.get("memory_gb") == 40 else "dgx-a100-80g")
     for pat, name in _CLUSTER_BY_GPU:
@@ -422,42 +397,18 @@ def _layer_split(num_layers: int, pp: int, vpp: int) -> tuple[int | None, int | 
     return None, last
 
 
-#: Megatron-Bridge DeepSeek-V3 performance presets (``scripts/performance/configs/deepseek/
-#: deepseek_workload_base_configs.py`` at commit 042641823051, ``DEEPSEEK_V3_PRETRAIN_CONFIG_*``) by (GPU family,
-#: NeMo container of the row): pipeline layout (``pp_layout``; unset = the recipe's ``layout_map`` in
-#: ``src/megatron/bridge/recipes/deepseek/deepseek_v3.py``, (4, 4): ``Et*4|(t*4|)*14tmL``), EP all-to-all overlap
-#: (``moe_a2a_overlap``) and a full-iteration CUDA graph (``cuda_graph_impl="full_iteration"``). H100_V1: TP2 PP8
-#: VP4 EP64 GBS 8192, ``pp_layout="Et|(tt|)*30mL"``, no overlap (the 25.09 H100 row's layout). GB200_FP8_MX_V2:
-#: PP4 VP4 EP64 GBS 4096 (the 26.08 GB200 row's layout), ``moe_a2a_overlap=True``, full-iteration CUDA graph.
-#: 25.11 GB200 w/o MTP (TP1 PP8 VP4 EP32): Megatron-LM's DeepSeek-V3 GB200 guide runs that shape with
-#: ``--pipeline-model-parallel-layout "Et|(tt|)*30L"`` (32 chunks: E + 1 layer, 30 x 2, the loss alone; partial CUDA
-#: graphs, HybridEP), the layout assumed for the row.
-BRIDGE_DEEPSEEK_PRESETS: dict[tuple[str, str], dict[str, Any]] = {
-    ("h100", ""): {"layout": "Et|(tt|)*30mL"},
-    ("gb200", "25.11"): {"layout": "Et|(tt|)*30L"},
-    ("gb200", "26.08"): {"layout": "Et*4|(t*4|)*14tmL", "ep_overlap": True, "full_cuda_graph": True},
-}
-
-
 def row_pipeline_layout(row: dict[str, Any]) -> tuple[str, str] | None:
-    """The Megatron ``--pipeline-model-parallel-layout`` of a row whose recipe sets one, and where it was read;
-    None if the recipe uses Megatron's default split."""
-    group = str((row.get("source") or {}).get("group", ""))
+    """The Megatron ``--pipeline-model-parallel-layout`` of a row whose recipe sets one, and where it was read (the
+    published ``parallel.other.features`` "pp layout ...", else ``setup.pipeline_layout``); None if the recipe uses
+    Megatron's default split."""
     other = (row.get("parallel") or {}).get("other") or {}
     m = re.search(r"pp layout\s+(\S+)", str(other.get("features", "")), re.I)
-    text = src = None
     if m:
-        text, src = m.group(1), "recipe YAML pipeline_model_parallel_layout"
-    elif group == "nemo_bridge_perf_summary" and "deepseek" in str((row.get("model") or {}).get("name", "")).lower():
-        gpu = str((row.get("hardware") or {}).get("gpu") or "").lower()
-        title = str((row.get("source") or {}).get("title", ""))
-        for (fam, ver), preset in BRIDGE_DEEPSEEK_PRESETS.items():
-            if gpu.startswith(fam) and ver in title and "layout" in preset:
-                text, src = preset["layout"], "Megatron-Bridge DeepSeek-V3 perf preset pp_layout"
-                break
-    if text is None:
-        return None
-    return text, f"pipeline layout {text} ({src})"
+        return m.group(1), f"pipeline layout {m.group(1)} (recipe YAML pipeline_model_parallel_layout)"
+    s = row_setup(row)
+    if s.pipeline_layout is not None:
+        return s.pipeline_layout, f"pipeline layout {s.pipeline_layout} ({setup_source(s, 'pipeline_layout')})"
+    return None
 
 
 def torchtitan_split_layout(num_layers: int, stages: int) -> str:
@@ -476,39 +427,38 @@ def torchtitan_split_layout(num_layers: int, stages: int) -> str:
     return "|".join(chunks)
 
 
-def _bridge_deepseek_features(row: dict[str, Any]) -> dict[str, Any]:
-    if str((row.get("source") or {}).get("group", "")) != "nemo_bridge_perf_summary" or \
-            "deepseek" not in str((row.get("model") or {}).get("name", "")).lower():
-        return {}
-    gpu = str((row.get("hardware") or {}).get("gpu") or "").lower()
-    title = str((row.get("source") or {}).get("title", ""))
-    for (fam, ver), preset in BRIDGE_DEEPSEEK_PRESETS.items():
-        if gpu.startswith(fam) and ver in title:
-            return {k: v for k, v in preset.items() if k != "layout"}
-    return {}
-
-
-def build_inputs(row: dict[str, Any]) -> tuple[ModelSpec, ClusterSpec, TrainingJob, ParallelConfig, str, list[str]] | str:
-    """(model, cluster, job, parallel config, framework, assumptions) for one row, or why it cannot be built."""
-    notes: list[str] = []
-    group = str((row.get("source") or {}).get("group", ""))
-    fw = _GROUP_FRAMEWORK.get(group, "megatron")
-    d = _FRAMEWORK_DEFAULTS[fw]
-    p = row.get("parallel") or {}
-    hw = row.get("hardware") or {}
-    if p.get("tp") is None or p.get("pp") is None or p.get("global_batch_size") is None or not hw.get("num_gpus"):
-        return "parallel layout or batch not stated (tp/pp/global batch/num GPUs)"
+def row_model_cluster_seq(row: dict[str, Any], fw: str, notes: list[str]) -> tuple[ModelSpec, ClusterSpec, int] | str:
+    """The row's model, cluster and sequence length (the framework's default when the row leaves it out, noted), or
+    why one of them cannot be had."""
     model = _model_for(row, notes)
     if isinstance(model, str):
         return model
     cluster = _cluster_for(row, notes)
     if isinstance(cluster, str):
         return cluster
-    seq = (row.get("architecture") or {}).get("seq_length") or d["seq"]
+    seq = (row.get("architecture") or {}).get("seq_length") or _FRAMEWORK_DEFAULTS[fw]["seq"]
     if seq is None:
         return "sequence length not stated"
     if (row.get("architecture") or {}).get("seq_length") is None:
         notes.append(f"seq_length {seq} ({fw} default)")
+    return model, cluster, int(seq)
+
+
+def build_inputs(row: dict[str, Any]) -> tuple[ModelSpec, ClusterSpec, TrainingJob, ParallelConfig, str, list[str]] | str:
+    """(model, cluster, job, parallel config, framework, assumptions) for one row, or why it cannot be built."""
+    notes: list[str] = []
+    fw = row_framework(row)
+    d = _FRAMEWORK_DEFAULTS[fw]
+    p = row.get("parallel") or {}
+    hw = row.get("hardware") or {}
+    if p.get("global_batch_size") is None or not hw.get("num_gpus"):
+        return "GPU count or global batch not stated (a tuned run needs both; the layout may be left out)"
+    if p.get("tp") is None or p.get("pp") is None:
+        return "parallel layout not stated (tp/pp): a tuned run (planner.tuned_runs)"
+    built = row_model_cluster_seq(row, fw, notes)
+    if isinstance(built, str):
+        return built
+    model, cluster, seq = built
     tp, pp, cp = int(p["tp"]), int(p["pp"]), int(p.get("cp") or 1)
     n = int(hw["num_gpus"])
     dp = int(p.get("dp") or n // (tp * pp * cp))
@@ -584,16 +534,19 @@ def build_inputs(row: dict[str, Any]) -> tuple[ModelSpec, ClusterSpec, TrainingJ
     ep = int(p.get("ep") or 1)
     etp = p.get("etp")
     prec = _precision(p.get("precision"), notes)
-    recompute = _recompute(p.get("recompute"), fw, notes)
+    setup = row_setup(row)
+    if not p.get("recompute") and setup.recompute is not None:
+        notes.append(f"recompute {setup.recompute} ({setup_source(setup, 'recompute')})")
+    recompute = _recompute(p.get("recompute") or setup.recompute, fw, notes)
     par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, micro_batch_size=int(mbs),
                          zero_stage=zero, sequence_parallel=bool(sp), recompute=recompute,
                          first_stage_layers=first, last_stage_layers=last,
                          pipeline_layout=layout[0] if layout is not None else None, **account)
-    # SC21 (2021) and BLOOM (2022) predate fused flash attention: Megatron's fused masked softmax over s x s scores
-    flash = group not in ("megatron_sc21_table1", "bloom")
+    # fused (flash) attention unless the row's setup says the run predates it
+    flash = setup.flash_attention is not False
     job = TrainingJob(global_batch_size=int(p["global_batch_size"]), seq_length=int(seq), precision=prec,
                       flash_attention=flash)
-    cluster, job, par = apply_row_options(row, cluster, job, par, notes)  # recipe memory settings (row_options.py)
+    cluster, job, par = apply_row_options(row, cluster, job, par, notes, fw)  # recipe settings (row_options.py)
     return model, cluster, job, par, fw, notes
 
 
@@ -605,7 +558,7 @@ def fp8_recipe(row: dict[str, Any]) -> str:
 
 
 def row_flops_per_token(model: ModelSpec, job: TrainingJob, par: ParallelConfig, convention: str) -> float:
-    """FLOPs per token in a row's convention (``ROW_CONVENTIONS``)."""
+    """FLOPs per token in a row's convention (``row_convention``)."""
     return model_flops_per_token_variant(model, job.seq_length, convention, par.recompute)
 
 
@@ -617,41 +570,78 @@ def implied_flops_per_token(row: dict[str, Any]) -> float | None:
     return None
 
 
-def validate_row(row: dict[str, Any], check_feasibility: bool = True) -> RowResult:
-    group = str((row.get("source") or {}).get("group", ""))
-    hw = row.get("hardware") or {}
-    res = RowResult(id=str(row["id"]), group=group, gpu=str(hw.get("gpu") or "?").split(" (")[0],
-                    num_gpus=hw.get("num_gpus"))
-    built = build_inputs(row)
-    if isinstance(built, str):
-        res.skipped = built
-        return res
-    model, cluster, job, par, fw, notes = built
-    res.assumptions = notes
-    res.config = (f"tp{par.tp} pp{par.pp} dp{par.dp} cp{par.cp} ep{par.ep} v{par.vpp} mbs{par.micro_batch_size} "
-                  f"gbs{job.global_batch_size} s{job.seq_length} {job.precision} rc={par.recompute}")
+def row_step_options(row: dict[str, Any], fw: str, notes: list[str] | None = None) -> tuple[str, dict[str, Any]]:
+    """The kernel set and ``estimate_step`` options of a row: torch.compile (``parallel.other.torch_compile``), TP
+    communication overlap (``other.comm_overlap`` "tp-comm-overlap", ``other.async_tp``), overlapped gradient
+    reduction ("overlap-grad-reduce"), EP all-to-all overlap and full-iteration CUDA graphs (``other.features``, or
+    ``setup.ep_overlap`` / ``setup.full_cuda_graph``) and the FP8 scaling recipe (``fp8_recipe``). Returns the
+    framework (``torchtitan_compile`` for compiled torchtitan) and the keyword options."""
     other = (row.get("parallel") or {}).get("other") or {}
     if fw == "torchtitan" and other.get("torch_compile"):
         fw = "torchtitan_compile"
-    tp_overlap = None
-    if "tp-comm-overlap" in str(other.get("comm_overlap", "")) or other.get("async_tp"):
-        tp_overlap = True
+    tp_overlap = True if "tp-comm-overlap" in str(other.get("comm_overlap", "")) or other.get("async_tp") else None
     overlap_dp = True if "overlap-grad-reduce" in str(other.get("comm_overlap", "")) else None
     features = str(other.get("features", "")).lower()
-    preset = _bridge_deepseek_features(row)
-    ep_overlap = "ep overlap" in features or bool(preset.get("ep_overlap"))
-    full_cg = "full cuda graph" in features or bool(preset.get("full_cuda_graph"))
-    if preset:
-        notes.append("Megatron-Bridge DeepSeek-V3 preset: " + ", ".join(
-            k for k, on in (("EP all-to-all overlap", preset.get("ep_overlap")),
-                            ("full-iteration CUDA graph", preset.get("full_cuda_graph"))) if on))
-    st = estimate_step(model, cluster, job, par, framework=fw, tp_comm_overlap=tp_overlap, overlap_dp=overlap_dp,
-                       ep_overlap=ep_overlap, full_cuda_graph=full_cg, fp8_recipe=fp8_recipe(row))
+    s = row_setup(row)
+    ep_overlap = "ep overlap" in features or bool(s.ep_overlap)
+    full_cg = "full cuda graph" in features or bool(s.full_cuda_graph)
+    if notes is not None:
+        for key, on, what in (("ep_overlap", s.ep_overlap, "EP all-to-all overlap"),
+                              ("full_cuda_graph", s.full_cuda_graph, "full-iteration CUDA graph")):
+            if on:
+                notes.append(f"{what} ({setup_source(s, key)})")
+    return fw, {"tp_comm_overlap": tp_overlap, "overlap_dp": overlap_dp, "ep_overlap": ep_overlap,
+                "full_cuda_graph": full_cg, "fp8_recipe": fp8_recipe(row)}
+
+
+def validate_row(row: dict[str, Any], check_feasibility: bool = True) -> RowResult:
+    """One row: predicted vs measured throughput, or why it was skipped. A row that states no layout but the GPUs
+    and the batch is a tuned run (``planner.tuned_runs``): compared through plan3d's best plan, group
+    ``TUNED_GROUP``."""
+    from .tuned_runs import TUNED_GROUP, best_tuned_plan, is_tuned_run, tuned_run_inputs
+
+    group = str((row.get("source") or {}).get("group", ""))
+    hw = row.get("hardware") or {}
+    res = RowResult(id=str(row["id"]), group=group, gpu=str(hw.get("gpu") or "?").split(" (")[0],
+                    num_gpus=hw.get("num_gpus"), source_group=group)
+    built = build_inputs(row)
+    if isinstance(built, str) and is_tuned_run(row):
+        res.group, res.tuned, notes = TUNED_GROUP, True, []
+        t = tuned_run_inputs(row, notes)
+        plan = best_tuned_plan(row, t, notes) if not isinstance(t, str) else t
+        if isinstance(plan, str):
+            res.skipped = plan
+            return res
+        par, job, st = plan
+        model, cluster, fw = t.model, t.cluster, t.framework
+    elif isinstance(built, str):
+        res.skipped = built
+        return res
+    else:
+        model, cluster, job, par, fw, notes = built
+        fw, opts = row_step_options(row, fw, notes)
+        st = estimate_step(model, cluster, job, par, framework=fw, **opts)
+    res.assumptions = notes
+    res.config = (f"tp{par.tp} pp{par.pp} dp{par.dp} cp{par.cp} ep{par.ep} v{par.vpp} mbs{par.micro_batch_size} "
+                  f"gbs{job.global_batch_size} s{job.seq_length} {job.precision} rc={par.recompute}")
     res.step = st
-    conv = ROW_CONVENTIONS.get(group, "causal")
+    if not _compare(res, row, model, cluster, job, par, st):
+        return res
+    if check_feasibility:
+        from .evaluation import evaluate
+        ev = evaluate(model, cluster, job, par, par.world_size, memory_headroom=0.0,
+                      framework={"torchtitan": "torchtitan", "deepspeed": "deepspeed"}.get(fw.split("_")[0], "megatron"))
+        res.violations = [v.message for v in ev.violations]
+    return res
+
+
+def _compare(res: RowResult, row: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, job: TrainingJob,
+             par: ParallelConfig, st: StepEstimate) -> bool:
+    """Fill the row's metric, measured and predicted values and the signed error, like with like (module
+    docstring); False (with ``res.skipped``) when the row has no measured throughput."""
+    conv = row_convention(row)
     res.convention = conv
-    n = par.world_size
-    tok_gpu = st.tokens_per_s / n
+    tok_gpu = st.tokens_per_s / par.world_size
     fpt = row_flops_per_token(model, job, par, conv)
     res.predicted_tokens_per_s_per_gpu = tok_gpu
     res.predicted_tflops_per_gpu = tok_gpu * fpt / 1e12
@@ -671,15 +661,10 @@ def validate_row(row: dict[str, Any], check_feasibility: bool = True) -> RowResu
         res.metric, res.measured, res.predicted = "MFU", float(m["mfu"]), res.predicted_tflops_per_gpu * 1e12 / peak
     else:
         res.skipped = "no measured throughput"
-        return res
+        return False
     if res.error is None:
         res.error = res.predicted / res.measured - 1
-    if check_feasibility:
-        from .evaluate import evaluate
-        ev = evaluate(model, cluster, job, par, par.world_size, memory_headroom=0.0,
-                      framework={"torchtitan": "torchtitan", "deepspeed": "deepspeed"}.get(fw.split("_")[0], "megatron"))
-        res.violations = [v.message for v in ev.violations]
-    return res
+    return True
 
 
 def run_validation(path: str | Path | None = None) -> ValidationReport:
@@ -694,8 +679,10 @@ def run_validation(path: str | Path | None = None) -> ValidationReport:
     for r in load_rows(path):
         try:
             res = validate_row(r)
-        except PlanInputError:
-            raise
+        except PlanInputError as exc:
+            if str(exc).startswith("--dataset"):
+                raise
+            raise PlanInputError(f"--dataset: {name}: {exc}") from None
         except (ArithmeticError, ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
             msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             if isinstance(exc, ValidationError):

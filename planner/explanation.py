@@ -10,7 +10,7 @@ from cost_models.config import ParallelConfig, TrainingJob
 from model_zoo.spec import ModelSpec
 
 from .checks import DEFAULT_MEMORY_HEADROOM, Constraint, constraint_report
-from .evaluate import Evaluation, evaluate
+from .evaluation import Evaluation, evaluate
 
 
 @dataclass

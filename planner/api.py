@@ -1,0 +1,469 @@
+"""plan3d's Python API: the typed functions the ``plan3d`` command line is a thin layer over.
+
+    >>> import planner
+    >>> doc = planner.plan("llama3.1-70b", "dgx-h100", gpus=64, global_batch_size=512, seq_length=8192)
+    >>> best = doc.plans[0]
+    >>> best.parallel.tp, best.parallel.pp, best.throughput.mfu
+    >>> doc.model_dump_json() == open("plans.json").read()   # plan3d plan ... --format json --output plans.json
+
+Every function takes the model and the cluster as a built-in name, a file path (our YAML, or a Hugging Face
+``config.json`` for the model) or an already-built ``ModelSpec`` / ``ClusterSpec``, and the job and layout as
+keyword options named as on the command line (``--global-batch-size`` is ``global_batch_size``). The return
+values are the objects whose JSON the CLI prints: ``plan`` and ``evaluate`` return a ``PlanDocument`` (pydantic;
+``model_dump_json()`` is byte-identical to ``--format json``), ``memory`` a ``MemoryReport`` (its ``document`` is
+that of ``plan3d memory --format json``), ``explain`` an ``ExplainReport`` and ``validate`` a
+``ValidationReport``.
+
+Errors are typed, the ones the CLI maps to exit codes: ``PlanInputError``, ``ModelSpecError`` and
+``ClusterSpecError`` (bad input; exit 2), ``NoFeasiblePlan`` (nothing fits, or the configuration cannot run;
+exit 1). Each message is one line naming the field and the allowed values, or the binding constraint.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
+
+from .errors import NoFeasiblePlan, PlanInputError
+
+if TYPE_CHECKING:  # heavy imports stay lazy: the CLI's start-up only pays for what a command uses
+    from typing import Unpack
+
+    from cluster_specs.spec import ClusterSpec
+    from cost_models.config import ParallelConfig, TrainingJob
+    from cost_models.memory import MemoryEstimate
+    from model_zoo.spec import ModelSpec
+
+    from .document import PlanDocument
+    from .explanation import Explanation
+    from .validation import ValidationReport
+
+    #: a built-in name, a file path, or a built model / cluster
+    ModelLike = str | os.PathLike[str] | ModelSpec
+    ClusterLike = str | os.PathLike[str] | ClusterSpec
+
+#: Allowed values of the enumerated options (the CLI's choices; the API checks them itself).
+PRECISIONS = ("bf16", "fp16", "fp8")
+FRAMEWORKS = ("megatron", "deepspeed", "torchtitan")
+FLOPS_CONVENTIONS = ("megatron", "palm")
+RECOMPUTE_CHOICES = ("none", "selective", "full")
+SOLVERS = ("cpsat", "enumerate")
+OBJECTIVES = ("throughput", "headroom", "min-gpus")
+#: Default fraction of GPU memory kept free (planner.checks.DEFAULT_MEMORY_HEADROOM; the CLI repeats the value to
+#: keep its start-up light and a test keeps the two equal).
+DEFAULT_HEADROOM = 0.05
+#: Default allowed throughput loss of ``objective="headroom"`` (fraction of the best step time).
+DEFAULT_WITHIN = 0.05
+
+
+class JobOptions(TypedDict, total=False):
+    """The job and its size, shared by every function (CLI: ``--gpus``, ``--global-batch-size``, ...)."""
+
+    gpus: int | None
+    nodes: int | None
+    global_batch_size: int
+    seq_length: int
+    precision: Literal["bf16", "fp16", "fp8"]
+    flash_attention: bool
+    dropout: bool
+    framework: Literal["megatron", "deepspeed", "torchtitan"] | None
+    memory_headroom: float
+    flops_convention: Literal["megatron", "palm"]
+
+
+class LayoutOptions(JobOptions, total=False):
+    """One given configuration (``evaluate``, ``memory``, ``explain``); options left out take Megatron-LM's
+    defaults. ``dp`` is derived: GPUs / (tp x pp x cp)."""
+
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    etp: int | None
+    vpp: int
+    micro_batch_size: int
+    zero_stage: int
+    recompute: Literal["none", "selective", "full"]
+    recompute_num_layers: int | None
+    sequence_parallel: bool
+    first_stage_layers: int | None
+    last_stage_layers: int | None
+
+
+class MemoryOptions(LayoutOptions, total=False):
+    """``memory`` also takes the MoE capacity factor (pads the expert buffers; default dropless)."""
+
+    capacity_factor: float | None
+
+
+class PlanOptions(JobOptions, total=False):
+    """``plan``: the search's settings and pins (a pinned knob is searched at that value only)."""
+
+    top_k: int
+    solver: Literal["cpsat", "enumerate"]
+    objective: Literal["throughput", "headroom", "min-gpus"]
+    within: float | None
+    target_step_s: float | None
+    target_tokens_per_day: float | None
+    tp: int | None
+    pp: int | None
+    cp: int | None
+    ep: int | None
+    vpp: int | None
+    micro_batch_size: int | None
+    zero_stage: int | None
+    recompute: Literal["none", "selective", "full"] | None
+
+
+_JOB_KEYS = frozenset(JobOptions.__annotations__)
+_LAYOUT_KEYS = frozenset(LayoutOptions.__annotations__) - _JOB_KEYS
+_PLAN_KEYS = frozenset(PlanOptions.__annotations__)
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """A resolved problem: the model, the cluster, the world size (GPUs) and the job."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    num_gpus: int
+    job: TrainingJob
+
+
+@dataclass(frozen=True)
+class SearchStats:
+    """How the search went: candidates examined, feasible ones (an upper bound when ``exact`` is False: CP-SAT
+    stopped re-scoring once no other candidate could enter the top K)."""
+
+    num_candidates: int
+    num_feasible: int
+    exact: bool
+
+
+def _flag(field: str) -> str:
+    """The command-line spelling of an option (``seq_length`` -> ``--seq-length``): messages name the option as
+    both the CLI and the API user know it."""
+    return "--" + field.replace("_", "-")
+
+
+def _choice(field: str, value: Any, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise PlanInputError(f"{_flag(field)} {value!r}: must be one of {', '.join(allowed)}")
+    return value
+
+
+def _check_keys(options: dict[str, Any], allowed: frozenset[str], where: str) -> None:
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise PlanInputError(f"{where}: unknown option(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+
+
+def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = None, *, gpus: int | None = None,
+                nodes: int | None = None, global_batch_size: int = 1024, seq_length: int = 4096,
+                precision: str = "bf16", flash_attention: bool = True, dropout: bool = False,
+                framework: str | None = None) -> Inputs:
+    """Resolve the model (default ``llama3.1-8b``), the cluster (default ``dgx-h100``), the GPU count (``gpus`` or
+    ``nodes``; default the cluster's default node count) and the job.
+
+    Raises ``ModelSpecError`` / ``ClusterSpecError`` (unreadable or invalid files, unknown names, a GPU count that
+    is not whole nodes) and ``PlanInputError`` (an option outside its allowed values).
+    """
+    from cluster_specs import DEFAULT_CLUSTER, load_cluster, resolve_num_gpus
+    from cluster_specs.spec import ClusterSpec
+    from cost_models.config import TrainingJob
+    from model_zoo import DEFAULT_MODEL, load_model
+    from model_zoo.spec import ModelSpec
+
+    _choice("precision", precision, PRECISIONS)
+    fw = _choice("framework", framework or "megatron", FRAMEWORKS)
+    for field, v in (("global_batch_size", global_batch_size), ("seq_length", seq_length)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise PlanInputError(f"{_flag(field)} {v!r}: must be a positive integer")
+    if isinstance(model, ModelSpec):
+        m = model
+    else:
+        if model is not None and not str(model).strip():
+            raise PlanInputError("--model: empty; give a built-in name (plan3d models), a model YAML or a config.json")
+        m = load_model(os.fspath(model) if model is not None else DEFAULT_MODEL)
+    if m.position_embedding == "learned" and seq_length > m.max_position_embeddings:
+        # a longer learned position table is another model (more parameters): refuse rather than plan it
+        raise PlanInputError(f"--seq-length {seq_length} exceeds {m.name}'s learned position embeddings "
+                             f"(max_position_embeddings {m.max_position_embeddings}); use --seq-length <= "
+                             f"{m.max_position_embeddings} or a model file with a longer table")
+    c = cluster if isinstance(cluster, ClusterSpec) else load_cluster(
+        os.fspath(cluster) if cluster is not None else DEFAULT_CLUSTER)
+    n = resolve_num_gpus(c, gpus, nodes)
+    if precision not in c.supported_precisions:
+        raise PlanInputError(f"--precision {precision}: {c.gpu.name} supports {', '.join(c.supported_precisions)}")
+    job = TrainingJob(global_batch_size=global_batch_size, seq_length=seq_length, precision=precision,
+                      flash_attention=bool(flash_attention), dropout=bool(dropout), framework=fw)
+    return Inputs(m, c, n, job)
+
+
+def _job_kwargs(options: dict[str, Any]) -> dict[str, Any]:
+    return {k: options[k] for k in ("gpus", "nodes", "global_batch_size", "seq_length", "precision",
+                                    "flash_attention", "dropout", "framework") if k in options}
+
+
+def _headroom(value: float | None) -> float:
+    if value is None:
+        return DEFAULT_HEADROOM
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 0.5:
+        raise PlanInputError(f"--memory-headroom {value!r}: must be a fraction in [0, 0.5]")
+    return float(value)
+
+
+def parallel_config(inputs: Inputs, *, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, etp: int | None = None,
+                    vpp: int = 1, micro_batch_size: int = 1, zero_stage: int = 0, recompute: str = "none",
+                    recompute_num_layers: int | None = None, sequence_parallel: bool = False,
+                    first_stage_layers: int | None = None, last_stage_layers: int | None = None) -> ParallelConfig:
+    """The ``ParallelConfig`` of one given layout on ``inputs`` (``dp`` derived as GPUs / (tp x pp x cp)).
+
+    When ``pp`` does not divide the layers and no split is given, the end stages get fewer layers (Megatron's
+    ``--decoder-first/last-pipeline-num-layers``); interleaved (``vpp`` > 1), such a split counts the embedding
+    and the loss as one layer each (``--account-for-embedding/loss-in-pipeline-split``), as the search does
+    (``planner.space.to_parallel``). Raises ``PlanInputError`` for sizes that cannot form a layout.
+    """
+    from pydantic import ValidationError
+
+    from cost_models.config import ParallelConfig
+    from cost_models.layout import uneven_split
+
+    _choice("recompute", recompute, RECOMPUTE_CHOICES)
+    sizes = {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "vpp": vpp, "micro_batch_size": micro_batch_size}
+    for field, v in sizes.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise PlanInputError(f"{_flag(field)} {v!r}: must be a positive integer")
+    n, layers = inputs.num_gpus, inputs.model.num_layers
+    if n % (tp * pp * cp):
+        raise PlanInputError(f"--gpus {n} is not divisible by tp*pp*cp = {tp}*{pp}*{cp} = {tp * pp * cp}")
+    first, last, account = first_stage_layers, last_stage_layers, False
+    if first is None and last is None and layers % pp:
+        split = uneven_split(layers, pp)
+        if split is not None:
+            first, last = split
+        if vpp > 1 and (layers + 2) % (pp * vpp) == 0:
+            first = last = None
+            account = True
+    try:
+        return ParallelConfig(tp=tp, pp=pp, dp=n // (tp * pp * cp), cp=cp, ep=ep, etp=etp, vpp=vpp,
+                              micro_batch_size=micro_batch_size, zero_stage=zero_stage, recompute=recompute,
+                              recompute_num_layers=recompute_num_layers, sequence_parallel=bool(sequence_parallel),
+                              first_stage_layers=first, last_stage_layers=last,
+                              account_for_embedding_in_pipeline_split=account,
+                              account_for_loss_in_pipeline_split=account)
+    except ValidationError as e:
+        err = e.errors()[0]
+        field = _flag(str(err["loc"][0])) if err.get("loc") else "layout"
+        raise PlanInputError(f"{field} {err.get('input')!r}: {err.get('msg', 'invalid')}") from None
+
+
+def _layout_problem(model, cluster, options: dict[str, Any], where: str):
+    """Resolve the options of a one-layout function into (inputs, par, headroom, framework, convention)."""
+    _check_keys(options, _JOB_KEYS | _LAYOUT_KEYS, where)
+    inputs = load_inputs(model, cluster, **_job_kwargs(options))
+    par = parallel_config(inputs, **{k: options[k] for k in _LAYOUT_KEYS if k in options})
+    conv = _choice("flops_convention", options.get("flops_convention") or "megatron", FLOPS_CONVENTIONS)
+    return inputs, par, _headroom(options.get("memory_headroom")), inputs.job.framework, conv
+
+
+def plan(model: ModelLike | None = None, cluster: ClusterLike | None = None,
+         **options: Unpack[PlanOptions]) -> PlanDocument:
+    """Search the parallel layouts of a job and return the best plans (best first) as the plan document.
+
+    ``options``: the job (``gpus`` or ``nodes``, ``global_batch_size`` 1024, ``seq_length`` 4096, ``precision``
+    bf16, ``flash_attention`` True, ``dropout`` False, ``framework`` megatron, ``memory_headroom`` 0.05,
+    ``flops_convention`` megatron), the search (``top_k`` 5, ``solver`` cpsat|enumerate, ``objective``
+    throughput|headroom|min-gpus with ``within`` / ``target_step_s`` / ``target_tokens_per_day``) and pins
+    (``tp``, ``pp``, ``cp``, ``ep``, ``vpp``, ``micro_batch_size``, ``zero_stage``, ``recompute``).
+    The document's ``search_stats`` tells how many candidates were examined and found feasible.
+
+    Raises ``NoFeasiblePlan`` (nothing fits: the message names the binding constraint, by how much, and the
+    nearest changes that fit) and the input errors of ``load_inputs``.
+    """
+    _check_keys(options, _PLAN_KEYS, "plan")
+    o = dict(options)
+    objective = _choice("objective", o.get("objective", "throughput"), OBJECTIVES)
+    solver = _choice("solver", o.get("solver", "cpsat"), SOLVERS)
+    conv = _choice("flops_convention", o.get("flops_convention") or "megatron", FLOPS_CONVENTIONS)
+    step_t, tok_t, within = o.get("target_step_s"), o.get("target_tokens_per_day"), o.get("within")
+    for field, v in (("target_step_s", step_t), ("target_tokens_per_day", tok_t)):
+        if v is not None and not v > 0:
+            raise PlanInputError(f"{_flag(field)} {v:g}: must be a positive number")
+    if within is not None and objective != "headroom":
+        raise PlanInputError("--within applies to --objective headroom only")
+    if objective == "min-gpus" and (step_t is None) == (tok_t is None):
+        raise PlanInputError("--objective min-gpus needs exactly one of --target-step-s, --target-tokens-per-day")
+    if objective != "min-gpus" and (step_t is not None or tok_t is not None):
+        raise PlanInputError("--target-step-s / --target-tokens-per-day need --objective min-gpus")
+    top_k = o.get("top_k", 5)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise PlanInputError(f"--top-k {top_k!r}: must be a positive integer")
+    inputs = load_inputs(model, cluster, **_job_kwargs(o))
+    headroom = _headroom(o.get("memory_headroom"))
+    if o.get("recompute") is not None:
+        _choice("recompute", o["recompute"], RECOMPUTE_CHOICES)
+    from .document import build_document
+    from .space import SearchSpace
+    one = lambda x: None if x is None else (x,)  # noqa: E731
+    sp_kw: dict[str, Any] = {k: one(o.get(k)) for k in ("tp", "pp", "cp", "ep", "vpp")}
+    for k in ("micro_batch_size", "zero_stage", "recompute"):
+        if o.get(k) is not None:
+            sp_kw[k] = (o[k],)
+    space = SearchSpace(**sp_kw)
+    m, c, n, job = inputs.model, inputs.cluster, inputs.num_gpus, inputs.job
+    fw = job.framework
+    if objective == "min-gpus":
+        from .search import fewest_gpus
+        res, n = fewest_gpus(m, c, job, n, top_k, space, headroom, fw, solver, step_t, tok_t, conv)
+    else:
+        from .search import run_search
+        res = run_search(m, c, job, n, top_k, space, headroom, fw, solver, objective,
+                         DEFAULT_WITHIN if within is None else within, conv)
+    if not res.plans:
+        from .explanation import why_infeasible
+        raise NoFeasiblePlan(why_infeasible(m, c, job, n, res, space, headroom, fw, step_t, tok_t))
+    doc = build_document(m, c, job, n, res.plans)
+    doc._search_stats = SearchStats(res.num_candidates, res.num_feasible, res.num_feasible_exact)
+    return doc
+
+
+def _evaluation(inputs: Inputs, par: ParallelConfig, headroom: float, framework: str, convention: str):
+    from .evaluation import evaluate as run_eval
+    return run_eval(inputs.model, inputs.cluster, inputs.job, par, inputs.num_gpus, headroom, framework, convention)
+
+
+def evaluate(model: ModelLike | None = None, cluster: ClusterLike | None = None,
+             **options: Unpack[LayoutOptions]) -> PlanDocument:
+    """Evaluate one given configuration, feasible or not: the plan document with one plan, whose ``feasible``
+    flag and ``violations`` say whether it fits and which rule it breaks. Options as ``plan``'s job options plus
+    the layout (``tp``, ``pp``, ``cp``, ``ep``, ``etp``, ``vpp``, ``micro_batch_size``, ``zero_stage``,
+    ``recompute``, ``recompute_num_layers``, ``sequence_parallel``, ``first_stage_layers``, ``last_stage_layers``;
+    Megatron-LM's defaults where left out). Raises only input errors (``PlanInputError`` and the loaders')."""
+    from .document import build_document
+    inputs, par, headroom, fw, conv = _layout_problem(model, cluster, dict(options), "evaluate")
+    ev = _evaluation(inputs, par, headroom, fw, conv)
+    return build_document(inputs.model, inputs.cluster, inputs.job, inputs.num_gpus, [ev])
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """``memory``'s answer: the per-stage estimate (bytes), its verdict (``fits`` / ``at risk`` / ``OOM``), and the
+    plan document (``plan3d memory --format json``) whose ``plans[0].memory.stages`` carry the breakdown."""
+
+    inputs: Inputs
+    parallel: ParallelConfig
+    estimate: MemoryEstimate
+    status: str
+    document: PlanDocument
+
+    @property
+    def title(self) -> str:
+        """One-line description of the configuration (the table's title)."""
+        m, c, n, job, par = self.inputs.model, self.inputs.cluster, self.inputs.num_gpus, self.inputs.job, self.parallel
+        return (f"plan3d memory: {m.name} on {n} x {c.gpu.name} ({c.name}), {job.framework}, tp {par.tp} pp {par.pp} "
+                f"dp {par.dp} cp {par.cp} ep {par.ep} vpp {par.vpp}, mbs {par.micro_batch_size}, zero "
+                f"{par.zero_stage}, recompute {par.recompute}, seq {job.seq_length}")
+
+    def raise_if_oom(self) -> None:
+        """Raise ``NoFeasiblePlan`` naming the peak stage when the estimate does not fit (``plan3d memory``'s
+        exit 1)."""
+        if self.status == "OOM":
+            pk, cap = self.estimate.peak_stage, self.estimate.capacity_bytes
+            raise NoFeasiblePlan(f"out of memory: stage {pk.stage} peaks at {pk.total / 2**30:.1f} GiB in {pk.phase} "
+                                 f"> {cap / 2**30:.1f} GiB capacity")
+
+
+def memory(model: ModelLike | None = None, cluster: ClusterLike | None = None,
+           **options: Unpack[MemoryOptions]) -> MemoryReport:
+    """Per-stage memory breakdown of one given configuration (options as ``evaluate``, plus ``capacity_factor``
+    for MoE models). Does not raise for a layout that does not fit: ``status`` says ``OOM`` and ``raise_if_oom``
+    raises. Raises ``PlanInputError`` when the layout has no memory estimate (it breaks a structural rule) or a
+    capacity factor is given for a dense model."""
+    from .document import build_document
+    from .memory_report import status
+    o = dict(options)
+    cf = o.pop("capacity_factor", None)
+    inputs, par, headroom, fw, conv = _layout_problem(model, cluster, o, "memory")
+    ev = _evaluation(inputs, par, headroom, fw, conv)
+    if ev.memory is None:
+        raise PlanInputError("; ".join(v.message for v in ev.violations) or "no memory estimate for this layout")
+    if cf is not None:
+        if inputs.model.moe is None:
+            raise PlanInputError(f"--capacity-factor applies to MoE models; {inputs.model.name} has no experts")
+        if isinstance(cf, bool) or not isinstance(cf, (int, float)) or cf < 1.0:
+            raise PlanInputError(f"--capacity-factor {cf!r}: must be a number >= 1.0")
+        from cost_models.memory import estimate_memory
+
+        from .checks import check_config
+        m, c, job = inputs.model, inputs.cluster, inputs.job
+        ev.memory = estimate_memory(m, c, job, par, capacity_factor=cf)
+        ev.violations = check_config(m, c, job, par, inputs.num_gpus, memory=ev.memory, memory_headroom=headroom,
+                                     framework=fw)
+    doc = build_document(inputs.model, inputs.cluster, inputs.job, inputs.num_gpus, [ev])
+    return MemoryReport(inputs, par, ev.memory, status(ev.memory), doc)
+
+
+@dataclass(frozen=True)
+class ExplainReport:
+    """``explain``'s answer: every constraint of one configuration with its slack (``explanation.constraints``),
+    the binding one (``explanation.binding``) and the evaluation (memory, step time)."""
+
+    inputs: Inputs
+    parallel: ParallelConfig
+    explanation: Explanation
+    memory_headroom: float
+
+    @property
+    def feasible(self) -> bool:
+        return self.explanation.evaluation.feasible
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (``plan3d explain --format json``)."""
+        from .explanation import explanation_rows
+        st = self.explanation.evaluation.step
+        i = self.inputs
+        return {"model": i.model.name, "cluster": i.cluster.name, "num_gpus": i.num_gpus,
+                "parallel": self.parallel.model_dump(mode="json"), "feasible": self.feasible,
+                "memory_headroom": self.memory_headroom, "framework": i.job.framework,
+                "constraints": explanation_rows(self.explanation),
+                "step_s": st.step_s if st else None, "tokens_per_s": st.tokens_per_s if st else None}
+
+    def raise_if_infeasible(self) -> None:
+        """Raise ``NoFeasiblePlan`` naming the binding constraint, its slack and, for memory, the changes on this
+        layout that fit (``plan3d explain``'s exit 1)."""
+        if self.feasible:
+            return
+        from .explanation import format_slack, relief_on_layout
+        b = self.explanation.binding
+        relief = ""
+        if b.unit == "bytes" and self.explanation.evaluation.memory is not None:
+            i = self.inputs
+            tries = relief_on_layout(i.model, i.cluster, i.job, self.parallel, i.num_gpus, self.memory_headroom,
+                                     i.job.framework)
+            relief = (". Changes: " + "; ".join(tries)) if tries else ""
+        raise NoFeasiblePlan(f"configuration infeasible: {b.name} binds ({b.detail}; slack {format_slack(b)})"
+                             f"{relief}")
+
+
+def explain(model: ModelLike | None = None, cluster: ClusterLike | None = None,
+            **options: Unpack[LayoutOptions]) -> ExplainReport:
+    """Every constraint of one given configuration with its slack (options as ``evaluate``). Does not raise for
+    an infeasible configuration: ``raise_if_infeasible`` does."""
+    from .explanation import explain_config
+    inputs, par, headroom, fw, _ = _layout_problem(model, cluster, dict(options), "explain")
+    ex = explain_config(inputs.model, inputs.cluster, inputs.job, par, inputs.num_gpus, headroom, fw)
+    return ExplainReport(inputs, par, ex, headroom)
+
+
+def validate(dataset: str | os.PathLike[str] | None = None) -> ValidationReport:
+    """Run the step-time model over published, measured training runs (default: the packaged dev rows) and
+    return the per-row and per-group errors (``ValidationReport.mape``, ``group_mape()``, ``failures(...)``).
+    Raises ``PlanInputError`` for an unreadable dataset or one with no evaluable row."""
+    from .validation import run_validation
+    rep = run_validation(dataset)
+    if not rep.evaluated:
+        reasons = sorted({r.skipped for r in rep.rows if r.skipped})
+        raise PlanInputError(f"--dataset: no row could be evaluated ({len(rep.rows)} rows"
+                             + (f"; skipped: {'; '.join(reasons[:3])}" if reasons else "") + ")")
+    return rep

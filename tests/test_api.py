@@ -1,0 +1,123 @@
+"""The Python API (``planner.plan/evaluate/memory/explain/validate``) is the CLI's own code path: the same input gives
+the same document, byte for byte, and the same typed errors (issue 15, item 1)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import planner
+from cluster_specs import ClusterSpecError, get_cluster
+from model_zoo import ModelSpecError, get_model
+
+#: (CLI arguments, API keyword arguments) of the same job; the API's names are the options' (``--seq-length`` ->
+#: ``seq_length``)
+PLAN_JOBS = [
+    ((), {}),
+    (("--model", "llama3.1-70b", "--gpus", "64", "--global-batch-size", "512", "--seq-length", "8192"),
+     {"model": "llama3.1-70b", "gpus": 64, "global_batch_size": 512, "seq_length": 8192}),
+    (("--model", "mixtral-8x7b", "--gpus", "32", "--framework", "deepspeed", "--top-k", "3"),
+     {"model": "mixtral-8x7b", "gpus": 32, "framework": "deepspeed", "top_k": 3}),
+    (("--model", "llama2-7b", "--gpus", "16", "--tp", "2", "--objective", "headroom", "--within", "0.1",
+      "--flops-convention", "palm"),
+     {"model": "llama2-7b", "gpus": 16, "tp": 2, "objective": "headroom", "within": 0.1,
+      "flops_convention": "palm"}),
+    (("--model", "gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "512", "--global-batch-size", "1536",
+      "--seq-length", "2048", "--no-flash-attention", "--dropout"),
+     {"model": "gpt3-175b", "cluster": "dgx-a100-80g", "gpus": 512, "global_batch_size": 1536, "seq_length": 2048,
+      "flash_attention": False, "dropout": True}),
+]
+
+LAYOUT = (("--model", "llama3.1-70b", "--gpus", "64", "--tp", "8", "--pp", "4", "--vpp", "5", "--zero-stage", "1",
+           "--sequence-parallel", "--global-batch-size", "256", "--seq-length", "8192"),
+          {"model": "llama3.1-70b", "gpus": 64, "tp": 8, "pp": 4, "vpp": 5, "zero_stage": 1,
+           "sequence_parallel": True, "global_batch_size": 256, "seq_length": 8192})
+
+
+@pytest.mark.parametrize("cli_args,kwargs", PLAN_JOBS)
+def test_plan_api_equals_cli(run_cli, cli_args, kwargs):
+    r = run_cli("plan", *cli_args, "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    doc = planner.plan(**kwargs)
+    assert isinstance(doc, planner.PlanDocument)
+    assert doc.model_dump_json() == r.stdout
+    assert doc.search_stats.num_candidates > 0 and doc.search_stats.num_feasible >= len(doc.plans)
+
+
+def test_evaluate_memory_explain_api_equal_cli(run_cli):
+    cli_args, kwargs = LAYOUT
+    r = run_cli("evaluate", *cli_args, "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    assert planner.evaluate(**kwargs).model_dump_json() == r.stdout
+    r = run_cli("memory", *cli_args, "--format", "json")
+    rep = planner.memory(**kwargs)
+    assert rep.document.model_dump_json() == r.stdout
+    assert round(rep.estimate.peak_bytes) == rep.document.plans[0].memory.peak_bytes
+    assert (r.exit_code == 1) == (rep.status == "OOM")
+    r = run_cli("explain", *cli_args, "--format", "json")
+    ex = planner.explain(**kwargs)
+    assert json.loads(r.stdout) == json.loads(json.dumps(ex.to_dict()))
+    assert (r.exit_code == 0) == ex.feasible
+
+
+def test_api_takes_built_specs():
+    """A ModelSpec / ClusterSpec object works where a name does, with the same answer."""
+    by_name = planner.evaluate("llama3.1-8b", "dgx-h100", gpus=8, tp=2)
+    by_spec = planner.evaluate(get_model("llama3.1-8b"), get_cluster("dgx-h100"), gpus=8, tp=2)
+    assert by_name.model_dump_json() == by_spec.model_dump_json()
+
+
+def test_api_errors_are_typed():
+    with pytest.raises(planner.PlanInputError, match="--precision 'fp4': must be one of bf16, fp16, fp8"):
+        planner.plan(precision="fp4")
+    with pytest.raises(planner.PlanInputError, match="unknown option"):
+        planner.evaluate(tensor_parallel=2)
+    with pytest.raises(planner.PlanInputError, match="--gpus 8 is not divisible by tp\\*pp\\*cp"):
+        planner.evaluate(gpus=8, tp=3)
+    with pytest.raises(planner.PlanInputError, match="--objective min-gpus needs exactly one"):
+        planner.plan(objective="min-gpus")
+    with pytest.raises(ModelSpecError):
+        planner.plan("no-such-model")
+    with pytest.raises(ClusterSpecError):
+        planner.plan(cluster="no-such-cluster")
+    assert planner.ModelSpecError is ModelSpecError and planner.ClusterSpecError is ClusterSpecError
+    # Llama-3.1-405B cannot fit on one node: the binding constraint and the nearest fit are named
+    with pytest.raises(planner.NoFeasiblePlan, match="memory binds by"):
+        planner.plan("llama3.1-405b", gpus=8, global_batch_size=64, seq_length=8192)
+
+
+def test_infeasible_layouts_are_reported_not_raised():
+    doc = planner.evaluate("llama3.1-405b", gpus=8, tp=8)
+    assert not doc.plans[0].feasible and any("GiB usable" in v for v in doc.plans[0].violations)
+    rep = planner.memory("llama3.1-405b", gpus=8, tp=8)
+    assert rep.status == "OOM"
+    with pytest.raises(planner.NoFeasiblePlan, match="out of memory: stage 0"):
+        rep.raise_if_oom()
+    ex = planner.explain("llama3.1-405b", gpus=8, tp=8)
+    with pytest.raises(planner.NoFeasiblePlan, match="memory binds|binds"):
+        ex.raise_if_infeasible()
+
+
+def test_flash_attention_and_dropout_reach_every_command(run_cli):
+    """--no-flash-attention / --dropout change the physics on plan, evaluate, explain and memory alike (issue 9,
+    item 3): the unfused s x s scores are stored (Korthikanti et al. 2022 Table 2: 5as^2b bytes per layer with
+    dropout) and streamed through HBM, so memory and step time both grow."""
+    kw = dict(model="gpt3-175b", cluster="dgx-a100-80g", gpus=512, global_batch_size=1536, seq_length=2048, tp=8,
+              pp=8, micro_batch_size=1, recompute="selective", sequence_parallel=True)
+    fused = planner.evaluate(**kw).plans[0]
+    unfused = planner.evaluate(**kw, flash_attention=False, dropout=True).plans[0]
+    assert unfused.time.step_s > fused.time.step_s
+    assert unfused.memory.peak_bytes > fused.memory.peak_bytes
+    cli = run_cli("evaluate", "--model", "gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "512",
+                  "--global-batch-size", "1536", "--seq-length", "2048", "--tp", "8", "--pp", "8",
+                  "--recompute", "selective", "--sequence-parallel", "--no-flash-attention", "--dropout",
+                  "--format", "json")
+    assert cli.json()["plans"][0]["time"]["step_s"] == unfused.time.step_s
+    ex = planner.explain(**kw, flash_attention=False, dropout=True)
+    assert ex.explanation.evaluation.memory.peak_bytes == unfused.memory.peak_bytes
+    assert planner.memory(**kw, flash_attention=False, dropout=True).estimate.peak_bytes == unfused.memory.peak_bytes
+
+
+def test_validate_api():
+    rep = planner.validate()
+    assert rep.evaluated and rep.mape < 7.0
