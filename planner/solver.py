@@ -202,7 +202,7 @@ def _groups(ctx, num_gpus: int) -> tuple[list[_Group], dict, int]:
     out: list[_Group] = []
     facts = {}
     n_cand = 0
-    n_vpp: dict[tuple, int] = {}
+    vpp_memo: dict[tuple, list[int]] = {}
     for st in structures(model, ctx.cluster, job, num_gpus, space, fw):
         mbss = micro_batch_options(st, job, space)
         sf = _stage_facts(ctx, st) if mbss else None
@@ -210,18 +210,25 @@ def _groups(ctx, num_gpus: int) -> tuple[list[_Group], dict, int]:
             continue
         facts[st] = sf
         per_cell = len(sf.sps) * len(sf.zs) * len(space.recompute)
-        keep = []
+        per_replica = job.global_batch_size // st.dp
+        vpps = {}
+        for whole in (False, True):  # vpp_options depends on m only through m % pp == 0
+            key = (st.pp, st.first, st.last, whole)
+            if key not in vpp_memo:
+                vpp_memo[key] = vpp_options(model, st, st.pp if whole else st.pp + 1, fw, space) if st.pp > 1 \
+                    else vpp_options(model, st, 1, fw, space)
+            vpps[whole] = vpp_memo[key]
+        keep, cells, v1 = [], [], []
         for mbs in mbss:
-            m = job.global_batch_size // (mbs * st.dp)
-            key = (st.pp, st.first, st.last, m % st.pp == 0)  # vpp_options depends on m only through m % pp
-            if key not in n_vpp:
-                n_vpp[key] = len(vpp_options(model, st, m, fw, space))
-            cells = per_cell * n_vpp[key]
-            n_cand += cells
-            if not dominated_by_cp_twin(st.cp, mbs, space):
-                keep.append((mbs, cells))
-        for (mbs, cells), lb in zip(keep, busiest_rank_bounds(ctx, sf, [x for x, _ in keep])):
-            out.append(_Group(st, mbs, lb, cells))
+            whole = (per_replica // mbs) % st.pp == 0
+            n = per_cell * len(vpps[whole])
+            n_cand += n
+            if st.cp == 1 or not dominated_by_cp_twin(st.cp, mbs, space):
+                keep.append(mbs)
+                cells.append(n)
+                v1.append(vpps[whole] == [1])
+        for mbs, n, lb in zip(keep, cells, busiest_rank_bounds(ctx, sf, keep, v1)):
+            out.append(_Group(st, mbs, lb, n))
     order = sorted(range(len(out)), key=lambda i: (out[i].lb0, i))
     return [out[i] for i in order], facts, n_cand
 
@@ -239,11 +246,11 @@ def solve(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: in
     tm: dict[str, float] = {}
     t0 = time.perf_counter()
     ctx = context(model, cluster, job, space, framework, memory_headroom)
+    limit = cluster.gpu.memory_bytes * (1 - memory_headroom)
     groups, facts, n_cand = _groups(ctx, num_gpus)
     tm["bounds"] = time.perf_counter() - t0
     if not groups:
         return SolveResult([], n_cand, 0, 0, "NO_CANDIDATES", None, timings_s=tm)
-    limit = cluster.gpu.memory_bytes * (1 - memory_headroom)
     T = Tables()
     cache: dict = {}
     seen: dict[tuple, Evaluation] = {}

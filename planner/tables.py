@@ -67,11 +67,12 @@ class Tables:
     X: list = field(default_factory=list)  # [k][slot][sp][v] activations (bytes)
     Z: list = field(default_factory=list)  # [k][sp][z] bound on pipeline + hidden-DP/ZeRO-3 terms (s), 0 if none
     O: list = field(default_factory=list)  # [k][z] optimizer + fully exposed DP (s)
+    D: list = field(default_factory=list)  # [k][z] DP / ZeRO-3 time always added to the pipeline (s)
     slots: int = 1
 
-    def add(self, key, A, P, E, W, X, Z, O) -> None:
+    def add(self, key, A, P, E, W, X, Z, O, D) -> None:
         self.keys.append(key)
-        for name, val in (("A", A), ("P", P), ("E", E), ("W", W), ("X", X), ("Z", Z), ("O", O)):
+        for name, val in (("A", A), ("P", P), ("E", E), ("W", W), ("X", X), ("Z", Z), ("O", O), ("D", D)):
             getattr(self, name).append(val)
         self.slots = max(self.slots, len(W))
 
@@ -91,18 +92,23 @@ class Tables:
         return A, P, E, W, X
 
     def tight(self, A, P):
-        """Per-cell step bound ``A + max(P, Z) + O`` over (k, sp, v, z): tighter than the additive ``A + P + E``
-        that CP-SAT minimises (it keeps the max of the pipeline and the DP/ZeRO-3 bounds per cell)."""
+        """Per-cell step bound ``A + max(P + D, Z) + O`` over (k, sp, v, z): tighter than the additive
+        ``A + P + E`` that CP-SAT minimises (it keeps the max of the pipeline and the DP/ZeRO-3 bounds per cell)."""
         n = len(self.keys)
         Z = np.array(self.Z, dtype=float).reshape(n, 2, 4)
         O = np.array(self.O, dtype=float).reshape(n, 4)
-        return A[:, None, :, None] + np.maximum(P[:, :, :, None], Z[:, :, None, :]) + O[:, None, None, :]
+        D = np.array(self.D, dtype=float).reshape(n, 4)
+        return A[:, None, :, None] + np.maximum(P[:, :, :, None] + D[:, None, None, :],
+                                                Z[:, :, None, :]) + O[:, None, None, :]
 
 
 def _layer_lb(model, cluster, job, par, layer, groups, exposed_comm: bool = False):
-    """Lower bounds of one layer's forward and backward seconds per micro-batch (no recompute) and its
-    recompute seconds under (selective, full), from ``cost_models.step_time``'s per-layer costs (``_layer_cost``)
-    with the framework with the fewest elementwise passes (Megatron) and no host-time floor. ``exposed_comm``: TP
+    """Lower bounds of one layer's seconds per micro-batch from ``cost_models.step_time``'s per-layer costs
+    (``_layer_cost``) with the framework with the fewest elementwise passes (Megatron) and no host-time floor:
+    (forward, backward without recompute, selective recompute, full recompute, forward and backward without the
+    context-parallel ring (an MTP layer's)). MoE layers add the routing bookkeeping per token copy and the host
+    time per local expert (``MOE_TOKEN_COPY_S``, ``MOE_EXPERT_HOST_S`` of the job's expert GEMM format; the step
+    model drops the host time only under a full-iteration CUDA graph, which the search never sets). ``exposed_comm``: TP
     and EP communication fully exposed (the step model's defaults for Megatron-LM, DeepSpeed and torchtitan: TP
     overlap only for NeMo, EP overlap only on request); otherwise at their smallest exposed share. Falls back to
     zeros (a trivially valid bound) if the step model's internals change."""
@@ -110,13 +116,23 @@ def _layer_lb(model, cluster, job, par, layer, groups, exposed_comm: bool = Fals
         x = stm._layer_cost(model, cluster, job, par, layer, "megatron", groups)
         tp_exp = 1.0 if exposed_comm else min(1.0, float(getattr(stm, "TP_OVERLAP_EXPOSED", 0.0)))
         ep_exp = 1.0 if exposed_comm else min(1.0, float(getattr(stm, "EP_OVERLAP_EXPOSED", 0.0)))
+        extra = 0.0
+        if model.moe is not None and model.is_moe_layer(layer):
+            tok = par.micro_batch_size * job.seq_length / par.cp
+            extra = float(getattr(stm, "MOE_TOKEN_COPY_S", 0.0)) * tok * model.moe.top_k / par.tp
+            # the FP8 recipe estimate_step assumes when the evaluation gives none (Blackwell: MXFP8, else per-tensor);
+            # were that default to change, a bound above a scalar value only triggers the solver's rescaling
+            recipe = "mx" if "fp4" in cluster.gpu.peak_flops else "cs"
+            key = recipe if job.precision == "fp8" else "bf16"
+            extra += float(getattr(stm, "MOE_EXPERT_HOST_S", {}).get(key, 0.0)) * model.moe.num_experts / par.ep
     except Exception:  # pragma: no cover - depends on another module's private API
-        return 0.0, 0.0, 0.0, 0.0
-    comp_f = x.gemm + x.attn_f + x.mem
-    comp_b = 2 * x.gemm + x.attn_b + 2 * x.mem
-    comm_f = x.tp * tp_exp + x.cp + x.ep * ep_exp
-    comm_b = x.tp * tp_exp + 2 * x.cp + x.ep * ep_exp
-    return comp_f + comm_f, comp_b + comm_b, x.attn_f, comp_f + comm_f
+        return 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+    comp_f = x.gemm + x.attn_f + x.mem + extra / 3
+    comp_b = 2 * x.gemm + x.attn_b + 2 * x.mem + 2 * extra / 3
+    comm_f = x.tp * tp_exp + x.ep * ep_exp
+    comm_b = x.tp * tp_exp + x.ep * ep_exp
+    return (comp_f + comm_f + x.cp, comp_b + comm_b + 2 * x.cp, x.attn_f, comp_f + comm_f + x.cp,
+            x.gemm + x.attn_f + x.mem + comm_f, 2 * (x.gemm + x.mem) + x.attn_b + comm_b)
 
 
 @dataclass
@@ -140,7 +156,9 @@ class _Ctx:
     logit_bpe: float
     adam: float
     partial_rc: bool
-    least_rc: tuple[str, ...]      # the recompute settings searched with the least activation memory
+    least_rc: tuple[str, ...]      # the recompute settings searched
+    n_mtp: int                     # multi-token-prediction layers, run on the last stage
+    last_type: int                 # layer type of the last decoder layer (what an MTP layer costs like)
     cache: dict = field(default_factory=dict)
 
     def memo(self, key: tuple, make):
@@ -179,7 +197,8 @@ def context(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, space: Sea
                 float(cluster.calibration.memory_reserve_bytes), rate, hbm,
                 1.0 if job.precision == "fp8" else float(BYTES_16BIT), float(getattr(stm, "CE_PASSES", 0.0)),
                 logit_bpe, float(getattr(stm, "ADAM_HBM_BYTES_PER_PARAM", 0.0)),
-                framework.split("_")[0] in PARTIAL_RECOMPUTE_FRAMEWORKS, tuple(space.recompute))
+                framework.split("_")[0] in PARTIAL_RECOMPUTE_FRAMEWORKS, tuple(space.recompute),
+                model.num_mtp_layers, 1 if model.is_moe_layer(model.num_layers - 1) else 0)
 
 
 @dataclass
@@ -259,6 +278,7 @@ class _Stages:
     ag3: float = 0.0
     dp_full: bool = True
     o_coef: dict[int, tuple[float, float]] = field(default_factory=dict)   # z -> (a, c): O[z] = a + m c seconds
+    n_hi: int = 1                               # most decoder layers on one rank
     has_comm: bool = False
 
 
@@ -273,7 +293,9 @@ def _stage_facts(ctx: _Ctx, st: Structure) -> _Stages | None:
     etp = st.etp if st.etp is not None else tp
     vocab = ctx.memo(("vocab", tp), lambda: ctx.model.padded_vocab_size(tp))
     edp = max(1, tp * st.dp * st.cp // (etp * st.ep))   # ParallelConfig.expert_dp
-    return _Stages(st, _layout(ctx, st), zs, sps, vocab, _placements(ctx, st), st.dp * st.cp, edp)
+    lay = _layout(ctx, st)
+    return _Stages(st, lay, zs, sps, vocab, _placements(ctx, st), st.dp * st.cp, edp,
+                   n_hi=max(1, max(len(r) for r in lay.ranges)))
 
 
 def _with_states(ctx: _Ctx, sf: _Stages) -> None:
@@ -305,17 +327,23 @@ def _new_states(ctx: _Ctx, sf: _Stages):
             if z not in sf.zs:
                 row.append(INVALID)  # never read: W[z] of a ZeRO stage the framework rules exclude
                 continue
-            best = math.inf
-            for fw in ctx.fws:
-                try:
-                    a = (sum(model_state_terms(fw, z, sp_.dense, sf.shard))
-                         + sum(model_state_terms(fw, z, sp_.expert, sf.edp)))
-                except Exception:  # pragma: no cover
-                    a = 0.0
-                best = min(best, a)
-            row.append(best)
+            row.append(min(_state_bytes(ctx, fw, z, sp_.dense, sf.shard) + _state_bytes(ctx, fw, z, sp_.expert, sf.edp)
+                           for fw in ctx.fws))
         states.append(row)
     return states, max(sparams, key=lambda x: x.total)
+
+
+def _state_bytes(ctx: _Ctx, fw: str, z: int, params: float, shard: int) -> float:
+    """``memory.model_state_terms`` summed (bytes), cached: the dense part is shared by every ep and etp."""
+    key = ("state", fw, z, params, shard)
+    got = ctx.cache.get(key)
+    if got is None:
+        try:
+            got = float(sum(model_state_terms(fw, z, params, shard)))
+        except Exception:  # pragma: no cover
+            got = 0.0
+        ctx.cache[key] = got
+    return got
 
 
 def _comm_facts(ctx: _Ctx, sf: _Stages) -> None:
@@ -458,6 +486,18 @@ def _new_microbatch_facts(ctx: _Ctx, sf: _Stages, mbs: int) -> _MicroBatch:
     return _MicroBatch(mbs, m, tok, lg, ce, emb, logits_b, lay)
 
 
+def _end_extras(ctx: _Ctx, lt: dict[int, tuple], lg: float, ce: float) -> tuple[float, float]:
+    """Forward and backward seconds per micro-batch the last stage adds: the output layer (logits GEMM ``lg`` and
+    the cross-entropy ``ce``) and each MTP module (its own logits, and one decoder layer without the CP ring:
+    DeepSeek-V3 Sec. 2.2, ``step_time``)."""
+    heads = 1 + ctx.n_mtp
+    f, b = heads * (lg + ce), heads * (2 * lg + ce)
+    if ctx.n_mtp and ctx.last_type in lt:
+        f += ctx.n_mtp * lt[ctx.last_type][4]
+        b += ctx.n_mtp * lt[ctx.last_type][5]
+    return f, b
+
+
 def _with_memory_facts(ctx: _Ctx, sf: _Stages, mb: _MicroBatch) -> None:
     """vpp choices, in-flight micro-batches per vpp and slot, the activations of every (sp, recompute), and the
     model states (``_with_states``)."""
@@ -472,18 +512,20 @@ def _with_memory_facts(ctx: _Ctx, sf: _Stages, mb: _MicroBatch) -> None:
             mb.acts[(sp, rc)] = _activations(ctx, sf.st, mb.mbs, sp, rc)
 
 
-def busiest_rank_bounds(ctx: _Ctx, sf: _Stages, mbss) -> list[float]:
+def busiest_rank_bounds(ctx: _Ctx, sf: _Stages, mbss, only_v1) -> list[float]:
     """For each micro-batch of ``mbss``: a lower bound (seconds) of the tight bound ``A + max(P, Z) + O`` of every
     candidate of (structure, micro-batch), cheap enough for the whole space: ``P`` by the busiest rank's
-    m x (forward + backward) per micro-batch, and ``Z`` with the smallest per-rank forward / backward, both at no
-    recompute (recompute only adds) and the smaller sp setting; the smallest ``max(P, Z[z]) + O[z]`` over the
-    ZeRO stages. Per-layer costs and the DP / optimizer terms are cached (``_layer_costs``, ``_comm_facts``)."""
+    m x (forward + backward) per micro-batch, or the vpp-1 pipeline bound when vpp 1 is the only choice
+    (``only_v1``, one flag per micro-batch), and ``Z`` with the smallest per-rank forward / backward, all at no
+    recompute (recompute only adds) and the smaller sp setting; the smallest ``max(P, Z[z]) + O[z]`` over the ZeRO
+    stages. Per-layer costs and the DP / optimizer terms are cached (``_layer_costs``, ``_comm_facts``)."""
     _comm_facts(ctx, sf)
     st, job, cache = sf.st, ctx.job, ctx.cache
     pp, dp, tp, h, vocab = st.pp, st.dp, st.tp, ctx.model.hidden_size, sf.vocab
-    first_last = [(stage == 0, stage == pp - 1, nd, nm) for stage, nd, nm, _ in sf.lay.groups]
+    slots = [(stage == 0, stage == pp - 1, nd, nm) for stage, nd, nm, _ in sf.lay.groups]
+    runs = [(g, cnt) for g, _, _, cnt, _ in _runs(ctx, sf.lay, pp, 1)] if pp > 1 else [(0, 1)]
     out = []
-    for mbs in mbss:
+    for mbs, v1 in zip(mbss, only_v1):
         m = job.global_batch_size // (mbs * dp)
         tok = mbs * job.seq_length / st.cp
         lg = cache.get(("lg", tp, tok))
@@ -495,22 +537,31 @@ def busiest_rank_bounds(ctx: _Ctx, sf: _Stages, mbss) -> list[float]:
         for sp in sf.sps:
             lt = _layer_costs(ctx, st, mbs, sp)
             d, e = lt.get(0), lt.get(1)
+            lf, lb = _end_extras(ctx, lt, lg, ce)
             busy, f0, b0 = 0.0, math.inf, math.inf
-            for is_first, is_last, nd, nm in first_last:
+            fbs = []
+            for is_first, is_last, nd, nm in slots:
                 f = b = 0.0
                 if nd and d is not None:
                     f, b = nd * d[0], nd * d[1]
                 if nm and e is not None:
                     f, b = f + nm * e[0], b + nm * e[1]
                 if is_last:
-                    f, b = f + lg + ce, b + 2 * lg + ce
+                    f, b = f + lf, b + lb
                 if is_first:
                     f, b = f + emb, b + 2 * emb
+                fbs.append(f + b)
                 busy = max(busy, f + b)
                 f0, b0 = min(f0, f), min(b0, b)
-            busy *= m
+            if v1:  # _pipeline_bound at vpp 1: the first micro-batch through the ranks before each run
+                p = pre = 0.0
+                for g, cnt in runs:
+                    p = max(p, pre + (cnt - 1 + m) * fbs[g])
+                    pre += cnt * fbs[g]
+            else:
+                p = m * busy
             for z, (a, c) in sf.o_coef.items():
-                best = min(best, max(busy, _z_bound(sf, m, z, f0, b0)) + a + m * c)
+                best = min(best, max(p + _d_bound(sf, m, z), _z_bound(sf, m, z, f0, b0)) + a + m * c)
         out.append(best)
     return out
 
@@ -540,7 +591,7 @@ def group_bound(ctx: _Ctx, sf: _Stages, mbs: int, mem_limit: float) -> tuple[flo
     best, fits = math.inf, 0
     for rc in ctx.space.recompute:
         for sp in sf.sps:
-            x = [_stored(ctx, mb, sp, rc, stage, nd, nm) * infl1[j] + _biggest(mb, sp, rc, nd, nm)
+            x = [_stored(ctx, mb, sp, rc, stage, nd, nm, pp) * infl1[j] + _biggest(ctx, mb, sp, rc, stage, nd, nm, pp)
                  for j, (stage, nd, nm, _) in enumerate(slots)]
             ok = [z for z in sf.zs if max(wj[z] + xj for wj, xj in zip(w, x)) <= mem_limit]
             if not ok:
@@ -548,17 +599,19 @@ def group_bound(ctx: _Ctx, sf: _Stages, mbs: int, mem_limit: float) -> tuple[flo
             fits += len(ok) * len(mb.vpps)
             fb = _rank_fb(ctx, mb, rc, sp, _min_recomputed_layers(ctx, sf, mb, rc, sp, 1))
             busy, f0, b0 = 0.0, math.inf, math.inf
+            lf, lb = _end_extras(ctx, mb.lay[sp], mb.lg, mb.ce)
             for stage, nd, nm, _ in slots:
                 f, b = fb(nd, nm)
                 if stage == pp - 1:
-                    f, b = f + mb.lg + mb.ce, b + 2 * mb.lg + mb.ce
+                    f, b = f + lf, b + lb
                 if stage == 0:
                     f, b = f + mb.emb, b + 2 * mb.emb
                 busy = max(busy, f + b)
                 f0, b0 = min(f0, f), min(b0, b)
             p = _pipeline_bound(ctx, sf, mb, fb, 1) if only_v1 else mb.m * busy
             for z in ok:
-                best = min(best, max(p, _z_bound(sf, mb.m, z, f0, b0)) + _o_bound(ctx, sf, mb.m, z))
+                best = min(best, max(p + _d_bound(sf, mb.m, z), _z_bound(sf, mb.m, z, f0, b0))
+                           + _o_bound(ctx, sf, mb.m, z))
     return best, fits
 
 
@@ -571,6 +624,16 @@ def _z_bound(sf: _Stages, m: int, z: int, f0: float, b0: float) -> float:
     if z >= 3 and (sf.shard > 1 or sf.edp > 1):
         return m * (max(f0, sf.ag3) + max(b0, sf.ag3 + sf.rs3))
     return 0.0
+
+
+def _d_bound(sf: _Stages, m: int, z: int) -> float:
+    """The ``D`` table's value: ZeRO-3 / FSDP time the step model adds to the pipeline in any case. Every forward
+    and backward pass of every micro-batch exposes at least its first layer's all-gather, and the last backward its
+    last layer's reduce-scatter (``step_time.fsdp_exposed_s`` >= (gather + reduce) / layers, with at most
+    ``n_hi`` layers on the busiest rank): (2 m ag + rs) / n_hi."""
+    if z < 3 or sf.shard == 1:
+        return 0.0
+    return (2 * m * sf.ag3 + sf.rs3) / sf.n_hi
 
 
 def _o_bound(ctx: _Ctx, sf: _Stages, m: int, z: int) -> float:
@@ -598,30 +661,42 @@ def _o_coefficients(ctx: _Ctx, sf: _Stages) -> dict[int, tuple[float, float]]:
     return out
 
 
-def _stored(ctx: _Ctx, mb: _MicroBatch, sp: bool, rc: str, stage: int, nd: int, nm: int) -> float:
+def _stored(ctx: _Ctx, mb: _MicroBatch, sp: bool, rc: str, stage: int, nd: int, nm: int, pp: int) -> float:
     """Stored activation bytes of one micro-batch on a stage with nd dense and nm MoE layers (token ids on the
-    first stage); full recompute keeps only each layer's input (the least of any recompute_num_layers)."""
+    first stage, the MTP layers on the last: ``memory.estimate_memory``); full recompute keeps only each layer's
+    input (the least of any recompute_num_layers)."""
     per_t, lin = mb.acts[(sp, rc)]
+    if stage == pp - 1 and ctx.n_mtp:
+        nd, nm = (nd, nm + ctx.n_mtp) if ctx.last_type else (nd + ctx.n_mtp, nm)
     stored = lin * (nd + nm) if rc == "full" else nd * per_t.get(0, 0.0) + nm * per_t.get(1, 0.0)
     return stored + (TOKEN_ID_BYTES * mb.tok if stage == 0 else 0.0)
 
 
-def _biggest(mb: _MicroBatch, sp: bool, rc: str, nd: int, nm: int) -> float:
-    """The largest layer's activation bytes (its working set while it runs)."""
+def _biggest(ctx: _Ctx, mb: _MicroBatch, sp: bool, rc: str, stage: int, nd: int, nm: int, pp: int) -> float:
+    """The running layer's working set (bytes): the largest layer's activations, twice under full recompute (the
+    recomputed layer and the gradients of its activations: ``memory.estimate_memory``)."""
     per_t, _ = mb.acts[(sp, rc)]
-    return max([per_t[t] for t, c in ((0, nd), (1, nm)) if c and t in per_t], default=0.0)
+    if stage == pp - 1 and ctx.n_mtp:
+        nd, nm = (nd, nm + ctx.n_mtp) if ctx.last_type else (nd + ctx.n_mtp, nm)
+    big = max([per_t[t] for t, c in ((0, nd), (1, nm)) if c and t in per_t], default=0.0)
+    return 2 * big if rc == "full" else big
 
 
 def _min_recomputed_layers(ctx: _Ctx, sf: _Stages, mb: _MicroBatch, rc: str, sp: bool, v: int) -> int:
-    """Smallest N (full recompute, recomputed layers per chunk) whose memory lower bound fits on every slot j
-    (per slot: w + (lin N + (L - N) a_min + token ids) x in-flight + largest layer <= limit); 1 when the
-    framework recomputes every layer or no headroom is given."""
+    """A lower bound of N, the recomputed layers per model chunk (Megatron ``--recompute-num-layers``, the same
+    for every chunk of every stage) of a full-recompute candidate at vpp ``v`` that fits: on every slot the
+    memory lower bound ``w + (lin n + (L - n) a_min + token ids) x in-flight + 2 x largest layer`` must fit the
+    limit, which needs n >= need recomputed layers of the stage (L its layers, MTP included on the last stage),
+    and a stage of v chunks recomputes at most v N, so N >= ceil(need / v). 1 when the framework recomputes every
+    layer or no headroom is given."""
     if rc != "full" or not ctx.partial_rc or ctx.mem_lim is None:
         return 1
     per_t, lin = mb.acts[(sp, rc)]
     pp = sf.st.pp
     need = 1
     for j, (stage, nd, nm, rg) in enumerate(sf.lay.groups):
+        if stage == pp - 1 and ctx.n_mtp:
+            nd, nm = (nd, nm + ctx.n_mtp) if ctx.last_type else (nd + ctx.n_mtp, nm)
         present = [per_t[t] for t, c in ((0, nd), (1, nm)) if c and t in per_t]
         if not present:
             continue
@@ -630,17 +705,18 @@ def _min_recomputed_layers(ctx: _Ctx, sf: _Stages, mb: _MicroBatch, rc: str, sp:
         w = min(sf.states[j][z] for z in sf.zs) + ctx.reserve + (mb.logits_b if stage == pp - 1 else 0.0)
         infl = mb.inflight[v][j] if v in mb.inflight else _in_flight(ctx, pp, v, stage, mb.m)
         tid = TOKEN_ID_BYTES * mb.tok if stage == 0 else 0.0
-        over = w + (n_l * a_min + tid) * infl + big - ctx.mem_lim
+        over = w + (n_l * a_min + tid) * infl + 2 * big - ctx.mem_lim
         if over <= 0 or a_min <= lin or infl <= 0:
             continue
         need = max(need, min(n_l, math.ceil(over / ((a_min - lin) * infl) - 1e-9)))
-    return need
+    return max(1, -(-need // v))
 
 
 def _rank_fb(ctx: _Ctx, mb: _MicroBatch, rc: str, sp: bool, nlb: int):
     """``fb(nd, nm, nch=1)``: lower bounds of the forward and backward seconds per micro-batch of nd dense and nm
     MoE layers in ``nch`` model chunks under recompute ``rc``. Full recompute with a derivable N
-    (planner.recompute) re-runs at least min(nlb, chunk layers) layers per chunk, every layer otherwise."""
+    (planner.recompute) re-runs at least min(nlb, chunk layers) layers per chunk (``nlb`` a lower bound of N,
+    chunks of at least floor(layers / nch)), every layer otherwise."""
     lt = mb.lay[sp]
     memo: dict[tuple, tuple[float, float]] = {}
     partial = ctx.partial_rc
@@ -652,7 +728,7 @@ def _rank_fb(ctx: _Ctx, mb: _MicroBatch, rc: str, sp: bool, nlb: int):
             full_min = math.inf
             for t, n in ((0, nd), (1, nm)):
                 if n and t in lt:
-                    lf, lb, sel, full = lt[t]
+                    lf, lb, sel, full = lt[t][:4]
                     f += n * lf
                     b += n * (lb + (sel if rc == "selective" else full if rc == "full" and not partial else 0.0))
                     full_min = min(full_min, full)
@@ -660,6 +736,7 @@ def _rank_fb(ctx: _Ctx, mb: _MicroBatch, rc: str, sp: bool, nlb: int):
                 b += nch * min(nlb, (nd + nm) // nch) * full_min
             memo[key] = (f, b)
         return memo[key]
+    fb.lay = lt
     return fb
 
 
@@ -670,12 +747,13 @@ def _pipeline_bound(ctx: _Ctx, sf: _Stages, mb: _MicroBatch, fb, v: int, minima:
     per-rank (forward, backward)."""
     pp = sf.st.pp
     best = pre = 0.0
+    lf, lb = _end_extras(ctx, fb.lay, mb.lg, mb.ce)
     for g, nd0, nm0, cnt, r0 in _runs(ctx, sf.lay, pp, v):
         stage, nd, nm, rg = sf.lay.groups[g]
         f, b = fb(nd, nm, v)
         if r0 + cnt - 1 == pp - 1:
-            f += mb.lg + mb.ce
-            b += 2 * mb.lg + mb.ce
+            f += lf
+            b += lb
         if r0 == 0:
             f += mb.emb
             b += 2 * mb.emb
@@ -708,7 +786,7 @@ def pipeline_table(ctx: _Ctx, sf: _Stages, mb: _MicroBatch, rc: str):
 
 
 def dp_table(ctx: _Ctx, sf: _Stages, mb: _MicroBatch, P, fb_min):
-    """``E[z]``, ``Z[sp][z]`` and ``O[z]`` (seconds) of the data-parallel / ZeRO terms.
+    """``E[z]``, ``Z[sp][z]``, ``O[z]`` and ``D[z]`` (seconds) of the data-parallel / ZeRO terms.
 
     The step model adds to the pipeline makespan (>= m x (f_B + b_B) on the busiest rank B) the gathers and
     reductions that rank B's forward f_B / backward b_B cannot hide:
@@ -717,20 +795,22 @@ def dp_table(ctx: _Ctx, sf: _Stages, mb: _MicroBatch, P, fb_min):
     * overlapped DP: max(0, rs - b_B) + max(0, ag - f_B)  =>  step >= (m-1)(f_B + b_B) + max(f_B, ag) + max(b_B, rs)
 
     with f_B, b_B >= the smallest per-rank lower bounds (``_z_bound``), plus the optimizer step and the exposed
-    DP terms (``_o_bound``). E adds what exceeds the largest P of this k, so P + E stays below the step time for
-    every (sp, vpp).
+    DP terms (``_o_bound``); ``D`` (``_d_bound``) is added to the pipeline bound (step >= P + D + O). E adds
+    max(D, what Z exceeds the largest P of this k by), so P + E stays below the step time for every (sp, vpp).
     """
     _comm_facts(ctx, sf)
     pmax = max((x for row in P for x in row if x != INVALID), default=0.0)
     E = [INVALID] * 4
     O = [INVALID] * 4
+    D = [INVALID] * 4
     Zk = [[0.0] * 4 for _ in range(2)]
     for z in sf.zs:
         O[z] = _o_bound(ctx, sf, mb.m, z)
+        D[z] = _d_bound(sf, mb.m, z)
         for sp in sf.sps:
             Zk[int(sp)][z] = _z_bound(sf, mb.m, z, *fb_min[sp])
-        E[z] = O[z] + max(0.0, min(Zk[int(sp)][z] for sp in sf.sps) - pmax)
-    return E, Zk, O
+        E[z] = O[z] + max(D[z], min(Zk[int(sp)][z] for sp in sf.sps) - pmax)
+    return E, Zk, O, D
 
 
 def memory_table(ctx: _Ctx, sf: _Stages, mb: _MicroBatch, rc: str):
@@ -742,7 +822,8 @@ def memory_table(ctx: _Ctx, sf: _Stages, mb: _MicroBatch, rc: str):
         Wk.append([sf.states[j][z] + ctx.reserve + (mb.logits_b if stage == pp - 1 else 0.0) for z in ZEROS])
         xs = [[0.0] * V for _ in range(2)]
         for sp in sf.sps:
-            stored, biggest = _stored(ctx, mb, sp, rc, stage, nd, nm), _biggest(mb, sp, rc, nd, nm)
+            stored = _stored(ctx, mb, sp, rc, stage, nd, nm, pp)
+            biggest = _biggest(ctx, mb, sp, rc, stage, nd, nm, pp)
             for v in mb.vpps:
                 xs[int(sp)][v - 1] = stored * mb.inflight[v][j] + biggest
         Xk.append(xs)
@@ -755,9 +836,9 @@ def add_group_tables(ctx: _Ctx, T: Tables, sf: _Stages, mbs: int) -> None:
     _with_memory_facts(ctx, sf, mb)
     for rc in ctx.space.recompute:
         A, P, fb_min = pipeline_table(ctx, sf, mb, rc)
-        E, Z, O = dp_table(ctx, sf, mb, P, fb_min)
+        E, Z, O, D = dp_table(ctx, sf, mb, P, fb_min)
         W, X = memory_table(ctx, sf, mb, rc)
-        T.add((sf.st, mbs, rc), A, P, E, W, X, Z, O)
+        T.add((sf.st, mbs, rc), A, P, E, W, X, Z, O, D)
 
 
 def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int,
