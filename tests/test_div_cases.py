@@ -193,3 +193,16 @@ def test_expert_tensor_parallel_options_and_grid():
     assert {p.expert_tp for p in candidates(m, H100, JOB, 32, fsdp, framework="torchtitan")
             if p.ep > 1 and p.tp == 8} == {1, 8}
     assert all(p.expert_tp == 1 for p in candidates(m, H100, JOB, 32, sp, framework="deepspeed") if p.ep > 1)
+
+
+def test_expert_tensor_parallel_rules_are_checked():
+    """The checker rejects an expert width etp does not split (Megatron ``divide``) and, for torchtitan, any etp
+    other than 1 or tp (issue 11: the search now proposes every divisor of tp for Megatron)."""
+    m = get_model("mixtral-8x7b")  # expert FFN 14336 = 2^11 x 7
+    par = ParallelConfig(tp=8, pp=1, dp=4, ep=8, etp=2, sequence_parallel=True)
+    assert not {"expert_ffn_etp", "torchtitan_etp"} & _names(m, par, 32)
+    assert "torchtitan_etp" in _names(m, par.model_copy(update={"zero_stage": 3}), 32, framework="torchtitan")
+    assert "torchtitan_etp" not in _names(m, par.model_copy(update={"etp": 8, "zero_stage": 3}), 32,
+                                          framework="torchtitan")
+    odd = ParallelConfig(tp=6, pp=1, dp=4, ep=8, etp=3, sequence_parallel=True)
+    assert "expert_ffn_etp" in _names(m, odd, 24)
