@@ -105,6 +105,7 @@ class PlanOptions(JobOptions, total=False):
     within: float | None
     target_step_s: float | None
     target_tokens_per_day: float | None
+    global_batch_size_tolerance: float | None
     tp: int | None
     pp: int | None
     cp: int | None
@@ -276,6 +277,9 @@ def plan(model: ModelLike | None = None, cluster: ClusterLike | None = None,
     ``flops_convention`` megatron), the search (``top_k`` 5, ``solver`` cpsat|enumerate, ``objective``
     throughput|headroom|min-gpus with ``within`` / ``target_step_s`` / ``target_tokens_per_day``) and pins
     (``tp``, ``pp``, ``cp``, ``ep``, ``vpp``, ``micro_batch_size``, ``zero_stage``, ``recompute``).
+    ``global_batch_size_tolerance`` F (a fraction in [0, 1)): when the requested global batch does not plan, plan
+    the nearest one within F of it that does (``planner.near_miss.choose_batch``); the document's
+    ``input.job.requested_global_batch_size`` holds the request and ``global_batch_size`` the batch planned.
     The document's ``search_stats`` tells how many candidates were examined and found feasible.
 
     Raises ``NoFeasiblePlan`` (nothing fits: the message names the binding constraint, by how much, and the
@@ -296,6 +300,12 @@ def plan(model: ModelLike | None = None, cluster: ClusterLike | None = None,
         raise PlanInputError("--objective min-gpus needs exactly one of --target-step-s, --target-tokens-per-day")
     if objective != "min-gpus" and (step_t is not None or tok_t is not None):
         raise PlanInputError("--target-step-s / --target-tokens-per-day need --objective min-gpus")
+    tol = o.get("global_batch_size_tolerance")
+    if tol is not None:
+        if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0.0 <= tol < 1.0:
+            raise PlanInputError(f"--global-batch-size-tolerance {tol!r}: must be a fraction in [0, 1)")
+        if objective == "min-gpus":
+            raise PlanInputError("--global-batch-size-tolerance applies to --objective throughput or headroom")
     top_k = o.get("top_k", 5)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise PlanInputError(f"--top-k {top_k!r}: must be a positive integer")
@@ -320,10 +330,17 @@ def plan(model: ModelLike | None = None, cluster: ClusterLike | None = None,
         from .search import run_search
         res = run_search(m, c, job, n, top_k, space, headroom, fw, solver, objective,
                          DEFAULT_WITHIN if within is None else within, conv)
+        if not res.plans and tol:
+            from .near_miss import choose_batch
+            gbs = choose_batch(m, c, job, n, tol, space, headroom, fw, solver, conv)
+            if gbs is not None:
+                job = job.model_copy(update={"global_batch_size": gbs})
+                res = run_search(m, c, job, n, top_k, space, headroom, fw, solver, objective,
+                                 DEFAULT_WITHIN if within is None else within, conv)
     if not res.plans:
         from .explanation import why_infeasible
         raise NoFeasiblePlan(why_infeasible(m, c, job, n, res, space, headroom, fw, step_t, tok_t))
-    doc = build_document(m, c, job, n, res.plans)
+    doc = build_document(m, c, job, n, res.plans, inputs.job.global_batch_size if tol is not None else None)
     doc._search_stats = SearchStats(res.num_candidates, res.num_feasible, res.num_feasible_exact)
     return doc
 

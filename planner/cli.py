@@ -249,6 +249,10 @@ def plan(
     pin_zero: Annotated[Optional[int], typer.Option("--zero-stage", min=0, max=3, help="pin ZeRO stage")] = None,
     pin_rc: Annotated[Optional[RecomputeOpt], typer.Option("--recompute", help="pin recompute")] = None,
     flops_convention: FlopsOpt = None,
+    gbs_tolerance: Annotated[Optional[float], typer.Option(
+        "--global-batch-size-tolerance", min=0.0, max=0.99,
+        help="when no layout plans the requested global batch, plan the nearest one within this fraction of it "
+             "(reported in the title and as input.job.requested_global_batch_size)")] = None,
 ) -> None:
     """Search the parallel layouts and print the best plans (default: llama3.1-8b on one dgx-h100 node)."""
     from .api import plan as api_plan
@@ -264,11 +268,15 @@ def plan(
                    flops_convention=_value(flops_convention), top_k=max(top_k, rank if emit is not None else 1),
                    solver=solver.value, objective=objective.value, within=within, target_step_s=target_step_s,
                    target_tokens_per_day=target_tokens_per_day, tp=pin_tp, pp=pin_pp, cp=pin_cp, ep=pin_ep,
-                   vpp=pin_vpp, micro_batch_size=pin_mbs, zero_stage=pin_zero, recompute=_value(pin_rc))
+                   vpp=pin_vpp, micro_batch_size=pin_mbs, zero_stage=pin_zero, recompute=_value(pin_rc),
+                   global_batch_size_tolerance=gbs_tolerance)
     i, stats = doc.input, doc.search_stats
+    asked = i.job.requested_global_batch_size
+    gbs = f"{i.job.global_batch_size}" + (f" (requested {asked}, tolerance {gbs_tolerance:g})"
+                                          if asked is not None and asked != i.job.global_batch_size else "")
     _render(doc, fmt, output, emit,
             f"plan3d: {i.model.name} on {i.cluster.num_gpus} x {i.cluster.gpu} ({i.cluster.name}), GBS "
-            f"{i.job.global_batch_size} x seq {i.job.seq_length}, {i.job.precision}: top {len(doc.plans)} of "
+            f"{gbs} x seq {i.job.seq_length}, {i.job.precision}: top {len(doc.plans)} of "
             f"{'' if stats.exact else 'at most '}{stats.num_feasible} feasible ({stats.num_candidates} examined)",
             rank, framework.value)
 

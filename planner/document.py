@@ -20,7 +20,8 @@ from .emit import launch_fields
 from .evaluation import Evaluation
 
 #: 1.1 (additive): parallel.account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split
-SCHEMA_VERSION = "1.1"
+#: 1.2 (additive): input.job.requested_global_batch_size (plan --global-batch-size-tolerance)
+SCHEMA_VERSION = "1.2"
 
 
 def _r(x: float) -> float:
@@ -62,6 +63,9 @@ class JobInfo(_Strict):
     precision: str
     optimizer: str
     tokens_per_step: int
+    requested_global_batch_size: int | None = Field(
+        None, description="plan --global-batch-size-tolerance: the global batch asked for (global_batch_size is the "
+                          "one planned, within the tolerance of it); null without a tolerance")
 
 
 class InputInfo(_Strict):
@@ -185,7 +189,8 @@ class PlanDocument(_Strict):
         return super().model_dump_json(**kwargs) if kwargs else to_json(self)
 
 
-def input_info(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int) -> InputInfo:
+def input_info(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int,
+               requested_global_batch_size: int | None = None) -> InputInfo:
     gpn = cluster.node.gpus_per_node
     return InputInfo(
         model=ModelInfo(name=model.name, num_parameters=model.num_parameters(),
@@ -196,7 +201,8 @@ def input_info(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpu
         cluster=ClusterInfo(name=cluster.name, gpu=cluster.gpu.name, num_gpus=num_gpus, gpus_per_node=gpn,
                             num_nodes=num_gpus // gpn, memory_bytes_per_gpu=cluster.gpu.memory_bytes),
         job=JobInfo(global_batch_size=job.global_batch_size, seq_length=job.seq_length, precision=job.precision,
-                    optimizer=job.optimizer, tokens_per_step=job.tokens_per_step))
+                    optimizer=job.optimizer, tokens_per_step=job.tokens_per_step,
+                    requested_global_batch_size=requested_global_batch_size))
 
 
 def parallel_info(par: ParallelConfig, job: TrainingJob) -> ParallelInfo:
@@ -243,9 +249,10 @@ def plan_info(rank: int, ev: Evaluation, model: ModelSpec, cluster: ClusterSpec,
 
 
 def build_document(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int,
-                   evaluations: list[Evaluation]) -> PlanDocument:
-    """The document for ``evaluations`` (already in rank order)."""
-    return PlanDocument(input=input_info(model, cluster, job, num_gpus),
+                   evaluations: list[Evaluation], requested_global_batch_size: int | None = None) -> PlanDocument:
+    """The document for ``evaluations`` (already in rank order); ``requested_global_batch_size``: the batch asked
+    for when ``plan`` was given a tolerance (``job`` holds the one planned)."""
+    return PlanDocument(input=input_info(model, cluster, job, num_gpus, requested_global_batch_size),
                         plans=[plan_info(i + 1, ev, model, cluster, job) for i, ev in enumerate(evaluations)])
 
 

@@ -184,9 +184,16 @@ def why_infeasible(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num
                else f">= {target_tokens_per_day:.3g} tokens/day")
         return f"{head}: no GPU count up to {num_gpus} meets the target {tgt}; raise --gpus or relax the target"
     if not res.nearest_infeasible:
+        from .near_miss import describe, nearest_batches, nearest_gpu_counts
         why = closest_structural_violations(model, cluster, job, num_gpus, space, framework)
+        gpn = cluster.node.gpus_per_node
+        batches = describe(*nearest_batches(model, cluster, job, num_gpus, space, memory_headroom, framework),
+                           "global batches", gpn)
+        gpus = describe(*nearest_gpu_counts(model, cluster, job, num_gpus, space, memory_headroom, framework),
+                        "GPU counts", gpn)
         return (f"{head}: no layout satisfies the divisibility and framework rules; the closest breaks {why}; "
-                f"try another GPU count, global batch size, sequence length or pins")
+                f"{batches}; {gpus} (--global-batch-size-tolerance lets plan pick the batch); or change the "
+                f"sequence length or pins")
     ev = res.nearest_infeasible[0]
     mem = [v for v in ev.violations if v.name == "memory"]
     other = [v for v in ev.violations if v.name != "memory"]
