@@ -159,8 +159,9 @@ def closest_structural_violations(model: ModelSpec, cluster: ClusterSpec, job: T
                 split = layer_split(model, pp) or (None, None)
                 dp = max(1, num_gpus // (tp * pp * cp))
                 par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=(space.ep or (1,))[0],
-                                     micro_batch_size=(space.micro_batch_size or (1,))[0], zero_stage=space.zero_stage[0],
-                                     recompute=space.recompute[0], vpp=(space.vpp or (1,))[0],
+                                     micro_batch_size=(space.micro_batch_size or (1,))[0],
+                                     zero_stage=space.zero_stage[0], recompute=space.recompute[0],
+                                     vpp=(space.vpp or (1,))[0],
                                      first_stage_layers=split[0], last_stage_layers=split[1],
                                      sequence_parallel=tp > 1 and (space.ep or (1,))[0] > 1)
                 v = check_config(model, cluster, job, par, num_gpus, framework=framework)

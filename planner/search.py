@@ -39,8 +39,8 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, nu
                     within: float = 0.05) -> SearchResult:
     """Evaluate every candidate; keep the ``top_k`` feasible ones by ``planner.ranking.rank_plans``. Candidates
     with an at-least-as-good context-parallel twin (``planner.space.dominated_by_cp_twin``) are counted, not
-    evaluated or listed, as in the solver. A full-recompute candidate that fits with every layer recomputed is evaluated at the fewest recomputed layers
-    per chunk that fit (``planner.recompute.fewest_recomputed_layers``)."""
+    evaluated or listed, as in the solver. A full-recompute candidate that fits with every layer recomputed is
+    evaluated at the fewest recomputed layers per chunk that fit (``planner.recompute.fewest_recomputed_layers``)."""
     feasible: list[Evaluation] = []
     near: list[tuple[tuple, ParallelConfig]] = []
     n = 0

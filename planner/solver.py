@@ -1,26 +1,51 @@
-"""CP-SAT search over the whole space: the solver proposes, the scalar cost model disposes.
+"""The search of the whole space: bounds propose, the scalar cost model disposes.
 
 How it works (DESIGN.md "The solver proposes, the scalar model disposes"):
 
-1. **Structures** (``planner.space.structures``): every (tp, pp, cp, dp, ep, etp, layer split) with exact products
-   and the divisibility rules; the other knobs (micro-batch, recompute, vpp, sequence parallel, ZeRO stage) range
-   over ``planner.space``'s domains with its framework rules.
-2. **Factorized tables of lower bounds** (``planner.tables``, one function per table) over ``k = (structure,
-   micro-batch, recompute)``: step seconds >= ``P[k, sp, vpp] + E[k, zero]`` and memory of stage slot ``j`` >=
-   ``W[k, j, zero] + X[k, j, sp, vpp]`` bytes.
-3. **CP-SAT** (OR-Tools) chooses ``k``, vpp, sp and zero (one-hot variables, one boolean per table cell, tied by
-   marginal-consistency constraints), with every stage's memory bound <= capacity x (1 - headroom), minimising the
-   step-time bound (integer units of 1e-6 of the largest table value). Its optimum, and a hint from the same
-   tables, start the re-scoring.
-4. **Re-scoring**: candidates are evaluated by the scalar model (``planner.evaluation.evaluate``, which also runs the
-   independent checker) in increasing order of their bound until the next bound exceeds the K-th best scalar step
-   time. Because the tables are lower bounds, the result is exactly the enumerator's top K (ranked by
-   ``planner.ranking``). If a re-scored value ever falls below its bound (the cost models changed under the
-   tables), the bounds are scaled down by the ratio seen and the loop goes on, so correctness does not hinge on
-   the bounds; only speed does.
+1. **Groups.** The space (``planner.space``: every structure (tp, pp, cp, dp, ep, etp, layer split) and every
+   micro-batch dividing the per-replica batch; vpp, sp, ZeRO stage and recompute per group by the framework
+   rules) is split into groups (structure, micro-batch). Each group gets a cheap first bound
+   (``bound_terms.busiest_rank_bounds``); the groups are kept in a heap.
+2. **Branch and bound, best first.** Popping a group's first bound refines it (``bound_terms.group_bound``: the
+   recompute, sp and ZeRO choices whose memory bound fits, the vpp-1 pipeline bound, the DP / ZeRO terms); popping
+   a refined bound tabulates the group (``planner.tables``, one function per table): step seconds >= the tight
+   bound ``max(P + D, Z) + O`` per (recompute, sp, vpp, zero) cell, memory per stage slot >= ``W + X`` bytes.
+3. **Re-scoring.** The tabulated cells whose memory bound fits are evaluated by the scalar model
+   (``planner.evaluation.evaluate``, which also runs the independent checker) in increasing order of their bound
+   until the next bound exceeds the threshold: the K-th best scalar step time found (``headroom``: the best x
+   (1 + within)). The threshold then cuts the heap: the search ends when its smallest bound exceeds it.
+4. **CP-SAT** (OR-Tools) solves the table problem (choose k, vpp, sp, zero; every stage's memory bound <= capacity
+   x (1 - headroom); minimise the additive bound ``A + P + E``) on the cells that can hold its optimum (bound <=
+   the threshold; the numpy minimum of the same grid is its hint) and reports it (``table_best_step_s``); the
+   answer does not depend on it.
 
-The enumerator (``planner.search.enumerate_plans``) is the oracle: on every space small enough to enumerate both
-return the same top K (tests/test_solver_property.py). ``ortools`` is imported only inside ``solve``.
+**Why the answer is exactly the enumerator's top K** (``planner.search.enumerate_plans``, the oracle;
+tests/test_solver_property.py checks it on random models, clusters, jobs and frameworks, and
+tests/test_tables_bounds.py checks every bound below against the scalar model). Every cut is one of:
+
+* *Bound above the threshold* (heap, re-scoring stop): for every candidate c of a group,
+  first bound <= refined bound <= tight bound of c's cell <= scalar step time of c (each a lower bound of the
+  next: the first bound drops recompute and memory, the refined bound keeps only cells whose memory bound fits,
+  ``planner.tables``). The threshold is a scalar step time of a feasible plan found, so a candidate whose bound
+  exceeds it is slower than K found plans and cannot enter the top K (ties: bounds are compared with a 1e-9
+  relative margin, and an equal step time can only tie, which ``planner.ranking`` breaks as the enumerator does).
+* *Memory bound above the capacity*: W + X <= the scalar peak of every phase (buffers and transients left out),
+  so such a cell does not fit.
+* *Dominated points, not listed by either search*: a point with a context-parallel twin (cp / c, dp x c,
+  mbs / c; ``planner.space.dominated_by_cp_twin``: the twin runs the same tokens per rank, is never slower and
+  never larger) and a full-recompute point whose no-recompute twin fits with no higher peak
+  (``planner.recompute.dominated_by_no_recompute``). The twin is in the space, so the optimum never needs them.
+* *Full recompute at the fewest recomputed layers per chunk that fit* (``planner.recompute``): time grows and
+  memory falls with N, so the other N are slower or do not fit.
+
+What is not a cut but the space's definition (``planner.space``, docstring): tp within the NVLink domain, etp
+dividing tp (Megatron), end stages at most ``END_STAGE_LIGHTER`` layers lighter than the middle ones, vpp <=
+``MAX_VPP``.
+
+If a re-scored value ever falls below its bound (the cost models changed under the tables), the bounds are scaled
+down by the ratio seen x ``BOUND_FALLBACK`` and the search goes on (a memory bound above a scalar peak widens the
+memory filter the same way); a bound that is wrong only for candidates never re-scored is what
+tests/test_tables_bounds.py guards against. ``ortools`` is imported only when CP-SAT runs.
 """
 from __future__ import annotations
 
@@ -42,8 +67,9 @@ from .ranking import nearest_key, rank_plans
 from .recompute import dominated_by_no_recompute, with_fewest_recomputed_layers
 from .space import (SearchSpace, Structure, dominated_by_cp_twin, micro_batch_options, structures, to_parallel,
                     vpp_options)
-from .tables import (MEM_MARGIN, V, Tables, _stage_facts, add_group_tables, busiest_rank_bounds, context,
-                     group_bound)
+from .bound_facts import MEM_MARGIN, context, structure_facts
+from .bound_terms import busiest_rank_bounds, group_bound
+from .tables import V, Tables, add_group_tables
 
 MIB = 2**20
 #: Groups tabulated in the first round of the branch and bound while no threshold is known (doubling after).
@@ -183,7 +209,7 @@ def _cpsat_optimum(A, P, E, W, X, valid_mem_limit: float, time_limit_s: float = 
 @dataclass
 class _Group:
     """One (structure, micro-batch): its first time bound (``tables.busiest_rank_bound``), its refined bound
-    (``tables.group_bound``, None until computed), its candidates and how many of them may fit."""
+    (``bound_terms.group_bound``, None until computed), its candidates and how many of them may fit."""
 
     st: Structure
     mbs: int
@@ -205,7 +231,7 @@ def _groups(ctx, num_gpus: int) -> tuple[list[_Group], dict, int]:
     vpp_memo: dict[tuple, list[int]] = {}
     for st in structures(model, ctx.cluster, job, num_gpus, space, fw):
         mbss = micro_batch_options(st, job, space)
-        sf = _stage_facts(ctx, st) if mbss else None
+        sf = structure_facts(ctx, st) if mbss else None
         if sf is None:
             continue
         facts[st] = sf

@@ -280,9 +280,9 @@ def zero_options(st: Structure, framework: str = "megatron", space: SearchSpace 
 
 
 def dominated_by_cp_twin(cp: int, mbs: int, space: SearchSpace = SearchSpace()) -> bool:
-    """True when a point with context parallelism ``cp`` and micro-batch ``mbs`` has a context-parallel twin in ``space`` that is at least
-    as good on both axes, so neither search lists it: cp > 1 and mbs share a factor c > 1, and the twin (cp / c,
-    dp x c, mbs / c, every other knob equal) is allowed by the pins.
+    """True when a point with context parallelism ``cp`` and micro-batch ``mbs`` has a context-parallel twin in
+    ``space`` that is at least as good on both axes, so neither search lists it: cp > 1 and mbs share a factor
+    c > 1, and the twin (cp / c, dp x c, mbs / c, every other knob equal) is allowed by the pins.
 
     Why the twin is never worse (the cost models, ``cost_models.memory`` and ``cost_models.step_time``): both run
     the same tokens per rank per micro-batch (mbs x s / cp), the same number of micro-batches (GBS / (mbs x dp)),

@@ -75,13 +75,13 @@ def test_cpsat_equals_enumerator_on_zoo_models(name, gpus, gbs, seq):
 def test_wrong_bounds_only_cost_speed_not_correctness(monkeypatch):
     """If the tables stop being lower bounds (a cost model changed under them), the re-scoring loop detects the
     first re-scored value below its bound, scales the bounds down and still returns the enumerator's top K."""
-    import planner.tables as S
+    import planner.bound_facts as S
     from model_zoo import get_model
-    real = S._layer_lb
+    real = S.layer_lb
 
     def inflated(*a, **k):
         return tuple(3.0 * x for x in real(*a, **k))
-    monkeypatch.setattr(S, "_layer_lb", inflated)
+    monkeypatch.setattr(S, "layer_lb", inflated)
     m, c = get_model("llama2-7b"), get_cluster("dgx-h100")
     job = TrainingJob(global_batch_size=128, seq_length=4096)
     small = SearchSpace(micro_batch_size=(1, 2))

@@ -20,7 +20,9 @@ from model_zoo import get_model
 from planner.evaluation import evaluate
 from planner.recompute import with_fewest_recomputed_layers
 from planner.space import SearchSpace, micro_batch_options, structures, to_parallel, vpp_options
-from planner.tables import (Tables, _stage_facts, add_group_tables, busiest_rank_bounds, context, group_bound)
+from planner.bound_facts import context, structure_facts
+from planner.bound_terms import busiest_rank_bounds, group_bound
+from planner.tables import Tables, add_group_tables
 
 CASES = [
     # model, cluster, GPUs, GBS, seq, precision, framework
@@ -49,7 +51,7 @@ def test_tables_are_lower_bounds_of_the_scalar_model(name, cluster, gpus, gbs, s
     checked = 0
     for st in sts[:40]:
         mbss = micro_batch_options(st, job, space)
-        sf = _stage_facts(ctx, st) if mbss else None
+        sf = structure_facts(ctx, st) if mbss else None
         if sf is None:
             continue
         one = [vpp_options(m, st, gbs // (b * st.dp), framework, space) == [1] for b in mbss]
