@@ -47,7 +47,8 @@ def _time_us(fn, repeat: int) -> float:
 def main() -> None:
     from rich.console import Console
 
-    from planner.memory_report import memory_info, memory_table
+    from planner.document import memory_info
+    from planner.memory_report import memory_table
     c = get_cluster("dgx-h100")
     print(f"{'case':38s} {'stages':>6s} {'estimate us':>12s} {'breakdown us':>13s} {'peak GiB':>9s}")
     for label, name, job, par in CASES:

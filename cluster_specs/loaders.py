@@ -155,8 +155,9 @@ def resolve_num_gpus(cluster: ClusterSpec, gpus: int | None = None, nodes: int |
     """World size from ``--gpus`` / ``--nodes``.
 
     Give one, the other, or neither (then ``cluster.default_num_nodes`` nodes). ``gpus`` must be a
-    positive multiple of the node size; ``nodes`` must be positive; if both are given they must agree.
-    On GB200 NVL72 a node is one 4-GPU compute tray (see ``NodeSpec``).
+    positive multiple of the node size, or a divisor of it (a job on part of one node: 1, 2 or 4 GPUs of an
+    8-GPU node, joined by the node's NVLink/NVSwitch like the whole node); ``nodes`` must be positive; if both are
+    given they must agree. On GB200 NVL72 a node is one 4-GPU compute tray (see ``NodeSpec``).
     """
     gpn = cluster.node.gpus_per_node
     where = f"({cluster.name})"
@@ -168,11 +169,18 @@ def resolve_num_gpus(cluster: ClusterSpec, gpus: int | None = None, nodes: int |
             raise ClusterSpecError(
                 f"--gpus must be a positive multiple of the node size {gpn} GPUs {where}; got {gpus!r}"
             )
+        if gpus < gpn and gpn % gpus == 0:  # part of one node
+            if nodes is not None and nodes != 1:
+                raise ClusterSpecError(f"--gpus {gpus} and --nodes {nodes} disagree: {gpus} GPUs are part of one "
+                                       f"node of {gpn} {where}; give only one of them")
+            return gpus
         if gpus % gpn != 0:
             lower, upper = (gpus // gpn) * gpn, (gpus // gpn + 1) * gpn
-            options = f"{lower} or {upper}" if lower > 0 else f"{upper}"
+            parts = [d for d in range(1, gpn) if gpn % d == 0]
+            options = f"{lower} or {upper}" if lower > 0 else f"{', '.join(map(str, parts))} (part of a node) or {upper}"
             raise ClusterSpecError(
-                f"--gpus {gpus} is not a multiple of the node size {gpn} GPUs {where}; use {options}"
+                f"--gpus {gpus} is not a multiple of the node size {gpn} GPUs {where} nor a divisor of it; use "
+                f"{options}"
             )
         if nodes is not None and nodes * gpn != gpus:
             raise ClusterSpecError(

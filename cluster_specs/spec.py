@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .errors import ClusterSpecError
+from .operations import OperationsSpec
 
 #: Training precisions the planner may choose, in display order. Other keys of
 #: ``GPUSpec.peak_flops`` (tf32, fp32, fp6, fp4) are kept as data but are not offered as a
@@ -207,6 +208,10 @@ class ClusterSpec(BaseModel):
     network: NetworkSpec
     calibration: Calibration
     default_num_nodes: int = Field(1, gt=0, description="nodes used when neither --gpus nor --nodes is given")
+    operations: OperationsSpec = Field(
+        default_factory=OperationsSpec,
+        description="power, checkpoint storage, interruptions and price for whole-run cost (cluster_specs/operations.py; "
+        "sections left out take its documented defaults)")
 
     @model_validator(mode="after")
     def _check_consistency(self) -> "ClusterSpec":

@@ -44,6 +44,11 @@ class TrainingJob(BaseModel):
     framework: Literal["megatron", "deepspeed", "torchtitan"] = Field(
         "megatron", description="training framework whose model-state bytes, loss and buffers the memory model uses "
                                 "(cost_models/memory.py)")
+    full_model_init: bool = Field(
+        False, description="every rank materializes the whole 16-bit model (its pipeline stage, TP/EP-sharded) on the "
+                           "GPU before the data-parallel sharding: DeepSpeed without deepspeed.zero.Init, or a loader "
+                           "that builds the full model on each rank; False = built sharded (Megatron, torchtitan's "
+                           "meta-device init, zero.Init)")
     cross_entropy_fusion_impl: Literal["native", "te"] = Field(
         "native", description="Megatron --cross-entropy-fusion-impl: 'native' (Megatron's fused vocab-parallel "
                               "cross entropy, bf16 logits + fp32 copy kept) or 'te' (Transformer Engine "
@@ -79,6 +84,11 @@ class ParallelConfig(BaseModel):
     sequence_parallel: bool = False
     recompute: Recompute = "none"
     recompute_num_layers: int | None = Field(None, description="layers per stage recomputed under full recompute (None = all)")
+    recompute_method: Literal["block", "uniform"] = Field(
+        "block", description="Megatron --recompute-method with recompute_num_layers N: block = the first N layers of "
+                             "each model chunk are checkpointed, the others keep their activations; uniform = the "
+                             "chunk's layers are checkpointed in groups of N (one input kept per group, every layer "
+                             "recomputed, a whole group's activations live while it is recomputed)")
     schedule: Schedule | None = Field(None, description="None = 1f1b, or interleaved when vpp > 1")
     first_stage_layers: int | None = Field(None, gt=0)
     last_stage_layers: int | None = Field(None, gt=0)
@@ -107,9 +117,17 @@ class ParallelConfig(BaseModel):
         "fp32", description="Megatron --exp-avg-dtype (with --use-precision-aware-optimizer): Adam first moment")
     exp_avg_sq_dtype: OptimizerStateDtype = Field(
         "fp32", description="Megatron --exp-avg-sq-dtype (with --use-precision-aware-optimizer): Adam second moment")
+    main_params_dtype: Literal["fp32", "fp16", "bf16"] = Field(
+        "fp32", description="master weights kept by the optimizer: Megatron --main-params-dtype (fp32 | fp16, with "
+                            "--use-precision-aware-optimizer) or Megatron-FSDP --megatron-fsdp-main-params-dtype "
+                            "(bf16 too)")
     optimizer_cpu_offload_fraction: float = Field(
         0.0, ge=0.0, le=1.0, description="Megatron --optimizer-cpu-offload --optimizer-offload-fraction: share of the "
                                          "fp32 master weights and Adam moments kept in host memory (0 = none)")
+
+    param_cpu_offload: bool = Field(
+        False, description="DeepSpeed ZeRO-3 offload_param {device: cpu}: the 16-bit parameter partitions live in "
+                           "host memory (with optimizer_cpu_offload_fraction 1.0: ZeRO-Infinity's CPU tier)")
 
     @model_validator(mode="after")
     def _sp_needs_tp(self) -> "ParallelConfig":

@@ -82,8 +82,8 @@ def recomputed_layers(model: ModelSpec, par: ParallelConfig) -> list[int]:
     """
     if par.recompute != "full":
         return []
-    if par.recompute_num_layers is None:
-        return list(range(model.num_layers))
+    if par.recompute_num_layers is None or getattr(par, "recompute_method", "block") == "uniform":
+        return list(range(model.num_layers))  # uniform: every layer, in groups of N (megatron-core recompute.py)
     v = par.vpp if par.pipeline_schedule == "interleaved" else 1
     if par.pipeline_layout is not None:
         counts = [c.count("t") for c in parse_pipeline_layout(par.pipeline_layout)]

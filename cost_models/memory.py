@@ -41,7 +41,8 @@ dense MLP / MoE layer / shared experts (checkpointed: only their input stays; me
 ``recompute_modules``: output-discarding for moe_act, layernorm, mla_up_proj, normal checkpointing otherwise); for
 ``torchtitan``, follows its per-op SAC policy (every second matmul output recomputed; torchtitan
 ``torchtitan/distributed/activation_checkpoint.py`` ``_get_custom_policy``); ``full`` keeps only the layer input
-(K22 Table 2) for ``recompute_num_layers`` layers.
+(K22 Table 2) for ``recompute_num_layers`` layers (Megatron ``--recompute-method block``; ``uniform`` keeps one
+input per group of ``recompute_num_layers`` layers and recomputes every layer).
 
 In-flight micro-batches (formulas.md Sec. 5): 1F1B stage i holds ``min(pp - i, m)``; interleaved 1F1B Megatron's
 warm-up ``(pp - i - 1)*2 + (vpp - 1)*pp + 1`` chunks (K22's ``1 + (p-1)/(p*v)`` on the first stage); GPipe
@@ -63,11 +64,10 @@ Transients (derived; each named in the phase breakdown):
 * optimizer step: an fp32 temporary the size of the local optimizer partition, ``4*P/N`` (``exp_avg_sq.sqrt()``
   in DeepSpeed/torch Adam; field_cases.md F02 reproduces the failing 3.14 GiB allocation exactly; torch
   ``_multi_tensor_adam`` ``torch._foreach_sqrt``). Megatron uses apex/TE ``FusedAdam`` (in place): 0.
-* ZeRO-3/FSDP gather buffers: DeepSpeed ``4 * largest_layer`` (estimator); FSDP2 the bf16 parameters of the
-  running and the prefetched block (``2*2*block``) plus, in backward, the block's bf16 gradients and their fp32
-  reduce-scatter copy (``6*block``).
-* DeepSpeed ZeRO-1/2 gradient bucket: ``reduce_bucket_size`` (default 5e8 elements,
-  ``deepspeed/runtime/zero/config.py``) 16-bit elements, capped at the stage's parameters.
+* data-parallel and pipeline buffers of each backend, per phase and named (``cost_models/memory_buffers.py``, read
+  from each backend's source): Megatron-FSDP's unsharded gradient reduce-scatter queue and parameter all-gather
+  prefetch, DeepSpeed's ZeRO buckets and ZeRO-3 gather/prefetch, torch FSDP2's gathered blocks (or, with PP, the
+  whole stage's parameters and accumulated fp32 gradients), and the pipeline receive buffers.
 * Reserve: CUDA context, NCCL buffers and allocator fragmentation: the cluster's calibration
   (``calibration.memory_reserve_bytes`` and its source).
 """
@@ -81,6 +81,7 @@ from model_zoo.spec import ModelSpec
 
 from .config import BYTES_16BIT, BYTES_FP32, ParallelConfig, TrainingJob
 from .layout import chunk_layer_counts, stage_layer_ranges
+from .memory_buffers import BufferInputs, backend_buffers, merge, moe_dispatch_buffers, pipeline_p2p_buffers
 
 Framework = Literal["megatron", "deepspeed", "torchtitan"]
 FRAMEWORKS: tuple[str, ...] = ("megatron", "deepspeed", "torchtitan")
@@ -103,8 +104,6 @@ ADAM_MOMENT_BYTES_PER_PARAM = 2 * BYTES_FP32
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 #: Token ids + position ids held for the first stage's embedding, 8 bytes/token (Megatron estimator, Sec. 1.4).
 TOKEN_ID_BYTES = 8
-#: DeepSpeed ZeRO-1/2 ``reduce_bucket_size`` default, elements (deepspeed/runtime/zero/config.py, 0.19.8).
-DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
 #: DeepSpeed ZeRO-3 ``sub_group_size`` default, elements: the optimizer steps one sub-group at a time.
 DEEPSPEED_SUB_GROUP_ELEMENTS = 1_000_000_000
 #: Logits bytes per element of ``s*b*V/tp`` at the loss, by framework (module docstring).
@@ -116,7 +115,8 @@ LOGITS_BYTES_PER_ELEMENT = {"megatron": 6, "deepspeed": 12, "torchtitan": 12}
 #: ``backward`` returns the ``_input`` that ``cross_entropy_backward`` overwrote): 2 bytes per logit.
 TE_CROSS_ENTROPY_BYTES_PER_ELEMENT = BYTES_16BIT
 
-PHASES = ("forward", "backward", "optimizer")
+#: Phases of a step, in order; ``init`` is the moment before the first step (model built, states allocated).
+PHASES = ("init", "forward", "backward", "optimizer")
 
 
 @dataclass(frozen=True)
@@ -163,6 +163,7 @@ class StageMemory:
     phase: str = "backward"
     phases: dict[str, float] = field(default_factory=dict)  # phase -> total bytes (incl. states and reserve)
     phase_terms: dict[str, dict[str, float]] = field(default_factory=dict)  # phase -> non-state term -> bytes
+    buffer_terms: dict[str, dict[str, float]] = field(default_factory=dict)  # phase -> named backend buffer -> bytes
 
     @property
     def total(self) -> float:
@@ -209,31 +210,39 @@ class MemoryEstimate:
     def headroom_bytes(self) -> float:
         return self.capacity_bytes - self.peak_bytes
 
-    def at_risk(self, fraction: float = 0.05) -> bool:
-        """Peak within ``fraction`` of capacity (still fits, but one allocator spike from OOM)."""
-        return self.capacity_bytes * (1 - fraction) < self.peak_bytes <= self.capacity_bytes
-
     @property
     def fits(self) -> bool:
         return self.peak_bytes <= self.capacity_bytes
 
 
 def state_bytes(framework: str, grad_reduce_in_bf16: bool = False, *, fp8_params: bool = False,
-                moment_bytes: float = ADAM_MOMENT_BYTES_PER_PARAM, optimizer_offload_fraction: float = 0.0) -> StateBytes:
-    """Bytes per parameter of the model states before sharding (module docstring gives the sources).
+                moment_bytes: float = ADAM_MOMENT_BYTES_PER_PARAM, optimizer_offload_fraction: float = 0.0,
+                param_offload: bool = False, master_bytes: float = MASTER_WEIGHT_BYTES_PER_PARAM) -> StateBytes:
+    """Bytes per parameter of the model states on the GPU before sharding (module docstring gives the sources).
 
     Megatron only: ``fp8_params`` (``--fp8-param-gather``, per-tensor recipe) stores 1-byte weights;
     ``moment_bytes`` is the Adam first + second moment bytes (8 in fp32, 4 with ``--use-precision-aware-optimizer
-    --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``); ``optimizer_offload_fraction`` of the fp32 master weights and
-    moments lives in host memory (``--optimizer-cpu-offload --optimizer-offload-fraction``)."""
+    --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``); ``master_bytes`` the master-weight bytes (4 in fp32, 2 with
+    ``--main-params-dtype fp16`` or Megatron-FSDP's ``--megatron-fsdp-main-params-dtype bf16``: Megatron
+    ``megatron/training/arguments.py``; the precision-aware optimizer keeps them in that dtype,
+    ``megatron/core/optimizer/distrib_optimizer.py``). ``optimizer_offload_fraction`` of the fp32 master weights and
+    moments lives in host memory (Megatron ``--optimizer-cpu-offload --optimizer-offload-fraction``; DeepSpeed
+    ``offload_optimizer: {device: cpu}`` = 1.0, which also moves the fp32 gradient partition to the host:
+    ``estimate_zero2_model_states_mem_needs(cpu_offload=True)`` keeps only the 16-bit parameters, ``2P``, on the
+    GPU). ``param_offload`` (DeepSpeed ZeRO-3 ``offload_param``) keeps no 16-bit parameter partition on the GPU
+    (``estimate_zero3_model_states_mem_needs(cpu_offload_params=True)``: only the ``4 * largest_layer`` buffer).
+    """
+    keep = 1.0 - optimizer_offload_fraction
     if framework == "megatron":
-        opt = (MASTER_WEIGHT_BYTES_PER_PARAM + moment_bytes) * (1.0 - optimizer_offload_fraction)
+        opt = (master_bytes + moment_bytes) * keep
         return StateBytes(FP8_PARAM_BYTES if fp8_params else WEIGHT_BYTES_PER_PARAM,
                           BYTES_16BIT if grad_reduce_in_bf16 else GRAD_BYTES_PER_PARAM, opt)
     if framework == "deepspeed":
-        # 16-bit grads (2) + fp32 grads (4); the 16-bit grads stay replicated under ZeRO-1.
-        return StateBytes(BYTES_16BIT, BYTES_16BIT + BYTES_FP32, OPTIMIZER_BYTES_PER_PARAM,
-                          gradients_replicated=BYTES_16BIT)
+        # 16-bit grads (2) + fp32 grads (4); the 16-bit grads stay replicated under ZeRO-1. CPU offload moves the
+        # fp32 gradient partition, the master weights and Adam to the host (and the 16-bit gradient partition of
+        # ZeRO-2: the estimator keeps 2P alone on the GPU).
+        return StateBytes(0.0 if param_offload else BYTES_16BIT, BYTES_16BIT + BYTES_FP32 * keep,
+                          OPTIMIZER_BYTES_PER_PARAM * keep, gradients_replicated=BYTES_16BIT)
     if framework == "torchtitan":
         return StateBytes(BYTES_FP32, BYTES_FP32, 2 * BYTES_FP32)
     raise ValueError(f"framework {framework!r}: allowed values are {', '.join(FRAMEWORKS)}")
@@ -246,6 +255,7 @@ def model_state_terms(framework: str, zero_stage: int, params: float, shard: int
     buffer (its estimator's ``18*P/N`` has no 16-bit gradient term). ``state_options`` are ``state_bytes``'s
     keyword options (``state_options_of(par)``)."""
     b = state_bytes(framework, grad_reduce_in_bf16, **state_options)
+    keep16 = 1.0 - state_options.get("optimizer_offload_fraction", 0.0)  # DeepSpeed ZeRO-2 offload (the estimator)
     z = zero_stage
     w = b.weights / (shard if z >= 3 else 1)
     o = b.optimizer / (shard if z >= 1 else 1)
@@ -256,7 +266,7 @@ def model_state_terms(framework: str, zero_stage: int, params: float, shard: int
         elif z == 1:
             g = b.gradients_replicated + fp32_g / shard
         elif z == 2:
-            g = b.gradients / shard
+            g = (b.gradients_replicated * keep16 + fp32_g) / shard
         else:
             g = fp32_g / shard
     else:
@@ -269,7 +279,9 @@ def state_options_of(par: ParallelConfig) -> dict[str, float]:
     return {"fp8_params": bool(getattr(par, "fp8_param_gather", False)),
             "moment_bytes": float(DTYPE_BYTES[getattr(par, "exp_avg_dtype", "fp32")]
                                   + DTYPE_BYTES[getattr(par, "exp_avg_sq_dtype", "fp32")]),
-            "optimizer_offload_fraction": float(getattr(par, "optimizer_cpu_offload_fraction", 0.0))}
+            "optimizer_offload_fraction": float(getattr(par, "optimizer_cpu_offload_fraction", 0.0)),
+            "param_offload": bool(getattr(par, "param_cpu_offload", False)) and par.zero_stage >= 3,
+            "master_bytes": float(DTYPE_BYTES[getattr(par, "main_params_dtype", "fp32")])}
 
 
 def recompute_modules_of(par: ParallelConfig) -> frozenset[str]:
@@ -488,6 +500,11 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
     # activations depend on the layer only through is_moe_layer (dense or MoE MLP)
     act_by_kind = {model.is_moe_layer(i): activation_bytes_per_layer(model, job, par, i, fw, capacity_factor)
                    for i in _kind_representatives(model)}
+    # token copies one rank routes through the expert-parallel all-to-all (as ``_moe_bytes``)
+    moe_copies = 0.0
+    if model.moe is not None:
+        local = tokens / (par.tp if par.sequence_parallel else 1)
+        moe_copies = local * model.moe.top_k * (capacity_factor or 1.0)
     out: list[StageMemory] = []
     for stage, layers in enumerate(ranges):
         sp = stage_params(model, par, stage, layers, vocab)
@@ -502,12 +519,20 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
             idx += [model.num_layers - 1] * model.num_mtp_layers
         per_layer = [act_by_kind[model.is_moe_layer(i)] for i in idx]
         biggest = max(per_layer, default=0.0)
-        if par.recompute == "full":
+        def chunks_of_stage() -> list[int]:
+            return chunk_layer_counts(model.num_layers, par)[stage] if par.vpp > 1 else [len(layers)]
+        if par.recompute == "full" and par.recompute_num_layers and getattr(par, "recompute_method", "") == "uniform":
+            # megatron-core recompute.py, method uniform: each chunk's layers checkpointed in groups of N (the
+            # group's input kept); in backward a whole group is recomputed (its N layers' activations live) and the
+            # gradients of one layer's activations with them
+            g, chunks = par.recompute_num_layers, chunks_of_stage()
+            stored = layer_in * sum(-(-c // g) for c in chunks)
+            working = (min(g, max(chunks, default=1)) + 1) * biggest
+        elif par.recompute == "full":
             if par.recompute_num_layers is None:
                 n_rc = len(per_layer)
             else:  # Megatron's block method: the first N layers of each model chunk (per virtual stage)
-                chunks = chunk_layer_counts(model.num_layers, par)[stage] if par.vpp > 1 else [len(layers)]
-                n_rc = min(len(per_layer), sum(min(par.recompute_num_layers, c) for c in chunks))
+                n_rc = min(len(per_layer), sum(min(par.recompute_num_layers, c) for c in chunks_of_stage()))
             stored = layer_in * n_rc + sum(sorted(per_layer)[: len(per_layer) - n_rc])
             working = 2 * biggest if n_rc else biggest  # recomputed layer + the gradients of its activations
         else:
@@ -529,26 +554,13 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
             # fp32 QK^T scores of the running layer (F07)
             fwd_transient = BYTES_FP32 * model.num_attention_heads * tokens * job.seq_length / par.tp
 
-        # Gather / bucket buffers (forward, backward).
-        buf_f = buf_b = 0.0
-        if z >= 3:
-            if fw == "deepspeed":
-                buf_f = buf_b = 4 * sp.largest_module  # estimator: 16-bit params + grads of the largest module
-            elif fw == "torchtitan" and par.pp > 1:
-                # FSDP + PP: torchtitan does not reshard after forward (reshard_after_forward = not pp_enabled), so
-                # the stage's bf16 parameters stay gathered, and with gradient sync off between micro-batches the
-                # unsharded gradients accumulate in the fp32 reduce dtype (torchtitan parallelize_llama.py
-                # apply_fsdp; torch/distributed/pipelining/stage.py _backward_maybe_with_nosync;
-                # torch/distributed/fsdp/_fully_shard/_fsdp_param.py to_accumulated_grad_if_needed).
-                buf_f = BYTES_16BIT * sp.total
-                buf_b = (BYTES_16BIT + BYTES_FP32) * sp.total
-            elif fw == "torchtitan":
-                buf_f = 2 * BYTES_16BIT * sp.largest_layer  # running + prefetched block, bf16
-                buf_b = buf_f + (BYTES_16BIT + BYTES_FP32) * sp.largest_layer  # + unsharded grads, fp32 for RS
-            else:
-                buf_f = buf_b = 2 * BYTES_16BIT * sp.largest_layer
-        if fw == "deepspeed" and z in (1, 2) and dense_shard > 1:
-            buf_b = BYTES_16BIT * min(DEEPSPEED_REDUCE_BUCKET_ELEMENTS, sp.total)
+        # Data-parallel and pipeline buffers of the backend (cost_models/memory_buffers.py, each from its source).
+        bufs = merge(
+            backend_buffers(fw, BufferInputs(zero_stage=z, stage_params=sp.total, largest_layer=sp.largest_layer,
+                                             largest_module=sp.largest_module, dp_shard=dense_shard), par.pp),
+            pipeline_p2p_buffers(fw, stage, par.pp, par.vpp, m, n_inflight * par.vpp, layer_in),
+            moe_dispatch_buffers(moe_copies if any(model.is_moe_layer(i) for i in layers) else 0.0,
+                                 model.hidden_size, par.ep))
 
         # Optimizer step temporaries.
         if fw == "megatron":
@@ -557,13 +569,24 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
             opt_tmp = BYTES_FP32 * min(DEEPSPEED_SUB_GROUP_ELEMENTS, local_opt_params)
         else:
             opt_tmp = BYTES_FP32 * local_opt_params
-        opt_buf = buf_b if fw == "deepspeed" and z in (1, 2) else 0.0
-
+        if fw == "deepspeed":  # the offloaded share steps on the host (DeepSpeedCPUAdam)
+            opt_tmp *= 1.0 - state_opts["optimizer_offload_fraction"]
         states = weights + grads + opt
+        # Initialization: the states exist; a full-model init first holds the stage's whole 16-bit model
+        # (DeepSpeed 0.19.8 ``DeepSpeedEngine._configure_distributed_model``: ``self.module.to(self.device)`` unless
+        # the model was built under ``zero.Init``, before the ZeRO optimizer partitions it).
+        full_model = BYTES_16BIT * sp.total if getattr(job, "full_model_init", False) else 0.0
+        init_extra = max(0.0, full_model - states)
+        if full_model:
+            bufs["init"] = {"full_model_materialized": full_model}
         phase_terms = {
-            "forward": {"activations": acts, "logits": logits, "buffers": buf_f, "transient": fwd_transient},
-            "backward": {"activations": acts, "logits": logits, "buffers": buf_b, "transient": working},
-            "optimizer": {"activations": 0.0, "logits": 0.0, "buffers": opt_buf, "transient": opt_tmp},
+            "init": {"activations": 0.0, "logits": 0.0, "buffers": 0.0, "transient": init_extra},
+            "forward": {"activations": acts, "logits": logits, "buffers": sum(bufs["forward"].values()),
+                        "transient": fwd_transient},
+            "backward": {"activations": acts, "logits": logits, "buffers": sum(bufs["backward"].values()),
+                         "transient": working},
+            "optimizer": {"activations": 0.0, "logits": 0.0, "buffers": sum(bufs["optimizer"].values()),
+                          "transient": opt_tmp},
         }
         phases = {ph: states + sum(v.values()) + reserve for ph, v in phase_terms.items()}
         peak_phase = max(PHASES, key=lambda ph: (phases[ph], -PHASES.index(ph)))
@@ -572,5 +595,5 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
             stage=stage, num_layers=len(layers), num_parameters=sp.total, weights=weights, gradients=grads,
             optimizer_states=opt, activations=pt["activations"], logits=pt["logits"], buffers=pt["buffers"],
             reserve=reserve, in_flight_microbatches=n_inflight, transient=pt["transient"], phase=peak_phase,
-            phases=phases, phase_terms=phase_terms))
+            phases=phases, phase_terms=phase_terms, buffer_terms=bufs))
     return MemoryEstimate(stages=out, capacity_bytes=cluster.gpu.memory_bytes)

@@ -21,7 +21,8 @@ from typing import Any
 _EXPORTS = {
     "plan": "api", "evaluate": "api", "memory": "api", "explain": "api", "validate": "api",
     "load_inputs": "api", "parallel_config": "api", "Inputs": "api", "SearchStats": "api",
-    "MemoryReport": "api", "ExplainReport": "api",
+    "MemoryReport": "api", "ExplainReport": "api", "compare": "api", "cost_sweep": "api",
+    "ComparisonDocument": "comparison",
     "PlanDocument": "document", "PlanInputError": "errors", "NoFeasiblePlan": "errors",
 }
 _FOREIGN = {"ModelSpecError": "model_zoo", "ClusterSpecError": "cluster_specs"}

@@ -34,6 +34,8 @@ if TYPE_CHECKING:  # heavy imports stay lazy: the CLI's start-up only pays for w
     from cost_models.memory import MemoryEstimate
     from model_zoo.spec import ModelSpec
 
+    from .comparison import ComparisonDocument
+    from .cost_search import SweepPoint
     from .document import PlanDocument
     from .explanation import Explanation
     from .validation import ValidationReport
@@ -48,10 +50,12 @@ FRAMEWORKS = ("megatron", "deepspeed", "torchtitan")
 FLOPS_CONVENTIONS = ("megatron", "palm")
 RECOMPUTE_CHOICES = ("none", "selective", "full")
 SOLVERS = ("cpsat", "enumerate")
-OBJECTIVES = ("throughput", "headroom", "min-gpus")
+OBJECTIVES = ("throughput", "headroom", "min-gpus", "cost")
 #: Default fraction of GPU memory kept free (planner.checks.DEFAULT_MEMORY_HEADROOM; the CLI repeats the value to
 #: keep its start-up light and a test keeps the two equal).
 DEFAULT_HEADROOM = 0.05
+#: Default at-risk margin (planner.checks.DEFAULT_AT_RISK_MARGIN, repeated for the same reason).
+DEFAULT_AT_RISK_MARGIN = 0.10
 #: Default allowed throughput loss of ``objective="headroom"`` (fraction of the best step time).
 DEFAULT_WITHIN = 0.05
 
@@ -68,6 +72,8 @@ class JobOptions(TypedDict, total=False):
     dropout: bool
     framework: Literal["megatron", "deepspeed", "torchtitan"] | None
     memory_headroom: float
+    at_risk_margin: float
+    full_model_init: bool
     flops_convention: Literal["megatron", "palm"]
 
 
@@ -88,6 +94,14 @@ class LayoutOptions(JobOptions, total=False):
     sequence_parallel: bool
     first_stage_layers: int | None
     last_stage_layers: int | None
+    pipeline_layout: str | None
+    recompute_modules: tuple[str, ...] | None
+    recompute_method: Literal["block", "uniform"]
+    optimizer_cpu_offload: float
+    param_cpu_offload: bool
+    exp_avg_dtype: Literal["fp32", "fp16", "bf16", "fp8"]
+    exp_avg_sq_dtype: Literal["fp32", "fp16", "bf16", "fp8"]
+    main_params_dtype: Literal["fp32", "fp16", "bf16"]
 
 
 class MemoryOptions(LayoutOptions, total=False):
@@ -96,15 +110,36 @@ class MemoryOptions(LayoutOptions, total=False):
     capacity_factor: float | None
 
 
-class PlanOptions(JobOptions, total=False):
-    """``plan``: the search's settings and pins (a pinned knob is searched at that value only)."""
+class CostOptions(TypedDict, total=False):
+    """The whole-run cost (``plan`` and ``evaluate``; planner/cost.py): with ``train_tokens`` each plan gets a
+    ``cost`` block. ``gpu_hour_price`` is USD per GPU-hour (one number, ``"NAME=USD,..."`` or a dict by cluster
+    name; default: the cluster's own dated price); ``interruption_rate`` (per GPU-hour), ``restart_s`` and ``pue``
+    override the cluster's figures; ``async_checkpoint`` hides the checkpoint write behind compute."""
+
+    train_tokens: float | None
+    gpu_hour_price: float | str | dict[str, float] | None
+    async_checkpoint: bool
+    interruption_rate: float | None
+    restart_s: float | None
+    pue: float | None
+
+
+class EvaluateOptions(LayoutOptions, CostOptions, total=False):
+    """``evaluate``: one layout, and optionally its whole-run cost."""
+
+
+class PlanOptions(JobOptions, CostOptions, total=False):
+    """``plan``: the search's settings and pins (a pinned knob is searched at that value only). ``objective``
+    ``cost`` is the cheapest plan that trains ``train_tokens`` by ``deadline_days``; ``min-gpus`` takes
+    ``deadline_days`` instead of a rate target."""
 
     top_k: int
     solver: Literal["cpsat", "enumerate"]
-    objective: Literal["throughput", "headroom", "min-gpus"]
+    objective: Literal["throughput", "headroom", "min-gpus", "cost"]
     within: float | None
     target_step_s: float | None
     target_tokens_per_day: float | None
+    deadline_days: float | None
     global_batch_size_tolerance: float | None
     tp: int | None
     pp: int | None
@@ -114,11 +149,14 @@ class PlanOptions(JobOptions, total=False):
     micro_batch_size: int | None
     zero_stage: int | None
     recompute: Literal["none", "selective", "full"] | None
+    first_stage_layers: int | None
+    last_stage_layers: int | None
 
 
 _JOB_KEYS = frozenset(JobOptions.__annotations__)
 _LAYOUT_KEYS = frozenset(LayoutOptions.__annotations__) - _JOB_KEYS
-_PLAN_KEYS = frozenset(PlanOptions.__annotations__)
+_COST_KEYS = frozenset(CostOptions.__annotations__)
+_PLAN_KEYS = frozenset(PlanOptions.__annotations__) | _COST_KEYS
 
 
 @dataclass(frozen=True)
@@ -162,9 +200,11 @@ def _check_keys(options: dict[str, Any], allowed: frozenset[str], where: str) ->
 def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = None, *, gpus: int | None = None,
                 nodes: int | None = None, global_batch_size: int = 1024, seq_length: int = 4096,
                 precision: str = "bf16", flash_attention: bool = True, dropout: bool = False,
-                framework: str | None = None) -> Inputs:
+                framework: str | None = None, full_model_init: bool = False) -> Inputs:
     """Resolve the model (default ``llama3.1-8b``), the cluster (default ``dgx-h100``), the GPU count (``gpus`` or
-    ``nodes``; default the cluster's default node count) and the job.
+    ``nodes``; default the cluster's default node count: a multiple of the node size, or a divisor of it for a job
+    on part of one node) and the job (``full_model_init``: every rank first materializes its whole 16-bit model,
+    DeepSpeed without ``zero.Init``; checked as the init phase).
 
     Raises ``ModelSpecError`` / ``ClusterSpecError`` (unreadable or invalid files, unknown names, a GPU count that
     is not whole nodes) and ``PlanInputError`` (an option outside its allowed values).
@@ -197,28 +237,50 @@ def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = No
     if precision not in c.supported_precisions:
         raise PlanInputError(f"--precision {precision}: {c.gpu.name} supports {', '.join(c.supported_precisions)}")
     job = TrainingJob(global_batch_size=global_batch_size, seq_length=seq_length, precision=precision,
-                      flash_attention=bool(flash_attention), dropout=bool(dropout), framework=fw)
+                      flash_attention=bool(flash_attention), dropout=bool(dropout), framework=fw,
+                      full_model_init=bool(full_model_init))
     return Inputs(m, c, n, job)
 
 
 def _job_kwargs(options: dict[str, Any]) -> dict[str, Any]:
     return {k: options[k] for k in ("gpus", "nodes", "global_batch_size", "seq_length", "precision",
-                                    "flash_attention", "dropout", "framework") if k in options}
+                                    "flash_attention", "dropout", "framework", "full_model_init") if k in options}
+
+
+def _fraction(field: str, value: float | None, default: float) -> float:
+    """A memory fraction option (``memory_headroom``, ``at_risk_margin``) in [0, 0.5], ``default`` when None."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 0.5:
+        raise PlanInputError(f"{_flag(field)} {value!r}: must be a fraction in [0, 0.5]")
+    return float(value)
 
 
 def _headroom(value: float | None) -> float:
-    if value is None:
-        return DEFAULT_HEADROOM
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 0.5:
-        raise PlanInputError(f"--memory-headroom {value!r}: must be a fraction in [0, 0.5]")
-    return float(value)
+    return _fraction("memory_headroom", value, DEFAULT_HEADROOM)
+
+
+def _at_risk_margin(value: float | None) -> float:
+    return _fraction("at_risk_margin", value, DEFAULT_AT_RISK_MARGIN)
 
 
 def parallel_config(inputs: Inputs, *, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, etp: int | None = None,
                     vpp: int = 1, micro_batch_size: int = 1, zero_stage: int = 0, recompute: str = "none",
                     recompute_num_layers: int | None = None, sequence_parallel: bool = False,
-                    first_stage_layers: int | None = None, last_stage_layers: int | None = None) -> ParallelConfig:
+                    first_stage_layers: int | None = None, last_stage_layers: int | None = None,
+                    pipeline_layout: str | None = None, recompute_modules: tuple[str, ...] | None = None,
+                    recompute_method: str = "block",
+                    optimizer_cpu_offload: float = 0.0, param_cpu_offload: bool = False,
+                    exp_avg_dtype: str = "fp32", exp_avg_sq_dtype: str = "fp32",
+                    main_params_dtype: str = "fp32") -> ParallelConfig:
     """The ``ParallelConfig`` of one given layout on ``inputs`` (``dp`` derived as GPUs / (tp x pp x cp)).
+
+    Memory knobs (``cost_models.config.ParallelConfig``): ``pipeline_layout`` (Megatron
+    ``--pipeline-model-parallel-layout``, a custom per-stage layer list), ``recompute_modules`` (``--recompute-modules``
+    under selective recompute), ``recompute_method`` (``--recompute-method`` block | uniform with
+    ``recompute_num_layers``), ``optimizer_cpu_offload`` (share of the optimizer in host memory: Megatron
+    ``--optimizer-offload-fraction``, DeepSpeed ``offload_optimizer``), ``param_cpu_offload`` (DeepSpeed ZeRO-3
+    ``offload_param``), ``exp_avg_dtype`` / ``exp_avg_sq_dtype`` / ``main_params_dtype`` (optimizer-state precision).
 
     When ``pp`` does not divide the layers and no split is given, the end stages get fewer layers (Megatron's
     ``--decoder-first/last-pipeline-num-layers``); interleaved (``vpp`` > 1), such a split counts the embedding
@@ -239,7 +301,7 @@ def parallel_config(inputs: Inputs, *, tp: int = 1, pp: int = 1, cp: int = 1, ep
     if n % (tp * pp * cp):
         raise PlanInputError(f"--gpus {n} is not divisible by tp*pp*cp = {tp}*{pp}*{cp} = {tp * pp * cp}")
     first, last, account = first_stage_layers, last_stage_layers, False
-    if first is None and last is None and layers % pp:
+    if first is None and last is None and layers % pp and pipeline_layout is None:
         split = uneven_split(layers, pp)
         if split is not None:
             first, last = split
@@ -252,11 +314,27 @@ def parallel_config(inputs: Inputs, *, tp: int = 1, pp: int = 1, cp: int = 1, ep
                               recompute_num_layers=recompute_num_layers, sequence_parallel=bool(sequence_parallel),
                               first_stage_layers=first, last_stage_layers=last,
                               account_for_embedding_in_pipeline_split=account,
-                              account_for_loss_in_pipeline_split=account)
+                              account_for_loss_in_pipeline_split=account, pipeline_layout=pipeline_layout,
+                              recompute_modules=tuple(recompute_modules) if recompute_modules else None,
+                              recompute_method=recompute_method,
+                              optimizer_cpu_offload_fraction=optimizer_cpu_offload,
+                              param_cpu_offload=bool(param_cpu_offload), exp_avg_dtype=exp_avg_dtype,
+                              exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype)
     except ValidationError as e:
         err = e.errors()[0]
-        field = _flag(str(err["loc"][0])) if err.get("loc") else "layout"
+        name = {"optimizer_cpu_offload_fraction": "optimizer_cpu_offload"}.get(str(err["loc"][0]), str(err["loc"][0])) \
+            if err.get("loc") else "layout"
+        field = _flag(name)
         raise PlanInputError(f"{field} {err.get('input')!r}: {err.get('msg', 'invalid')}") from None
+
+
+def _cost_options(options: dict[str, Any]):
+    """``planner.cost.CostOptions`` of the cost keys in ``options`` (None without ``train_tokens``)."""
+    from .cost import cost_options
+    return cost_options(options.get("train_tokens"), gpu_hour_price=options.get("gpu_hour_price"),
+                        async_checkpoint=bool(options.get("async_checkpoint", False)),
+                        interruptions_per_gpu_hour=options.get("interruption_rate"),
+                        restart_s=options.get("restart_s"), pue=options.get("pue"))
 
 
 def _layout_problem(model, cluster, options: dict[str, Any], where: str):
@@ -268,23 +346,34 @@ def _layout_problem(model, cluster, options: dict[str, Any], where: str):
     return inputs, par, _headroom(options.get("memory_headroom")), inputs.job.framework, conv
 
 
-def plan(model: ModelLike | None = None, cluster: ClusterLike | None = None,
-         **options: Unpack[PlanOptions]) -> PlanDocument:
-    """Search the parallel layouts of a job and return the best plans (best first) as the plan document.
+@dataclass(frozen=True)
+class _PlanSetup:
+    """``plan``'s options, checked and resolved (shared with ``compare`` and ``cost_sweep``)."""
 
-    ``options``: the job (``gpus`` or ``nodes``, ``global_batch_size`` 1024, ``seq_length`` 4096, ``precision``
-    bf16, ``flash_attention`` True, ``dropout`` False, ``framework`` megatron, ``memory_headroom`` 0.05,
-    ``flops_convention`` megatron), the search (``top_k`` 5, ``solver`` cpsat|enumerate, ``objective``
-    throughput|headroom|min-gpus with ``within`` / ``target_step_s`` / ``target_tokens_per_day``) and pins
-    (``tp``, ``pp``, ``cp``, ``ep``, ``vpp``, ``micro_batch_size``, ``zero_stage``, ``recompute``).
-    ``global_batch_size_tolerance`` F (a fraction in [0, 1)): when the requested global batch does not plan, plan
-    the nearest one within F of it that does (``planner.near_miss.choose_batch``); the document's
-    ``input.job.requested_global_batch_size`` holds the request and ``global_batch_size`` the batch planned.
-    The document's ``search_stats`` tells how many candidates were examined and found feasible.
+    inputs: Inputs
+    objective: str
+    solver: str
+    convention: str
+    headroom: float
+    top_k: int
+    within: float | None
+    target_step_s: float | None
+    target_tokens_per_day: float | None
+    deadline_days: float | None
+    cost: Any  # planner.cost.CostOptions | None
+    space: Any  # planner.space.SearchSpace
+    gbs_tolerance: float | None = None
 
-    Raises ``NoFeasiblePlan`` (nothing fits: the message names the binding constraint, by how much, and the
-    nearest changes that fit) and the input errors of ``load_inputs``.
-    """
+    def problem(self):
+        """The deadline searches' ``planner.cost_search.Problem`` on this setup's cluster."""
+        from .cost_search import Problem
+        i = self.inputs
+        return Problem(i.model, i.cluster, i.job, self.space, self.headroom, i.job.framework, self.solver,
+                       self.convention, self.cost)
+
+
+def _plan_setup(model, cluster, options: dict[str, Any]) -> _PlanSetup:
+    """Check ``plan``'s options and resolve the inputs (raises the input errors ``plan`` documents)."""
     _check_keys(options, _PLAN_KEYS, "plan")
     o = dict(options)
     objective = _choice("objective", o.get("objective", "throughput"), OBJECTIVES)
@@ -296,15 +385,28 @@ def plan(model: ModelLike | None = None, cluster: ClusterLike | None = None,
             raise PlanInputError(f"{_flag(field)} {v:g}: must be a positive number")
     if within is not None and objective != "headroom":
         raise PlanInputError("--within applies to --objective headroom only")
-    if objective == "min-gpus" and (step_t is None) == (tok_t is None):
-        raise PlanInputError("--objective min-gpus needs exactly one of --target-step-s, --target-tokens-per-day")
+    cost = _cost_options(o)
+    deadline = o.get("deadline_days")
+    if deadline is not None:
+        if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not 0 < deadline < float("inf"):
+            raise PlanInputError(f"--deadline-days {deadline!r}: must be a positive number of days")
+        if objective not in ("cost", "min-gpus"):
+            raise PlanInputError("--deadline-days needs --objective cost or --objective min-gpus")
+        if cost is None:
+            raise PlanInputError("--deadline-days needs --train-tokens (the days depend on how many tokens)")
+    if objective == "cost" and deadline is None:
+        raise PlanInputError("--objective cost needs --deadline-days and --train-tokens (cheapest plan that "
+                             "finishes by the deadline)")
+    if objective == "min-gpus" and sum(v is not None for v in (step_t, tok_t, deadline)) != 1:
+        raise PlanInputError("--objective min-gpus needs exactly one of --target-step-s, --target-tokens-per-day, "
+                             "--deadline-days")
     if objective != "min-gpus" and (step_t is not None or tok_t is not None):
         raise PlanInputError("--target-step-s / --target-tokens-per-day need --objective min-gpus")
     tol = o.get("global_batch_size_tolerance")
     if tol is not None:
         if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0.0 <= tol < 1.0:
             raise PlanInputError(f"--global-batch-size-tolerance {tol!r}: must be a fraction in [0, 1)")
-        if objective == "min-gpus":
+        if objective not in ("throughput", "headroom"):
             raise PlanInputError("--global-batch-size-tolerance applies to --objective throughput or headroom")
     top_k = o.get("top_k", 5)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
@@ -313,36 +415,146 @@ def plan(model: ModelLike | None = None, cluster: ClusterLike | None = None,
     headroom = _headroom(o.get("memory_headroom"))
     if o.get("recompute") is not None:
         _choice("recompute", o["recompute"], RECOMPUTE_CHOICES)
-    from .document import build_document
     from .space import SearchSpace
     one = lambda x: None if x is None else (x,)  # noqa: E731
-    sp_kw: dict[str, Any] = {k: one(o.get(k)) for k in ("tp", "pp", "cp", "ep", "vpp")}
+    sp_kw: dict[str, Any] = {k: one(o.get(k)) for k in ("tp", "pp", "cp", "ep", "vpp", "first_stage_layers",
+                                                         "last_stage_layers")}
     for k in ("micro_batch_size", "zero_stage", "recompute"):
         if o.get(k) is not None:
             sp_kw[k] = (o[k],)
-    space = SearchSpace(**sp_kw)
-    m, c, n, job = inputs.model, inputs.cluster, inputs.num_gpus, inputs.job
-    fw = job.framework
-    if objective == "min-gpus":
+    return _PlanSetup(inputs, objective, solver, conv, headroom, top_k, within, step_t, tok_t,
+                      None if deadline is None else float(deadline), cost, SearchSpace(**sp_kw),
+                      None if tol is None else float(tol))
+
+
+def plan(model: ModelLike | None = None, cluster: ClusterLike | None = None,
+         **options: Unpack[PlanOptions]) -> PlanDocument:
+    """Search the parallel layouts of a job and return the best plans (best first) as the plan document.
+
+    ``options``: the job (``gpus`` or ``nodes``, ``global_batch_size`` 1024, ``seq_length`` 4096, ``precision``
+    bf16, ``flash_attention`` True, ``dropout`` False, ``framework`` megatron, ``memory_headroom`` 0.05,
+    ``flops_convention`` megatron), the search (``top_k`` 5, ``solver`` cpsat|enumerate, ``objective``
+    throughput|headroom|min-gpus|cost with ``within`` / ``target_step_s`` / ``target_tokens_per_day`` /
+    ``deadline_days``), pins (``tp``, ``pp``, ``cp``, ``ep``, ``vpp``, ``micro_batch_size``, ``zero_stage``,
+    ``recompute``, ``first_stage_layers`` / ``last_stage_layers``: the decoder layers of the end stages) and the cost options (``train_tokens``, ...: ``CostOptions``; each plan then has a ``cost``).
+    With ``gpus`` an upper bound, ``objective`` min-gpus finds the fewest GPUs that meet the target or deadline and
+    ``cost`` the fewest GPU-hours that finish by ``deadline_days`` (planner/cost_search.py).
+    ``global_batch_size_tolerance`` F (a fraction in [0, 1); objectives throughput and headroom): when the
+    requested global batch does not plan, plan the nearest one within F of it that does
+    (``planner.near_miss.choose_batch``); ``input.job.requested_global_batch_size`` then holds the request and
+    ``global_batch_size`` the batch planned.
+    The document's ``search_stats`` tells how many candidates were examined and found feasible.
+
+    Raises ``NoFeasiblePlan`` (nothing fits: the message names the binding constraint, by how much, and the
+    nearest changes that fit; or no plan meets the deadline, and by how much) and the input errors of
+    ``load_inputs``.
+    """
+    st = _plan_setup(model, cluster, options)
+    from .cost import attach_costs
+    from .document import build_document
+    m, c, n, job = st.inputs.model, st.inputs.cluster, st.inputs.num_gpus, st.inputs.job
+    fw, space, headroom, top_k = job.framework, st.space, st.headroom, st.top_k
+    margin = _at_risk_margin(options.get("at_risk_margin"))
+    if st.deadline_days is not None:
+        from .cost_search import cheapest_by_deadline, fewest_gpus_by_deadline
+        by_deadline = cheapest_by_deadline if st.objective == "cost" else fewest_gpus_by_deadline
+        res, n = by_deadline(st.problem(), n, top_k, st.deadline_days)
+    elif st.objective == "min-gpus":
         from .search import fewest_gpus
-        res, n = fewest_gpus(m, c, job, n, top_k, space, headroom, fw, solver, step_t, tok_t, conv)
+        res, n = fewest_gpus(m, c, job, n, top_k, space, headroom, fw, st.solver, st.target_step_s,
+                             st.target_tokens_per_day, st.convention)
     else:
         from .search import run_search
-        res = run_search(m, c, job, n, top_k, space, headroom, fw, solver, objective,
-                         DEFAULT_WITHIN if within is None else within, conv)
-        if not res.plans and tol:
+        res = run_search(m, c, job, n, top_k, space, headroom, fw, st.solver, st.objective,
+                         DEFAULT_WITHIN if st.within is None else st.within, st.convention, margin)
+        if not res.plans and st.gbs_tolerance:
             from .near_miss import choose_batch
-            gbs = choose_batch(m, c, job, n, tol, space, headroom, fw, solver, conv)
+            gbs = choose_batch(m, c, job, n, st.gbs_tolerance, space, headroom, fw, st.solver, st.convention,
+                               margin)
             if gbs is not None:
                 job = job.model_copy(update={"global_batch_size": gbs})
-                res = run_search(m, c, job, n, top_k, space, headroom, fw, solver, objective,
-                                 DEFAULT_WITHIN if within is None else within, conv)
+                res = run_search(m, c, job, n, top_k, space, headroom, fw, st.solver, st.objective,
+                                 DEFAULT_WITHIN if st.within is None else st.within, st.convention, margin)
     if not res.plans:
         from .explanation import why_infeasible
-        raise NoFeasiblePlan(why_infeasible(m, c, job, n, res, space, headroom, fw, step_t, tok_t))
-    doc = build_document(m, c, job, n, res.plans, inputs.job.global_batch_size if tol is not None else None)
+        raise NoFeasiblePlan(why_infeasible(m, c, job, n, res, space, headroom, fw, st.target_step_s,
+                                            st.target_tokens_per_day, margin))
+    asked = st.inputs.job.global_batch_size if st.gbs_tolerance is not None else None
+    doc = build_document(m, c, job, n, res.plans, margin, asked)
+    attach_costs(doc, res.plans, m, c, job, n, st.cost)
     doc._search_stats = SearchStats(res.num_candidates, res.num_feasible, res.num_feasible_exact)
     return doc
+
+
+def _resolve_clusters(clusters) -> list:
+    """Built ``ClusterSpec`` objects of ``clusters`` (names, paths, specs, or a ``--cluster`` string with commas)."""
+    from cluster_specs import DEFAULT_CLUSTER, load_cluster
+    from cluster_specs.spec import ClusterSpec
+
+    from .comparison import parse_cluster_option
+    if clusters is None:
+        clusters = [DEFAULT_CLUSTER]
+    if isinstance(clusters, (ClusterSpec, os.PathLike)):
+        clusters = [clusters]
+    if isinstance(clusters, str):
+        choice = parse_cluster_option(clusters)
+        if choice.kind == "pools":
+            raise PlanInputError(f"--cluster {clusters!r}: NAME:NODES pools of one mixed-GPU cluster are not "
+                                 f"supported yet; give NAME,NAME,... to compare clusters")
+        clusters = list(choice.names)
+    if not clusters:
+        raise PlanInputError("--cluster: give at least one cluster to compare")
+    return [c if isinstance(c, ClusterSpec) else load_cluster(os.fspath(c)) for c in clusters]
+
+
+def compare(model: ModelLike | None = None, clusters: str | list[ClusterLike] | None = None,
+            **options: Unpack[PlanOptions]) -> ComparisonDocument:
+    """Plan the same job on several clusters (``"dgx-h100,dgx-h200"`` or a list) and rank them by the best plan's
+    effective days and dollars to train ``train_tokens`` (required). Options as ``plan``: ``gpus`` is shared (with
+    the min-gpus and cost objectives it is each cluster's upper bound). A cluster with no plan (nothing fits, the
+    deadline is missed, its GPUs lack the precision) gets its reason in the row. Raises ``PlanInputError`` without
+    ``train_tokens`` and, when every cluster fails on an input error, the first of them."""
+    from cluster_specs import ClusterSpecError
+    from model_zoo import DEFAULT_MODEL, load_model
+    from model_zoo.spec import ModelSpec
+
+    from .comparison import build_comparison
+    if options.get("train_tokens") is None:
+        raise PlanInputError("--cluster with several clusters ranks them by time and cost to train: give "
+                             "--train-tokens")
+    specs = _resolve_clusters(clusters)
+    m = model if isinstance(model, ModelSpec) else load_model(os.fspath(model) if model is not None else DEFAULT_MODEL)
+    results, input_errors = [], []
+    for c in specs:
+        try:
+            results.append((c.name, plan(m, c, **options), None))
+        except (PlanInputError, ClusterSpecError) as e:
+            input_errors.append(e)
+            results.append((c.name, None, str(e)))
+        except NoFeasiblePlan as e:
+            results.append((c.name, None, str(e)))
+    if len(input_errors) == len(specs):
+        raise input_errors[0]
+    deadline = options.get("deadline_days")
+    return build_comparison(m.name, options.get("objective", "throughput"), float(options["train_tokens"]),
+                            None if deadline is None else float(deadline), results)
+
+
+def cost_sweep(model: ModelLike | None = None, clusters: ClusterLike | list[ClusterLike] | None = None,
+               **options: Unpack[PlanOptions]) -> list[SweepPoint]:
+    """The fastest plan at each GPU count (one node, doubling, up to ``gpus``) on each cluster, with its whole-run
+    cost (``train_tokens`` required): the points ``plan3d plan --plot`` draws (planner/cost_plot.py). Options as
+    ``plan`` (the objective and deadline are not used: every count is swept)."""
+    if options.get("train_tokens") is None:
+        raise PlanInputError("--plot draws cost against days: give --train-tokens")
+    sweep_opts = {k: v for k, v in options.items() if k not in ("objective", "deadline_days", "within",
+                                                                 "target_step_s", "target_tokens_per_day")}
+    from .cost_search import cost_sweep as sweep
+    points: list[SweepPoint] = []
+    for c in _resolve_clusters(clusters):
+        st = _plan_setup(model, c, sweep_opts)
+        points += sweep(st.problem(), st.inputs.num_gpus)
+    return points
 
 
 def _evaluation(inputs: Inputs, par: ParallelConfig, headroom: float, framework: str, convention: str):
@@ -351,28 +563,39 @@ def _evaluation(inputs: Inputs, par: ParallelConfig, headroom: float, framework:
 
 
 def evaluate(model: ModelLike | None = None, cluster: ClusterLike | None = None,
-             **options: Unpack[LayoutOptions]) -> PlanDocument:
+             **options: Unpack[EvaluateOptions]) -> PlanDocument:
     """Evaluate one given configuration, feasible or not: the plan document with one plan, whose ``feasible``
     flag and ``violations`` say whether it fits and which rule it breaks. Options as ``plan``'s job options plus
     the layout (``tp``, ``pp``, ``cp``, ``ep``, ``etp``, ``vpp``, ``micro_batch_size``, ``zero_stage``,
     ``recompute``, ``recompute_num_layers``, ``sequence_parallel``, ``first_stage_layers``, ``last_stage_layers``;
-    Megatron-LM's defaults where left out). Raises only input errors (``PlanInputError`` and the loaders')."""
+    Megatron-LM's defaults where left out) and the cost options (``train_tokens``, ...: ``CostOptions``).
+    Raises only input errors (``PlanInputError`` and the loaders')."""
+    from .cost import attach_costs
     from .document import build_document
-    inputs, par, headroom, fw, conv = _layout_problem(model, cluster, dict(options), "evaluate")
+    o = dict(options)
+    _check_keys(o, _JOB_KEYS | _LAYOUT_KEYS | _COST_KEYS, "evaluate")
+    cost = _cost_options(o)
+    inputs, par, headroom, fw, conv = _layout_problem(
+        model, cluster, {k: v for k, v in o.items() if k not in _COST_KEYS}, "evaluate")
     ev = _evaluation(inputs, par, headroom, fw, conv)
-    return build_document(inputs.model, inputs.cluster, inputs.job, inputs.num_gpus, [ev])
+    doc = build_document(inputs.model, inputs.cluster, inputs.job, inputs.num_gpus, [ev],
+                         _at_risk_margin(o.get("at_risk_margin")))
+    return attach_costs(doc, [ev], inputs.model, inputs.cluster, inputs.job, inputs.num_gpus, cost)
 
 
 @dataclass(frozen=True)
 class MemoryReport:
-    """``memory``'s answer: the per-stage estimate (bytes), its verdict (``fits`` / ``at risk`` / ``OOM``), and the
-    plan document (``plan3d memory --format json``) whose ``plans[0].memory.stages`` carry the breakdown."""
+    """``memory``'s answer: the per-stage estimate (bytes), its verdict (``fits`` / ``at risk`` / ``over headroom``
+    / ``OOM``: ``planner.checks.memory_verdict``, the verdict ``evaluate`` and ``explain`` give too), and the plan
+    document (``plan3d memory --format json``) whose ``plans[0].memory.stages`` carry the breakdown."""
 
     inputs: Inputs
     parallel: ParallelConfig
     estimate: MemoryEstimate
     status: str
     document: PlanDocument
+    memory_headroom: float = DEFAULT_HEADROOM
+    at_risk_margin: float = DEFAULT_AT_RISK_MARGIN
 
     @property
     def title(self) -> str:
@@ -383,12 +606,18 @@ class MemoryReport:
                 f"{par.zero_stage}, recompute {par.recompute}, seq {job.seq_length}")
 
     def raise_if_oom(self) -> None:
-        """Raise ``NoFeasiblePlan`` naming the peak stage when the estimate does not fit (``plan3d memory``'s
-        exit 1)."""
+        """Raise ``NoFeasiblePlan`` naming the peak stage when the estimate does not fit the headroom (verdict
+        ``OOM`` or ``over headroom``: infeasible, as ``evaluate`` and ``explain`` say; ``plan3d memory``'s exit 1).
+        An ``at risk`` verdict fits and does not raise."""
+        pk, cap, gib = self.estimate.peak_stage, self.estimate.capacity_bytes, 2**30
         if self.status == "OOM":
-            pk, cap = self.estimate.peak_stage, self.estimate.capacity_bytes
-            raise NoFeasiblePlan(f"out of memory: stage {pk.stage} peaks at {pk.total / 2**30:.1f} GiB in {pk.phase} "
-                                 f"> {cap / 2**30:.1f} GiB capacity")
+            raise NoFeasiblePlan(f"out of memory: stage {pk.stage} peaks at {pk.total / gib:.1f} GiB in {pk.phase} "
+                                 f"> {cap / gib:.1f} GiB capacity")
+        if self.status == "over headroom":
+            h = self.memory_headroom
+            raise NoFeasiblePlan(f"over the memory headroom: stage {pk.stage} peaks at {pk.total / gib:.1f} GiB in "
+                                 f"{pk.phase} > {cap * (1 - h) / gib:.1f} GiB usable ({cap / gib:.1f} GiB capacity "
+                                 f"less {h:.0%} headroom); --memory-headroom lowers the limit")
 
 
 def memory(model: ModelLike | None = None, cluster: ClusterLike | None = None,
@@ -402,6 +631,7 @@ def memory(model: ModelLike | None = None, cluster: ClusterLike | None = None,
     o = dict(options)
     cf = o.pop("capacity_factor", None)
     inputs, par, headroom, fw, conv = _layout_problem(model, cluster, o, "memory")
+    margin = _at_risk_margin(o.get("at_risk_margin"))
     ev = _evaluation(inputs, par, headroom, fw, conv)
     if ev.memory is None:
         raise PlanInputError("; ".join(v.message for v in ev.violations) or "no memory estimate for this layout")
@@ -417,8 +647,8 @@ def memory(model: ModelLike | None = None, cluster: ClusterLike | None = None,
         ev.memory = estimate_memory(m, c, job, par, capacity_factor=cf)
         ev.violations = check_config(m, c, job, par, inputs.num_gpus, memory=ev.memory, memory_headroom=headroom,
                                      framework=fw)
-    doc = build_document(inputs.model, inputs.cluster, inputs.job, inputs.num_gpus, [ev])
-    return MemoryReport(inputs, par, ev.memory, status(ev.memory), doc)
+    doc = build_document(inputs.model, inputs.cluster, inputs.job, inputs.num_gpus, [ev], margin)
+    return MemoryReport(inputs, par, ev.memory, status(ev.memory, headroom, margin), doc, headroom, margin)
 
 
 @dataclass(frozen=True)
@@ -430,10 +660,20 @@ class ExplainReport:
     parallel: ParallelConfig
     explanation: Explanation
     memory_headroom: float
+    at_risk_margin: float = DEFAULT_AT_RISK_MARGIN
 
     @property
     def feasible(self) -> bool:
         return self.explanation.evaluation.feasible
+
+    @property
+    def memory_verdict(self) -> str | None:
+        """``planner.checks.memory_verdict`` of the configuration (None when it has no memory estimate)."""
+        mem = self.explanation.evaluation.memory
+        if mem is None:
+            return None
+        from .checks import memory_verdict
+        return memory_verdict(mem, self.memory_headroom, self.at_risk_margin)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (``plan3d explain --format json``)."""
@@ -443,6 +683,7 @@ class ExplainReport:
         return {"model": i.model.name, "cluster": i.cluster.name, "num_gpus": i.num_gpus,
                 "parallel": self.parallel.model_dump(mode="json"), "feasible": self.feasible,
                 "memory_headroom": self.memory_headroom, "framework": i.job.framework,
+                "at_risk_margin": self.at_risk_margin, "memory_verdict": self.memory_verdict,
                 "constraints": explanation_rows(self.explanation),
                 "step_s": st.step_s if st else None, "tokens_per_s": st.tokens_per_s if st else None}
 
@@ -470,7 +711,7 @@ def explain(model: ModelLike | None = None, cluster: ClusterLike | None = None,
     from .explanation import explain_config
     inputs, par, headroom, fw, _ = _layout_problem(model, cluster, dict(options), "explain")
     ex = explain_config(inputs.model, inputs.cluster, inputs.job, par, inputs.num_gpus, headroom, fw)
-    return ExplainReport(inputs, par, ex, headroom)
+    return ExplainReport(inputs, par, ex, headroom, _at_risk_margin(options.get("at_risk_margin")))
 
 
 def validate(dataset: str | os.PathLike[str] | None = None) -> ValidationReport:

@@ -25,7 +25,8 @@ Rules and their sources (formulas.md Sec. 7.1 "Checks enforced"; field_cases.md 
   ``docs/composability.md``.
 * vocabulary padding: the padded vocabulary (multiple of ``128*tp``, Megatron ``_vocab_size_with_padding``)
   must hold the vocabulary — informational, always satisfied, listed so the padding is visible.
-* memory of every stage <= capacity x (1 - headroom).
+* memory of every stage <= capacity x (1 - headroom); within ``at_risk_margin`` of capacity it still fits but is
+  flagged at risk (``memory_verdict``).
 """
 from __future__ import annotations
 
@@ -41,8 +42,15 @@ from model_zoo.spec import ModelSpec
 #: ``--memory-headroom``. Field experience: PyTorch's caching allocator fragments a few percent of memory and
 #: the MEM cases of field_cases.md OOM within ~3-5% of capacity, so we keep 5% free by default.
 DEFAULT_MEMORY_HEADROOM = 0.05
-#: A plan whose peak is within this fraction of capacity is flagged ``at_risk`` (same field experience).
-AT_RISK_FRACTION = 0.05
+#: Default ``--at-risk-margin``: a plan whose peak is within this fraction of capacity (but inside the headroom)
+#: fits and is flagged ``at risk``, ranked after the plans that clear it. 10% is the largest under-prediction of the
+#: memory model on published runs whose gap has a known mechanism (tests/test_memory_published.py ``KNOWN``: eager
+#: torchtitan Llama-3.1-8B FSDP on 8 and 128 H100, -9.0% / -9.1% of measured max reserved memory, from unfused
+#: RMSNorm/SwiGLU temporaries the per-layer terms do not hold), rounded up: a run predicted at 90% of capacity has
+#: reached it in the field. It is wider than the 5% headroom, which covers allocator fragmentation alone.
+DEFAULT_AT_RISK_MARGIN = 0.10
+#: Memory verdicts, best first (``memory_verdict``).
+VERDICTS = ("fits", "at risk", "over headroom", "OOM")
 FRAMEWORKS = ("megatron", "deepspeed", "torchtitan")
 
 
@@ -199,6 +207,32 @@ def constraint_report(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, 
     return out
 
 
+def memory_verdict(memory: MemoryEstimate, memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
+                   at_risk_margin: float = DEFAULT_AT_RISK_MARGIN) -> str:
+    """The one memory verdict every command gives (``VERDICTS``): ``OOM`` (peak above capacity), ``over headroom``
+    (above capacity x (1 - headroom): infeasible, exit 1), ``at risk`` (above capacity x (1 - at_risk_margin):
+    feasible, exit 0, flagged and ranked after the plans that fit) or ``fits``."""
+    return verdict_of(memory.peak_bytes, memory.capacity_bytes, memory_headroom, at_risk_margin)
+
+
+def verdict_of(peak_bytes: float, capacity_bytes: float, memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
+               at_risk_margin: float = DEFAULT_AT_RISK_MARGIN) -> str:
+    """``memory_verdict`` of one peak (bytes) against one capacity (bytes)."""
+    peak, cap = peak_bytes, capacity_bytes
+    if peak > cap:
+        return "OOM"
+    if peak > cap * (1 - memory_headroom):
+        return "over headroom"
+    if peak > cap * (1 - at_risk_margin):
+        return "at risk"
+    return "fits"
+
+
+def _at_phase(st) -> str:
+    """`` at init`` when a stage peaks before the first step (a full-model init), else nothing."""
+    return " at init (full model materialized)" if st.phase == "init" else ""
+
+
 def _counts_str(counts: list[int]) -> str:
     if len(set(counts)) == 1:
         return f"{len(counts)} x {counts[0]}"
@@ -227,7 +261,8 @@ def check_config(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: 
     if worst is not None:
         st = memory.peak_stage
         limit = memory.capacity_bytes * (1 - memory_headroom)
-        v.append(Violation("memory", f"stage {st.stage} needs {st.total / 2**30:.1f} GiB > {limit / 2**30:.1f} GiB "
+        v.append(Violation("memory", f"stage {st.stage} needs {st.total / 2**30:.1f} GiB{_at_phase(st)} > "
+                                     f"{limit / 2**30:.1f} GiB "
                                      f"usable ({memory.capacity_bytes / 2**30:.1f} GiB capacity less "
                                      f"{memory_headroom:.0%} headroom) by {(st.total - limit) / 2**30:.1f} GiB",
                            st.total - limit))

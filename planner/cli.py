@@ -42,6 +42,7 @@ class ObjectiveOpt(str, Enum):
     throughput = "throughput"
     headroom = "headroom"
     min_gpus = "min-gpus"
+    cost = "cost"
 
 
 class Framework(str, Enum):
@@ -60,8 +61,10 @@ class FlopsConv(str, Enum):
 
 
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="built-in name, our YAML, or a HF config.json path")]
-ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="built-in name or YAML path")]
-GpusOpt = Annotated[Optional[int], typer.Option("--gpus", min=1, help="number of GPUs (multiple of the node size)")]
+ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="built-in name or YAML path (plan: A,B,C compares "
+                                                                   "clusters by time and cost)")]
+GpusOpt = Annotated[Optional[int], typer.Option(
+    "--gpus", min=1, help="number of GPUs (a multiple of the node size, or a divisor of it: part of one node)")]
 NodesOpt = Annotated[Optional[int], typer.Option("--nodes", min=1, help="number of nodes")]
 GbsOpt = Annotated[int, typer.Option("--global-batch-size", min=1, help="sequences per optimizer step")]
 SeqOpt = Annotated[int, typer.Option("--seq-length", min=1, help="tokens per sequence")]
@@ -73,6 +76,16 @@ OutOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="write th
 HEADROOM_DEFAULT = 0.05
 HeadroomOpt = Annotated[float, typer.Option("--memory-headroom", min=0.0, max=0.5,
                                             help="fraction of GPU memory kept free (default 0.05)")]
+#: Same default as planner.checks.DEFAULT_AT_RISK_MARGIN (a test keeps them equal).
+AT_RISK_DEFAULT = 0.10
+AtRiskOpt = Annotated[float, typer.Option(
+    "--at-risk-margin", min=0.0, max=0.5,
+    help="a peak within this fraction of capacity (but inside the headroom) fits and is flagged at risk; plan "
+         "ranks such plans last (default 0.10)")]
+FullInitOpt = Annotated[bool, typer.Option(
+    "--full-model-init/--sharded-init",
+    help="each rank first materializes its whole 16-bit model (DeepSpeed without zero.Init): checked as the init "
+         "phase")]
 FlopsOpt = Annotated[Optional[FlopsConv], typer.Option(
     "--flops-convention", help="model FLOPs behind TFLOP/s and MFU: megatron (causal attention halved, "
                                "Megatron-LM's logger) or palm (6N + 12LHQT, torchtitan)")]
@@ -81,6 +94,22 @@ FlashOpt = Annotated[bool, typer.Option("--flash-attention/--no-flash-attention"
                                         help="fused attention (no s x s scores stored or streamed; default on)")]
 DropoutOpt = Annotated[bool, typer.Option("--dropout/--no-dropout",
                                           help="dropout layers present (masks stored; default off)")]
+# --- whole-run cost (planner/cost.py) ---
+TrainTokensOpt = Annotated[Optional[float], typer.Option(
+    "--train-tokens", help="tokens to train (e.g. 15.6e12): each plan gets its days, GPU-hours, goodput, energy "
+                           "and dollars")]
+PriceOpt = Annotated[Optional[str], typer.Option(
+    "--gpu-hour-price", help="USD per GPU-hour (2.5), or NAME=USD pairs per cluster (dgx-h100=2.5,dgx-h200=3.1); "
+                             "default: the cluster's own dated price")]
+AsyncCkptOpt = Annotated[bool, typer.Option(
+    "--async-checkpoint/--no-async-checkpoint", help="asynchronous checkpoints (Megatron --async-save, torch DCP "
+                                                     "async_save): the write runs behind compute (default off)")]
+RateOpt = Annotated[Optional[float], typer.Option(
+    "--interruption-rate", help="unexpected job interruptions per GPU-hour (default: the cluster's, Meta's Llama 3 "
+                                "figure 1.97e-5)")]
+RestartOpt = Annotated[Optional[float], typer.Option(
+    "--restart-s", help="seconds from an interruption to training again (default: the cluster's, 388 s)")]
+PueOpt = Annotated[Optional[float], typer.Option("--pue", help="power usage effectiveness (default: the cluster's)")]
 
 
 def _write(text: str, output: Path | None) -> None:
@@ -107,34 +136,52 @@ def _gib(x: float) -> str:
     return f"{x / 2**30:.1f}"
 
 
-def _plans_table(doc, title: str):
+def _plans_table(doc, title: str, at_risk_margin: float = AT_RISK_DEFAULT):
     from rich.table import Table
-    caption = ("peak GiB: most loaded stage / GPU capacity (GiB = 2^30 bytes); ! = within 5% of capacity, OOM = over it; "
-               "full N/chunk = the first N layers of each model chunk recomputed (Megatron --recompute-method block)")
+    caption = (f"peak GiB: most loaded stage / GPU capacity (GiB = 2^30 bytes); ! = at risk (within "
+               f"{at_risk_margin:.0%} of capacity), OOM = over it; full N/chunk = the first N layers of each model chunk recomputed (Megatron --recompute-method block)")
     thr = next((p.throughput for p in doc.plans if p.throughput), None)
     if thr is not None:
         caption += (f"; MFU = model FLOPs ({thr.flops_convention} count) / dense 16-bit peak "
                     f"{thr.peak_flops_per_gpu / 1e12:.0f} TFLOP/s per GPU")
     t = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
-    for col in ("#", "tp", "pp", "dp", "cp", "ep", "vpp", "mbs", "zero", "sp", "recompute", "peak GiB",
-                "step s", "tokens/s", "TFLOP/s/GPU", "MFU", "ok"):
+    from .cost_report import money
+    costed = any(p.cost is not None for p in doc.plans)
+    cols = ["#", "tp", "pp", "split", "dp", "cp", "ep", "vpp", "mbs", "zero", "sp", "recompute", "peak GiB",
+            "step s", "tokens/s", "TFLOP/s/GPU", "MFU", "ok"]
+    for col in cols + (["days", "GPU-hours", "$"] if costed else []):
         t.add_column(col, justify="right")
+    if costed:
+        t.caption += "; days: with interruptions, restarts and checkpoints (plan 1 in detail below)"
     for p in doc.plans:
+        extra = []
+        if costed:
+            c = p.cost
+            extra = ["-", "-", "-"] if c is None else [f"{c.effective_days:.4g}", f"{c.gpu_hours:,.0f}", money(c.usd)]
         q = p.parallel
         peak = f"{_gib(p.memory.peak_bytes)}/{_gib(p.memory.capacity_bytes)}" if p.memory else "-"
         if p.memory and p.memory.at_risk:
             peak += " !"
         elif p.memory and p.memory.peak_bytes > p.memory.capacity_bytes:
             peak += " OOM"
-        t.add_row(str(p.rank), str(q.tp), str(q.pp), str(q.dp), str(q.cp), str(q.ep), str(q.vpp),
+        t.add_row(str(p.rank), str(q.tp), str(q.pp), _split_str(q), str(q.dp), str(q.cp),
+                  str(q.ep) if q.ep == 1 or q.etp == q.tp else f"{q.ep} etp {q.etp}", str(q.vpp),
                   str(q.micro_batch_size), str(q.zero_stage), "y" if q.sequence_parallel else "n",
                   q.recompute if q.recompute_num_layers is None else f"full {q.recompute_num_layers}/chunk",
                   peak, f"{p.time.step_s:.3f}" if p.time else "-",
                   f"{p.throughput.tokens_per_s:,.0f}" if p.throughput else "-",
                   f"{p.throughput.tflops_per_gpu:.0f}" if p.throughput else "-",
                   f"{p.throughput.mfu:.1%}" if p.throughput else "-",
-                  "yes" if p.feasible else "NO")
+                  "yes" if p.feasible else "NO", *extra)
     return t
+
+
+def _split_str(q) -> str:
+    """The table's layer split: first/last stage layers of an uneven split, "acct" for the account-for-embedding/
+    loss split, "-" for an even one."""
+    if q.first_stage_layers is not None or q.last_stage_layers is not None:
+        return f"{q.first_stage_layers or '-'}/{q.last_stage_layers or '-'}"
+    return "acct" if q.account_for_embedding_in_pipeline_split else "-"
 
 
 def _emit(doc, emit: Emit, output: Path | None, rank: int, framework: str | None = None) -> None:
@@ -185,7 +232,7 @@ def _emit(doc, emit: Emit, output: Path | None, rank: int, framework: str | None
 
 
 def _render(doc, fmt: Fmt, output: Path | None, emit: Emit | None, title: str, rank: int = 1,
-            framework: str | None = None) -> None:
+            framework: str | None = None, at_risk_margin: float = AT_RISK_DEFAULT) -> None:
     from .document import to_json
     if emit is not None:
         _emit(doc, emit, output, rank, framework)
@@ -194,17 +241,25 @@ def _render(doc, fmt: Fmt, output: Path | None, emit: Emit | None, title: str, r
         _write(to_json(doc), output)
         return
     from rich.console import Console
+
+    from .cost_report import cost_lines
+    width = 190 if any(p.cost is not None for p in doc.plans) else 160  # room for days, GPU-hours and $
     if output is not None:
         import io
         buf = io.StringIO()
-        Console(file=buf, width=160).print(_plans_table(doc, title))
+        con = Console(file=buf, width=width)
+        con.print(_plans_table(doc, title, at_risk_margin))
+        for line in cost_lines(doc):
+            con.print(line, highlight=False)
         _write(buf.getvalue(), output)  # one-line error naming the path and the OS reason
         return
-    console = Console(width=max(160, Console().width))
-    console.print(_plans_table(doc, title))
+    console = Console(width=max(width, Console().width))
+    console.print(_plans_table(doc, title, at_risk_margin))
     for p in doc.plans:
         for v in p.violations:
             console.print(f"  plan {p.rank}: {v}")
+    for line in cost_lines(doc):
+        console.print(line, highlight=False)
 
 
 def _pair_args(args: list[str]) -> list[str]:
@@ -232,8 +287,9 @@ def plan(
                                                                "oracle)")] = SolverOpt.cpsat,
     objective: Annotated[ObjectiveOpt, typer.Option(
         "--objective", help="throughput (default); headroom: most memory headroom within --within of the best "
-                            "throughput; min-gpus: fewest GPUs (up to --gpus) meeting --target-step-s or "
-                            "--target-tokens-per-day")] = ObjectiveOpt.throughput,
+                            "throughput; min-gpus: fewest GPUs (up to --gpus) meeting --target-step-s, "
+                            "--target-tokens-per-day or --deadline-days; cost: fewest GPU-hours (up to --gpus) "
+                            "that train --train-tokens by --deadline-days")] = ObjectiveOpt.throughput,
     within: Annotated[Optional[float], typer.Option("--within", min=0.0, max=1.0,
                                           help="--objective headroom: allowed throughput loss (fraction, default 0.05)")] = None,
     target_step_s: Annotated[Optional[float], typer.Option("--target-step-s", min=0.0,
@@ -248,28 +304,67 @@ def plan(
     pin_mbs: Annotated[Optional[int], typer.Option("--micro-batch-size", min=1, help="pin micro-batch size")] = None,
     pin_zero: Annotated[Optional[int], typer.Option("--zero-stage", min=0, max=3, help="pin ZeRO stage")] = None,
     pin_rc: Annotated[Optional[RecomputeOpt], typer.Option("--recompute", help="pin recompute")] = None,
-    flops_convention: FlopsOpt = None,
+    pin_first: Annotated[Optional[int], typer.Option(
+        "--first-stage-layers", min=1, help="pin the decoder layers of the first pipeline stage")] = None,
+    pin_last: Annotated[Optional[int], typer.Option(
+        "--last-stage-layers", min=1, help="pin the decoder layers of the last pipeline stage")] = None,
+    flops_convention: FlopsOpt = None, at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT,
+    train_tokens: TrainTokensOpt = None, gpu_hour_price: PriceOpt = None, async_checkpoint: AsyncCkptOpt = False,
+    interruption_rate: RateOpt = None, restart_s: RestartOpt = None, pue: PueOpt = None,
+    deadline_days: Annotated[Optional[float], typer.Option(
+        "--deadline-days", help="--objective cost: cheapest plan that trains --train-tokens in this many days; "
+                                "--objective min-gpus: fewest GPUs that do")] = None,
+    plot: Annotated[Optional[Path], typer.Option(
+        "--plot", help="draw cost against days over GPU counts (and clusters) to FILE.png|svg, the Pareto frontier "
+                       "marked (needs --train-tokens)")] = None,
     gbs_tolerance: Annotated[Optional[float], typer.Option(
         "--global-batch-size-tolerance", min=0.0, max=0.99,
         help="when no layout plans the requested global batch, plan the nearest one within this fraction of it "
              "(reported in the title and as input.job.requested_global_batch_size)")] = None,
 ) -> None:
-    """Search the parallel layouts and print the best plans (default: llama3.1-8b on one dgx-h100 node)."""
+    """Search the parallel layouts and print the best plans (default: llama3.1-8b on one dgx-h100 node).
+
+    --cluster A,B,C plans the same job on each cluster and ranks them by time and by cost (needs --train-tokens).
+    """
+    from .api import compare as api_compare
+    from .api import cost_sweep
     from .api import plan as api_plan
+    from .comparison import parse_cluster_option
     from .errors import PlanInputError
 
     if rank != 1 and emit is None:
         raise PlanInputError(f"--rank {rank} selects the plan --emit writes: give --emit megatron|deepspeed|torchtitan")
     if framework is None:  # an explicit --framework wins; else plan under the rules of the --emit target
         framework = emit if emit is not None else Framework.megatron
-    doc = api_plan(model, cluster, gpus=gpus, nodes=nodes, global_batch_size=global_batch_size,
-                   seq_length=seq_length, precision=precision.value, flash_attention=flash_attention,
-                   dropout=dropout, framework=framework.value, memory_headroom=memory_headroom,
-                   flops_convention=_value(flops_convention), top_k=max(top_k, rank if emit is not None else 1),
-                   solver=solver.value, objective=objective.value, within=within, target_step_s=target_step_s,
-                   target_tokens_per_day=target_tokens_per_day, tp=pin_tp, pp=pin_pp, cp=pin_cp, ep=pin_ep,
-                   vpp=pin_vpp, micro_batch_size=pin_mbs, zero_stage=pin_zero, recompute=_value(pin_rc),
-                   global_batch_size_tolerance=gbs_tolerance)
+    choice = parse_cluster_option(cluster)
+    if plot is not None:  # checked before the search: a wrong suffix or no token count fails at once
+        from .cost_plot import check_plot_path
+        check_plot_path(plot)
+        if train_tokens is None:
+            raise PlanInputError("--plot draws cost against days: give --train-tokens")
+    opts = dict(gpus=gpus, nodes=nodes, global_batch_size=global_batch_size,
+                seq_length=seq_length, precision=precision.value, flash_attention=flash_attention,
+                dropout=dropout, framework=framework.value, memory_headroom=memory_headroom,
+                flops_convention=_value(flops_convention), top_k=max(top_k, rank if emit is not None else 1),
+                solver=solver.value, objective=objective.value, within=within, target_step_s=target_step_s,
+                target_tokens_per_day=target_tokens_per_day, tp=pin_tp, pp=pin_pp, cp=pin_cp, ep=pin_ep,
+                vpp=pin_vpp, micro_batch_size=pin_mbs, zero_stage=pin_zero, recompute=_value(pin_rc),
+                first_stage_layers=pin_first, last_stage_layers=pin_last, train_tokens=train_tokens, gpu_hour_price=gpu_hour_price, async_checkpoint=async_checkpoint,
+                interruption_rate=interruption_rate, restart_s=restart_s, pue=pue, deadline_days=deadline_days,
+                at_risk_margin=at_risk_margin)
+    if choice.kind != "single":
+        if emit is not None:
+            raise PlanInputError("--emit writes one plan: give one --cluster")
+        if gbs_tolerance is not None:
+            raise PlanInputError("--global-batch-size-tolerance plans one cluster: give one --cluster")
+        cmp = api_compare(model, cluster, **opts)
+        if plot is not None:
+            _plot(cost_sweep(model, cluster, **opts), plot, cmp.model, train_tokens)
+        _render_comparison(cmp, fmt, output)
+        return
+    doc = api_plan(model, cluster, **opts, global_batch_size_tolerance=gbs_tolerance)
+    if plot is not None:
+        _plot(cost_sweep(model, cluster, **opts), plot, doc.input.model.name, train_tokens)
     i, stats = doc.input, doc.search_stats
     asked = i.job.requested_global_batch_size
     gbs = f"{i.job.global_batch_size}" + (f" (requested {asked}, tolerance {gbs_tolerance:g})"
@@ -278,7 +373,39 @@ def plan(
             f"plan3d: {i.model.name} on {i.cluster.num_gpus} x {i.cluster.gpu} ({i.cluster.name}), GBS "
             f"{gbs} x seq {i.job.seq_length}, {i.job.precision}: top {len(doc.plans)} of "
             f"{'' if stats.exact else 'at most '}{stats.num_feasible} feasible ({stats.num_candidates} examined)",
-            rank, framework.value)
+            rank, framework.value, at_risk_margin)
+
+
+def _plot(points, path: Path, model_name: str, train_tokens: float) -> None:
+    from .cost_plot import plot_cost_sweep
+    plot_cost_sweep(points, path, f"plan3d: {model_name}, {train_tokens:.4g} tokens: cost against days over GPU "
+                                  f"counts, best plan at each")
+
+
+def _render_comparison(cmp, fmt: Fmt, output: Path | None) -> None:
+    """A multi-cluster comparison: JSON (``ComparisonDocument``) or the ranked table and the reasons of clusters
+    without a plan."""
+    if fmt == Fmt.json:
+        _write(cmp.model_dump_json(), output)
+        return
+    import io
+
+    from rich.console import Console
+
+    from .cost_report import comparison_notes, comparison_table
+    dl = f", deadline {cmp.deadline_days:g} days" if cmp.deadline_days is not None else ""
+    title = (f"plan3d: {cmp.model}, {cmp.train_tokens:.4g} tokens on {len(cmp.rows)} clusters, objective "
+             f"{cmp.objective}{dl}: best plan of each, ranked by time and by cost")
+    buf = io.StringIO() if output is not None else None
+    con = Console(file=buf, width=200) if buf is not None else Console(width=max(200, Console().width))
+    con.print(comparison_table(cmp, title))
+    notes = comparison_notes(cmp)
+    if notes:
+        con.print("clusters without a plan:")
+        for line in notes:
+            con.print(line, highlight=False)
+    if buf is not None:
+        _write(buf.getvalue(), output)
 
 
 def _value(opt):
@@ -299,12 +426,31 @@ RecomputeLayersOpt = Annotated[Optional[int], typer.Option("--recompute-num-laye
 SpOpt = Annotated[bool, typer.Option("--sequence-parallel/--no-sequence-parallel")]
 FirstOpt = Annotated[Optional[int], typer.Option("--first-stage-layers", min=1)]
 LastOpt = Annotated[Optional[int], typer.Option("--last-stage-layers", min=1)]
+LayoutStrOpt = Annotated[Optional[str], typer.Option(
+    "--pipeline-model-parallel-layout", help="Megatron per-stage layout, e.g. 'Et*7|t*9|t*9|t*7L' (E embedding, t "
+                                             "decoder layer, m MTP layer, L loss; chunk i on pipeline rank i % pp)")]
+RecomputeModulesOpt = Annotated[Optional[str], typer.Option(
+    "--recompute-modules", help="selective recompute modules, comma-separated (Megatron --recompute-modules): "
+                                "core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts")]
+OffloadOpt = Annotated[float, typer.Option(
+    "--optimizer-cpu-offload", min=0.0, max=1.0,
+    help="share of the optimizer states in host memory (Megatron --optimizer-offload-fraction; DeepSpeed "
+         "offload_optimizer, 1.0)")]
+ParamOffloadOpt = Annotated[bool, typer.Option(
+    "--param-cpu-offload/--no-param-cpu-offload", help="DeepSpeed ZeRO-3 offload_param: parameters in host memory")]
+RecomputeMethodOpt = Annotated[str, typer.Option(
+    "--recompute-method", help="with --recompute-num-layers N: block (the first N layers of each chunk recomputed) or "
+                               "uniform (groups of N layers checkpointed, every layer recomputed)")]
+MomentDtypeOpt = Annotated[str, typer.Option(help="Adam moment dtype (precision-aware optimizer): fp32, fp16, bf16, fp8")]
+MasterDtypeOpt = Annotated[str, typer.Option(
+    "--main-params-dtype", help="master-weight dtype: fp32, fp16 (Megatron --main-params-dtype), bf16 "
+                                "(Megatron-FSDP --megatron-fsdp-main-params-dtype)")]
 
 
 def _layout(model, cluster, gpus, nodes, global_batch_size, seq_length, precision, flash_attention, dropout,
             framework, memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute,
             recompute_num_layers, sequence_parallel, first_stage_layers, last_stage_layers,
-            flops_convention=None) -> dict:
+            flops_convention=None, at_risk_margin=AT_RISK_DEFAULT, full_model_init=False, **knobs) -> dict:
     """The options of a one-layout command as the API's keyword arguments (``planner.api.LayoutOptions``)."""
     return dict(model=model, cluster=cluster, gpus=gpus, nodes=nodes, global_batch_size=global_batch_size,
                 seq_length=seq_length, precision=precision.value, flash_attention=flash_attention, dropout=dropout,
@@ -312,7 +458,18 @@ def _layout(model, cluster, gpus, nodes, global_batch_size, seq_length, precisio
                 vpp=vpp, micro_batch_size=micro_batch_size, zero_stage=zero_stage, recompute=recompute.value,
                 recompute_num_layers=recompute_num_layers, sequence_parallel=sequence_parallel,
                 first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
-                flops_convention=_value(flops_convention))
+                flops_convention=_value(flops_convention), at_risk_margin=at_risk_margin,
+                full_model_init=full_model_init, **_knobs(**knobs))
+
+
+def _knobs(pipeline_layout=None, recompute_modules=None, recompute_method="block", optimizer_cpu_offload=0.0,
+           param_cpu_offload=False, exp_avg_dtype="fp32", exp_avg_sq_dtype="fp32", main_params_dtype="fp32") -> dict:
+    """The memory knobs of a one-layout command as API keyword arguments (``planner.api.parallel_config``)."""
+    mods = tuple(m.strip() for m in recompute_modules.split(",") if m.strip()) if recompute_modules else None
+    return dict(pipeline_layout=pipeline_layout, recompute_modules=mods, recompute_method=recompute_method,
+                optimizer_cpu_offload=optimizer_cpu_offload,
+                param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype, exp_avg_sq_dtype=exp_avg_sq_dtype,
+                main_params_dtype=main_params_dtype)
 
 
 @app.command()
@@ -331,7 +488,15 @@ def evaluate(
     emit: Annotated[Optional[Emit], typer.Option(
         "--emit", help="print (or with --output DIR write) this framework's launch config of the configuration; "
                        "refused when the configuration is infeasible")] = None,
-    flops_convention: FlopsOpt = None,
+    flops_convention: FlopsOpt = None, at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT,
+    full_model_init: FullInitOpt = False,
+    pipeline_layout: LayoutStrOpt = None, recompute_modules: RecomputeModulesOpt = None,
+    recompute_method: RecomputeMethodOpt = "block",
+    optimizer_cpu_offload: OffloadOpt = 0.0, param_cpu_offload: ParamOffloadOpt = False,
+    exp_avg_dtype: MomentDtypeOpt = "fp32", exp_avg_sq_dtype: MomentDtypeOpt = "fp32",
+    main_params_dtype: MasterDtypeOpt = "fp32",
+    train_tokens: TrainTokensOpt = None, gpu_hour_price: PriceOpt = None, async_checkpoint: AsyncCkptOpt = False,
+    interruption_rate: RateOpt = None, restart_s: RestartOpt = None, pue: PueOpt = None,
 ) -> None:
     """Evaluate one given configuration (feasible or not). Options left out take Megatron-LM's defaults.
 
@@ -344,10 +509,15 @@ def evaluate(
     doc = api_evaluate(**_layout(
         model, cluster, gpus, nodes, global_batch_size, seq_length, precision, flash_attention, dropout, framework,
         memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute, recompute_num_layers,
-        sequence_parallel, first_stage_layers, last_stage_layers, flops_convention))
+        sequence_parallel, first_stage_layers, last_stage_layers, flops_convention, at_risk_margin, full_model_init,
+        pipeline_layout=pipeline_layout, recompute_modules=recompute_modules, recompute_method=recompute_method,
+        optimizer_cpu_offload=optimizer_cpu_offload, param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype,
+        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype),
+        train_tokens=train_tokens, gpu_hour_price=gpu_hour_price, async_checkpoint=async_checkpoint,
+        interruption_rate=interruption_rate, restart_s=restart_s, pue=pue)
     i = doc.input
     _render(doc, fmt, output, emit, f"plan3d evaluate: {i.model.name} on {i.cluster.num_gpus} x {i.cluster.gpu} "
-                                    f"({i.cluster.name})", framework=framework.value)
+                                    f"({i.cluster.name})", framework=framework.value, at_risk_margin=at_risk_margin)
 
 
 @app.command()
@@ -364,10 +534,18 @@ def memory(
     plot: Annotated[Optional[Path], typer.Option("--plot", help="draw the per-stage breakdown to FILE.png|svg")] = None,
     capacity_factor: Annotated[Optional[float], typer.Option(
         "--capacity-factor", min=1.0, help="MoE expert capacity factor (pads expert buffers; default: dropless)")] = None,
+    at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT, full_model_init: FullInitOpt = False,
+    pipeline_layout: LayoutStrOpt = None, recompute_modules: RecomputeModulesOpt = None,
+    recompute_method: RecomputeMethodOpt = "block",
+    optimizer_cpu_offload: OffloadOpt = 0.0, param_cpu_offload: ParamOffloadOpt = False,
+    exp_avg_dtype: MomentDtypeOpt = "fp32", exp_avg_sq_dtype: MomentDtypeOpt = "fp32",
+    main_params_dtype: MasterDtypeOpt = "fp32",
 ) -> None:
-    """Per-stage memory breakdown of one configuration (largest terms first, with capacity and headroom).
+    """Per-stage memory breakdown of one configuration (largest terms first, the total of each phase: init,
+    forward, backward, optimizer; the backend buffers named).
 
-    Same options as evaluate. Exit 1 when the peak stage does not fit; the report is printed either way.
+    Same options as evaluate, and the same verdict: exit 1 when the peak stage is over the headroom (infeasible, as
+    in evaluate and explain), exit 0 when it fits or is at risk; the report is printed either way.
     """
     from .api import memory as api_memory
     from .document import to_json
@@ -375,9 +553,11 @@ def memory(
     rep = api_memory(capacity_factor=capacity_factor, **_layout(
         model, cluster, gpus, nodes, global_batch_size, seq_length, precision, flash_attention, dropout, framework,
         memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute, recompute_num_layers,
-        sequence_parallel, first_stage_layers, last_stage_layers))
+        sequence_parallel, first_stage_layers, last_stage_layers, None, at_risk_margin, full_model_init, pipeline_layout=pipeline_layout, recompute_modules=recompute_modules, recompute_method=recompute_method,
+        optimizer_cpu_offload=optimizer_cpu_offload, param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype,
+        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype))
     if plot is not None:
-        plot_memory(rep.estimate, plot, rep.title)
+        plot_memory(rep.estimate, plot, rep.title, at_risk_margin)
     if fmt == Fmt.json:
         _write(to_json(rep.document), output)
     else:
@@ -386,11 +566,13 @@ def memory(
             with _open_output(output) as fh:
                 con = Console(file=fh, width=200)
                 con.print(rep.title, highlight=False)
-                con.print(memory_table(rep.estimate, ""))
+                con.print(memory_table(rep.estimate, "", rep.memory_headroom, rep.at_risk_margin))
+                con.print(f"verdict: {rep.status}", highlight=False)
         else:
-            con = Console(width=max(200, Console().width))
+            con = Console(width=max(240, Console().width))
             con.print(rep.title, highlight=False)
-            con.print(memory_table(rep.estimate, ""))
+            con.print(memory_table(rep.estimate, "", rep.memory_headroom, rep.at_risk_margin))
+            con.print(f"verdict: {rep.status}", highlight=False)
     rep.raise_if_oom()
 
 
@@ -407,6 +589,12 @@ def explain(
     fmt: FmtOpt = Fmt.table, output: OutOpt = None,
     timeline: Annotated[Optional[Path], typer.Option(
         "--timeline", help="draw the simulated pipeline schedule to FILE.svg or FILE.png")] = None,
+    at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT, full_model_init: FullInitOpt = False,
+    pipeline_layout: LayoutStrOpt = None, recompute_modules: RecomputeModulesOpt = None,
+    recompute_method: RecomputeMethodOpt = "block",
+    optimizer_cpu_offload: OffloadOpt = 0.0, param_cpu_offload: ParamOffloadOpt = False,
+    exp_avg_dtype: MomentDtypeOpt = "fp32", exp_avg_sq_dtype: MomentDtypeOpt = "fp32",
+    main_params_dtype: MasterDtypeOpt = "fp32",
 ) -> None:
     """List every constraint of one given configuration with its slack (same options as ``evaluate``).
 
@@ -417,7 +605,9 @@ def explain(
     rep = api_explain(**_layout(
         model, cluster, gpus, nodes, global_batch_size, seq_length, precision, flash_attention, dropout, framework,
         memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute, recompute_num_layers,
-        sequence_parallel, first_stage_layers, last_stage_layers))
+        sequence_parallel, first_stage_layers, last_stage_layers, None, at_risk_margin, full_model_init, pipeline_layout=pipeline_layout, recompute_modules=recompute_modules, recompute_method=recompute_method,
+        optimizer_cpu_offload=optimizer_cpu_offload, param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype,
+        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype))
     ex, par, i = rep.explanation, rep.parallel, rep.inputs
     where = f"{i.model.name} on {i.num_gpus} x {i.cluster.gpu.name} ({i.cluster.name})"
     if timeline is not None:
@@ -449,6 +639,8 @@ def explain(
             con.print(t)
             if st is not None:
                 con.print(f"step {st.step_s:.3f} s, {st.tokens_per_s:,.0f} tokens/s, MFU {st.mfu:.1%}")
+            if rep.memory_verdict is not None:
+                con.print(f"memory verdict: {rep.memory_verdict}", highlight=False)
     rep.raise_if_infeasible()
 
 

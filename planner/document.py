@@ -13,14 +13,16 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from cluster_specs.spec import ClusterSpec
 from cost_models.config import ParallelConfig, TrainingJob
+from cost_models.memory import MemoryEstimate
 from model_zoo.spec import ModelSpec
 
-from .checks import AT_RISK_FRACTION
+from .checks import DEFAULT_AT_RISK_MARGIN
 from .emit import launch_fields
 from .evaluation import Evaluation
 
 #: 1.1 (additive): parallel.account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split
-#: 1.2 (additive): input.job.requested_global_batch_size (plan --global-batch-size-tolerance)
+#: 1.2 (additive): plans[].cost, the whole-run cost of --train-tokens (planner/cost.py);
+#: input.job.requested_global_batch_size (plan --global-batch-size-tolerance)
 SCHEMA_VERSION = "1.2"
 
 
@@ -104,7 +106,10 @@ class StageMemoryInfo(_Strict):
     breakdown: dict[str, int] = Field(description="term -> bytes, largest first")
     peak_phase: str | None = Field(None, description="phase of the step at which this stage peaks "
                                                      "(forward, backward or optimizer)")
-    phases: dict[str, int] | None = Field(None, description="phase -> total bytes of this stage in that phase")
+    phases: dict[str, int] | None = Field(None, description="phase -> total bytes of this stage in that phase "
+                                                            "(init, forward, backward, optimizer)")
+    buffers: dict[str, int] | None = Field(None, description="backend buffers at the peak phase: name -> bytes "
+                                                             "(cost_models/memory_buffers.py)")
 
 
 class MemoryInfo(_Strict):
@@ -112,7 +117,8 @@ class MemoryInfo(_Strict):
     capacity_bytes: int
     headroom_bytes: int
     peak_stage: int
-    at_risk: bool = Field(description=f"peak within {AT_RISK_FRACTION:.0%} of capacity, not over it")
+    at_risk: bool = Field(description=f"peak within the at-risk margin (default {DEFAULT_AT_RISK_MARGIN:.0%}) of "
+                                      "capacity, not over it")
     breakdown: dict[str, int] = Field(description="peak stage: term -> bytes, largest first")
     stages: list[StageMemoryInfo]
 
@@ -157,6 +163,38 @@ class LaunchInfo(_Strict):
     unsupported: dict[str, str] = Field(default_factory=dict, description="framework -> why it cannot run the plan")
 
 
+class CostInfo(_Strict):
+    """Whole-run cost of training ``train_tokens`` tokens with the plan (cost_models/training_cost.py gives every
+    formula and planner/cost.py the options). Days and hours are wall-clock; ``effective_days`` counts
+    interruptions, restarts and checkpoints (``wall_clock_days / goodput_fraction``) and ``gpu_hours`` is
+    ``effective_days x 24 x GPUs``, what a rental bills."""
+    train_tokens: float
+    steps: int
+    wall_clock_days: float = Field(description="failure-free training time: train_tokens / tokens_per_s, days")
+    effective_days: float = Field(description="with interruptions, restarts and checkpoints: wall_clock_days / "
+                                              "goodput_fraction, days")
+    gpu_hours: float = Field(description="effective_days x 24 x GPUs")
+    goodput_fraction: float = Field(description="useful training time / wall time (Daly 2006)")
+    checkpoint_bytes: int = Field(description="weights + optimizer states of every parameter, bytes")
+    checkpoint_write_s: float = Field(description="checkpoint bytes / storage write bandwidth, seconds")
+    checkpoint_blocking_s: float = Field(description="seconds each checkpoint stops training (the write, or with "
+                                                     "async_checkpoint the copy to host memory)")
+    checkpoint_interval_s: float = Field(description="Young/Daly interval between checkpoint starts, whole steps, s")
+    checkpoint_interval_steps: int
+    async_checkpoint: bool
+    mtbf_s: float = Field(description="job mean time between interruptions, seconds")
+    restart_s: float = Field(description="seconds from an interruption to training again")
+    expected_interruptions: float
+    it_power_kw: float | None = Field(description="GPUs x board power + nodes x node overhead, kW")
+    pue: float
+    energy_mwh: float | None = Field(description="it_power_kw x PUE x effective time, MWh (1e6 Wh)")
+    energy_scope: str = Field(description="what energy_mwh counts")
+    usd: float | None = Field(description="gpu_hours x usd_per_gpu_hour; None without a price")
+    usd_per_gpu_hour: float | None
+    price_date: str | None = Field(description="when the price was read (prices move); None for --gpu-hour-price")
+    price_source: str | None
+
+
 class PlanInfo(_Strict):
     rank: int
     feasible: bool
@@ -166,6 +204,8 @@ class PlanInfo(_Strict):
     time: TimeInfo | None
     throughput: ThroughputInfo | None
     launch: LaunchInfo
+    #: whole-run cost, present when --train-tokens is given (schema 1.2)
+    cost: CostInfo | None = None
 
 
 class PlanDocument(_Strict):
@@ -217,20 +257,27 @@ def parallel_info(par: ParallelConfig, job: TrainingJob) -> ParallelInfo:
         account_for_loss_in_pipeline_split=par.account_for_loss_in_pipeline_split)
 
 
-def plan_info(rank: int, ev: Evaluation, model: ModelSpec, cluster: ClusterSpec, job: TrainingJob) -> PlanInfo:
+def memory_info(est: MemoryEstimate, at_risk_margin: float = DEFAULT_AT_RISK_MARGIN) -> MemoryInfo:
+    """The document's ``MemoryInfo`` of ``est`` (bytes rounded to integers; deterministic)."""
+    pk = est.peak_stage
+    stages = [StageMemoryInfo(stage=s.stage, num_layers=s.num_layers, total_bytes=round(s.total),
+                              in_flight_microbatches=_r(s.in_flight_microbatches),
+                              breakdown={k: round(v) for k, v in s.terms().items()},
+                              peak_phase=s.phase, phases={k: round(v) for k, v in s.phases.items()},
+                              buffers={k: round(v) for k, v in s.buffer_terms.get(s.phase, {}).items()})
+              for s in est.stages]
+    cap = est.capacity_bytes
+    return MemoryInfo(peak_bytes=round(pk.total), capacity_bytes=cap, headroom_bytes=round(cap - pk.total),
+                      peak_stage=pk.stage, at_risk=cap * (1 - at_risk_margin) < pk.total <= cap,
+                      breakdown={k: round(v) for k, v in pk.terms().items()}, stages=stages)
+
+
+def plan_info(rank: int, ev: Evaluation, model: ModelSpec, cluster: ClusterSpec, job: TrainingJob,
+              at_risk_margin: float = DEFAULT_AT_RISK_MARGIN) -> PlanInfo:
     par = ev.parallel
     mem = tim = thr = None
     if ev.memory is not None:
-        pk = ev.memory.peak_stage
-        stages = [StageMemoryInfo(stage=s.stage, num_layers=s.num_layers, total_bytes=round(s.total),
-                                  in_flight_microbatches=_r(s.in_flight_microbatches),
-                                  breakdown={k: round(v) for k, v in s.terms().items()},
-                                  peak_phase=s.phase, phases={k: round(v) for k, v in s.phases.items()})
-                  for s in ev.memory.stages]
-        cap = ev.memory.capacity_bytes
-        mem = MemoryInfo(peak_bytes=round(pk.total), capacity_bytes=cap, headroom_bytes=round(cap - pk.total),
-                         peak_stage=pk.stage, at_risk=cap * (1 - AT_RISK_FRACTION) < pk.total <= cap,
-                         breakdown={k: round(v) for k, v in pk.terms().items()}, stages=stages)
+        mem = memory_info(ev.memory, at_risk_margin)
     if ev.step is not None:
         st = ev.step
         tim = TimeInfo(step_s=_r(st.step_s), compute_s=_r(st.compute_s), bubble_s=_r(st.bubble_s),
@@ -249,11 +296,14 @@ def plan_info(rank: int, ev: Evaluation, model: ModelSpec, cluster: ClusterSpec,
 
 
 def build_document(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int,
-                   evaluations: list[Evaluation], requested_global_batch_size: int | None = None) -> PlanDocument:
-    """The document for ``evaluations`` (already in rank order); ``requested_global_batch_size``: the batch asked
-    for when ``plan`` was given a tolerance (``job`` holds the one planned)."""
+                   evaluations: list[Evaluation], at_risk_margin: float = DEFAULT_AT_RISK_MARGIN,
+                   requested_global_batch_size: int | None = None) -> PlanDocument:
+    """The document for ``evaluations`` (already in rank order); ``at_risk_margin`` sets ``memory.at_risk``;
+    ``requested_global_batch_size``: the batch asked for when ``plan`` was given a tolerance (``job`` holds the
+    one planned)."""
     return PlanDocument(input=input_info(model, cluster, job, num_gpus, requested_global_batch_size),
-                        plans=[plan_info(i + 1, ev, model, cluster, job) for i, ev in enumerate(evaluations)])
+                        plans=[plan_info(i + 1, ev, model, cluster, job, at_risk_margin)
+                               for i, ev in enumerate(evaluations)])
 
 
 def to_json(doc: PlanDocument) -> str:

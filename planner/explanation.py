@@ -177,8 +177,11 @@ def closest_structural_violations(model: ModelSpec, cluster: ClusterSpec, job: T
 
 def why_infeasible(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int, res, space=None,
                    memory_headroom: float = DEFAULT_MEMORY_HEADROOM, framework: str = "megatron",
-                   target_step_s: float | None = None, target_tokens_per_day: float | None = None) -> str:
-    """One line: which constraint binds, by how much, and the nearest changes with their predicted result."""
+                   target_step_s: float | None = None, target_tokens_per_day: float | None = None,
+                   at_risk_margin: float | None = None) -> str:
+    """One line: which constraint binds, by how much, and the nearest changes with their predicted result (when no
+    layout divides the job: the nearest global batches and GPU counts that plan, searched as ``plan`` does, at
+    ``at_risk_margin``)."""
     head = f"no feasible plan for {model.name} on {num_gpus} x {cluster.gpu.name}"
     if target_step_s is not None or target_tokens_per_day is not None:
         tgt = (f"step <= {target_step_s:g} s" if target_step_s is not None
@@ -186,12 +189,14 @@ def why_infeasible(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num
         return f"{head}: no GPU count up to {num_gpus} meets the target {tgt}; raise --gpus or relax the target"
     if not res.nearest_infeasible:
         from .near_miss import describe, nearest_batches, nearest_gpu_counts
+        from .space import SearchSpace
         why = closest_structural_violations(model, cluster, job, num_gpus, space, framework)
         gpn = cluster.node.gpus_per_node
-        batches = describe(*nearest_batches(model, cluster, job, num_gpus, space, memory_headroom, framework),
-                           "global batches", gpn)
-        gpus = describe(*nearest_gpu_counts(model, cluster, job, num_gpus, space, memory_headroom, framework),
-                        "GPU counts", gpn)
+        sp = space or SearchSpace()
+        batches = describe(*nearest_batches(model, cluster, job, num_gpus, sp, memory_headroom, framework,
+                                            at_risk_margin=at_risk_margin), "global batches", gpn)
+        gpus = describe(*nearest_gpu_counts(model, cluster, job, num_gpus, sp, memory_headroom, framework,
+                                            at_risk_margin=at_risk_margin), "GPU counts", gpn)
         return (f"{head}: no layout satisfies the divisibility and framework rules; the closest breaks {why}; "
                 f"{batches}; {gpus} (--global-batch-size-tolerance lets plan pick the batch); or change the "
                 f"sequence length or pins")

@@ -10,20 +10,19 @@ from pathlib import Path
 
 from cost_models.memory import MemoryEstimate
 
+from .checks import DEFAULT_AT_RISK_MARGIN, DEFAULT_MEMORY_HEADROOM, memory_verdict, verdict_of
 from .errors import PlanInputError
 
 GiB = 2**30
-#: A plan whose peak is within this fraction of capacity is marked at risk (allocator spikes, NCCL growth;
-#: field_cases.md MEM cases run out of memory within ~3-5% of the estimate).
-AT_RISK_FRACTION = 0.05
 PLOT_SUFFIXES = (".png", ".svg")
+#: Columns of the per-phase totals, in step order (``init`` = before the first step).
+PHASE_COLUMNS = ("init", "forward", "backward", "optimizer")
 
 
-def status(est: MemoryEstimate, at_risk_fraction: float = AT_RISK_FRACTION) -> str:
-    """``OOM`` (peak above capacity), ``at risk`` (within ``at_risk_fraction`` of it) or ``fits``."""
-    if not est.fits:
-        return "OOM"
-    return "at risk" if est.at_risk(at_risk_fraction) else "fits"
+def status(est: MemoryEstimate, memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
+           at_risk_margin: float = DEFAULT_AT_RISK_MARGIN) -> str:
+    """The memory verdict of ``est`` (``planner.checks.memory_verdict``): fits, at risk, over headroom or OOM."""
+    return memory_verdict(est, memory_headroom, at_risk_margin)
 
 
 def term_order(est: MemoryEstimate) -> list[str]:
@@ -31,44 +30,40 @@ def term_order(est: MemoryEstimate) -> list[str]:
     return list(est.peak_stage.terms())
 
 
-def memory_info(est: MemoryEstimate):
-    """The plan document's ``MemoryInfo`` for ``est`` (bytes, rounded to integers; deterministic)."""
-    from .document import MemoryInfo, StageMemoryInfo, _r
-    pk = est.peak_stage
-    stages = [StageMemoryInfo(stage=s.stage, num_layers=s.num_layers, total_bytes=round(s.total),
-                              in_flight_microbatches=_r(s.in_flight_microbatches),
-                              breakdown={k: round(v) for k, v in s.terms().items()},
-                              peak_phase=s.phase, phases={k: round(v) for k, v in s.phases.items()})
-              for s in est.stages]
-    cap = est.capacity_bytes
-    return MemoryInfo(peak_bytes=round(pk.total), capacity_bytes=cap, headroom_bytes=round(cap - pk.total),
-                      peak_stage=pk.stage, at_risk=cap * (1 - AT_RISK_FRACTION) < pk.total <= cap,
-                      breakdown={k: round(v) for k, v in pk.terms().items()}, stages=stages)
-
-
-def memory_table(est: MemoryEstimate, title: str):
+def memory_table(est: MemoryEstimate, title: str, memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
+                 at_risk_margin: float = DEFAULT_AT_RISK_MARGIN):
     """A rich table, one row per pipeline stage (``*`` marks the peak stage): layers, micro-batches in flight, each
-    term (columns ordered largest first on the peak stage), the total at the stage's peak phase, that phase,
-    headroom to capacity and status. GiB."""
+    term at the stage's peak phase (columns ordered largest first on the peak stage), the total, that phase, the
+    total of each phase (``init`` before the first step, ``forward``, ``backward``, ``optimizer``), headroom to
+    capacity and the verdict (``planner.checks.memory_verdict``). GiB. The caption names the backend buffers of the
+    peak stage's peak phase (``cost_models.memory_buffers``)."""
     from rich.table import Table
     cap = est.capacity_bytes
-    t = Table(title=title or None, title_justify="left",
-              caption=f"GiB per GPU; capacity {cap / GiB:.2f} GiB; at risk within {AT_RISK_FRACTION:.0%} of it",
-              caption_justify="left")
+    pk = est.peak_stage
+    bufs = pk.buffer_terms.get(pk.phase, {})
+    named = ", ".join(f"{k.replace('_', ' ')} {v / GiB:.2f}" for k, v in sorted(bufs.items(), key=lambda kv: -kv[1])
+                      if v > 0)
+    caption = (f"GiB per GPU; capacity {cap / GiB:.2f} GiB; over headroom above {1 - memory_headroom:.0%} of it, at "
+               f"risk above {1 - at_risk_margin:.0%}")
+    if named:
+        caption += f"; buffers (stage {pk.stage}, {pk.phase}): {named}"
+    t = Table(title=title or None, title_justify="left", caption=caption, caption_justify="left")
     names = term_order(est)
-    for col in ("stage", "layers", "in flight", *names, "total", "phase", "headroom", "status"):
+    phases = [ph for ph in PHASE_COLUMNS if ph in pk.phases]
+    for col in ("stage", "layers", "in flight", *names, "total", "phase", *phases, "headroom", "status"):
         t.add_column(col.replace("_", " "), justify="left" if col in ("phase", "status") else "right",
                      min_width=len(col), no_wrap=True)
     for s in est.stages:
         terms = s.terms()
-        st = "OOM" if s.total > cap else "at risk" if s.total > cap * (1 - AT_RISK_FRACTION) else "fits"
-        t.add_row(f"{s.stage}{' *' if s.stage == est.peak_stage.stage else ''}", str(s.num_layers),
+        t.add_row(f"{s.stage}{' *' if s.stage == pk.stage else ''}", str(s.num_layers),
                   f"{s.in_flight_microbatches:g}", *[f"{terms[n] / GiB:.2f}" for n in names],
-                  f"{s.total / GiB:.2f}", s.phase, f"{(cap - s.total) / GiB:.2f}", st)
+                  f"{s.total / GiB:.2f}", s.phase, *[f"{s.phases.get(ph, 0.0) / GiB:.2f}" for ph in phases],
+                  f"{(cap - s.total) / GiB:.2f}", verdict_of(s.total, cap, memory_headroom, at_risk_margin))
     return t
 
 
-def plot_memory(est: MemoryEstimate, path: Path, title: str) -> None:
+def plot_memory(est: MemoryEstimate, path: Path, title: str,
+                at_risk_margin: float = DEFAULT_AT_RISK_MARGIN) -> None:
     """Draw the per-stage stacked breakdown (GiB) with the capacity line into ``path`` (.png or .svg).
 
     Raises:
@@ -94,8 +89,8 @@ def plot_memory(est: MemoryEstimate, path: Path, title: str) -> None:
         bottom = [b + v for b, v in zip(bottom, vals)]
     cap = est.capacity_bytes / GiB
     ax.axhline(cap, color="black", linestyle="--", linewidth=1.2, label=f"capacity {cap:.1f} GiB")
-    ax.axhline(cap * (1 - AT_RISK_FRACTION), color="grey", linestyle=":", linewidth=1.0,
-               label=f"at risk above {cap * (1 - AT_RISK_FRACTION):.1f} GiB")
+    ax.axhline(cap * (1 - at_risk_margin), color="grey", linestyle=":", linewidth=1.0,
+               label=f"at risk above {cap * (1 - at_risk_margin):.1f} GiB")
     ax.set_xticks(xs, [f"{s.stage}\n{s.phase}" for s in est.stages])
     ax.set_xlabel("pipeline stage / peak phase")
     ax.set_ylabel("GiB per GPU")

@@ -42,9 +42,11 @@ class NearMiss:
         return self.plan.step.tokens_per_s
 
 
-def _best(model, cluster, job, num_gpus, space, headroom, framework, solver, convention) -> Evaluation | None:
+def _best(model, cluster, job, num_gpus, space, headroom, framework, solver, convention,
+          at_risk_margin) -> Evaluation | None:
     from .search import run_search
-    res = run_search(model, cluster, job, num_gpus, 1, space, headroom, framework, solver, convention=convention)
+    res = run_search(model, cluster, job, num_gpus, 1, space, headroom, framework, solver, convention=convention,
+                     at_risk_margin=at_risk_margin)
     return res.plans[0] if res.plans else None
 
 
@@ -63,9 +65,11 @@ def _lean(space: SearchSpace) -> SearchSpace:
 def nearest_batches(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int,
                     space: SearchSpace = SearchSpace(), memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
                     framework: str = "megatron", solver: str = "cpsat", convention: FlopsConvention = "megatron",
-                    lo: int = 1, hi: int | None = None) -> tuple[NearMiss | None, NearMiss | None]:
+                    lo: int = 1, hi: int | None = None,
+                    at_risk_margin: float | None = None) -> tuple[NearMiss | None, NearMiss | None]:
     """The feasible global batches nearest to ``job.global_batch_size``, (below, above), each within [lo, hi]
-    (sequences) and with its best plan; None on a side where none plans within ``MAX_TRIES`` searches."""
+    (sequences) and with its best plan (``plan``'s, at ``at_risk_margin``); None on a side where none plans within
+    ``MAX_TRIES`` searches."""
     b = job.global_batch_size
     dps = _data_parallel_sizes(model, cluster, job, num_gpus, space, framework)
     below = sorted({(b - 1) // d * d for d in dps if lo <= (b - 1) // d * d}, reverse=True)
@@ -75,7 +79,7 @@ def nearest_batches(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, nu
         hit = None
         for gbs in side[:MAX_TRIES]:
             e = _best(model, cluster, job.model_copy(update={"global_batch_size": gbs}), num_gpus, space,
-                      memory_headroom, framework, solver, convention)
+                      memory_headroom, framework, solver, convention, at_risk_margin)
             if e is not None:
                 hit = NearMiss(gbs, num_gpus, e)
                 break
@@ -86,7 +90,7 @@ def nearest_batches(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, nu
 def nearest_gpu_counts(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int,
                        space: SearchSpace = SearchSpace(), memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
                        framework: str = "megatron", solver: str = "cpsat", convention: FlopsConvention = "megatron",
-                       ) -> tuple[NearMiss | None, NearMiss | None]:
+                       at_risk_margin: float | None = None) -> tuple[NearMiss | None, NearMiss | None]:
     """The whole-node GPU counts nearest to ``num_gpus`` (below, above) at which the job plans, each with its best
     plan; None on a side where none plans (counts whose layouts divide the batch, scanned ``MIN_NODE_SCAN`` nodes
     or a quarter of the request's nodes away, at most ``MAX_TRIES`` searches)."""
@@ -105,7 +109,7 @@ def nearest_gpu_counts(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob,
             if not any(b % st.dp == 0 for st in structures(model, cluster, job, n, lean, framework)):
                 continue
             tries += 1
-            e = _best(model, cluster, job, n, space, memory_headroom, framework, solver, convention)
+            e = _best(model, cluster, job, n, space, memory_headroom, framework, solver, convention, at_risk_margin)
             if e is not None:
                 hit = NearMiss(b, n, e)
                 break
@@ -115,15 +119,15 @@ def nearest_gpu_counts(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob,
 
 def choose_batch(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int, tolerance: float,
                  space: SearchSpace = SearchSpace(), memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
-                 framework: str = "megatron", solver: str = "cpsat",
-                 convention: FlopsConvention = "megatron") -> int | None:
+                 framework: str = "megatron", solver: str = "cpsat", convention: FlopsConvention = "megatron",
+                 at_risk_margin: float | None = None) -> int | None:
     """The global batch ``plan --global-batch-size-tolerance`` plans for when the requested one does not plan:
     the nearest feasible batch within ``tolerance`` (a fraction) of the request, the higher throughput at equal
     distance; None when none plans in that window."""
     b = job.global_batch_size
     lo, hi = max(1, math.ceil(b * (1 - tolerance))), math.floor(b * (1 + tolerance))
     below, above = nearest_batches(model, cluster, job, num_gpus, space, memory_headroom, framework, solver,
-                                   convention, lo, hi)
+                                   convention, lo, hi, at_risk_margin)
     hits = [h for h in (below, above) if h is not None]
     if not hits:
         return None

@@ -73,13 +73,28 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, nu
 def run_search(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int, top_k: int = 5,
                space: SearchSpace = SearchSpace(), memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
                framework: str = "megatron", solver: str = "cpsat", objective: str = "throughput",
-               within: float = 0.05, convention: FlopsConvention = "megatron") -> SearchResult:
+               within: float = 0.05, convention: FlopsConvention = "megatron",
+               at_risk_margin: float | None = None) -> SearchResult:
     """Dispatch to the CP-SAT solver (default) or the enumerator; both return a ``SearchResult``.
 
     ``objective`` ``headroom``: among plans within ``within`` (fraction) of the best step time, most memory
     headroom first. ``convention`` names the model FLOPs behind the reported TFLOP/s and MFU (it does not change
     the ranking, which is by step time).
+
+    ``at_risk_margin`` (wider than ``memory_headroom``): plans whose peak clears it come first (searched with it as
+    the memory limit, so recompute and micro-batch choices are made to clear it); the plans within it, which fit
+    the headroom but are at risk (``planner.checks.memory_verdict``), only fill the remaining ranks.
     """
+    if at_risk_margin is not None and at_risk_margin > memory_headroom:
+        safe = run_search(model, cluster, job, num_gpus, top_k, space, at_risk_margin, framework, solver, objective,
+                          within, convention)
+        if len(safe.plans) >= top_k:
+            return safe
+        risky = run_search(model, cluster, job, num_gpus, top_k, space, memory_headroom, framework, solver,
+                           objective, within, convention)
+        seen = {e.parallel for e in safe.plans}
+        risky.plans = (safe.plans + [e for e in risky.plans if e.parallel not in seen])[:top_k]
+        return risky
     if solver == "enumerate":
         return enumerate_plans(model, cluster, job, num_gpus, top_k, space, memory_headroom, framework, convention,
                                objective=objective, within=within)
@@ -103,9 +118,11 @@ def fewest_gpus(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, max_gp
                 space: SearchSpace = SearchSpace(), memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
                 framework: str = "megatron", solver: str = "cpsat", target_step_s: float | None = None,
                 target_tokens_per_day: float | None = None,
-                convention: FlopsConvention = "megatron") -> tuple[SearchResult, int]:
+                convention: FlopsConvention = "megatron",
+                meets: Callable[[Evaluation, int], bool] | None = None) -> tuple[SearchResult, int]:
     """Fewest GPUs (a multiple of the node size, up to ``max_gpus``) whose best plan meets the target (step
-    seconds, or tokens per day = tokens/s x 86,400). Returns the plans that meet it and the GPU count.
+    seconds, or tokens per day = tokens/s x 86,400, or ``meets(plan, gpus)``, e.g. a deadline: planner/cost_search.py).
+    Returns the plans that meet it and the GPU count.
 
     Doubling from one node brackets the answer between the last count that misses and the first that meets it;
     bisection over node counts then narrows it (assuming, as the cost model does almost everywhere, that the best
@@ -118,7 +135,8 @@ def fewest_gpus(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, max_gp
         res = run_search(model, cluster, job, n, top_k, space, memory_headroom, framework, solver,
                          convention=convention)
         ok = [e for e in res.plans if (target_step_s is None or e.step.step_s <= target_step_s) and
-              (target_tokens_per_day is None or e.step.tokens_per_s * 86400 >= target_tokens_per_day)]
+              (target_tokens_per_day is None or e.step.tokens_per_s * 86400 >= target_tokens_per_day) and
+              (meets is None or meets(e, n))]
         return res, ok
 
     lo, hit = 0, None  # lo: largest node count known to miss

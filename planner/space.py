@@ -85,8 +85,9 @@ class SearchSpace:
     sequence_parallel: tuple[bool, ...] = (True, False)
     vpp: tuple[int, ...] | None = None
     etp: tuple[int, ...] | None = None
-    #: pinned (first, last) stage layer counts; (None, None) = the even split
-    split: tuple[tuple[int | None, int | None], ...] | None = None
+    #: pinned decoder layers of the first / last pipeline stage (whatever split gives them; the even split too)
+    first_stage_layers: tuple[int, ...] | None = None
+    last_stage_layers: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -167,8 +168,11 @@ def structures(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpu
             if space.pp is not None and pp not in space.pp:
                 continue
             splits = stage_splits(model.num_layers, pp)
-            if space.split is not None:
-                splits = [x for x in splits if x in space.split]
+            if space.first_stage_layers is not None or space.last_stage_layers is not None:
+                even = model.num_layers // pp
+                splits = [(f, la) for f, la in splits
+                          if (space.first_stage_layers is None or (f or even) in space.first_stage_layers)
+                          and (space.last_stage_layers is None or (la or even) in space.last_stage_layers)]
             if not splits:
                 continue
             for cp in divisors(num_gpus // (tp * pp)):

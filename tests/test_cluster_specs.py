@@ -387,9 +387,20 @@ def test_resolve_gpus_not_multiple():
     h100 = get_cluster("dgx-h100")
     with pytest.raises(ClusterSpecError) as ei:
         resolve_num_gpus(h100, 12, None)
-    assert str(ei.value) == "--gpus 12 is not a multiple of the node size 8 GPUs (dgx-h100); use 8 or 16"
-    with pytest.raises(ClusterSpecError, match=r"--gpus 4 is not a multiple .*; use 8$"):
-        resolve_num_gpus(h100, 4, None)
+    assert str(ei.value) == ("--gpus 12 is not a multiple of the node size 8 GPUs (dgx-h100) nor a divisor of it; "
+                             "use 8 or 16")
+    with pytest.raises(ClusterSpecError, match=r"--gpus 3 is not a multiple .*; use 1, 2, 4 \(part of a node\) or 8$"):
+        resolve_num_gpus(h100, 3, None)
+
+
+def test_jobs_smaller_than_a_node():
+    # issue 10: 1, 2 or 4 GPUs of an 8-GPU node plan on part of that node (no hand-written cluster file)
+    h100 = get_cluster("dgx-h100")
+    assert [resolve_num_gpus(h100, g, None) for g in (1, 2, 4)] == [1, 2, 4]
+    assert resolve_num_gpus(h100, 4, 1) == 4
+    with pytest.raises(ClusterSpecError, match="part of one node"):
+        resolve_num_gpus(h100, 4, 2)
+    assert resolve_num_gpus(get_cluster("gb200-nvl72"), 2, None) == 2  # half a 4-GPU compute tray
 
 
 @pytest.mark.parametrize("gpus, nodes", [(0, None), (-8, None), (None, 0), (None, -1)])

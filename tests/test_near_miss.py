@@ -14,6 +14,7 @@ import planner
 from cluster_specs import get_cluster
 from cost_models.config import TrainingJob
 from model_zoo import get_model
+from planner.checks import DEFAULT_AT_RISK_MARGIN
 from planner.near_miss import choose_batch, nearest_batches, nearest_gpu_counts
 
 JOB = ("--model", "gpt-530b", "--cluster", "dgx-a100-80g", "--gpus", "5128", "--seq-length", "2048")
@@ -32,7 +33,8 @@ def test_5128_gpus_get_the_nearest_batches_and_gpu_counts(run_cli):
                      r"5,184 \(648 nodes; ([\d,]+) tokens/s, step [\d.]+ s\) above", msg)
     assert gpus, msg
     # each throughput is that of the best plan of the changed job (what plan prints for it)
-    below, above = nearest_batches(M, C, TrainingJob(global_batch_size=2520, seq_length=2048), 5128)
+    below, above = nearest_batches(M, C, TrainingJob(global_batch_size=2520, seq_length=2048), 5128,
+                                   at_risk_margin=DEFAULT_AT_RISK_MARGIN)  # as plan searches
     assert (below.global_batch_size, above.global_batch_size) == (1923, 2564)
     assert f"{below.tokens_per_s:,.0f}" == batches.group(1)
     best = planner.plan(M, C, gpus=5128, global_batch_size=1923, seq_length=2048, top_k=1).plans[0]

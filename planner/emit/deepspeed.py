@@ -53,6 +53,12 @@ def check_deepspeed(model: ModelSpec | None, job: TrainingJob, par: ParallelConf
                        or getattr(par, "account_for_loss_in_pipeline_split", False)):
         raise EmitError("pipeline_layout / account-for-embedding/loss split: DeepSpeed's PipelineModule partitions "
                         "by its own method (parameters, uniform, type:), not by a Megatron layout")
+    offload = getattr(par, "optimizer_cpu_offload_fraction", 0.0)
+    if offload > 0 and (par.zero_stage == 0 or (offload < 1 and par.zero_stage < 3)):
+        raise EmitError(f"optimizer_cpu_offload_fraction {offload:g} at zero_stage {par.zero_stage}: DeepSpeed offloads "
+                        f"the optimizer at ZeRO stage 1-3, a partial ratio at stage 3 only (offload_config.py)")
+    if getattr(par, "param_cpu_offload", False) and par.zero_stage != 3:
+        raise EmitError("param_cpu_offload: DeepSpeed offloads parameters at ZeRO stage 3 only (offload_param)")
     hsdp = getattr(par, "hsdp_shard_size", None)
     if hsdp is not None and hsdp < par.dp * par.cp:
         # DeepSpeed's hybrid sharding (MiCS, zero_optimization.mics_shard_size) was removed; DeepSpeedConfig 0.19.8
@@ -79,6 +85,15 @@ def deepspeed_config(job: TrainingJob, par: ParallelConfig, model: ModelSpec | N
     if par.zero_stage == 3:
         zero["stage3_prefetch_bucket_size"] = STAGE3_PREFETCH_BUCKET_SIZE
         zero["stage3_param_persistence_threshold"] = STAGE3_PARAM_PERSISTENCE_THRESHOLD
+    # ZeRO-Offload / ZeRO-Infinity CPU tier (deepspeed/runtime/zero/offload_config.py): the optimizer (stage 1-3;
+    # ``ratio`` < 1 is stage 3 only) and the 16-bit parameters (stage 3)
+    offload = getattr(par, "optimizer_cpu_offload_fraction", 0.0)
+    if offload > 0:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        if offload < 1:
+            zero["offload_optimizer"]["ratio"] = offload
+    if getattr(par, "param_cpu_offload", False):
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     cfg: dict = {
         "train_batch_size": par.micro_batch_size * gas * par.dp,
         "train_micro_batch_size_per_gpu": par.micro_batch_size,

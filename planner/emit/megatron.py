@@ -275,7 +275,7 @@ def parallel_args(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> li
         if par.recompute_num_layers is None:
             add(["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"])
         else:
-            add(["--recompute-granularity", "full", "--recompute-method", "block",
+            add(["--recompute-granularity", "full", "--recompute-method", getattr(par, "recompute_method", "block"),
                  "--recompute-num-layers", str(par.recompute_num_layers)])
     sharded_dp = par.dp * par.cp > 1
     if par.zero_stage >= 1:
@@ -294,8 +294,16 @@ def parallel_args(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> li
     if getattr(par, "grad_reduce_in_bf16", False):
         a.append("--grad-reduce-in-bf16")
     m1, m2 = getattr(par, "exp_avg_dtype", "fp32"), getattr(par, "exp_avg_sq_dtype", "fp32")
-    if (m1, m2) != ("fp32", "fp32"):
+    master = getattr(par, "main_params_dtype", "fp32")
+    if master == "bf16" and par.zero_stage < 2:
+        raise EmitError("main_params_dtype bf16: Megatron keeps bf16 master weights only under Megatron-FSDP "
+                        "(--megatron-fsdp-main-params-dtype, zero_stage 2 or 3); --main-params-dtype allows fp32 or fp16")
+    if (m1, m2, master) != ("fp32", "fp32", "fp32"):
         add(["--use-precision-aware-optimizer", "--exp-avg-dtype", m1, "--exp-avg-sq-dtype", m2])
+        if master == "fp16":
+            add(["--main-params-dtype", "fp16"])
+        elif master == "bf16":
+            add(["--megatron-fsdp-main-params-dtype", "bf16"])
     offload = getattr(par, "optimizer_cpu_offload_fraction", 0.0)
     if offload > 0:
         add(["--optimizer-cpu-offload", "--optimizer-offload-fraction", f"{offload:g}"])

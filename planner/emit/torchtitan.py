@@ -87,6 +87,9 @@ def torchtitan_settings(model: ModelSpec, job: TrainingJob, par: ParallelConfig)
                 "pipeline_parallel_degree": par.pp}
     if getattr(par, "pipeline_layout", None) is not None:
         raise EmitError("pipeline_layout: torchtitan has no Megatron layout string (it splits by layers per stage)")
+    if par.recompute == "full" and par.recompute_num_layers is not None:
+        raise EmitError(f"recompute_num_layers {par.recompute_num_layers}: torchtitan's full activation checkpointing "
+                        "wraps every transformer block (activation_checkpoint.mode full), no subset or group of N")
     emb = int(getattr(par, "account_for_embedding_in_pipeline_split", False))
     loss = int(getattr(par, "account_for_loss_in_pipeline_split", False))
     if par.pp > 1 and (emb or loss):
