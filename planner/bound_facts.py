@@ -360,14 +360,22 @@ class MicroBatchFacts:
 
 
 def layer_costs(ctx: BoundContext, st: Structure, mbs: int, sp: bool) -> dict[int, tuple]:
-    """Per layer type: ``layer_lb`` seconds (forward, backward, selective and full recompute) per micro-batch."""
+    """Per layer type: ``layer_lb`` seconds (forward, backward, selective and full recompute, and the forward and
+    backward without the CP ring) per micro-batch. A dense layer's costs do not depend on ep and etp (no expert
+    GEMMs, no all-to-all), so they are shared by every expert layout."""
     key = ("layer", st.tp, st.cp, st.ep, st.etp, mbs, sp)
     got = ctx.cache.get(key)
     if got is None:
-        groups = dict(group_placements(ctx, st), dp=GroupPlacement(1, 1), pp=GroupPlacement(1, 1))
-        pr = to_parallel(st, mbs, 1, 0, sp, "none")
-        got = ctx.cache[key] = {t: layer_lb(ctx.model, ctx.cluster, ctx.job, pr, i, groups, True)
-                                for t, i in ctx.rep.items()}
+        got = {}
+        for t, i in ctx.rep.items():
+            tkey = ("layer_t", t, st.tp, st.cp, mbs, sp) + ((st.ep, st.etp) if t else ())
+            val = ctx.cache.get(tkey)
+            if val is None:
+                groups = dict(group_placements(ctx, st), dp=GroupPlacement(1, 1), pp=GroupPlacement(1, 1))
+                pr = to_parallel(st, mbs, 1, 0, sp, "none")
+                val = ctx.cache[tkey] = layer_lb(ctx.model, ctx.cluster, ctx.job, pr, i, groups, True)
+            got[t] = val
+        ctx.cache[key] = got
     return got
 
 

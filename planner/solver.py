@@ -245,18 +245,20 @@ def _groups(ctx, num_gpus: int) -> tuple[list[_Group], dict, int]:
                     else vpp_options(model, st, 1, fw, space)
             vpps[whole] = vpp_memo[key]
         keep, cells, v1 = [], [], []
+        unpinned = space.cp is None and space.micro_batch_size is None
         for mbs in mbss:
             whole = (per_replica // mbs) % st.pp == 0
             n = per_cell * len(vpps[whole])
             n_cand += n
-            if st.cp == 1 or not dominated_by_cp_twin(st.cp, mbs, space):
+            if st.cp == 1 or (math.gcd(st.cp, mbs) == 1 if unpinned
+                              else not dominated_by_cp_twin(st.cp, mbs, space)):
                 keep.append(mbs)
                 cells.append(n)
                 v1.append(vpps[whole] == [1])
         for mbs, n, lb in zip(keep, cells, busiest_rank_bounds(ctx, sf, keep, v1)):
             out.append(_Group(st, mbs, lb, n))
-    order = sorted(range(len(out)), key=lambda i: (out[i].lb0, i))
-    return [out[i] for i in order], facts, n_cand
+    order = sorted(zip((g.lb0 for g in out), range(len(out))))
+    return [out[i] for _, i in order], facts, n_cand
 
 
 def solve(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int, top_k: int = 5,
