@@ -42,6 +42,14 @@ What is not a cut but the space's definition (``planner.space``, docstring): tp 
 dividing tp (Megatron), end stages at most ``END_STAGE_LIGHTER`` layers lighter than the middle ones, vpp <=
 ``MAX_VPP``.
 
+Adding a categorical knob (a pipeline schedule, say): give it a domain in ``planner.space`` (framework rules
+there, a ``SearchSpace`` pin), make it part of ``k`` next to the recompute setting (``tables.add_group_tables``
+loops over it and keys the tables by it; ``space.to_parallel`` takes it), bound its effect in the terms it changes
+(``bound_terms.pipeline_bound`` for the bubble, ``bound_facts.in_flight`` for the memory), keep the two group
+bounds below it (the least of its values) and add it to ``ranking.config_key``; the branch and bound, the
+re-scoring and the enumerator then cover it unchanged, and tests/test_tables_bounds.py and the property test check
+it.
+
 If a re-scored value ever falls below its bound (the cost models changed under the tables), the bounds are scaled
 down by the ratio seen x ``BOUND_FALLBACK`` and the search goes on (a memory bound above a scalar peak widens the
 memory filter the same way); a bound that is wrong only for candidates never re-scored is what
