@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Precision = Literal["bf16", "fp16", "fp8"]
 Recompute = Literal["none", "selective", "full"]
-Schedule = Literal["1f1b", "interleaved", "gpipe", "zb-h1"]
+Schedule = Literal["1f1b", "interleaved", "gpipe", "zb-h1", "zb-v", "dualpipe", "dualpipev", "combined-1f1b"]
 FlopsConvention = Literal["megatron", "palm"]
 #: Megatron-LM ``--recompute-modules`` choices (megatron/training/arguments.py; megatron-core
 #: ``TransformerConfig.recompute_modules``).

@@ -275,3 +275,46 @@ def group_placement(dim: str, par: ParallelConfig, domain_size: int) -> GroupPla
         return GroupPlacement(1, 1)
     per_domain = max(1, min(size, domain_size // stride)) if stride <= domain_size else 1
     return GroupPlacement(size, per_domain)
+
+
+# --- which model pieces each pipeline rank holds, by schedule ---------------------------------------------------
+#: Schedules whose ranks hold two model chunks in a V: rank r runs virtual stages r and 2p-1-r, so rank 0 holds
+#: both the embedding and the output layer (torch ``generate_stage_to_rank_mapping`` style "v": ZB-V, DualPipeV).
+V_SHAPE_SCHEDULES = ("zb-v", "dualpipev")
+
+
+def virtual_stage(par: ParallelConfig, rank: int, chunk: int) -> int:
+    """Pipeline-order index of model chunk ``chunk`` of ``rank``: ``chunk*pp + rank`` (Megatron's interleaving), or
+    ``rank`` / ``2pp-1-rank`` for the two chunks of a V schedule."""
+    if par.pipeline_schedule in V_SHAPE_SCHEDULES:
+        return rank if chunk == 0 else 2 * par.pp - 1 - rank
+    return chunk * par.pp + rank
+
+
+def rank_stages(par: ParallelConfig, rank: int) -> list[int]:
+    """Model stages (indices into ``stage_layer_ranges``) whose layers ``rank`` holds: its own, and under DualPipe
+    also the mirror stage ``pp-1-rank`` of the reverse-direction pipeline (two parameter copies; DeepSeek-V3 report,
+    arXiv 2412.19437, Table 2 "Parameter 2x")."""
+    if par.pipeline_schedule == "dualpipe" and par.pp > 1:
+        return [rank, par.pp - 1 - rank]
+    return [rank]
+
+
+def holds_embedding(par: ParallelConfig, rank: int) -> bool:
+    """Whether ``rank`` holds the word embedding (the first model stage)."""
+    return 0 in rank_stages(par, rank)
+
+
+def holds_output(par: ParallelConfig, rank: int) -> bool:
+    """Whether ``rank`` holds the output layer, the loss and the MTP layers: the last model stage, which a V
+    schedule places on rank 0."""
+    if par.pipeline_schedule in V_SHAPE_SCHEDULES:
+        return rank == 0
+    return par.pp - 1 in rank_stages(par, rank)
+
+
+def rank_layers(num_layers: int, par: ParallelConfig) -> list[list[int]]:
+    """Decoder layer indices each pipeline rank holds (``stage_layer_ranges``, both stages under DualPipe). A V
+    schedule's rank holds as many layers as its contiguous range (two chunks of ``L / 2p``)."""
+    ranges = stage_layer_ranges(num_layers, par)
+    return [[i for s in rank_stages(par, r) for i in ranges[s]] for r in range(par.pp)]

@@ -46,7 +46,9 @@ input per group of ``recompute_num_layers`` layers and recomputes every layer).
 
 In-flight micro-batches (formulas.md Sec. 5): 1F1B stage i holds ``min(pp - i, m)``; interleaved 1F1B Megatron's
 warm-up ``(pp - i - 1)*2 + (vpp - 1)*pp + 1`` chunks (K22's ``1 + (p-1)/(p*v)`` on the first stage); GPipe
-``m``; ZB-H1 as 1F1B (Qi et al. 2024 Table 1).
+``m``; ZB-H1 as 1F1B (Qi et al. 2024 Table 1); ZB-V, DualPipe, DualPipeV and combined 1F1B from their op orders
+(``in_flight_microbatches``). DualPipe's ranks hold two model stages (two parameter copies), V schedules put the
+embedding and the output layer on rank 0 (``layout.holds_embedding`` / ``holds_output``).
 
 Logits on the last stage, bytes per element of ``s*b*V/tp``: Megatron's fused vocab-parallel cross entropy keeps
 the bf16 output-layer result and its fp32 copy (2 + 4 = 6; ``megatron/core/tensor_parallel/cross_entropy.py``
@@ -80,8 +82,9 @@ from cluster_specs.spec import ClusterSpec
 from model_zoo.spec import ModelSpec
 
 from .config import BYTES_16BIT, BYTES_FP32, ParallelConfig, TrainingJob
-from .layout import chunk_layer_counts, stage_layer_ranges
+from .layout import chunk_layer_counts, holds_embedding, holds_output, rank_layers
 from .memory_buffers import BufferInputs, backend_buffers, merge, moe_dispatch_buffers, pipeline_p2p_buffers
+from .pipeline import OP_ORDER_SCHEDULES, chunks_per_rank, in_flight_chunks
 
 Framework = Literal["megatron", "deepspeed", "torchtitan"]
 FRAMEWORKS: tuple[str, ...] = ("megatron", "deepspeed", "torchtitan")
@@ -293,11 +296,12 @@ def recompute_modules_of(par: ParallelConfig) -> frozenset[str]:
     return frozenset(mods) if mods is not None else frozenset({"core_attn"})
 
 
-def stage_params(model: ModelSpec, par: ParallelConfig, stage: int, layers: range, tp_vocab: int) -> StageParams:
-    """Parameters on one GPU of ``stage``: its layers, plus the embedding (first stage) and the output layer, final
-    norm and MTP layers (last stage; Megatron builds MTP after the decoder). With tied embeddings and pp > 1 the
-    last stage keeps its own copy of the word embeddings for the output layer, as Megatron does
-    (``share_embeddings_and_output_weights``)."""
+def stage_params(model: ModelSpec, par: ParallelConfig, stage: int, layers, tp_vocab: int) -> StageParams:
+    """Parameters on one GPU of pipeline rank ``stage`` holding decoder ``layers``: plus the embedding (first model
+    stage) and the output layer, final norm and MTP layers (last model stage; Megatron builds MTP after the
+    decoder), where ``layout.holds_embedding`` / ``holds_output`` place them (a V schedule puts both on rank 0,
+    DualPipe on both end ranks). With tied embeddings and pp > 1 the output layer's rank keeps its own copy of the
+    word embeddings, as Megatron does (``share_embeddings_and_output_weights``)."""
     tp, ets = par.tp, par.expert_tp * par.ep
     dense = 0.0
     expert = 0.0
@@ -320,11 +324,11 @@ def stage_params(model: ModelSpec, par: ParallelConfig, stage: int, layers: rang
         dense += d
         expert += e
         largest = max(largest, d + e)
-    if stage == 0:
+    if holds_embedding(par, stage):
         extra = model.embedding_params() - model.vocab_size * h  # learned positions / embedding norm
         dense += emb_table + extra
         largest_module = max(largest_module, model.vocab_size * h / tp)
-    if stage == par.pp - 1:
+    if holds_output(par, stage):
         out = model.output_params()
         final_norm = out - (0 if model.tie_word_embeddings else model.vocab_size * h)
         dense += final_norm
@@ -443,10 +447,20 @@ def layer_input_bytes(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -
 def in_flight_microbatches(par: ParallelConfig, stage: int, num_microbatches: int) -> float:
     """Micro-batches whose activations stage ``stage`` holds at its peak, in whole-stage units (formulas.md Sec. 5).
 
-    For interleaved 1F1B the count is of model chunks divided by ``vpp`` (each chunk is 1/vpp of the stage).
+    For interleaved 1F1B the count is of model chunks divided by ``vpp`` (each chunk is 1/vpp of the stage). ZB-V,
+    DualPipe, DualPipeV and combined 1F1B count the chunks alive at once in their op order
+    (``pipeline.in_flight_chunks``: DualPipe ``p + 1`` chunks of two per rank, DualPipeV ``2p + 1`` half-stage chunks,
+    DeepSeek-V3 report Table 2; ZB-V ``2p`` half-stage chunks = 1F1B's ``p``; combined 1F1B one chunk more than
+    interleaved), divided by the chunks per rank.
     """
     p, v, m = par.pp, par.vpp, max(1, num_microbatches)
     sched = par.pipeline_schedule
+    if sched in OP_ORDER_SCHEDULES and (p > 1 or sched == "combined-1f1b"):
+        per_rank = 2 if sched == "dualpipe" else chunks_per_rank(sched, v)
+        try:
+            return in_flight_chunks(sched, p, m, v)[stage] / per_rank
+        except ValueError:  # a micro-batch count the schedule cannot run (the checker reports it): 1F1B's count
+            return float(min(p - stage, m))
     if p == 1:
         return 1.0
     if sched == "gpipe":
@@ -493,7 +507,7 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
     z = par.zero_stage
     bf16_grads = bool(getattr(par, "grad_reduce_in_bf16", False))
     state_opts = state_options_of(par)
-    ranges = stage_layer_ranges(model.num_layers, par)
+    ranges = rank_layers(model.num_layers, par)
     layer_in = layer_input_bytes(model, job, par)
     reserve = float(cluster.calibration.memory_reserve_bytes if reserve_bytes is None else reserve_bytes)
     tokens = job.seq_length / par.cp * par.micro_batch_size
@@ -515,7 +529,7 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
 
         # Activations of one micro-batch through this stage's layers (+ MTP layers on the last stage).
         idx = list(layers)
-        if stage == par.pp - 1 and model.num_mtp_layers:
+        if holds_output(par, stage) and model.num_mtp_layers:
             idx += [model.num_layers - 1] * model.num_mtp_layers
         per_layer = [act_by_kind[model.is_moe_layer(i)] for i in idx]
         biggest = max(per_layer, default=0.0)
@@ -538,13 +552,13 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
         else:
             stored = sum(per_layer)
             working = biggest
-        if stage == 0:
+        if holds_embedding(par, stage):
             stored += TOKEN_ID_BYTES * tokens + (tokens * model.hidden_size if job.dropout else 0) / (
                 par.tp if par.sequence_parallel else 1)
         n_inflight = in_flight_microbatches(par, stage, m)
         acts = stored * n_inflight
         logits = 0.0
-        if stage == par.pp - 1:
+        if holds_output(par, stage):
             per_el = LOGITS_BYTES_PER_ELEMENT[fw]
             if fw == "megatron" and getattr(job, "cross_entropy_fusion_impl", "native") == "te":
                 per_el = TE_CROSS_ENTROPY_BYTES_PER_ELEMENT

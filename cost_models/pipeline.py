@@ -20,6 +20,19 @@ use:
   flight (1F1B's memory bound, the "H1" handcrafted schedule), and fills idle time with deferred ``W``
   (Qi et al. 2024, Sec. 3).
 
+* ``zb-v``, ``dualpipe``, ``dualpipev``, ``combined-1f1b``: the static op orders of the reference implementations
+  (``cost_models.zero_bubble_v``, ``cost_models.dualpipe``, ``cost_models.combined_1f1b``), timed by
+  ``cost_models.pipeline_ops.replay``: forward ``F``, full backward ``B``, the zero-bubble split into
+  input-gradient and weight-gradient ops, and overlapped forward-backward pairs (``FB``) whose communication
+  hides behind each other's compute.
+
+Closed forms of the new schedules (bubble time, ``F``/``B``/``W`` per chunk, ``B`` the full backward, ``F&B`` an
+overlapped pair): ZB-V a parallelogram with no idle time once a rank has started when ``F = B - W = W`` (Qi et al.
+2024, arXiv 2405.15362: "zero bubble" between steps with their optimizer post-validation; per step the ``(p-1) F``
+start-up remains, half of ZB-H1's ``(p-1) F`` since a chunk is half a stage); DualPipe and DualPipeV
+``(PP/2 - 1)(F&B + B - 3W)`` with ``PP`` stages (DeepSeek-V3 report, arXiv 2412.19437, Table 2: ``PP = p`` for
+DualPipe, ``2p`` for DualPipeV on ``p`` ranks); combined 1F1B the interleaved bubble.
+
 For long runs (``m`` much larger than ``p``) the makespan grows linearly in ``m`` once the steady state is reached,
 so ``simulate`` runs two shorter schedules and extrapolates (exact for the periodic steady state).
 """
@@ -29,16 +42,40 @@ import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from .combined_1f1b import combined_1f1b_orders, interleaved_placement
 from .config import Schedule
+from .dualpipe import dualpipe_orders, dualpipe_placement, dualpipev_orders, dualpipev_placement
+from .layout import V_SHAPE_SCHEDULES
+from .pipeline_ops import Op, Placement, peak_in_flight, replay
+from .zero_bubble_v import zbv_orders, zbv_placement
+
+#: Schedules timed from static op orders (``pipeline_ops.replay``); the others have their own simulators here.
+OP_ORDER_SCHEDULES = ("zb-v", "dualpipe", "dualpipev", "combined-1f1b")
+#: Schedules whose ranks hold two model chunks in a V (rank r: virtual stages r and 2p-1-r).
+V_SCHEDULES = V_SHAPE_SCHEDULES
+#: Schedules that run a forward and another micro-batch's backward as one overlapped pair (``FB`` ops).
+PAIRING_SCHEDULES = ("dualpipe", "dualpipev", "combined-1f1b")
 
 
 def bubble_ratio(schedule: Schedule, pp: int, m: int, vpp: int = 1) -> float:
-    """Pipeline idle time divided by ideal compute time (dimensionless), closed form."""
+    """Pipeline idle time divided by ideal compute time (dimensionless), closed form (module docstring; the
+    zero-bubble and DualPipe forms at ``t_F = t_B = t_W``, backward = input + weight gradient = 2 ``t_F``, no
+    communication to hide)."""
     if pp <= 1 or m <= 0:
         return 0.0
-    if schedule == "interleaved":
+    if schedule in ("interleaved", "combined-1f1b"):
         return (pp - 1) / (vpp * m)
     if schedule == "zb-h1":
+        return (pp - 1) / (3 * m)
+    if schedule == "zb-v":
+        # a parallelogram: (p - 1) F of start-up per step over 2 chunks x m x 3F (zero across steps only with the
+        # paper's optimizer post-validation, which Megatron and torch do not run)
+        return (pp - 1) / (6 * m)
+    if schedule == "dualpipe":
+        # (p/2 - 1)(F&B + B - 3W) with F&B = F + B, B = 2F, W = F: (p - 2) F over m (F + B) = 3 m F
+        return (pp - 2) / (3 * m)
+    if schedule == "dualpipev":
+        # (2p/2 - 1)(F&B + B - 3W) per chunk = 2 (p - 1) F over 2 chunks x m x 3F
         return (pp - 1) / (3 * m)
     return (pp - 1) / m
 
@@ -49,18 +86,6 @@ def bubble_fraction(schedule: Schedule, pp: int, m: int, vpp: int = 1) -> float:
     return r / (1 + r)
 
 
-@dataclass(frozen=True)
-class Op:
-    """One scheduled op: ``kind`` F (forward), B (backward or input-gradient), W (weight-gradient)."""
-
-    rank: int
-    kind: str
-    microbatch: int
-    chunk: int
-    start: float
-    end: float
-
-
 @dataclass
 class Simulation:
     """Result of ``simulate``: makespan (seconds), per-rank busy seconds, and the ops (when recorded)."""
@@ -69,6 +94,8 @@ class Simulation:
     busy: list[float]
     ops: list[Op] = field(default_factory=list)
     extrapolated: bool = False
+    #: per-rank seconds that overlapped forward-backward pairs hid (the op-order schedules; zeros otherwise)
+    hidden: list[float] | None = None
 
     @property
     def bubble_s(self) -> float:
@@ -261,21 +288,90 @@ def _simulate_once(schedule: str, p: int, m: int, v: int, fwd: list[float], bwd:
     return _run_static(schedule, p, m, v, fwd, bwd, p2p, record)
 
 
+def chunks_per_rank(schedule: Schedule, vpp: int = 1) -> int:
+    """Entries per rank of ``simulate``'s per-virtual-stage time lists: ``vpp`` for the interleaved orders, 2 for
+    the V schedules, 1 otherwise (DualPipe's mirrored copies reuse the ``pp`` model stages' times)."""
+    if schedule in ("interleaved", "combined-1f1b"):
+        return vpp
+    return 2 if schedule in V_SCHEDULES else 1
+
+
+def op_orders(schedule: Schedule, pp: int, m: int, vpp: int = 1) -> tuple[tuple, Placement]:
+    """Static per-rank op orders and stage placement of an ``OP_ORDER_SCHEDULES`` schedule.
+
+    Raises:
+        ValueError: the schedule cannot run ``m`` micro-batches on ``pp`` ranks (the message says why).
+    """
+    if schedule == "zb-v":
+        return zbv_orders(pp, m), zbv_placement(pp)
+    if schedule == "dualpipev":
+        return dualpipev_orders(pp, m), dualpipev_placement(pp)
+    if schedule == "dualpipe":
+        return dualpipe_orders(pp, m), dualpipe_placement(pp)
+    if schedule == "combined-1f1b":
+        return combined_1f1b_orders(pp, m, vpp), interleaved_placement(pp, vpp)
+    raise ValueError(f"schedule {schedule!r} has no static op order here")
+
+
+def schedule_microbatch_rule(schedule: Schedule, pp: int) -> tuple[int, int]:
+    """(smallest, multiple) of the micro-batch counts an ``OP_ORDER_SCHEDULES`` schedule runs: DualPipe an even
+    count >= 2p, DualPipeV >= 2p (deepseek-ai/DualPipe asserts; torch ``ScheduleDualPipeV``), else any >= 1."""
+    if schedule == "dualpipe":
+        return 2 * pp, 2
+    if schedule == "dualpipev":
+        return 2 * pp, 1
+    return 1, 1
+
+
+@lru_cache(maxsize=1024)
+def in_flight_chunks(schedule: Schedule, pp: int, m: int, vpp: int = 1) -> tuple[int, ...]:
+    """Per rank, the most model-chunk activations alive at once (``pipeline_ops.peak_in_flight``) in an
+    ``OP_ORDER_SCHEDULES`` order. The peak is reached within the warm-up and the first steady-state steps, so orders
+    longer than ``4 p v`` micro-batches are counted at the smallest valid count above that (checked against the full
+    order by tests/test_schedules.py)."""
+    lo, mult = schedule_microbatch_rule(schedule, pp)
+    cap = max(lo, 4 * pp * max(vpp, 2))
+    cap += (-cap) % (mult * pp)
+    orders, place = op_orders(schedule, pp, min(m, cap) if m > cap else m, vpp)
+    return tuple(peak_in_flight([list(o) for o in orders], place))
+
+
+def _simulate_ops(schedule: str, p: int, m: int, v: int, fwd: list[float], bwd: list[float], wgt: list[float],
+                  hide_f: list[float], hide_b: list[float], p2p: float, record: bool) -> Simulation:
+    orders, place = op_orders(schedule, p, m, v)
+    n_mb = m
+    if schedule == "dualpipe":  # the reverse pipeline's stage p + k is model stage k; m/2 micro-batches each way
+        fwd, bwd, wgt, hide_f, hide_b = (x + x for x in (fwd, bwd, wgt, hide_f, hide_b))
+        n_mb = m // 2
+    rp = replay([list(o) for o in orders], place, n_mb, fwd, bwd, wgt, hide_f, hide_b, p2p, record)
+    return Simulation(rp.makespan, rp.busy, rp.ops, hidden=rp.hidden)
+
+
 def simulate(schedule: Schedule, pp: int, m: int, fwd_s: list[float], bwd_s: list[float], vpp: int = 1,
              p2p_s: float = 0.0, record: bool = False, w_fraction: float = 0.5,
-             max_ops: int = 20000) -> Simulation:
+             max_ops: int = 20000, wgt_s: list[float] | None = None, hide_f_s: list[float] | None = None,
+             hide_b_s: list[float] | None = None) -> Simulation:
     """Simulate one optimizer step's pipeline.
 
     Args:
-        fwd_s, bwd_s: seconds of one micro-batch's forward / backward on each *virtual* stage (length ``pp*vpp``;
-            virtual stage ``c*pp + r`` is chunk ``c`` of rank ``r``); ``bwd_s`` includes recompute.
+        fwd_s, bwd_s: seconds of one micro-batch's forward / backward on each *virtual* stage (length
+            ``pp * chunks_per_rank``, in pipeline order: interleaved chunk ``c`` of rank ``r`` is stage ``c*pp + r``, a
+            V schedule's rank ``r`` holds stages ``r`` and ``2pp-1-r``, DualPipe's ``pp`` entries are the model
+            stages); ``bwd_s`` includes recompute.
         p2p_s: seconds to send one activation (or gradient) between neighbouring stages.
         w_fraction: ZB-H1 only: share of the backward that is weight-gradient work (``W``); 0.5 when
             ``t_B = t_W`` (Qi et al. 2024 Sec. 2).
         max_ops: above this many ops the schedule is simulated for fewer micro-batches and extrapolated linearly
             (steady state), unless ``record``.
+        wgt_s: weight-gradient seconds within each ``bwd_s`` (zero-bubble and DualPipe schedules; default
+            ``w_fraction`` of it).
+        hide_f_s, hide_b_s: seconds of each stage's forward / backward communication that an overlapped partner
+            op hides (DualPipe, DualPipeV, combined 1F1B; default 0).
+
+    Raises:
+        ValueError: wrong list lengths, or a micro-batch count the schedule cannot run.
     """
-    v = vpp if schedule == "interleaved" else 1
+    v = chunks_per_rank(schedule, vpp)
     if len(fwd_s) != pp * v or len(bwd_s) != pp * v:
         raise ValueError(f"fwd_s/bwd_s need pp*vpp = {pp * v} entries, got {len(fwd_s)}/{len(bwd_s)}")
     if m < 1:
@@ -294,6 +390,26 @@ def simulate(schedule: Schedule, pp: int, m: int, fwd_s: list[float], bwd_s: lis
         extra = m - whole
         return Simulation(base.makespan + extra * max(per_mb), [b + extra * x for b, x in zip(base.busy, per_mb)],
                           base.ops, extrapolated=True)
+    if schedule in OP_ORDER_SCHEDULES:
+        n = len(fwd_s)
+        wgt = list(wgt_s) if wgt_s is not None else [x * w_fraction for x in bwd_s]
+        hf = list(hide_f_s) if hide_f_s is not None else [0.0] * n
+        hb = list(hide_b_s) if hide_b_s is not None else [0.0] * n
+        if not len(wgt) == len(hf) == len(hb) == n:
+            raise ValueError(f"wgt_s/hide_f_s/hide_b_s need {n} entries")
+        args = (list(fwd_s), list(bwd_s), wgt, hf, hb, p2p_s)
+        lo, mult = schedule_microbatch_rule(schedule, pp)
+        m0 = max(lo, 4 * pp)
+        m0 += (-m0) % (mult * pp)
+        step = mult * pp
+        if record or 3 * m * pp * v <= max_ops or m <= m0 + step:
+            return _simulate_ops(schedule, pp, m, vpp, *args, record)
+        a = _simulate_ops(schedule, pp, m0, vpp, *args, False)
+        b = _simulate_ops(schedule, pp, m0 + step, vpp, *args, False)
+        k = (m - m0) / step
+        lin = lambda x, y: x + (y - x) * k  # noqa: E731
+        return Simulation(lin(a.makespan, b.makespan), [lin(x, y) for x, y in zip(a.busy, b.busy)],
+                          extrapolated=True, hidden=[lin(x, y) for x, y in zip(a.hidden, b.hidden)])
     n_ops = (3 if schedule == "zb-h1" else 2) * m * pp * v
     if record or n_ops <= max_ops or m <= 4 * pp:
         return _simulate_once(schedule, pp, m, v, fwd_s, bwd_s, p2p_s, record, w_fraction)

@@ -113,9 +113,10 @@ from .comm import collective_time
 from .config import BYTES_16BIT, BYTES_FP32, FlopsConvention, ParallelConfig, TrainingJob
 from .flops import (attention_core_flops_per_token, layer_gemm_shapes, recomputed_layers,
                     step_hardware_flops, step_model_flops)
-from .layout import GroupPlacement, LayoutError, group_placement, parse_pipeline_layout, stage_layer_ranges
+from .layout import (GroupPlacement, LayoutError, group_placement, parse_pipeline_layout, rank_stages,
+                     stage_layer_ranges, virtual_stage)
 from .memory import stage_params
-from .pipeline import simulate
+from .pipeline import PAIRING_SCHEDULES, chunks_per_rank, simulate
 
 #: HBM bytes moved per local parameter by one fused Adam step (4+4+4+4 read, 4+4+4 write, 2 write = 30, plus
 #: the fp32 gradient zeroing 4): derived from the mixed-precision Adam state layout (ZeRO paper Sec. 3.1).
@@ -258,9 +259,16 @@ class StepEstimate:
     #: summary, Megatron-LM Llama recipes, torchtitan)
     mfu_peak_dtype: str = "bf16"
     flops_convention: str = "megatron"
-    #: per-rank forward / backward seconds of one micro-batch (virtual stages, length pp*vpp)
+    #: per-rank forward / backward seconds of one micro-batch (virtual stages in pipeline order, length
+    #: pp * pipeline.chunks_per_rank)
     stage_forward_s: list[float] = field(default_factory=list)
     stage_backward_s: list[float] = field(default_factory=list)
+    #: the weight-gradient part of each backward (zero-bubble and DualPipe schedules split it out), and the
+    #: communication of each forward / backward that an overlapped partner op hides (DualPipe, DualPipeV, combined
+    #: 1F1B), seconds per virtual stage
+    stage_wgrad_s: list[float] = field(default_factory=list)
+    stage_hide_forward_s: list[float] = field(default_factory=list)
+    stage_hide_backward_s: list[float] = field(default_factory=list)
     p2p_s: float = 0.0
     pp: int = 1
     schedule: str = "1f1b"
@@ -473,7 +481,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
                   convention: FlopsConvention = "megatron", framework: str | None = None,
                   tp_comm_overlap: bool | None = None, overlap_dp: bool | None = None,
                   ep_overlap: bool = False, full_cuda_graph: bool = False,
-                  fp8_recipe: str | None = None) -> StepEstimate:
+                  fp8_recipe: str | None = None, stages: frozenset[int] | None = None) -> StepEstimate:
     """Step time of ``par`` on ``cluster`` (see module docstring). Raises ``LayoutError`` on an impossible split.
 
     ``framework`` selects the kernel set (``ELEMENTWISE_PASSES``: megatron, nemo, deepspeed, torchtitan,
@@ -488,6 +496,9 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     (Transformer Engine's default per-tensor recipe on Hopper).
     ``par.pipeline_layout`` (Megatron ``--pipeline-model-parallel-layout``) places the layers per model chunk instead
     of the even / first-last split; the embedding sits on the first chunk, the output layer and MTP on the last.
+    ``stages``: the pipeline ranks whose per-rank terms are reported (busiest rank, exposed TP/CP/EP, data-parallel
+    reduction of the largest stage, optimizer step); None = all. A pipeline whose stages sit on pools of different
+    GPUs and networks (``cost_models.pools``) times each pool's ranks on that pool's cluster.
     """
     framework = framework or getattr(job, "framework", None) or "megatron"
     fw_base = framework.split("_")[0]
@@ -517,7 +528,10 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
 
     tp_exp = 1.0 if not tp_comm_overlap else TP_OVERLAP_EXPOSED.get(fw_base, TP_OVERLAP_EXPOSED["megatron"])
     ep_exp = EP_OVERLAP_EXPOSED if ep_overlap else 1.0
-    v = par.vpp if par.pipeline_schedule == "interleaved" else 1
+    v = chunks_per_rank(par.pipeline_schedule, par.vpp)
+    # schedules that pair a forward with another micro-batch's backward hide the EP all-to-all of each behind the
+    # other's compute, leaving EP_OVERLAP_EXPOSED of it (``pipeline_ops.fb_seconds``); not twice with ``ep_overlap``
+    ep_hide = 0.0 if ep_overlap or par.pipeline_schedule not in PAIRING_SCHEDULES else 1.0 - EP_OVERLAP_EXPOSED
     if par.pipeline_layout is not None:
         # Megatron ``--pipeline-model-parallel-layout``: model chunk k runs on rank k % pp as virtual stage k // pp;
         # layers are numbered along the chunks (so the dense prefix of a MoE model sits on the first chunks)
@@ -540,6 +554,9 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     # virtual stage k = chunk c of rank r holds layers of chunk c of stage r's range (split evenly by chunks)
     fwd_v = [0.0] * (par.pp * v)
     bwd_v = [0.0] * (par.pp * v)
+    wgt_v = [0.0] * (par.pp * v)
+    hide_f = [0.0] * (par.pp * v)
+    hide_b = [0.0] * (par.pp * v)
     # decoder layers that full recompute re-runs (all, or the first recompute_num_layers of each chunk)
     rc_layers = set(recomputed_layers(model, par))
     kinds = {"gemm": 0.0, "attention": 0.0, "memory_bound": 0.0}
@@ -549,6 +566,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
         chunks = chunk_lists[r] if chunk_lists is not None else [
             lay[c * len(lay) // v:(c + 1) * len(lay) // v] for c in range(v)]
         for c, chunk in enumerate(chunks):
+            k = virtual_stage(par, r, c)
             f = bw = 0.0
             for i in chunk:
                 x = lc(i)
@@ -575,10 +593,13 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
                     rc = _selective_recompute_s(x, par)
                 f += comp_f + comm_f
                 bw += comp_b + comm_b + rc
+                wgt_v[k] += x.gemm  # the weight-gradient GEMMs: one of the backward's two per forward GEMM
+                hide_f[k] += ep_hide * x.ep
+                hide_b[k] += ep_hide * x.ep
                 exposed_mb["tp"][r] += 2 * x.tp * tp_exp + (x.tp * tp_exp if full_i else 0)
                 exposed_mb["cp"][r] += 3 * x.cp
                 exposed_mb["ep"][r] += ep_exp * (2 * x.ep + (x.ep if full_i else 0))
-            if r == par.pp - 1 and c == v - 1:
+            if k == par.pp * v - 1:
                 # output layer: logits GEMM + fused cross-entropy over V/tp fp32 logits; each multi-token-prediction
                 # module (DeepSeek-V3 Sec. 2.2: projection 2h -> h, one more decoder layer, its own logits) runs
                 # on the last stage too (Megatron-LM ``mtp_num_layers``)
@@ -587,19 +608,23 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
                 n_heads = 1 + model.num_mtp_layers
                 f += n_heads * (lg + ce)
                 bw += n_heads * (2 * lg + ce)
+                wgt_v[k] += n_heads * lg
                 for _ in range(model.num_mtp_layers):
                     x = lc(model.num_layers - 1)
                     proj = gemm_time(tok, 2 * h, h / par.tp, rate, hbm, el)
                     f += x.gemm + x.attn_f + x.mem + proj + x.tp * tp_exp + x.ep * ep_exp
                     bw += 2 * (x.gemm + x.mem + proj) + x.attn_b + x.tp * tp_exp + x.ep * ep_exp
-            if r == 0 and c == 0:
+            if k == 0:
                 emb = 2 * BYTES_16BIT * tok * h / hbm  # embedding gather + write
                 f += emb
                 bw += 2 * emb
-            fwd_v[c * par.pp + r] = f
-            bwd_v[c * par.pp + r] = bw
+            fwd_v[k] = f
+            bwd_v[k] = bw
     # per-kind compute on the busiest rank (for the breakdown)
-    busiest = max(range(par.pp), key=lambda r: sum(fwd_v[c * par.pp + r] + bwd_v[c * par.pp + r] for c in range(v)))
+    own = (lambda r: True) if stages is None else stages.__contains__
+    busiest = max((r for r in range(par.pp) if own(r)),
+                  key=lambda r: sum(fwd_v[virtual_stage(par, r, c)] + bwd_v[virtual_stage(par, r, c)]
+                                    for c in range(v)))
     for i in ranges[busiest]:
         x = lc(i)
         full = i in rc_layers
@@ -616,13 +641,16 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     if par.pp > 1:
         p2p_bytes = BYTES_16BIT * tok * h / (par.tp if par.sequence_parallel else 1)
         p2p = collective_time("p2p", p2p_bytes, groups["pp"], cluster)
-    sim = simulate(par.pipeline_schedule, par.pp, m, fwd_v, bwd_v, vpp=v, p2p_s=p2p)
+    sim = simulate(par.pipeline_schedule, par.pp, m, fwd_v, bwd_v, vpp=v, p2p_s=p2p, wgt_s=wgt_v, hide_f_s=hide_f,
+                   hide_b_s=hide_b)
     pipeline_s = sim.makespan
     busy = max(sim.busy)
     bubble = max(0.0, pipeline_s - busy)
 
     # data-parallel gradient reduction / parameter gather on the most loaded stage
-    sp_max = max((stage_params(model, par, st, lay, vocab) for st, lay in enumerate(ranges)),
+    # parameters each rank holds: its layers (by the layout's chunks when one is given), both stages under DualPipe
+    held = [[i for s in rank_stages(par, r) for i in ranges[s]] for r in range(par.pp)]
+    sp_max = max((stage_params(model, par, st, lay, vocab) for st, lay in enumerate(held) if own(st)),
                  key=lambda x: x.total)
     cp_g, dp_g = groups["cp"], groups["dp"]
     shard = par.dp * par.cp
@@ -674,8 +702,8 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
         # (Megatron-LM ``finalize_model_grads._allreduce_word_embedding_grads``; DeepSpeed ``ReduceTiedGrads``)
         emb_g = GroupPlacement(2, 2 if par.world_size // par.pp * (par.pp - 1) < dom else 1)
         rs_t += collective_time("all_reduce", BYTES_FP32 * vocab * h / par.tp, emb_g, cluster)
-    last_bwd = sum(bwd_v[c * par.pp + busiest] for c in range(v))
-    first_fwd = sum(fwd_v[c * par.pp + busiest] for c in range(v))
+    last_bwd = sum(bwd_v[virtual_stage(par, busiest, c)] for c in range(v))
+    first_fwd = sum(fwd_v[virtual_stage(par, busiest, c)] for c in range(v))
     n_units = max(1, len(ranges[busiest]))  # FSDP units (one per decoder layer) on the busiest rank
     if par.zero_stage >= 3 and shard > 1:
         # ZeRO-3 / FSDP: every micro-batch all-gathers the 16-bit parameters layer by layer in forward and again in
@@ -718,7 +746,8 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     optimizer = ADAM_HBM_BYTES_PER_PARAM * local_params / hbm
 
     exposed = {"tp": m * exposed_mb["tp"][busiest], "cp": m * exposed_mb["cp"][busiest],
-               "ep": m * exposed_mb["ep"][busiest], "pp": 0.0, "dp": dp_exposed}
+               "ep": max(0.0, m * exposed_mb["ep"][busiest] - (sim.hidden or [0.0] * par.pp)[busiest]),
+               "pp": 0.0, "dp": dp_exposed}
     # P2P sends on the warm-up / cool-down critical path (the steady state overlaps them with compute)
     exposed["pp"] = min(bubble, 2 * (par.pp - 1) * v * p2p) if par.pp > 1 else 0.0
     step = pipeline_s + dp_exposed + optimizer
@@ -738,5 +767,6 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
         tflops_per_gpu=mf / step / n_gpus / 1e12, mfu=mf / (step * n_gpus * peak),
         hfu=hf / (step * n_gpus * peak), peak_flops_per_gpu=peak, mfu_peak_dtype=peak_dtype,
         flops_convention=convention,
-        stage_forward_s=fwd_v, stage_backward_s=bwd_v, p2p_s=p2p, pp=par.pp, schedule=par.pipeline_schedule,
+        stage_forward_s=fwd_v, stage_backward_s=bwd_v, stage_wgrad_s=wgt_v, stage_hide_forward_s=hide_f,
+        stage_hide_backward_s=hide_b, p2p_s=p2p, pp=par.pp, schedule=par.pipeline_schedule,
         framework=framework, compute_breakdown_s=kinds)

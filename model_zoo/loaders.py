@@ -23,6 +23,10 @@ HF field conventions follow the transformers modeling code of each ``model_type`
   with ``n_routed_experts`` experts of ``moe_intermediate_size``, ``n_shared_experts`` x
   ``moe_intermediate_size`` shared expert, router weight (E x h) + ``e_score_correction_bias`` (E),
   ``num_nextn_predict_layers`` MTP layers (not built by HF).
+- gpt_oss: llama-style attention with biases and ``sinks`` (one logit per head), every layer MoE with a biased
+  router and biased experts (``num_local_experts``, ``num_experts_per_tok``), ``layer_types`` sliding/full.
+- llama4: the decoder of ``text_config``; MoE every ``interleave_moe_layer_step`` layers with one shared expert,
+  dense layers of ``intermediate_size_mlp``; kimi_k2: the deepseek_v3 architecture.
 - bloom: ``n_embed``/``hidden_size``, ``n_layer``, ``n_head``/``num_attention_heads``, 4h GeLU MLP,
   every linear with bias, LayerNorm with bias, ``word_embeddings_layernorm``, ALiBi, tied.
 """
@@ -390,6 +394,68 @@ def _hf_deepseek_v3(c: _Cfg) -> dict[str, Any]:
     )
 
 
+def _layer_types(c: _Cfg, n: int) -> tuple[str, ...] | None:
+    lt = c.get("layer_types", None)
+    if lt is None:
+        return None
+    if not isinstance(lt, list) or len(lt) != n:
+        raise ModelSpecError(f"{c.where}: field 'layer_types' must list one attention kind per layer ({n})")
+    return tuple(lt)
+
+
+def _hf_gpt_oss(c: _Cfg) -> dict[str, Any]:
+    # GptOssAttention: q/k/v/o with bias=attention_bias (true in the released configs), head_dim field,
+    # ``sinks`` (num_attention_heads); GptOssTopKRouter Linear(h, E) with bias; GptOssExperts gate_up_proj
+    # (E, h, 2f) + gate_up_proj_bias (E, 2f), down_proj (E, f, h) + down_proj_bias (E, h); every layer MoE;
+    # ``layer_types`` alternate sliding_attention (``sliding_window``) and full_attention.
+    d = _llama_like(c, "gpt_oss")
+    d.update(attention_sinks=True, layer_types=_layer_types(c, d["num_layers"]),
+             sliding_window=c.int_("sliding_window", default=128))
+    d["norm_eps"] = float(c.d.get("rms_norm_eps") or 1e-5)  # GptOssConfig default 1e-5
+    d["moe"] = dict(
+        num_experts=c.int_("num_local_experts"),
+        top_k=c.int_("num_experts_per_tok", "experts_per_token"),
+        expert_ffn_hidden_size=c.int_("intermediate_size"),
+        router_linear_bias=True,
+        expert_bias=True,
+    )
+    return d
+
+
+def _hf_llama4(c: _Cfg) -> dict[str, Any]:
+    # Llama4ForConditionalGeneration: the decoder is ``text_config`` (Llama4TextConfig); the vision encoder and
+    # projector are not part of the ModelSpec (plan3d plans the language model). Llama4TextAttention: q/k/v/o
+    # (attention_bias), qk L2 norm without weights; Llama4TextMoe: router Linear(h, E, bias=False), E experts of
+    # ``intermediate_size``, one shared expert of ``intermediate_size``; dense layers Llama4TextMLP of
+    # ``intermediate_size_mlp``; layer i is MoE iff i in range(step - 1, L, step), step =
+    # ``interleave_moe_layer_step``. Attention is chunked (``attention_chunk_size``) on RoPE layers, full on the
+    # NoPE layers (``no_rope_layers`` 0).
+    t = c.d.get("text_config", c.d)
+    if not isinstance(t, dict):
+        raise ModelSpecError(f"{c.where}: field 'text_config' must be an object")
+    tc = _Cfg(c.where, t)
+    d = _llama_like(tc, "llama4")
+    n, step = d["num_layers"], tc.int_("interleave_moe_layer_step", default=1)
+    f_e = tc.int_("intermediate_size")
+    d["ffn_hidden_size"] = tc.int_("intermediate_size_mlp", default=f_e)
+    nope = tc.get("no_rope_layers", None)
+    if isinstance(nope, list) and len(nope) == n:
+        d["layer_types"] = tuple("chunked_attention" if r else "full_attention" for r in nope)
+    d["moe"] = dict(
+        num_experts=tc.int_("num_local_experts"),
+        top_k=tc.int_("num_experts_per_tok", default=1),
+        expert_ffn_hidden_size=f_e,
+        num_shared_experts=1,
+        shared_expert_ffn_hidden_size=f_e,
+        first_k_dense_layers=step - 1,
+        moe_layer_freq=step,
+        dense_ffn_hidden_size=d["ffn_hidden_size"],
+        score_function="sigmoid",  # Llama4Router: sigmoid of the top-k logits, not renormalised
+        norm_topk_prob=False,
+    )
+    return d
+
+
 _HF_LOADERS: dict[str, Callable[[_Cfg], dict[str, Any]]] = {
     "llama": _hf_llama,
     "mistral": _hf_mistral,
@@ -402,6 +468,10 @@ _HF_LOADERS: dict[str, Callable[[_Cfg], dict[str, Any]]] = {
     "bloom": _hf_bloom,
     "nemotron": _hf_nemotron,
     "deepseek_v3": _hf_deepseek_v3,
+    "kimi_k2": _hf_deepseek_v3,  # moonshotai/Kimi-K2-*: DeepseekV3ForCausalLM with its own model_type name
+    "gpt_oss": _hf_gpt_oss,
+    "llama4": _hf_llama4,
+    "llama4_text": _hf_llama4,
 }
 
 
@@ -532,8 +602,8 @@ def load_model_file(path: str | Path) -> ModelSpec:
 
 
 def load_model(ref: str | Path) -> ModelSpec:
-    """A built-in name, a path to our YAML, or a path to a HF ``config.json`` (or a directory
-    holding one)."""
+    """A built-in name, a path to our YAML, a path to a HF ``config.json`` (or a directory holding one), or a
+    Hugging Face Hub id ``org/name[@revision]``, tried in that order (``model_zoo.hub`` documents the rule)."""
     s = str(ref)
     if isinstance(ref, str) and s.strip().lower() in _zoo():
         return get_model(s)
@@ -545,6 +615,10 @@ def load_model(ref: str | Path) -> ModelSpec:
         raise ModelSpecError(f"{p}: directory has no config.json")
     if p.exists():
         return load_model_file(p)
+    from .hub import fetch_config, is_hub_id
+    if isinstance(ref, str) and is_hub_id(s):
+        config, path = fetch_config(s)
+        return from_hf_config(config, name=s, where=f"{s} config.json", source=f"https://huggingface.co/{s}")
     if p.suffix.lower() in (".json", ".yaml", ".yml") or "/" in s or "\\" in s:
         raise ModelSpecError(f"{s}: no such file")
     raise _unknown(s)

@@ -36,6 +36,10 @@ class MoESpec(BaseModel):
                                          "(DeepSeek-V3 HF routed_scaling_factor 2.5)")
     norm_topk_prob: bool = Field(True, description="the top-k routing weights are renormalised to sum 1 (HF "
                                  "norm_topk_prob; Mixtral always; Qwen1.5-MoE false = softmax over all experts)")
+    router_linear_bias: bool = Field(False, description="the router is a Linear(h, E) WITH bias, a parameter of E "
+                                     "elements (HF GptOssTopKRouter.bias)")
+    expert_bias: bool = Field(False, description="biases on every routed expert's linears: gate/up (2 f_e, or f_e "
+                              "ungated) and down (h) per expert (HF GptOssExperts gate_up_proj_bias, down_proj_bias)")
 
 
 class RopeScalingSpec(BaseModel):
@@ -145,6 +149,13 @@ class ModelSpec(BaseModel):
                             "/ norm_eps; default 1e-5 as Megatron-LM --norm-epsilon)")
     layernorm_1p: bool = Field(False, description="LayerNorm storing gamma - 1 (HF NemotronLayerNorm1P, "
                                "Megatron-LM --apply-layernorm-1p)")
+    attention_sinks: bool = Field(False, description="one learned sink logit per attention head and layer (HF "
+                                  "GptOssAttention.sinks, num_attention_heads elements; split with the heads)")
+    sliding_window: int | None = Field(None, gt=0, description="window (tokens) of the sliding-window attention "
+                                       "layers (HF sliding_window; gpt-oss 128)")
+    layer_types: tuple[Literal["full_attention", "sliding_attention", "chunked_attention"], ...] | None = Field(
+        None, description="attention kind of each decoder layer (HF layer_types); None = all full attention. "
+                          "Holds no parameters; the cost models price every layer as full attention (an upper bound)")
 
     # ---- validation ------------------------------------------------------------------------
     @model_validator(mode="after")
@@ -169,6 +180,8 @@ class ModelSpec(BaseModel):
             bad = [i for i in m.dense_layer_indices if not 0 <= i < self.num_layers]
             if bad:
                 raise ValueError(f"moe.dense_layer_indices {bad} out of range [0, {self.num_layers})")
+        if self.layer_types is not None and len(self.layer_types) != self.num_layers:
+            raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers")
         return self
 
     # ---- structure -------------------------------------------------------------------------
@@ -257,6 +270,8 @@ class ModelSpec(BaseModel):
             replicated += h
         if self.qk_norm:
             replicated += 2 * d
+        if self.attention_sinks:  # HF GptOssAttention.sinks: (num_attention_heads,), split with the heads
+            sharded += a
         return sharded, replicated
 
     def _mlp_weights(self, f: int) -> int:
@@ -295,6 +310,7 @@ class ModelSpec(BaseModel):
         m = self.moe
         assert m is not None
         replicated += h * m.num_experts + (m.num_experts if m.router_bias else 0)
+        replicated += m.num_experts if m.router_linear_bias else 0
         if m.shared_expert_ffn_hidden_size:
             s, r = self._dense_mlp_params(m.shared_expert_ffn_hidden_size)
             sharded += s
@@ -302,6 +318,8 @@ class ModelSpec(BaseModel):
             if m.shared_expert_gate:
                 replicated += h
         per_expert = self._mlp_weights(m.expert_ffn_hidden_size)
+        if m.expert_bias:  # gate/up biases (2 f_e gated, f_e otherwise) + down bias (h)
+            per_expert += (2 if self.gated_mlp else 1) * m.expert_ffn_hidden_size + h
         return LayerParams(
             tp_sharded=sharded,
             replicated=replicated,

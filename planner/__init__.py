@@ -10,6 +10,7 @@ The API (``planner.api``, re-exported here) is what the ``plan3d`` CLI is built 
     planner.memory("llama3.1-8b", gpus=8, micro_batch_size=2).estimate.peak_bytes
     planner.explain("llama3.1-405b", gpus=8).raise_if_infeasible()   # NoFeasiblePlan naming what binds
     planner.validate().mape
+    planner.sweep({"models": ["llama3.1-8b"], "clusters": ["dgx-h100"], "gpus": [8, 16]})  # list[SweepRow]
 
 Names are imported lazily, so ``import planner`` (and the CLI's start-up) stays light.
 """
@@ -22,8 +23,9 @@ _EXPORTS = {
     "plan": "api", "evaluate": "api", "memory": "api", "explain": "api", "validate": "api",
     "load_inputs": "api", "parallel_config": "api", "Inputs": "api", "SearchStats": "api",
     "MemoryReport": "api", "ExplainReport": "api", "compare": "api", "cost_sweep": "api",
-    "ComparisonDocument": "comparison",
+    "ComparisonDocument": "comparison", "sweep": "sweep", "Grid": "sweep", "SweepRow": "sweep",
     "PlanDocument": "document", "PlanInputError": "errors", "NoFeasiblePlan": "errors",
+    "plan_pools": "pools", "PoolsDocument": "pools", "fallback": "fallback_plans", "FallbackDocument": "fallback_plans",
 }
 _FOREIGN = {"ModelSpecError": "model_zoo", "ClusterSpecError": "cluster_specs"}
 

@@ -7,7 +7,9 @@
     >>> doc.model_dump_json() == open("plans.json").read()   # plan3d plan ... --format json --output plans.json
 
 Every function takes the model and the cluster as a built-in name, a file path (our YAML, or a Hugging Face
-``config.json`` for the model) or an already-built ``ModelSpec`` / ``ClusterSpec``, and the job and layout as
+``config.json`` for the model), a Hugging Face Hub id for the model (``"meta-llama/Llama-3.1-8B"``: its
+``config.json`` from the Hub cache, else the Hub; ``model_zoo.hub``) or an already-built ``ModelSpec`` /
+``ClusterSpec``, and the job and layout as
 keyword options named as on the command line (``--global-batch-size`` is ``global_batch_size``). The return
 values are the objects whose JSON the CLI prints: ``plan`` and ``evaluate`` return a ``PlanDocument`` (pydantic;
 ``model_dump_json()`` is byte-identical to ``--format json``), ``memory`` a ``MemoryReport`` (its ``document`` is
@@ -49,6 +51,8 @@ PRECISIONS = ("bf16", "fp16", "fp8")
 FRAMEWORKS = ("megatron", "deepspeed", "torchtitan")
 FLOPS_CONVENTIONS = ("megatron", "palm")
 RECOMPUTE_CHOICES = ("none", "selective", "full")
+#: Pipeline schedules (``cost_models.config.Schedule``; which framework runs which: ``schedule_checks.FRAMEWORK_SCHEDULES``).
+SCHEDULE_CHOICES = ("1f1b", "interleaved", "gpipe", "zb-h1", "zb-v", "dualpipe", "dualpipev", "combined-1f1b")
 SOLVERS = ("cpsat", "enumerate")
 OBJECTIVES = ("throughput", "headroom", "min-gpus", "cost")
 #: Default fraction of GPU memory kept free (planner.checks.DEFAULT_MEMORY_HEADROOM; the CLI repeats the value to
@@ -102,6 +106,7 @@ class LayoutOptions(JobOptions, total=False):
     exp_avg_dtype: Literal["fp32", "fp16", "bf16", "fp8"]
     exp_avg_sq_dtype: Literal["fp32", "fp16", "bf16", "fp8"]
     main_params_dtype: Literal["fp32", "fp16", "bf16"]
+    pipeline_schedule: str | None
 
 
 class MemoryOptions(LayoutOptions, total=False):
@@ -151,6 +156,7 @@ class PlanOptions(JobOptions, CostOptions, total=False):
     recompute: Literal["none", "selective", "full"] | None
     first_stage_layers: int | None
     last_stage_layers: int | None
+    pipeline_schedule: str | None
 
 
 _JOB_KEYS = frozenset(JobOptions.__annotations__)
@@ -272,7 +278,7 @@ def parallel_config(inputs: Inputs, *, tp: int = 1, pp: int = 1, cp: int = 1, ep
                     recompute_method: str = "block",
                     optimizer_cpu_offload: float = 0.0, param_cpu_offload: bool = False,
                     exp_avg_dtype: str = "fp32", exp_avg_sq_dtype: str = "fp32",
-                    main_params_dtype: str = "fp32") -> ParallelConfig:
+                    main_params_dtype: str = "fp32", pipeline_schedule: str | None = None) -> ParallelConfig:
     """The ``ParallelConfig`` of one given layout on ``inputs`` (``dp`` derived as GPUs / (tp x pp x cp)).
 
     Memory knobs (``cost_models.config.ParallelConfig``): ``pipeline_layout`` (Megatron
@@ -293,6 +299,8 @@ def parallel_config(inputs: Inputs, *, tp: int = 1, pp: int = 1, cp: int = 1, ep
     from cost_models.layout import uneven_split
 
     _choice("recompute", recompute, RECOMPUTE_CHOICES)
+    if pipeline_schedule is not None:
+        _choice("pipeline_schedule", pipeline_schedule, SCHEDULE_CHOICES)
     sizes = {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "vpp": vpp, "micro_batch_size": micro_batch_size}
     for field, v in sizes.items():
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -319,7 +327,8 @@ def parallel_config(inputs: Inputs, *, tp: int = 1, pp: int = 1, cp: int = 1, ep
                               recompute_method=recompute_method,
                               optimizer_cpu_offload_fraction=optimizer_cpu_offload,
                               param_cpu_offload=bool(param_cpu_offload), exp_avg_dtype=exp_avg_dtype,
-                              exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype)
+                              exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype,
+                              schedule=pipeline_schedule)
     except ValidationError as e:
         err = e.errors()[0]
         name = {"optimizer_cpu_offload_fraction": "optimizer_cpu_offload"}.get(str(err["loc"][0]), str(err["loc"][0])) \
@@ -415,11 +424,18 @@ def _plan_setup(model, cluster, options: dict[str, Any]) -> _PlanSetup:
     headroom = _headroom(o.get("memory_headroom"))
     if o.get("recompute") is not None:
         _choice("recompute", o["recompute"], RECOMPUTE_CHOICES)
+    if o.get("pipeline_schedule") is not None:
+        _choice("pipeline_schedule", o["pipeline_schedule"], SCHEDULE_CHOICES)
+        from .space import SEARCH_SCHEDULES
+        searched = ("1f1b", "interleaved", *SEARCH_SCHEDULES[inputs.job.framework])
+        if o["pipeline_schedule"] not in searched:
+            raise PlanInputError(f"--pipeline-schedule {o['pipeline_schedule']}: {inputs.job.framework} plans search "
+                                 f"{', '.join(searched)} (evaluate takes any schedule)")
     from .space import SearchSpace
     one = lambda x: None if x is None else (x,)  # noqa: E731
     sp_kw: dict[str, Any] = {k: one(o.get(k)) for k in ("tp", "pp", "cp", "ep", "vpp", "first_stage_layers",
                                                          "last_stage_layers")}
-    for k in ("micro_batch_size", "zero_stage", "recompute"):
+    for k in ("micro_batch_size", "zero_stage", "recompute", "pipeline_schedule"):
         if o.get(k) is not None:
             sp_kw[k] = (o[k],)
     return _PlanSetup(inputs, objective, solver, conv, headroom, top_k, within, step_t, tok_t,
@@ -499,8 +515,8 @@ def _resolve_clusters(clusters) -> list:
     if isinstance(clusters, str):
         choice = parse_cluster_option(clusters)
         if choice.kind == "pools":
-            raise PlanInputError(f"--cluster {clusters!r}: NAME:NODES pools of one mixed-GPU cluster are not "
-                                 f"supported yet; give NAME,NAME,... to compare clusters")
+            raise PlanInputError(f"--cluster {clusters!r}: NAME:NODES pools make one mixed-GPU cluster, planned by "
+                                 f"planner.plan_pools; give NAME,NAME,... to compare clusters")
         clusters = list(choice.names)
     if not clusters:
         raise PlanInputError("--cluster: give at least one cluster to compare")

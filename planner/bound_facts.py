@@ -19,12 +19,13 @@ from cost_models import step_time as stm
 from cost_models.comm import collective_time as comm_time
 from cost_models.config import BYTES_16BIT, BYTES_FP32, ParallelConfig, TrainingJob
 from cost_models.layout import GroupPlacement, group_placement, stage_layer_ranges
+from cost_models.pipeline import PAIRING_SCHEDULES
 from cost_models.memory import (activation_bytes_per_layer, in_flight_microbatches, layer_input_bytes,
                                 model_state_terms, stage_params)
 from model_zoo.spec import ModelSpec
 
 from .recompute import PARTIAL_RECOMPUTE_FRAMEWORKS
-from .space import SearchSpace, Structure, sp_options, to_parallel, vpp_options, zero_options
+from .space import SEARCH_SCHEDULES, SearchSpace, Structure, sp_options, to_parallel, vpp_options, zero_options
 
 ZEROS = (0, 1, 2, 3)
 #: The tables are lower bounds of the scalar model. MEM_MARGIN: relative slack of the memory filter (rounding).
@@ -37,7 +38,7 @@ def layer_lb(model, cluster, job, par, layer, groups, exposed_comm: bool = False
     """Lower bounds of one layer's seconds per micro-batch from ``cost_models.step_time``'s per-layer costs
     (``_layer_cost``) with the framework with the fewest elementwise passes (Megatron) and no host-time floor:
     (forward, backward without recompute, selective recompute, full recompute, forward and backward without the
-    context-parallel ring (an MTP layer's)). MoE layers add the routing bookkeeping per token copy and the host
+    context-parallel ring (an MTP layer's), the EP all-to-all of the forward (what a pairing schedule may hide)). MoE layers add the routing bookkeeping per token copy and the host
     time per local expert (``MOE_TOKEN_COPY_S``, ``MOE_EXPERT_HOST_S`` of the job's expert GEMM format; the step
     model drops the host time only under a full-iteration CUDA graph, which the search never sets). ``exposed_comm``: TP
     and EP communication fully exposed (the step model's defaults for Megatron-LM, DeepSpeed and torchtitan: TP
@@ -57,13 +58,13 @@ def layer_lb(model, cluster, job, par, layer, groups, exposed_comm: bool = False
             key = recipe if job.precision == "fp8" else "bf16"
             extra += float(getattr(stm, "MOE_EXPERT_HOST_S", {}).get(key, 0.0)) * model.moe.num_experts / par.ep
     except Exception:  # pragma: no cover - depends on another module's private API
-        return 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+        return 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
     comp_f = x.gemm + x.attn_f + x.mem + extra / 3
     comp_b = 2 * x.gemm + x.attn_b + 2 * x.mem + 2 * extra / 3
     comm_f = x.tp * tp_exp + x.ep * ep_exp
     comm_b = x.tp * tp_exp + x.ep * ep_exp
     return (comp_f + comm_f + x.cp, comp_b + comm_b + 2 * x.cp, x.attn_f, comp_f + comm_f + x.cp,
-            x.gemm + x.attn_f + x.mem + comm_f, 2 * (x.gemm + x.mem) + x.attn_b + comm_b)
+            x.gemm + x.attn_f + x.mem + comm_f, 2 * (x.gemm + x.mem) + x.attn_b + comm_b, x.ep)
 
 
 @dataclass
@@ -210,6 +211,10 @@ class StructureFacts:
     dp_full: bool = True
     o_coef: dict[int, tuple[float, float]] = field(default_factory=dict)   # z -> (a, c): O[z] = a + m c seconds
     n_hi: int = 1                               # most decoder layers on one rank
+    #: the framework's other pipeline schedules (``space.schedule_options``) may apply; with ``pair_hide`` the
+    #: share of each MoE layer's EP all-to-all an overlapped pair hides (pairing schedules), else 0
+    other_schedules: tuple[str, ...] = ()
+    pair_hide: float = 0.0
     has_comm: bool = False
 
 
@@ -225,8 +230,29 @@ def structure_facts(ctx: BoundContext, st: Structure) -> StructureFacts | None:
     vocab = ctx.memo(("vocab", tp), lambda: ctx.model.padded_vocab_size(tp))
     edp = max(1, tp * st.dp * st.cp // (etp * st.ep))   # ParallelConfig.expert_dp
     lay = stage_layout(ctx, st)
+    others = _other_schedules(ctx, st)
+    hide = (1.0 - float(getattr(stm, "EP_OVERLAP_EXPOSED", 1.0))) if set(others) & set(PAIRING_SCHEDULES) else 0.0
     return StructureFacts(st, lay, zs, sps, vocab, group_placements(ctx, st), st.dp * st.cp, edp,
-                   n_hi=max(1, max(len(r) for r in lay.ranges)))
+                          n_hi=max(1, max(len(r) for r in lay.ranges)), other_schedules=others, pair_hide=hide)
+
+
+def _other_schedules(ctx: BoundContext, st: Structure) -> tuple[str, ...]:
+    """The framework's non-default pipeline schedules (``space.SEARCH_SCHEDULES``, not pinned out) that the
+    structure does not rule out: combined 1F1B needs a MoE model and ep > 1, the V schedules pp > 1 over an even
+    split of the layers into 2 pp stages (a superset of ``space.schedule_options``, which also checks vpp, ZeRO,
+    recompute and the micro-batches)."""
+    pins = ctx.space.pipeline_schedule
+    out = []
+    for s in SEARCH_SCHEDULES.get(ctx.framework, ()):
+        if pins is not None and s not in pins:
+            continue
+        if s == "combined-1f1b":
+            ok = ctx.model.moe is not None and st.ep > 1
+        else:
+            ok = st.pp > 1 and st.first is None and ctx.model.num_layers % (2 * st.pp) == 0
+        if ok:
+            out.append(s)
+    return tuple(out)
 
 
 def with_states(ctx: BoundContext, sf: StructureFacts) -> None:

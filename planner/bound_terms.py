@@ -157,7 +157,8 @@ def busiest_rank_bounds(ctx: BoundContext, sf: StructureFacts, mbss, only_v1) ->
     (``only_v1``, one flag per micro-batch), and ``Z`` with the smallest per-rank forward / backward, all at no
     recompute (recompute only adds) and the smaller sp setting; the smallest ``max(P, Z[z]) + O[z]`` over the ZeRO
     stages. Per-layer costs and the DP / optimizer terms are cached (``bound_facts.layer_costs``,
-    ``bound_facts.with_comm``)."""
+    ``bound_facts.with_comm``). With the framework's other pipeline schedules possible, the smaller of that and
+    ``paired_bound``'s."""
     with_comm(ctx, sf)
     st, job, cache = sf.st, ctx.job, ctx.cache
     pp, dp, tp, h, vocab = st.pp, st.dp, st.tp, ctx.model.hidden_size, sf.vocab
@@ -201,20 +202,40 @@ def busiest_rank_bounds(ctx: BoundContext, sf: StructureFacts, mbss, only_v1) ->
                 p = m * busy
             for z, (a, c) in sf.o_coef.items():
                 best = min(best, max(p + d_bound(sf, m, z), z_bound(sf, m, z, f0, b0)) + a + m * c)
+            if sf.other_schedules:
+                best = min(best, paired_bound(ctx, sf, m, lambda nd, nm: (
+                    (nd * d[0] if nd and d is not None else 0.0) + (nm * e[0] if nm and e is not None else 0.0),
+                    (nd * d[1] if nd and d is not None else 0.0) + (nm * e[1] if nm and e is not None else 0.0)),
+                    e[6] if e is not None else 0.0))
         out.append(best)
     return out
+
+
+def paired_bound(ctx: BoundContext, sf: StructureFacts, m: int, fb, ep_s: float) -> float:
+    """A lower bound (seconds) of the rows of the framework's other pipeline schedules (``tables.schedule_rows``):
+    every rank is busy at least m x its layers' forward + backward (``fb(nd, nm)``, without the embedding and the
+    output layer, which a V schedule moves), less the EP all-to-all an overlapped pair hides (``sf.pair_hide`` of
+    each MoE layer's ``ep_s`` forward and backward), plus the smallest ``O`` (those rows have ``E = O``)."""
+    busy = 0.0
+    for _, nd, nm, _ in sf.lay.groups:
+        f, b = fb(nd, nm)
+        busy = max(busy, f + b - 2 * sf.pair_hide * nm * ep_s)
+    return m * busy + min(o_bound(ctx, sf, m, z) for z in sf.zs)
 
 
 def group_bound(ctx: BoundContext, sf: StructureFacts, mbs: int, mem_limit: float) -> tuple[float, int]:
     """A lower bound (seconds) of the tight bound ``A + max(P, Z) + O`` of every candidate of (structure, ``mbs``)
     whose memory bound fits ``mem_limit`` (bytes), and how many candidates may fit (an upper bound).
 
-    Over (recompute, sp, zero): skipped when the memory bound at vpp 1 exceeds the limit (interleaving never holds
-    fewer micro-batches in flight, ``memory.in_flight_microbatches``, so no vpp fits either); else
+    Over (recompute, sp, zero) of the default schedule: skipped when the memory bound at vpp 1 exceeds the limit
+    (interleaving never holds fewer micro-batches in flight, ``memory.in_flight_microbatches``, so no vpp fits
+    either); else
     ``max(P', Z[sp][z]) + O[z]`` with ``P'`` the vpp-1 pipeline bound when vpp 1 is the only choice, else the
     busiest rank's m x (forward + backward), the recompute charged at vpp 1 (the fewest recomputed layers per
     chunk N_lb only grows with the in-flight micro-batches, and interleaving recomputes N_lb per chunk), and ``Z``
     with the smallest per-rank forward/backward at vpp 1 (``Z`` is non-decreasing in them). inf when nothing fits.
+    With the framework's other pipeline schedules possible, the smaller of that and ``paired_bound`` over every
+    recompute and sp setting (their memory is not filtered here).
     """
     mb = microbatch_facts(ctx, sf, mbs)
     with_memory_facts(ctx, sf, mb)
@@ -252,4 +273,13 @@ def group_bound(ctx: BoundContext, sf: StructureFacts, mbs: int, mem_limit: floa
             for z in ok:
                 best = min(best, max(p + d_bound(sf, mb.m, z), z_bound(sf, mb.m, z, f0, b0))
                            + o_bound(ctx, sf, mb.m, z))
+    if sf.other_schedules:
+        # the other schedules' rows: no memory filter (a V schedule moves the embedding and the output layer), the
+        # recompute at its least (one layer per chunk)
+        fits = sum(len(mb.vpps) * len(sf.zs) * len(sf.sps) for _ in ctx.space.recompute) * (
+            1 + len(sf.other_schedules))
+        for rc in ctx.space.recompute:
+            for sp in sf.sps:
+                ep_s = mb.lay[sp][1][6] if 1 in mb.lay[sp] else 0.0
+                best = min(best, paired_bound(ctx, sf, mb.m, rank_fb(ctx, mb, rc, sp, 1), ep_s))
     return best, fits

@@ -20,11 +20,13 @@ Rules and their sources (formulas.md Sec. 7.1 "Checks enforced"; field_cases.md 
 * DeepSpeed's pipeline engine supports ZeRO stage <= 1 only (``deepspeed/runtime/pipe/engine.py``; F19).
 * Megatron-DeepSpeed cannot combine its Ulysses sequence parallelism (cp > 1) with Megatron SP (``megatron/initialize.py``).
 * torchtitan: no ZeRO-1/2 (FSDP2 shards weights, gradients and optimizer state together: ``zero_stage`` 0 or 3
-  only; torchtitan ``parallelize_llama``), no interleaved virtual stages with uneven first/last splits
-  (torchtitan splits by module names, not by Megatron's first/last counts) — torchtitan docs
+  only; torchtitan ``parallelize_llama``), sequence parallelism with any TP (``apply_tp``: SequenceParallel
+  norms), no interleaved virtual stages with uneven first/last splits (torchtitan splits by module names, not by
+  Megatron's first/last counts) — torchtitan docs
   ``docs/composability.md``.
 * vocabulary padding: the padded vocabulary (multiple of ``128*tp``, Megatron ``_vocab_size_with_padding``)
   must hold the vocabulary — informational, always satisfied, listed so the padding is visible.
+* pipeline schedule: the framework runs it, and each schedule's own shape rules (``planner.schedule_checks``).
 * memory of every stage <= capacity x (1 - headroom); within ``at_risk_margin`` of capacity it still fits but is
   flagged at risk (``memory_verdict``).
 """
@@ -137,8 +139,11 @@ def constraint_report(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, 
     m = job.global_batch_size // mb if mb else 0
     add(Constraint("microbatches", m >= 1, float(m - 1), "micro-batches",
                    f"num_microbatches = {job.global_batch_size} // ({par.micro_batch_size}*{par.dp}) = {m}"))
-    if par.pp > 1 and par.vpp > 1:
+    if par.pp > 1 and par.vpp > 1 and par.pipeline_schedule in ("interleaved", "combined-1f1b"):
         add(_div("microbatches_interleaved", m, par.pp, "interleaved schedule: num_microbatches % pp"))
+    if par.pp > 1 or par.schedule is not None:
+        from .schedule_checks import schedule_constraints  # (it imports Constraint from here)
+        out += schedule_constraints(model, par, m, framework)
     if par.cp > 1:
         add(_div("seq_cp", job.seq_length, 2 * par.cp, "seq_length % (2*cp) (load-balanced causal CP)"))
     if par.sequence_parallel:
@@ -190,6 +195,10 @@ def constraint_report(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, 
             add(Constraint("torchtitan_ddp_1d", False, -1.0, "",
                            "torchtitan runs zero 0 as DDP, which does not combine with tp/pp/cp/ep "
                            "(\"DDP has not supported > 1D parallelism\", models/llama3/infra/parallelize.py)"))
+        if par.tp > 1:
+            add(Constraint("torchtitan_tp_sp", par.sequence_parallel, 0.0 if par.sequence_parallel else -1.0, "",
+                           "torchtitan's tensor parallelism shards the norms over the sequence: sequence parallel "
+                           "with tp > 1 (models/llama3/infra/parallelize.py apply_tp, SequenceParallel)"))
         uneven = par.first_stage_layers is not None or par.last_stage_layers is not None
         if par.vpp > 1 and uneven:
             add(Constraint("torchtitan_uneven_vpp", False, -1.0, "",

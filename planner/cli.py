@@ -51,8 +51,47 @@ class Framework(str, Enum):
     torchtitan = "torchtitan"
 
 
-#: ``--emit`` targets: the frameworks themselves
-Emit = Framework
+class Emit(str, Enum):
+    """``--emit`` targets: the frameworks whose rules plan3d models, and Colossal-AI (planned under Megatron-LM's
+    rules unless --framework says otherwise)."""
+    megatron = "megatron"
+    deepspeed = "deepspeed"
+    torchtitan = "torchtitan"
+    colossalai = "colossalai"
+
+
+class Launcher(str, Enum):
+    scripts = "scripts"
+    k8s = "k8s"
+
+
+LauncherOpt = Annotated[Launcher, typer.Option(
+    "--launcher", help="with --emit: scripts (torchrun + Slurm, default) or k8s (a Kubeflow PyTorchJob manifest)")]
+
+
+def _rules(framework, emit):
+    """The framework whose rules plan and evaluate apply: --framework, else the --emit target when plan3d models
+    it, else Megatron-LM (Colossal-AI's TP/SP follow Megatron's)."""
+    if framework is not None:
+        return framework
+    return Framework(emit.value) if emit is not None and emit.value in Framework.__members__ else Framework.megatron
+
+
+class ScheduleOpt(str, Enum):
+    """Pipeline schedules (``cost_models.config.Schedule``; which framework runs which: ``schedule_checks.FRAMEWORK_SCHEDULES``)."""
+    f1b = "1f1b"
+    interleaved = "interleaved"
+    gpipe = "gpipe"
+    zb_h1 = "zb-h1"
+    zb_v = "zb-v"
+    dualpipe = "dualpipe"
+    dualpipev = "dualpipev"
+    combined_1f1b = "combined-1f1b"
+
+
+ScheduleOptT = Annotated[Optional[ScheduleOpt], typer.Option(
+    "--pipeline-schedule", help="pipeline schedule (default 1f1b, interleaved when --vpp > 1); zb-v and dualpipev "
+                                "run two chunks per rank (--vpp 2)")]
 
 
 class FlopsConv(str, Enum):
@@ -60,7 +99,8 @@ class FlopsConv(str, Enum):
     palm = "palm"
 
 
-ModelOpt = Annotated[str, typer.Option("--model", "-m", help="built-in name, our YAML, or a HF config.json path")]
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help="built-in name, our YAML, a HF config.json path, "
+                                                              "or a Hugging Face Hub id org/name[@revision]")]
 ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="built-in name or YAML path (plan: A,B,C compares "
                                                                    "clusters by time and cost)")]
 GpusOpt = Annotated[Optional[int], typer.Option(
@@ -184,7 +224,8 @@ def _split_str(q) -> str:
     return "acct" if q.account_for_embedding_in_pipeline_split else "-"
 
 
-def _emit(doc, emit: Emit, output: Path | None, rank: int, framework: str | None = None) -> None:
+def _emit(doc, emit: Emit, output: Path | None, rank: int, framework: str | None = None,
+          launcher: Launcher = Launcher.scripts) -> None:
     """``--emit``: without ``--output`` print the plan's main config to stdout (Megatron command line, DeepSpeed
     JSON, torchtitan TOML); with ``--output DIR`` write every file of planner.emit.emit_files into DIR.
     An infeasible configuration (``evaluate``) is refused (exit 1): every emitted config passes the checker.
@@ -195,17 +236,26 @@ def _emit(doc, emit: Emit, output: Path | None, rank: int, framework: str | None
     if plan is not None and not plan.feasible:
         raise NoFeasiblePlan(f"plan #{rank} is infeasible, nothing emitted: {'; '.join(plan.violations)}")
     try:
-        files = emit_files(doc, emit.value, rank)
+        files = emit_files(doc, emit.value, rank, launcher.value)
     except EmitUnsupported as e:  # a valid plan the target framework cannot run: like an infeasible plan
-        raise NoFeasiblePlan(str(e)) from None
+        ok = [p.rank for p in doc.plans if p.feasible and emit.value not in p.launch.unsupported]
+        hint = f"; plan #{ok[0]} can run on {emit.value} (--rank {ok[0]})" if ok else ""
+        raise NoFeasiblePlan(f"{e}{hint}") from None
     except EmitError as e:  # no such rank
         raise PlanInputError(str(e)) from None
-    if framework is not None and framework != emit.value:
+    if framework is not None and framework != emit.value and emit.value not in Framework.__members__:
+        sys.stderr.write(f"plan3d: note: memory and time were computed under {framework} rules (plan3d has no "
+                         f"{emit.value} cost rules); the emitted arguments express the same layout\n")
+    elif framework is not None and framework != emit.value:
         sys.stderr.write(f"plan3d: note: memory and time were computed under {framework} rules; {emit.value} "
                          f"runs the layout its own way (plan with --framework {emit.value} to rank under its "
                          f"rules)\n")
     if output is None:
-        if emit == Emit.megatron:
+        if launcher == Launcher.k8s:
+            text = files["pytorchjob.yaml"]
+        elif emit == Emit.colossalai:
+            text = files["colossalai_plugin.py"]
+        elif emit == Emit.megatron:
             args = next(p for p in doc.plans if p.rank == rank).launch.megatron
             text = " \\\n  ".join(["pretrain_gpt.py"] + _pair_args(args)) + "\n"
         else:
@@ -232,11 +282,16 @@ def _emit(doc, emit: Emit, output: Path | None, rank: int, framework: str | None
 
 
 def _render(doc, fmt: Fmt, output: Path | None, emit: Emit | None, title: str, rank: int = 1,
-            framework: str | None = None, at_risk_margin: float = AT_RISK_DEFAULT) -> None:
+            framework: str | None = None, at_risk_margin: float = AT_RISK_DEFAULT,
+            launcher: Launcher = Launcher.scripts) -> None:
     from .document import to_json
     if emit is not None:
-        _emit(doc, emit, output, rank, framework)
+        _emit(doc, emit, output, rank, framework, launcher)
         return
+    if launcher != Launcher.scripts:
+        from .errors import PlanInputError
+        raise PlanInputError(f"--launcher {launcher.value} applies to --emit: give --emit "
+                             f"{'|'.join(e.value for e in Emit)}")
     if fmt == Fmt.json:
         _write(to_json(doc), output)
         return
@@ -283,6 +338,7 @@ def plan(
         "--emit", help="the launch config of the top plan (or --rank N): printed, or with --output DIR, written "
                        "as files (args, config, torchrun and Slurm scripts)")] = None,
     rank: Annotated[int, typer.Option("--rank", min=1, help="which plan --emit writes (1 = best)")] = 1,
+    launcher: LauncherOpt = Launcher.scripts,
     solver: Annotated[SolverOpt, typer.Option("--solver", help="cpsat (default) or enumerate (brute force, the "
                                                                "oracle)")] = SolverOpt.cpsat,
     objective: Annotated[ObjectiveOpt, typer.Option(
@@ -308,6 +364,7 @@ def plan(
         "--first-stage-layers", min=1, help="pin the decoder layers of the first pipeline stage")] = None,
     pin_last: Annotated[Optional[int], typer.Option(
         "--last-stage-layers", min=1, help="pin the decoder layers of the last pipeline stage")] = None,
+    pin_schedule: ScheduleOptT = None,
     flops_convention: FlopsOpt = None, at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT,
     train_tokens: TrainTokensOpt = None, gpu_hour_price: PriceOpt = None, async_checkpoint: AsyncCkptOpt = False,
     interruption_rate: RateOpt = None, restart_s: RestartOpt = None, pue: PueOpt = None,
@@ -321,10 +378,14 @@ def plan(
         "--global-batch-size-tolerance", min=0.0, max=0.99,
         help="when no layout plans the requested global batch, plan the nearest one within this fraction of it "
              "(reported in the title and as input.job.requested_global_batch_size)")] = None,
+    timeline: Annotated[Optional[Path], typer.Option(
+        "--timeline", help="pools (--cluster NAME:NODES,...): draw plan #--rank's schedule across the pools to "
+                           "FILE.svg|png")] = None,
 ) -> None:
     """Search the parallel layouts and print the best plans (default: llama3.1-8b on one dgx-h100 node).
 
     --cluster A,B,C plans the same job on each cluster and ranks them by time and by cost (needs --train-tokens).
+    --cluster NAME:NODES,NAME:NODES (or a YAML with pools:) plans one job over pools of different GPUs.
     """
     from .api import compare as api_compare
     from .api import cost_sweep
@@ -332,11 +393,37 @@ def plan(
     from .comparison import parse_cluster_option
     from .errors import PlanInputError
 
-    if rank != 1 and emit is None:
-        raise PlanInputError(f"--rank {rank} selects the plan --emit writes: give --emit megatron|deepspeed|torchtitan")
-    if framework is None:  # an explicit --framework wins; else plan under the rules of the --emit target
-        framework = emit if emit is not None else Framework.megatron
+    from cluster_specs.pools import is_pools_file
     choice = parse_cluster_option(cluster)
+    if choice.kind == "pools" or (choice.kind == "single" and cluster is not None and is_pools_file(cluster)):
+        given = [f for f, v in (("--gpus", gpus), ("--nodes", nodes), ("--pp", pin_pp), ("--vpp", pin_vpp),
+                                ("--target-step-s", target_step_s), ("--within", within),
+                                ("--target-tokens-per-day", target_tokens_per_day), ("--train-tokens", train_tokens),
+                                ("--deadline-days", deadline_days), ("--plot", plot)) if v is not None]
+        if given or objective != ObjectiveOpt.throughput or solver != SolverOpt.cpsat:
+            raise PlanInputError(f"{', '.join(given) or '--objective/--solver'}: a plan over pools takes the pools' "
+                                 f"node counts from --cluster NAME:NODES,..., chooses pp and the layout itself and "
+                                 f"maximises throughput")
+        if framework is not None and framework != Framework.megatron or emit not in (None, Emit.megatron):
+            raise PlanInputError("--framework/--emit: a plan over pools is a Megatron-LM --pipeline-model-parallel-"
+                                 "layout; use megatron")
+        _plan_pools(model, cluster, dict(
+            global_batch_size=global_batch_size, seq_length=seq_length, precision=precision.value,
+            flash_attention=flash_attention, dropout=dropout, memory_headroom=memory_headroom,
+            at_risk_margin=at_risk_margin, flops_convention=_value(flops_convention), top_k=max(top_k, rank),
+            tp=pin_tp, cp=pin_cp, ep=pin_ep, micro_batch_size=pin_mbs, zero_stage=pin_zero,
+            recompute=_value(pin_rc)), fmt, output, emit, rank, timeline, launcher)
+        return
+    if timeline is not None:
+        raise PlanInputError("--timeline on plan draws a plan over pools; for one cluster use plan3d explain "
+                             "... --timeline FILE")
+    if rank != 1 and emit is None:
+        raise PlanInputError(f"--rank {rank} selects the plan --emit writes: give --emit "
+                             f"{'|'.join(e.value for e in Emit)}")
+    framework = _rules(framework, emit)  # an explicit --framework wins; else the rules of the --emit target
+    if launcher != Launcher.scripts and emit is None:
+        raise PlanInputError(f"--launcher {launcher.value} applies to --emit: give --emit "
+                             f"{'|'.join(e.value for e in Emit)}")
     if plot is not None:  # checked before the search: a wrong suffix or no token count fails at once
         from .cost_plot import check_plot_path
         check_plot_path(plot)
@@ -349,7 +436,8 @@ def plan(
                 solver=solver.value, objective=objective.value, within=within, target_step_s=target_step_s,
                 target_tokens_per_day=target_tokens_per_day, tp=pin_tp, pp=pin_pp, cp=pin_cp, ep=pin_ep,
                 vpp=pin_vpp, micro_batch_size=pin_mbs, zero_stage=pin_zero, recompute=_value(pin_rc),
-                first_stage_layers=pin_first, last_stage_layers=pin_last, train_tokens=train_tokens, gpu_hour_price=gpu_hour_price, async_checkpoint=async_checkpoint,
+                first_stage_layers=pin_first, last_stage_layers=pin_last, pipeline_schedule=_value(pin_schedule),
+                train_tokens=train_tokens, gpu_hour_price=gpu_hour_price, async_checkpoint=async_checkpoint,
                 interruption_rate=interruption_rate, restart_s=restart_s, pue=pue, deadline_days=deadline_days,
                 at_risk_margin=at_risk_margin)
     if choice.kind != "single":
@@ -373,7 +461,34 @@ def plan(
             f"plan3d: {i.model.name} on {i.cluster.num_gpus} x {i.cluster.gpu} ({i.cluster.name}), GBS "
             f"{gbs} x seq {i.job.seq_length}, {i.job.precision}: top {len(doc.plans)} of "
             f"{'' if stats.exact else 'at most '}{stats.num_feasible} feasible ({stats.num_candidates} examined)",
-            rank, framework.value, at_risk_margin)
+            rank, framework.value, at_risk_margin, launcher)
+
+
+def _plan_pools(model, cluster, opts: dict, fmt: Fmt, output: Path | None, emit: Emit | None, rank: int,
+                timeline: Path | None, launcher: Launcher = Launcher.scripts) -> None:
+    """``plan --cluster NAME:NODES,...``: the plans over the pools (planner.pools.plan_pools), as a table (plans and
+    pool subsets), JSON or the Megatron launch of plan #rank; ``--timeline`` draws plan #rank's schedule."""
+    from .pools import plan_pools
+    doc = plan_pools(model, cluster, **opts)
+    if timeline is not None:
+        from .pool_report import draw_pools_timeline
+        draw_pools_timeline(doc, timeline, rank)
+    if emit is not None:
+        _emit(doc, emit, output, rank, "megatron", launcher)
+    elif fmt == Fmt.json:
+        _write(doc.model_dump_json(), output)
+    else:
+        import io
+
+        from rich.console import Console
+
+        from .pool_report import plans_table, subsets_table
+        buf = io.StringIO() if output is not None else None
+        con = Console(file=buf, width=200) if buf is not None else Console(width=max(200, Console().width))
+        con.print(plans_table(doc))
+        con.print(subsets_table(doc))
+        if buf is not None:
+            _write(buf.getvalue(), output)
 
 
 def _plot(points, path: Path, model_name: str, train_tokens: float) -> None:
@@ -463,13 +578,14 @@ def _layout(model, cluster, gpus, nodes, global_batch_size, seq_length, precisio
 
 
 def _knobs(pipeline_layout=None, recompute_modules=None, recompute_method="block", optimizer_cpu_offload=0.0,
-           param_cpu_offload=False, exp_avg_dtype="fp32", exp_avg_sq_dtype="fp32", main_params_dtype="fp32") -> dict:
+           param_cpu_offload=False, exp_avg_dtype="fp32", exp_avg_sq_dtype="fp32", main_params_dtype="fp32",
+           pipeline_schedule=None) -> dict:
     """The memory knobs of a one-layout command as API keyword arguments (``planner.api.parallel_config``)."""
     mods = tuple(m.strip() for m in recompute_modules.split(",") if m.strip()) if recompute_modules else None
     return dict(pipeline_layout=pipeline_layout, recompute_modules=mods, recompute_method=recompute_method,
                 optimizer_cpu_offload=optimizer_cpu_offload,
                 param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype, exp_avg_sq_dtype=exp_avg_sq_dtype,
-                main_params_dtype=main_params_dtype)
+                main_params_dtype=main_params_dtype, pipeline_schedule=_value(pipeline_schedule))
 
 
 @app.command()
@@ -481,6 +597,7 @@ def evaluate(
     micro_batch_size: MbsOpt = 1, zero_stage: ZeroOpt = 0, recompute: RecomputeLayoutOpt = RecomputeOpt.none,
     recompute_num_layers: RecomputeLayersOpt = None, sequence_parallel: SpOpt = False,
     first_stage_layers: FirstOpt = None, last_stage_layers: LastOpt = None,
+    pipeline_schedule: ScheduleOptT = None,
     memory_headroom: HeadroomOpt = HEADROOM_DEFAULT,
     framework: Annotated[Optional[Framework], typer.Option(
         "--framework", help="framework whose rules apply (default: the --emit target, else megatron)")] = None,
@@ -488,6 +605,7 @@ def evaluate(
     emit: Annotated[Optional[Emit], typer.Option(
         "--emit", help="print (or with --output DIR write) this framework's launch config of the configuration; "
                        "refused when the configuration is infeasible")] = None,
+    launcher: LauncherOpt = Launcher.scripts,
     flops_convention: FlopsOpt = None, at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT,
     full_model_init: FullInitOpt = False,
     pipeline_layout: LayoutStrOpt = None, recompute_modules: RecomputeModulesOpt = None,
@@ -504,20 +622,20 @@ def evaluate(
     stages get fewer layers (Megatron's --decoder-first/last-pipeline-num-layers).
     """
     from .api import evaluate as api_evaluate
-    if framework is None:
-        framework = emit if emit is not None else Framework.megatron
+    framework = _rules(framework, emit)
     doc = api_evaluate(**_layout(
         model, cluster, gpus, nodes, global_batch_size, seq_length, precision, flash_attention, dropout, framework,
         memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute, recompute_num_layers,
         sequence_parallel, first_stage_layers, last_stage_layers, flops_convention, at_risk_margin, full_model_init,
         pipeline_layout=pipeline_layout, recompute_modules=recompute_modules, recompute_method=recompute_method,
         optimizer_cpu_offload=optimizer_cpu_offload, param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype,
-        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype),
+        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype, pipeline_schedule=pipeline_schedule),
         train_tokens=train_tokens, gpu_hour_price=gpu_hour_price, async_checkpoint=async_checkpoint,
         interruption_rate=interruption_rate, restart_s=restart_s, pue=pue)
     i = doc.input
     _render(doc, fmt, output, emit, f"plan3d evaluate: {i.model.name} on {i.cluster.num_gpus} x {i.cluster.gpu} "
-                                    f"({i.cluster.name})", framework=framework.value, at_risk_margin=at_risk_margin)
+                                    f"({i.cluster.name})", framework=framework.value, at_risk_margin=at_risk_margin,
+            launcher=launcher)
 
 
 @app.command()
@@ -529,6 +647,7 @@ def memory(
     micro_batch_size: MbsOpt = 1, zero_stage: ZeroOpt = 0, recompute: RecomputeLayoutOpt = RecomputeOpt.none,
     recompute_num_layers: RecomputeLayersOpt = None, sequence_parallel: SpOpt = False,
     first_stage_layers: FirstOpt = None, last_stage_layers: LastOpt = None,
+    pipeline_schedule: ScheduleOptT = None,
     memory_headroom: HeadroomOpt = HEADROOM_DEFAULT, framework: FrameworkOpt = Framework.megatron,
     fmt: FmtOpt = Fmt.table, output: OutOpt = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="draw the per-stage breakdown to FILE.png|svg")] = None,
@@ -555,7 +674,7 @@ def memory(
         memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute, recompute_num_layers,
         sequence_parallel, first_stage_layers, last_stage_layers, None, at_risk_margin, full_model_init, pipeline_layout=pipeline_layout, recompute_modules=recompute_modules, recompute_method=recompute_method,
         optimizer_cpu_offload=optimizer_cpu_offload, param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype,
-        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype))
+        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype, pipeline_schedule=pipeline_schedule))
     if plot is not None:
         plot_memory(rep.estimate, plot, rep.title, at_risk_margin)
     if fmt == Fmt.json:
@@ -585,6 +704,7 @@ def explain(
     micro_batch_size: MbsOpt = 1, zero_stage: ZeroOpt = 0, recompute: RecomputeLayoutOpt = RecomputeOpt.none,
     recompute_num_layers: RecomputeLayersOpt = None, sequence_parallel: SpOpt = False,
     first_stage_layers: FirstOpt = None, last_stage_layers: LastOpt = None,
+    pipeline_schedule: ScheduleOptT = None,
     memory_headroom: HeadroomOpt = HEADROOM_DEFAULT, framework: FrameworkOpt = Framework.megatron,
     fmt: FmtOpt = Fmt.table, output: OutOpt = None,
     timeline: Annotated[Optional[Path], typer.Option(
@@ -607,7 +727,7 @@ def explain(
         memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute, recompute_num_layers,
         sequence_parallel, first_stage_layers, last_stage_layers, None, at_risk_margin, full_model_init, pipeline_layout=pipeline_layout, recompute_modules=recompute_modules, recompute_method=recompute_method,
         optimizer_cpu_offload=optimizer_cpu_offload, param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype,
-        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype))
+        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype, pipeline_schedule=pipeline_schedule))
     ex, par, i = rep.explanation, rep.parallel, rep.inputs
     where = f"{i.model.name} on {i.num_gpus} x {i.cluster.gpu.name} ({i.cluster.name})"
     if timeline is not None:
@@ -696,6 +816,105 @@ def validate(
     if fails:
         sys.stderr.write("plan3d: validate: " + "; ".join(fails) + "\n")
         sys.exit(1)
+
+
+@app.command()
+def fallback(
+    max_lost_nodes: Annotated[int, typer.Option("--max-lost-nodes", min=1, help="plan for losing 1..K nodes")],
+    plan_file: Annotated[Optional[Path], typer.Option(
+        "--plan", help="plan document (plan3d plan --format json); without it the job options are planned first")] = None,
+    rank: Annotated[int, typer.Option("--rank", min=1, help="which plan of --plan is running (1 = best)")] = 1,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="as plan (default: --plan's model)")] = None,
+    cluster: Annotated[Optional[str], typer.Option("--cluster", "-c", help="as plan (default: --plan's)")] = None,
+    gpus: GpusOpt = None, nodes: NodesOpt = None,
+    global_batch_size: Annotated[Optional[int], typer.Option("--global-batch-size", min=1)] = None,
+    seq_length: Annotated[Optional[int], typer.Option("--seq-length", min=1)] = None,
+    precision: Annotated[Optional[Precision], typer.Option("--precision")] = None,
+    flash_attention: Annotated[Optional[bool], typer.Option("--flash-attention/--no-flash-attention")] = None,
+    dropout: Annotated[Optional[bool], typer.Option("--dropout/--no-dropout")] = None,
+    framework: Annotated[Optional[Framework], typer.Option(
+        "--framework", help="rules and resharding path (default megatron)")] = None,
+    memory_headroom: HeadroomOpt = HEADROOM_DEFAULT, at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT,
+    flops_convention: FlopsOpt = None, fmt: FmtOpt = Fmt.table, output: OutOpt = None,
+    plot: Annotated[Optional[Path], typer.Option(
+        "--plot", help="draw retained throughput against lost nodes to FILE.png|svg")] = None,
+) -> None:
+    """Fallback plans after losing 1..K nodes: the best plan keeping the checkpoint's layout and the best of any
+    layout (with its resharding path), the throughput each retains and the GPUs it leaves idle."""
+    from .fallback_plans import fallback as api_fallback
+    from .errors import PlanInputError
+    job = {k: v for k, v in dict(gpus=gpus, nodes=nodes, global_batch_size=global_batch_size, seq_length=seq_length,
+                                 precision=_value(precision), flash_attention=flash_attention, dropout=dropout,
+                                 framework=_value(framework)).items() if v is not None}
+    if plan_file is not None:
+        clash = sorted(set(job) & {"gpus", "nodes", "global_batch_size", "seq_length", "precision"})
+        if clash:
+            raise PlanInputError(f"{', '.join('--' + k.replace('_', '-') for k in clash)}: taken from --plan's "
+                                 f"document; leave them out or plan again")
+    doc = api_fallback(model, cluster, plan=plan_file, max_lost_nodes=max_lost_nodes, rank=rank,
+                       memory_headroom=memory_headroom, at_risk_margin=at_risk_margin,
+                       flops_convention=_value(flops_convention), **job)
+    if plot is not None:
+        from .fallback_report import plot_fallback
+        plot_fallback(doc, plot)
+    if fmt == Fmt.json:
+        _write(doc.model_dump_json(), output)
+        return
+    import io
+
+    from rich.console import Console
+
+    from .fallback_report import fallback_table
+    buf = io.StringIO() if output is not None else None
+    con = Console(file=buf, width=220) if buf is not None else Console(width=max(220, Console().width))
+    con.print(fallback_table(doc))
+    if buf is not None:
+        _write(buf.getvalue(), output)
+
+
+@app.command()
+def sweep(
+    grid: Annotated[Path, typer.Argument(help="grid YAML: lists of models, clusters, gpus, global_batch_sizes, "
+                                              "seq_lengths, objectives (planner/sweep.py)")],
+    output: Annotated[Optional[Path], typer.Option(
+        "--output", "-o", help="directory for sweep.jsonl and sweep.csv (default: JSONL on stdout)")] = None,
+    plot: Annotated[bool, typer.Option("--plot", help="also draw sweep.png (throughput and cost against GPUs; "
+                                                      "needs --output and the plot extra)")] = False,
+    workers: Annotated[Optional[int], typer.Option("--workers", min=1, help="processes (default: all cores)")] = None,
+    executor: Annotated[str, typer.Option("--executor", help="process (default) or ray (the ray extra)")] = "process",
+) -> None:
+    """Plan every scenario of a grid on all local cores; one row per scenario (the top plan, or why none fits)."""
+    from .errors import PlanInputError
+    from .sweep import load_grid, plot_sweep, sweep as api_sweep, to_csv, to_jsonl
+    if plot and output is None:
+        raise PlanInputError("--plot writes sweep.png next to the tables: give --output DIR")
+    g = load_grid(grid)
+    if sys.stderr.isatty():
+        from rich.progress import Progress
+        with Progress(transient=True) as bar:
+            task = bar.add_task(f"{g.num_scenarios} scenarios", total=g.num_scenarios)
+            rows = api_sweep(g, executor=executor, max_workers=workers,
+                             progress=lambda done, total: bar.update(task, completed=done))
+    else:
+        rows = api_sweep(g, executor=executor, max_workers=workers)
+    if output is None:
+        sys.stdout.write(to_jsonl(rows))
+    else:
+        try:
+            output.mkdir(parents=True, exist_ok=True)
+            (output / "sweep.jsonl").write_text(to_jsonl(rows))
+            (output / "sweep.csv").write_text(to_csv(rows))
+        except OSError as e:
+            raise PlanInputError(f"--output {output}: {e.strerror}") from None
+        names = ["sweep.jsonl", "sweep.csv"]
+        if plot:
+            plot_sweep(rows, output / "sweep.png")
+            names.append("sweep.png")
+        for n in names:
+            sys.stdout.write(f"{output / n}\n")
+    ok = sum(r.status == "ok" for r in rows)
+    sys.stderr.write(f"plan3d: sweep: {len(rows)} scenarios, {ok} planned, {len(rows) - ok} infeasible or "
+                     f"invalid (reason in each row)\n")
 
 
 ShowOpt = Annotated[Optional[str], typer.Option("--show", help="print this entry as YAML (a template for your own)")]

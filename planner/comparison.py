@@ -43,12 +43,12 @@ def parse_cluster_option(value: str | None) -> ClusterChoice:
         raise PlanInputError(f"--cluster {value!r}: a cluster is named twice")
     if not all(pooled):
         return ClusterChoice("alternatives", tuple(entries))
-    pools = []
-    for e in entries:
-        name, _, nodes = e.rpartition(":")
-        if not nodes.isdigit() or int(nodes) < 1 or not name:
-            raise PlanInputError(f"--cluster {e!r}: a pool is NAME:NODES with a positive node count, e.g. dgx-h100:64")
-        pools.append((name, int(nodes)))
+    from cluster_specs import ClusterSpecError
+    from cluster_specs.pools import parse_pools
+    try:
+        pools = parse_pools(value)
+    except ClusterSpecError as e:
+        raise PlanInputError(str(e)) from None
     return ClusterChoice("pools", tuple(n for n, _ in pools), tuple(pools))
 
 

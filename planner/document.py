@@ -21,9 +21,12 @@ from .emit import launch_fields
 from .evaluation import Evaluation
 
 #: 1.1 (additive): parallel.account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split
-#: 1.2 (additive): plans[].cost, the whole-run cost of --train-tokens (planner/cost.py);
-#: input.job.requested_global_batch_size (plan --global-batch-size-tolerance)
-SCHEMA_VERSION = "1.2"
+#: 1.2 (additive): plans[].cost, the whole-run cost of --train-tokens (planner/cost.py); launch.colossalai
+#:     (Colossal-AI plugin arguments); parallel.pipeline_layout (null unless the plan sets per-stage layers: plans
+#:     over pools, planner/pools.py)
+#: 1.3 (additive): launch.env (framework -> environment variables of its launch, planner/emit/env.py);
+#:     input.job.requested_global_batch_size (plan --global-batch-size-tolerance)
+SCHEMA_VERSION = "1.3"
 
 
 def _r(x: float) -> float:
@@ -96,6 +99,8 @@ class ParallelInfo(_Strict):
     last_stage_layers: int | None
     account_for_embedding_in_pipeline_split: bool
     account_for_loss_in_pipeline_split: bool
+    pipeline_layout: str | None = Field(None, description="Megatron --pipeline-model-parallel-layout (per-stage "
+                                                          "layers), when the plan sets one")
 
 
 class StageMemoryInfo(_Strict):
@@ -160,7 +165,13 @@ class LaunchInfo(_Strict):
     megatron_deepspeed: list[str] | None = Field(None, description="Megatron-DeepSpeed pretrain_gpt.py arguments")
     torchtitan_toml: str | None = Field(None, description="torchtitan 0.2.x JobConfig TOML")
     torchtitan_overrides: list[str] | None = Field(None, description="torchtitan 0.3.x command-line overrides")
+    colossalai: dict[str, Any] | None = Field(None, description="Colossal-AI HybridParallelPlugin / "
+                                              "MoeHybridParallelPlugin keyword arguments and booster settings "
+                                              "(schema 1.2)")
     unsupported: dict[str, str] = Field(default_factory=dict, description="framework -> why it cannot run the plan")
+    env: dict[str, dict[str, str]] = Field(
+        default_factory=dict, description="framework (megatron, deepspeed, torchtitan, colossalai) -> environment variables its "
+                                          "launch needs (planner/emit/env.py); only frameworks that can run the plan")
 
 
 class CostInfo(_Strict):
@@ -254,7 +265,7 @@ def parallel_info(par: ParallelConfig, job: TrainingJob) -> ParallelInfo:
         recompute_num_layers=par.recompute_num_layers, pipeline_schedule=par.pipeline_schedule,
         first_stage_layers=par.first_stage_layers, last_stage_layers=par.last_stage_layers,
         account_for_embedding_in_pipeline_split=par.account_for_embedding_in_pipeline_split,
-        account_for_loss_in_pipeline_split=par.account_for_loss_in_pipeline_split)
+        account_for_loss_in_pipeline_split=par.account_for_loss_in_pipeline_split, pipeline_layout=par.pipeline_layout)
 
 
 def memory_info(est: MemoryEstimate, at_risk_margin: float = DEFAULT_AT_RISK_MARGIN) -> MemoryInfo:
@@ -290,7 +301,7 @@ def plan_info(rank: int, ev: Evaluation, model: ModelSpec, cluster: ClusterSpec,
                              flops_convention=st.flops_convention, peak_flops_per_gpu=_r(st.peak_flops_per_gpu),
                              mfu_peak_dtype=getattr(st, "mfu_peak_dtype", "bf16"))
     gpn = cluster.node.gpus_per_node
-    launch = LaunchInfo(**launch_fields(model, job, par, gpn))
+    launch = LaunchInfo(**launch_fields(model, job, par, gpn, cluster))
     return PlanInfo(rank=rank, feasible=ev.feasible, violations=[v.message for v in ev.violations],
                     parallel=parallel_info(par, job), memory=mem, time=tim, throughput=thr, launch=launch)
 

@@ -38,7 +38,9 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: Para
     if job.framework != framework:
         job = job.model_copy(update={"framework": framework})
     structural = check_config(model, cluster, job, par, num_gpus, framework=framework)
-    hard = {"layers_pp", "world_size", "precision"}
+    # without these the cost models have no layout to estimate (the schedule rules: its op order cannot be built)
+    hard = {"layers_pp", "world_size", "precision", "schedule_v_chunks", "schedule_v_split", "schedule_dualpipe_pp",
+            "schedule_microbatches", "schedule_combined_vpp"}
     if any(v.name in hard for v in structural) or par.num_microbatches(job.global_batch_size) < 1:
         return Evaluation(par, None, None, structural)
     try:

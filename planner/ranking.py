@@ -26,7 +26,7 @@ def config_key(p: ParallelConfig) -> tuple:
     searched knobs: two distinct candidates of the space never share a key."""
     return (p.tp, p.pp, p.cp, p.ep, p.vpp, -p.micro_batch_size, p.zero_stage, RECOMPUTE_ORDER[p.recompute],
             not p.sequence_parallel, p.dp, p.expert_tp, p.first_stage_layers or 0, p.last_stage_layers or 0,
-            p.account_for_embedding_in_pipeline_split, p.recompute_num_layers or 0)
+            p.account_for_embedding_in_pipeline_split, p.recompute_num_layers or 0, p.schedule or "")
 
 
 def rank_key(e: Evaluation) -> tuple:

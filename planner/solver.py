@@ -73,8 +73,8 @@ from .checks import DEFAULT_MEMORY_HEADROOM
 from .evaluation import Evaluation, evaluate
 from .ranking import nearest_key, rank_plans
 from .recompute import dominated_by_no_recompute, with_fewest_recomputed_layers
-from .space import (SearchSpace, Structure, dominated_by_cp_twin, micro_batch_options, structures, to_parallel,
-                    vpp_options)
+from .space import (SearchSpace, Structure, dominated_by_cp_twin, micro_batch_options, schedule_options, structures,
+                    to_parallel, vpp_options)
 from .bound_facts import MEM_MARGIN, context, structure_facts
 from .bound_terms import busiest_rank_bounds, group_bound
 from .tables import V, Tables, add_group_tables
@@ -236,33 +236,32 @@ def _groups(ctx, num_gpus: int) -> tuple[list[_Group], dict, int]:
     out: list[_Group] = []
     facts = {}
     n_cand = 0
-    vpp_memo: dict[tuple, list[int]] = {}
+    vpp_memo: dict[tuple, tuple[list[int], int]] = {}  # -> (vpp options, candidates of the group)
     for st in structures(model, ctx.cluster, job, num_gpus, space, fw):
         mbss = micro_batch_options(st, job, space)
         sf = structure_facts(ctx, st) if mbss else None
         if sf is None:
             continue
         facts[st] = sf
-        per_cell = len(sf.sps) * len(sf.zs) * len(space.recompute)
         per_replica = job.global_batch_size // st.dp
-        vpps = {}
-        for whole in (False, True):  # vpp_options depends on m only through m % pp == 0
-            key = (st.pp, st.first, st.last, whole)
-            if key not in vpp_memo:
-                vpp_memo[key] = vpp_options(model, st, st.pp if whole else st.pp + 1, fw, space) if st.pp > 1 \
-                    else vpp_options(model, st, 1, fw, space)
-            vpps[whole] = vpp_memo[key]
         keep, cells, v1 = [], [], []
         unpinned = space.cp is None and space.micro_batch_size is None
         for mbs in mbss:
-            whole = (per_replica // mbs) % st.pp == 0
-            n = per_cell * len(vpps[whole])
+            m = per_replica // mbs
+            whole = m % st.pp == 0
+            # vpp_options depends on m only through m % pp == 0, schedule_options through m >= 2 pp
+            key = (st.pp, st.first, st.last, st.ep > 1, whole, m >= 2 * st.pp, tuple(sf.zs), len(sf.sps))
+            if key not in vpp_memo:
+                vpps = vpp_options(model, st, m, fw, space)
+                vpp_memo[key] = (vpps, len(sf.sps) * sum(len(schedule_options(model, st, m, v, z, rc, fw, space))
+                                                        for v in vpps for z in sf.zs for rc in space.recompute))
+            vpps, n = vpp_memo[key]
             n_cand += n
             if st.cp == 1 or (math.gcd(st.cp, mbs) == 1 if unpinned
                               else not dominated_by_cp_twin(st.cp, mbs, space)):
                 keep.append(mbs)
                 cells.append(n)
-                v1.append(vpps[whole] == [1])
+                v1.append(vpps == [1])
         for mbs, n, lb in zip(keep, cells, busiest_rank_bounds(ctx, sf, keep, v1)):
             out.append(_Group(st, mbs, lb, n))
     order = sorted(zip((g.lb0 for g in out), range(len(out))))
@@ -446,8 +445,8 @@ def _rescore(model, cluster, job, num_gpus, T, cache, seen, limit, mem_margin, c
         key = (ki, spi, vi, zi)
         ev = seen.get(key)
         if ev is None:
-            st, mbs, rc = T.keys[ki]
-            par = to_parallel(st, mbs, vi + 1, zi, bool(spi), rc)
+            st, mbs, rc, sched = T.keys[ki]
+            par = to_parallel(st, mbs, vi + 1, zi, bool(spi), rc, sched)
             par = with_fewest_recomputed_layers(model, cluster, job, par, framework, headroom)
             ev = evaluate(model, cluster, job, par, num_gpus, headroom, framework, convention)
             seen[key] = ev
@@ -482,8 +481,8 @@ def _nearest(model, cluster, job, num_gpus, T, peak, valid, limit, headroom, fra
         if len(found) >= n and bound / (1 + MEM_MARGIN) > found[n - 1][0] + limit:
             break
         ki, spi, vi, zi = np.unravel_index(f, lb.shape)
-        st, mbs, rc = T.keys[ki]
-        par = to_parallel(st, mbs, int(vi) + 1, int(zi), bool(spi), rc)
+        st, mbs, rc, sched = T.keys[ki]
+        par = to_parallel(st, mbs, int(vi) + 1, int(zi), bool(spi), rc, sched)
         if par in keys:
             continue
         keys.add(par)

@@ -8,8 +8,9 @@ The independent checker (``planner.checks``) re-checks every emitted plan withou
 Rules (sources in ``planner.checks``): heads and KV heads by tp, tp within the NVLink domain, layers by pp (or a
 Megatron first/last uneven split), sequence by 2*cp (and by cp*tp under SP), experts by ep and the expert grid
 ``ep*etp`` dividing ``dp*cp*tp``, global batch by ``mbs*dp``, interleaving only with ``m % pp == 0`` and stage
-layer counts divisible by vpp, SP forced when tp > 1 and ep > 1 (Megatron), DeepSpeed pipeline with ZeRO <= 1,
-torchtitan with ZeRO 0 or 3 (FSDP2) and no interleaving over an uneven split.
+layer counts divisible by vpp, SP forced when tp > 1 and ep > 1 (Megatron) and with any tp > 1 (torchtitan),
+DeepSpeed pipeline with ZeRO <= 1 over an even layer split, torchtitan with ZeRO 0 or 3 (FSDP2) and no
+interleaving over an uneven split; pipeline schedules by framework (``schedule_options``).
 
 The domains are what the frameworks accept, with three bounds that define the space (not prunes of it):
 
@@ -85,6 +86,7 @@ class SearchSpace:
     sequence_parallel: tuple[bool, ...] = (True, False)
     vpp: tuple[int, ...] | None = None
     etp: tuple[int, ...] | None = None
+    pipeline_schedule: tuple[str, ...] | None = None
     #: pinned decoder layers of the first / last pipeline stage (whatever split gives them; the even split too)
     first_stage_layers: tuple[int, ...] | None = None
     last_stage_layers: tuple[int, ...] | None = None
@@ -168,6 +170,10 @@ def structures(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpu
             if space.pp is not None and pp not in space.pp:
                 continue
             splits = stage_splits(model.num_layers, pp)
+            if framework == "deepspeed":
+                # Megatron-DeepSpeed balances the layers itself (partition_method 'type:transformer', front-loaded:
+                # 126 over 16 as 14 x 8 + 2 x 7), which no first/last split describes: the emitter refuses those
+                splits = [x for x in splits if x == (None, None)]
             if space.first_stage_layers is not None or space.last_stage_layers is not None:
                 even = model.num_layers // pp
                 splits = [(f, la) for f, la in splits
@@ -251,10 +257,12 @@ def _account_split_fits(num_layers: int, st: Structure, vpp: int, framework: str
 
 def sp_options(st: Structure, job: TrainingJob, framework: str = "megatron",
                space: SearchSpace = SearchSpace()) -> list[bool]:
-    """Sequence parallel on/off: needs tp > 1 and (s/cp) % tp == 0; forced on for tp > 1 with ep > 1 (Megatron)."""
+    """Sequence parallel on/off: needs tp > 1 and (s/cp) % tp == 0; forced on for tp > 1 with ep > 1 (Megatron) and
+    with any tp > 1 (torchtitan)."""
     ok_on = st.tp > 1 and (job.seq_length // st.cp) % st.tp == 0
     opts = [sp for sp in space.sequence_parallel if (not sp) or ok_on]
-    if framework == "megatron" and st.tp > 1 and st.ep > 1:
+    if (framework == "megatron" and st.tp > 1 and st.ep > 1) or (framework == "torchtitan" and st.tp > 1):
+        # torchtitan's tensor parallel plan shards the norms over the sequence (apply_tp: SequenceParallel)
         opts = [sp for sp in opts if sp]
     if framework == "deepspeed" and st.cp > 1:
         # Megatron-DeepSpeed runs cp as DeepSpeed-Ulysses sequence parallelism, which megatron/initialize.py
@@ -280,6 +288,40 @@ def zero_options(st: Structure, framework: str = "megatron", space: SearchSpace 
         if framework == "torchtitan" and z == 0 and (st.tp, st.pp, st.cp, st.ep) != (1, 1, 1, 1):
             continue  # torchtitan's DDP: "DDP has not supported > 1D parallelism" (parallelize.py)
         out.append(z)
+    return out
+
+
+#: Pipeline schedules each framework's search adds to its default (1F1B, interleaved when vpp > 1): Megatron's
+#: combined 1F1B; torchtitan's ZB-V and DualPipeV. GPipe (1F1B's bubble with m micro-batches in flight) and ZB-H1
+#: (no framework runs it one stage per rank) are left to ``evaluate``; DualPipe runs in none of the three.
+SEARCH_SCHEDULES = {"megatron": ("combined-1f1b",), "deepspeed": (), "torchtitan": ("zb-v", "dualpipev")}
+
+
+def schedule_options(model: ModelSpec, st: Structure, num_microbatches: int, vpp: int, zero: int, rc: str,
+                     framework: str = "megatron", space: SearchSpace = SearchSpace()) -> list[str | None]:
+    """Pipeline schedules of one point: None (the default, 1F1B / interleaved) and the framework's others where
+    their rules hold (sources in ``planner.checks.schedule_constraints``): combined 1F1B with a MoE model, ep > 1,
+    virtual stages when pp > 1, no full recompute, at most one MTP layer (then pp > 1), no Megatron-FSDP with
+    virtual stages;
+    ZB-V and DualPipeV with pp > 1, two chunks per rank over an even split of the layers into 2 pp stages
+    (DualPipeV: m >= 2 pp; with ep > 1 no activation checkpointing, torchtitan's EP overlap)."""
+    out: list[str | None] = [None]
+    p, L = st.pp, model.num_layers
+    for s in SEARCH_SCHEDULES.get(framework, ()):
+        if s == "combined-1f1b":
+            ok = (model.moe is not None and st.ep > 1 and (p == 1 or vpp > 1) and rc != "full"
+                  and (model.num_mtp_layers == 0 or (model.num_mtp_layers == 1 and p > 1))
+                  and not (vpp > 1 and zero >= 2))
+        else:
+            ok = p > 1 and vpp == 2 and st.first is None and L % (2 * p) == 0
+            if s == "dualpipev":
+                ok = ok and num_microbatches >= 2 * p and not (st.ep > 1 and rc != "none")
+        if ok:
+            out.append(s)
+    if space.pipeline_schedule is not None:
+        pins = set(space.pipeline_schedule)
+        # a pinned default name (1f1b, interleaved) is the default schedule of its vpp
+        out = [s for s in out if (s or ("interleaved" if vpp > 1 else "1f1b")) in pins]
     return out
 
 
@@ -310,9 +352,11 @@ def dominated_by_cp_twin(cp: int, mbs: int, space: SearchSpace = SearchSpace()) 
                for c in divisors(g)[1:])
 
 
-def to_parallel(st: Structure, mbs: int, vpp: int, zero: int, sp: bool, rc: str) -> ParallelConfig:
+def to_parallel(st: Structure, mbs: int, vpp: int, zero: int, sp: bool, rc: str,
+                schedule: str | None = None) -> ParallelConfig:
     """The ParallelConfig of one point. An uneven split interleaved (vpp > 1 with first/last stage counts that
-    vpp does not divide) is Megatron's account-for-embedding/loss split (``_account_split_fits``)."""
+    vpp does not divide) is Megatron's account-for-embedding/loss split (``_account_split_fits``); ``schedule``
+    None is the default (1F1B, interleaved when vpp > 1)."""
     first, last = st.first, st.last
     account = vpp > 1 and first is not None and any(c % vpp for c in (first, last))
     if account:
@@ -320,7 +364,8 @@ def to_parallel(st: Structure, mbs: int, vpp: int, zero: int, sp: bool, rc: str)
     return ParallelConfig(tp=st.tp, pp=st.pp, dp=st.dp, cp=st.cp, ep=st.ep, etp=st.etp, vpp=vpp,
                           micro_batch_size=mbs, zero_stage=zero, sequence_parallel=sp, recompute=rc,
                           first_stage_layers=first, last_stage_layers=last,
-                          account_for_embedding_in_pipeline_split=account, account_for_loss_in_pipeline_split=account)
+                          account_for_embedding_in_pipeline_split=account, account_for_loss_in_pipeline_split=account,
+                          schedule=schedule)
 
 
 def candidates(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int,
@@ -332,5 +377,6 @@ def candidates(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpu
             for vpp in vpp_options(model, st, m, framework, space):
                 for zero in zero_options(st, framework, space, model.moe is not None):
                     for rc in space.recompute:
-                        for sp in sp_options(st, job, framework, space):
-                            yield to_parallel(st, mbs, vpp, zero, sp, rc)
+                        for sched in schedule_options(model, st, m, vpp, zero, rc, framework, space):
+                            for sp in sp_options(st, job, framework, space):
+                                yield to_parallel(st, mbs, vpp, zero, sp, rc, sched)

@@ -3,7 +3,8 @@
 Built per structure (``planner.space.structures``: tp, pp, cp, dp, ep, etp, layer split) from the cost models' own
 functions, evaluated once per layer *type* (dense / MoE) and once per distinct pipeline stage (stages with the same
 layer mix share their terms; the lowest index holds the most in-flight micro-batches). With ``k = (structure,
-micro-batch, recompute)``:
+micro-batch, recompute, pipeline schedule)`` (the default schedule's rows below; the framework's other schedules,
+combined 1F1B / ZB-V / DualPipeV, get rows of weaker but valid bounds from ``schedule_rows``):
 
 * ``pipeline_table`` -> ``P[k, sp, vpp]`` (seconds): the busiest rank's ``m x (forward + backward)`` plus the
   forward and backward of the first micro-batch through the ranks before it (no schedule can start rank r earlier
@@ -43,22 +44,27 @@ import numpy as np
 
 from cluster_specs.spec import ClusterSpec
 from cost_models.config import TrainingJob
+from cost_models.layout import holds_embedding, holds_output
+from cost_models.memory import TOKEN_ID_BYTES, in_flight_microbatches, model_state_terms, stage_params
+from cost_models.pipeline import PAIRING_SCHEDULES
 from model_zoo.spec import ModelSpec
 
-from .bound_facts import (INVALID, ZEROS, BoundContext, MicroBatchFacts, StructureFacts, context, microbatch_facts,
-                          structure_facts, with_comm, with_memory_facts)
+from .bound_facts import (INVALID, ZEROS, BoundContext, MicroBatchFacts, StructureFacts, context, end_extras,
+                          microbatch_facts, structure_facts, with_comm, with_memory_facts)
 from .bound_terms import (d_bound, min_recomputed_layers, o_bound, pipeline_bound, rank_fb, stored_bytes,
                           working_bytes, z_bound)
-from .space import MAX_VPP, SearchSpace, Structure, micro_batch_options
+from .space import MAX_VPP, SearchSpace, Structure, micro_batch_options, schedule_options, to_parallel
 
 V = MAX_VPP
 
 
 @dataclass
 class Tables:
-    """Factorized tables over ``k = (structure, mbs, recompute)`` (see module docstring). Seconds and bytes."""
+    """Factorized tables over ``k = (structure, mbs, recompute, schedule)`` (see module docstring). Seconds and
+    bytes."""
 
-    keys: list[tuple[Structure, int, str]] = field(default_factory=list)
+    #: (structure, micro-batch, recompute, pipeline schedule); schedule None = the default (1F1B / interleaved)
+    keys: list[tuple[Structure, int, str, str | None]] = field(default_factory=list)
     A: list = field(default_factory=list)  # [k][v]   0 where vpp v is valid, INVALID elsewhere
     P: list = field(default_factory=list)  # [k][sp][v] pipeline bound (s)
     E: list = field(default_factory=list)  # [k][z]   dp exposed + zero3 + optimizer (s)
@@ -164,14 +170,86 @@ def memory_table(ctx: BoundContext, sf: StructureFacts, mb: MicroBatchFacts, rc:
 
 
 def add_group_tables(ctx: BoundContext, T: Tables, sf: StructureFacts, mbs: int) -> None:
-    """Append the tables of every recompute setting of (structure ``sf``, micro-batch ``mbs``) to ``T``."""
+    """Append the tables of every recompute setting and pipeline schedule of (structure ``sf``, micro-batch
+    ``mbs``) to ``T``: the default schedule's rows, then the framework's other schedules' (``schedule_rows``)."""
     mb = microbatch_facts(ctx, sf, mbs)
     with_memory_facts(ctx, sf, mb)
+    st = sf.st
     for rc in ctx.space.recompute:
         A, P, fb_min = pipeline_table(ctx, sf, mb, rc)
         E, Z, O, D = dp_table(ctx, sf, mb, P, fb_min)
         W, X = memory_table(ctx, sf, mb, rc)
-        T.add((sf.st, mbs, rc), A, P, E, W, X, Z, O, D)
+        # a --pipeline-schedule pin may exclude the default schedule (1f1b / interleaved) at some vpp
+        for v in mb.vpps:
+            if None not in schedule_options(ctx.model, st, mb.m, v, sf.zs[0], rc, ctx.framework, ctx.space):
+                A[v - 1] = INVALID
+        if any(a != INVALID for a in A):
+            T.add((st, mbs, rc, None), A, P, E, W, X, Z, O, D)
+        if sf.other_schedules:
+            schedule_rows(ctx, T, sf, mb, rc, O)
+
+
+def schedule_rows(ctx: BoundContext, T: Tables, sf: StructureFacts, mb: MicroBatchFacts, rc: str, O) -> None:
+    """Table rows ``k = (structure, mbs, recompute, schedule)`` of the framework's other pipeline schedules
+    (``space.schedule_options``: combined 1F1B, ZB-V, DualPipeV). Lower bounds, schedule by schedule:
+
+    * time: each rank is busy at least ``m`` x its chunks' forward + backward, less the EP all-to-all an
+      overlapped pair hides (``pipeline_ops.fb_seconds`` >= F + B - hide_F - hide_B; hide = (1 - EP_OVERLAP_EXPOSED)
+      of each MoE layer's all-to-all, forward and backward), with the embedding and the output layer on the ranks
+      the schedule puts them (``layout.holds_embedding`` / ``holds_output``); no start-up term and no DP tightening
+      (``E = O``, ``Z = D = 0``): weaker than the default rows', still below the scalar model;
+    * memory: the default rows' terms with the schedule's own placement (a V puts the embedding and the output
+      layer's weights and logits on rank 0) and in-flight micro-batches (its op order).
+    """
+    model, st, m = ctx.model, sf.st, mb.m
+    for sched in sf.other_schedules:
+        vz = {(v, z) for v in mb.vpps for z in sf.zs
+              if sched in schedule_options(model, st, m, v, z, rc, ctx.framework, ctx.space)}
+        if not vz:
+            continue
+        vs, zz = sorted({v for v, _ in vz}), sorted({z for _, z in vz})
+        pars = {v: to_parallel(st, mb.mbs, v, 0, False, rc, sched) for v in vs}
+        pv = pars[vs[0]]
+        hide = sf.pair_hide if sched in PAIRING_SCHEDULES else 0.0
+        lf, lb = end_extras(ctx, {}, mb.lg, mb.ce)  # the output layer and loss (the MTP layers are left out)
+        A = [INVALID] * V
+        P = [[INVALID] * V for _ in range(2)]
+        for v in vs:
+            A[v - 1] = 0.0
+            for sp in sf.sps:
+                fb = rank_fb(ctx, mb, rc, sp, 1)  # at least one recomputed layer per chunk (any in-flight count)
+                ep_s = mb.lay[sp][1][6] if 1 in mb.lay[sp] else 0.0
+                best = 0.0
+                for stage, nd, nm, _ in sf.lay.groups:
+                    f, b = fb(nd, nm, v)
+                    if holds_embedding(pv, stage):
+                        f, b = f + mb.emb, b + 2 * mb.emb
+                    if holds_output(pv, stage):
+                        f, b = f + lf, b + lb
+                    best = max(best, m * (f + b - 2 * hide * nm * ep_s))
+                P[int(sp)][v - 1] = best
+        E = [O[z] if z in zz else INVALID for z in ZEROS]
+        vocab, tok = sf.vocab, mb.tok
+        Wk, Xk = [], []
+        for stage, nd, nm, r in sf.lay.groups:
+            sp_ = stage_params(model, pv, stage, r, vocab)
+            states = [min(sum(model_state_terms(fw, z, sp_.dense, sf.shard))
+                          + sum(model_state_terms(fw, z, sp_.expert, sf.edp)) for fw in ctx.fws)
+                      if z in sf.zs else INVALID for z in ZEROS]
+            logits = tok * vocab / pv.tp * ctx.logit_bpe if holds_output(pv, stage) else 0.0
+            Wk.append([states[z] + ctx.reserve + logits for z in ZEROS])
+            xs = [[0.0] * V for _ in range(2)]
+            for sp in sf.sps:
+                per_t, lin = mb.acts[(sp, rc)]
+                present = [per_t[t] for t, c in ((0, nd), (1, nm)) if c and t in per_t]
+                stored = lin * (nd + nm) if rc == "full" else nd * per_t.get(0, 0.0) + nm * per_t.get(1, 0.0)
+                if holds_embedding(pv, stage):
+                    stored += TOKEN_ID_BYTES * tok
+                for v in vs:
+                    infl = in_flight_microbatches(pars[v], stage, m)
+                    xs[int(sp)][v - 1] = stored * infl + max(present, default=0.0)
+            Xk.append(xs)
+        T.add((st, mb.mbs, rc, sched), A, P, E, Wk, Xk, [[0.0] * 4 for _ in range(2)], O, [0.0] * 4)
 
 
 def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int,

@@ -319,6 +319,14 @@ def _model_for(row: dict[str, Any], notes: list[str]) -> ModelSpec | str:
             return m
     need = ("num_layers", "hidden_size", "num_attention_heads")
     if any(arch.get(k) is None for k in need) or arch.get("moe"):
+        # a zoo name written another way, when the row states no architecture of its own: case, spaces, hyphens,
+        # underscores and dots ignored ("Llama3.1 70B" is llama3.1-70b)
+        from model_zoo import list_models
+        canon = re.sub(r"[\s._-]", "", name)
+        zoo_key = next((z for z in list_models() if re.sub(r"[\s._-]", "", z) == canon), None) if canon else None
+        if zoo_key is not None:
+            notes.append(f"architecture: model zoo '{zoo_key}'")
+            return get_model(zoo_key)
         return f"architecture not stated (missing {', '.join(k for k in need if arch.get(k) is None) or 'MoE dims'}) and no model of that name"
     h, a, L = arch["hidden_size"], arch["num_attention_heads"], arch["num_layers"]
     gated = str(arch.get("activation") or "").lower() in ("swiglu", "geglu")

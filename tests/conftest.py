@@ -1,8 +1,11 @@
-"""Shared test helpers: run the real CLI entry point in-process and capture its output and exit code."""
+"""Shared test helpers: run the real CLI entry point in-process and capture its output and exit code; say which
+optional extras are missing (report header) and why tests were skipped, one line per reason (terminal summary)."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,3 +40,51 @@ def run_cli(capsys, monkeypatch):
         return CliResult(code, out.out, out.err)
 
     return _run
+
+
+#: Optional packages -> (the pip extra that installs them, the tests they turn on). README "Tests and extras".
+EXTRAS = {
+    "deepspeed": ("validators", "DeepSpeed's own DeepSpeedConfig on every emitted ds_config (test_emit_validators, "
+                                "test_memory)"),
+    "megatron.core": ("validators", "megatron-core's own argument and TransformerConfig checks (test_emit_validators, "
+                                    "test_emit_model_settings, test_recompute)"),
+    "torchtitan": ("none: pip install torchtitan==0.2.2 triton", "torchtitan's own JobConfig parsing "
+                                                                 "(test_emit_validators)"),
+    "matplotlib": ("plot", "memory, timeline and sweep plots (test_memory_cli, test_pipeline_timeline, test_sweep)"),
+}
+
+
+def _missing() -> list[tuple[str, str, str]]:
+    out = []
+    for mod, (extra, what) in EXTRAS.items():
+        try:
+            found = importlib.util.find_spec(mod) is not None
+        except (ImportError, ValueError):  # a parent package missing
+            found = False
+        if not found:
+            out.append((mod, extra, what))
+    return out
+
+
+def pytest_report_header(config):
+    missing = _missing()
+    if not missing:
+        return "plan3d extras: all optional test dependencies installed"
+    return ["plan3d extras missing (their tests skip): " + "; ".join(
+        f"{mod} [extra: {extra}] -> {what}" for mod, extra, what in missing)]
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """One line per skip reason with its count (pytest -q prints none), so a skipped group never goes unseen."""
+    reasons: Counter[str] = Counter()
+    for rep in terminalreporter.stats.get("skipped", []):
+        lr = rep.longrepr
+        reason = lr[2] if isinstance(lr, tuple) and len(lr) == 3 else str(lr)
+        reasons[reason.removeprefix("Skipped: ")] += 1
+    if not reasons:
+        return
+    terminalreporter.section("skipped tests by reason (README: Tests and extras)", sep="-")
+    for reason, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])):
+        terminalreporter.write_line(f"{n:5d}  {reason}")
+    for mod, extra, what in _missing():
+        terminalreporter.write_line(f"missing {mod} [extra: {extra}]: {what}")

@@ -22,8 +22,8 @@ from cluster_specs import (
     resolve_num_gpus,
 )
 
-BUILTINS = ["dgx-a100-40g", "dgx-a100-80g", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72", "mi300x",
-            "dgx-h800", "a800-roce", "jean-zay-a100", "grand-teton-h100"]
+BUILTINS = ["dgx-a100-40g", "dgx-a100-80g", "dgx-h100", "dgx-h200", "dgx-b200", "dgx-b300", "gb200-nvl72",
+            "gb300-nvl72", "mi300x", "dgx-h800", "a800-roce", "jean-zay-a100", "grand-teton-h100"]
 MiB = 2**20
 GiB = 2**30
 
@@ -58,6 +58,8 @@ def test_h100_dense_peaks_not_sparse():
         ("dgx-h200", 143771),  # nvidia-smi "NVIDIA H200, 143771 MiB"
         ("dgx-b200", 183359),  # nvidia-smi "NVIDIA B200, 183359 MiB"
         ("gb200-nvl72", 189471),  # nvidia-smi "NVIDIA GB200, 189471 MiB"
+        ("dgx-b300", 275040),  # nvidia-smi "NVIDIA B300 SXM6 AC, 275040 MiB"
+        ("gb300-nvl72", 275040),  # the B300's figure: same 288 GB of HBM3e (verda reports 279 GB usable)
         ("mi300x", 196288),  # rocm-smi 205822885888 B
         ("dgx-h800", 81559),  # assumed as H100 80GB HBM3 (no H800 nvidia-smi quote read)
         ("a800-roce", 81920),  # assumed as A100 80GB
@@ -85,6 +87,8 @@ def test_memory_exact_values():
         ("dgx-h200", 989.4e12, 1978.9e12),
         ("dgx-b200", 2250e12, 4500e12),
         ("gb200-nvl72", 2500e12, 5000e12),
+        ("dgx-b300", 2250e12, 4500e12),  # DGX B300: 72 PF FP8 sparse / 8 GPUs / 2
+        ("gb300-nvl72", 2500e12, 5000e12),  # rack 360 PF FP8 dense / 72
         ("mi300x", 1307.4e12, 2614.9e12),
         ("dgx-h800", 989.4e12, 1978.9e12),  # H100 compute (hardware.yaml H800 compute_note)
         ("a800-roce", 312e12, None),  # A100 compute, no FP8
@@ -128,6 +132,8 @@ def test_a100_has_no_fp8():
         ("dgx-h200", 450e9, 8, 8, 50e9),
         ("dgx-b200", 900e9, 8, 8, 50e9),  # NVLink 5, 1.8 TB/s bidir
         ("gb200-nvl72", 900e9, 72, 4, 50e9),  # tray of 4, 72-GPU NVLink domain
+        ("dgx-b300", 900e9, 8, 8, 100e9),  # ConnectX-8 800 Gb/s per GPU
+        ("gb300-nvl72", 900e9, 72, 4, 100e9),  # 72 ConnectX-8 800 Gb/s, one per GPU
         ("mi300x", 448e9, 8, 8, 50e9),  # 7 x 64 GB/s per direction (896 is bidir)
         ("dgx-h800", 200e9, 8, 8, 50e9),  # NVLink 400 GB/s bidir; 8 x 400 Gb/s IB (DeepSeek-V3)
         ("a800-roce", 200e9, 8, 8, 25e9),  # 8 NVLink 3 links; 200 Gb/s RoCE per GPU
@@ -171,6 +177,8 @@ def test_gb200_node_semantics():
         ("dgx-b200", "fp8", 3432.5, 4500),
         ("gb200-nvl72", "bf16", 1822.0, 2500),
         ("gb200-nvl72", "fp8", 3615.6, 5000),
+        ("dgx-b300", "bf16", 1769.0, 2250),
+        ("dgx-b300", "fp8", 3353.3, 4500),
         ("mi300x", "bf16", 668.4, 1307.4),
         ("dgx-h800", "bf16", 794.5, 989.4),  # assumed: H100 silicon
         ("a800-roce", "bf16", 271.2, 312),  # assumed: A100 silicon

@@ -22,7 +22,7 @@ def test_plan_gets_a_cost_block_consistent_with_its_throughput(run_cli):
                 "--format", "json")
     assert r.exit_code == 0, r.stderr
     doc = r.json()
-    assert doc["schema_version"] == "1.2"
+    assert doc["schema_version"] == "1.3"
     jsonschema.validate(doc, planner.PlanDocument.model_json_schema())
     for p in doc["plans"]:
         c = p["cost"]
@@ -77,7 +77,7 @@ def test_evaluate_price_option_and_async(run_cli):
      "exactly one of"),
     (["plan", "-c", "dgx-h100,dgx-h200"], "give --train-tokens"),
     (["plan", "-c", "dgx-h100,dgx-a100-80g:4", "--train-tokens", "1e9"], "mixes names and NAME:NODES"),
-    (["plan", "-c", "dgx-h100:4,dgx-a100-80g:4", "--train-tokens", "1e9"], "not supported yet"),
+    (["plan", "-c", "dgx-h100:4,dgx-a100-80g:4", "--train-tokens", "1e9"], "--train-tokens: a plan over pools"),
     (["plan", "-c", "dgx-h100,dgx-h200", "--train-tokens", "1e9", "--emit", "megatron"], "give one --cluster"),
     (["plan", "-c", "dgx-h100,no-such-cluster", "--train-tokens", "1e9"], "no-such-cluster"),
     (["plan", "--train-tokens", "1e9", "--plot", "x.pdf"], "--plot x.pdf: the file must end in .png or .svg"),

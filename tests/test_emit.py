@@ -55,7 +55,15 @@ BRANCH_CASES = [
     # HSDP (shard within 8 ranks, 8 replicas) and bf16 gradient reduction
     ("llama3.1-8b", ParallelConfig(tp=1, pp=1, dp=64, zero_stage=3, hsdp_shard_size=8, grad_reduce_in_bf16=True),
      "bf16"),
+    # Megatron's combined 1F1B (--overlap-moe-expert-parallel-comm --delay-wgrad-compute): EP > 1, VPP with PP > 1
+    ("mixtral-8x7b", ParallelConfig(tp=2, pp=4, dp=16, ep=8, etp=1, vpp=2, sequence_parallel=True, zero_stage=1,
+                                    schedule="combined-1f1b"), "bf16"),
 ]
+
+
+def _zero3(par: ParallelConfig) -> ParallelConfig:
+    """``par`` with ZeRO-3 (the stage torchtitan's FSDP2 runs with other dimensions)."""
+    return par.model_copy(update={"zero_stage": 3})
 
 
 def _job(precision: str) -> TrainingJob:
@@ -98,7 +106,7 @@ def test_llama3_405b_pipeline_layout_flags():
 
 def test_virtual_pipeline_flag_follows_megatron_rules():
     # even split: --num-layers-per-virtual-pipeline-stage; Megatron derives vpp = (80 / 4) / 4 = 5
-    a = parse_argv(megatron_args(get_model("llama2-70b"), JOB, BRANCH_CASES[1][1]))
+    a = parse_argv(megatron_args(get_model("llama2-70b"), _job("fp8"), BRANCH_CASES[1][1]))
     assert a["num_layers_per_virtual_pipeline_stage"] == 4
     assert "num_virtual_stages_per_pipeline_rank" not in a
     # uneven split: validate_args refuses the per-stage form, so the per-rank count is used
@@ -170,7 +178,8 @@ def test_megatron_deepspeed_args():
 def test_torchtitan_toml_reproduces_the_plan_split():
     # torchtitan spreads num_layers + first_less + last_less over ceil(./layers_per_stage) stages:
     # (126 + 1 + 1) / 8 = 16 stages; first stage 8 - 1 = 7 layers -> the Llama 3 405B layout 7 + 14 x 8 + 7
-    t = tomllib.loads(torchtitan_toml(get_model("llama3.1-405b"), JOB, BRANCH_CASES[0][1]))
+    # (ZeRO-3: torchtitan's FSDP2 runs no ZeRO-1, planner/emit/torchtitan.py refuses it)
+    t = tomllib.loads(torchtitan_toml(get_model("llama3.1-405b"), JOB, _zero3(BRANCH_CASES[0][1])))
     p = t["parallelism"]
     assert (p["pipeline_parallel_layers_per_stage"], p["pipeline_parallel_first_stage_less_layers"],
             p["pipeline_parallel_last_stage_less_layers"]) == (8, 1, 1)
@@ -185,7 +194,8 @@ def test_torchtitan_toml_reproduces_the_plan_split():
 
 
 def test_torchtitan_interleaved_even_split():
-    t = tomllib.loads(torchtitan_toml(get_model("llama2-70b"), JOB, BRANCH_CASES[1][1]))
+    t = tomllib.loads(torchtitan_toml(get_model("llama2-70b"), JOB, _zero3(BRANCH_CASES[1][1]).model_copy(
+        update={"fp8_param_gather": False})))
     p = t["parallelism"]
     # 80 layers, pp 4, vpp 5: 4 layers per virtual stage, 20 stages = 4 ranks x 5
     assert (p["pipeline_parallel_schedule"], p["pipeline_parallel_layers_per_stage"]) == ("Interleaved1F1B", 4)
@@ -308,6 +318,10 @@ def test_hsdp_and_bf16_grad_reduce():
     lf = launch_fields(get_model("llama3.1-8b"), JOB, par, 8)
     a = parse_argv(lf["megatron"])
     assert a["num_distributed_optimizer_instances"] == 8 and a["grad_reduce_in_bf16"] is True  # 64 / 8 groups
+    # neither DeepSpeed nor torchtitan 0.2.2 (mixed_precision_reduce: float32 only) reduces in bf16: refused
+    assert lf["deepspeed"] is None and lf["torchtitan_toml"] is None
+    assert "grad_reduce_in_bf16" in lf["unsupported"]["torchtitan"]
+    lf = launch_fields(get_model("llama3.1-8b"), JOB, par.model_copy(update={"grad_reduce_in_bf16": False}), 8)
     # DeepSpeed 0.19.8's own DeepSpeedConfig rejects MiCS (mics_shard_size): no hybrid sharding to emit
     assert lf["deepspeed"] is None and "MiCS was removed" in lf["unsupported"]["deepspeed"]
     p = tomllib.loads(lf["torchtitan_toml"])["parallelism"]
@@ -317,8 +331,10 @@ def test_hsdp_and_bf16_grad_reduce():
 def test_megatron_deepspeed_refuses_ulysses_with_megatron_sp():
     par = ParallelConfig(tp=4, pp=8, dp=2, cp=2, sequence_parallel=True, zero_stage=1)
     lf = launch_fields(get_model("llama2-70b"), JOB, par, 8)
-    assert lf["deepspeed"] is not None  # the JSON itself is fine
     assert lf["megatron_deepspeed"] is None and "Ulysses" in lf["unsupported"]["megatron_deepspeed"]
+    # the JSON alone does not set tp (the training script does): not emitted either, with both reasons
+    assert lf["deepspeed"] is None and lf["unsupported"]["deepspeed"].startswith("tp 4: ds_config.json alone")
+    assert "Ulysses" in lf["unsupported"]["deepspeed"]
 
 
 def test_recipe_knobs_become_megatron_flags():
@@ -349,7 +365,7 @@ def test_evaluate_never_emits_an_infeasible_configuration(run_cli, tmp_path):
 
 
 def test_emit_for_another_framework_than_the_ranking_says_so(run_cli):
-    r = run_cli("plan", "--gpus", "8", "--framework", "megatron", "--emit", "torchtitan")
+    r = run_cli("plan", "--gpus", "8", "--framework", "megatron", "--emit", "torchtitan", "--zero-stage", "3")
     assert r.exit_code == 0 and "[parallelism]" in r.stdout
     assert "computed under megatron rules" in r.stderr and "--framework torchtitan" in r.stderr
     assert run_cli("plan", "--gpus", "8", "--emit", "torchtitan").stderr == ""
@@ -358,3 +374,27 @@ def test_emit_for_another_framework_than_the_ranking_says_so(run_cli):
 def test_emit_output_that_looks_like_a_file_is_refused(run_cli, tmp_path):
     r = run_cli("plan", "--emit", "megatron", "--output", str(tmp_path / "args.json"))
     assert r.exit_code == 2 and "--output is a directory" in r.stderr and not (tmp_path / "args.json").exists()
+
+
+def test_combined_1f1b_is_megatrons_overlap_flags_and_refused_elsewhere():
+    name, par, prec = BRANCH_CASES[-1]
+    lf = launch_fields(get_model(name), _job(prec), par, 8)
+    a = parse_argv(lf["megatron"])
+    assert a["overlap_moe_expert_parallel_comm"] is True and a["delay_wgrad_compute"] is True
+    assert a["num_layers_per_virtual_pipeline_stage"] == 4  # 32 layers / pp 4 / vpp 2
+    assert "combined-1f1b" in lf["unsupported"]["torchtitan"] and "vpp 2" in lf["unsupported"]["deepspeed"]
+
+
+@pytest.mark.parametrize("schedule,name", [("zb-v", "ZBVZeroBubble"), ("dualpipev", "DualPipeV")])
+def test_v_schedules_are_torchtitans_and_refused_by_megatron(schedule, name):
+    par = ParallelConfig(tp=2, pp=4, dp=4, vpp=2, zero_stage=3, sequence_parallel=True, schedule=schedule)
+    lf = launch_fields(get_model("llama3.1-8b"), JOB, par, 8)
+    t = tomllib.loads(lf["torchtitan_toml"])
+    p = t["parallelism"]
+    # 32 layers over 2 x 4 V stages: 4 per stage; torch refuses compiled stage modules for these schedules
+    assert (p["pipeline_parallel_schedule"], p["pipeline_parallel_layers_per_stage"]) == (name, 4)
+    assert t["compile"]["components"] == ["loss"]
+    assert p.get("pipeline_parallel_expert_parallel_overlap", False) == (schedule == "dualpipev")
+    assert lf["unsupported"]["megatron"].startswith(f"pipeline schedule {schedule}: Megatron-LM runs")
+    dual = launch_fields(get_model("llama3.1-8b"), JOB, par.model_copy(update={"schedule": "dualpipe", "vpp": 1}), 8)
+    assert {"megatron", "deepspeed", "torchtitan"} <= set(dual["unsupported"])  # DualPipe runs in none of them

@@ -50,10 +50,12 @@ def parse_argv(args: list[str]) -> dict[str, object]:
 
 
 # --------------------------------------------------------------------------------------------------- Megatron
-def megatron_validate_args(a: dict, world_size: int) -> int | None:
+def megatron_validate_args(a: dict, world_size: int, environ=None, device_arch: int = 9) -> int | None:
     """The parallelism rules of Megatron-LM's ``validate_args`` (megatron/training/arguments.py, commit
-    000c4ac24f61; not shipped in the megatron-core wheel, validators.md Sec. 3), applied to parsed arguments.
+    000c4ac24f61; not shipped in the megatron-core wheel, validators.md Sec. 3), applied to parsed arguments,
+    with its environment checks (``megatron_validate_env``) on ``environ`` (default ``os.environ``).
     Returns the virtual pipeline size Megatron derives (None = no interleaving)."""
+    megatron_validate_env(a, os.environ if environ is None else environ, device_arch)
     tp, pp = a.get("tensor_model_parallel_size", 1), a.get("pipeline_model_parallel_size", 1)
     cp = a.get("context_parallel_size", 1)
     assert world_size % (tp * pp * cp) == 0, f"world size ({world_size}) is not divisible by tp*pp*cp"
@@ -92,7 +94,6 @@ def megatron_validate_args(a: dict, world_size: int) -> int | None:
         assert a.get("overlap_grad_reduce"), "Must use --overlap-param-gather with --overlap-grad-reduce"
     if a.get("use_megatron_fsdp"):
         assert a.get("ckpt_format") == "fsdp_dtensor", "Megatron FSDP only supports fsdp_dtensor checkpoint format"
-        assert os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") != "1"
     assert not (a.get("fp16") and a.get("bf16")), "fp16 and bf16 are exclusive"
     if "num_experts" in a:
         ep = a.get("expert_model_parallel_size", 1)
@@ -105,6 +106,35 @@ def megatron_validate_args(a: dict, world_size: int) -> int | None:
     gbs, mbs = a["global_batch_size"], a["micro_batch_size"]
     assert gbs % (mbs * dp) == 0
     return vpp
+
+
+def megatron_validate_env(a: dict, environ, device_arch: int = 9) -> None:
+    """Every environment check of Megatron-LM's ``validate_args`` (megatron/training/arguments.py, commit
+    000c4ac24f61), in its order, on the mapping ``environ``; ``device_arch`` is ``get_device_arch_version()``
+    (the compute capability's major number: 9 on Hopper, 10 on Blackwell). Raises AssertionError as Megatron does.
+
+    * L650 (``--use-torch-fsdp2``) and L715 (Megatron-FSDP): "FSDP always requires CUDA_DEVICE_MAX_CONNECTIONS
+      value large than one".
+    * L935-961: tensor or context parallelism before Blackwell: FSDP or ``--overlap-moe-expert-parallel-comm`` only
+      warn; otherwise "Using tensor model parallelism or context parallelism require setting the environment
+      variable CUDA_DEVICE_MAX_CONNECTIONS to 1".
+    * L1078 (``--deterministic-mode``): ``NCCL_ALGO`` one of Tree, Ring, CollnetDirect, CollnetChain, ^NVLS.
+    * L1208 (CUDA graphs): no ``expandable_segments:True`` in ``PYTORCH_CUDA_ALLOC_CONF``.
+    """
+    cdmc = environ.get("CUDA_DEVICE_MAX_CONNECTIONS")
+    fsdp = a.get("use_torch_fsdp2") or a.get("use_megatron_fsdp")
+    if fsdp:
+        assert cdmc != "1", "FSDP always requires CUDA_DEVICE_MAX_CONNECTIONS value large than one"
+    tp, cp = a.get("tensor_model_parallel_size", 1), a.get("context_parallel_size", 1)
+    if (tp > 1 or cp > 1) and device_arch < 10 and not fsdp and not a.get("overlap_moe_expert_parallel_comm"):
+        assert cdmc == "1", ("Using tensor model parallelism or context parallelism require setting the environment "
+                             "variable CUDA_DEVICE_MAX_CONNECTIONS to 1")
+    if a.get("deterministic_mode"):
+        assert environ.get("NCCL_ALGO") in ("Tree", "Ring", "CollnetDirect", "CollnetChain", "^NVLS"), \
+            "NCCL_ALGO must be one of ['Tree', 'Ring', 'CollnetDirect', 'CollnetChain', '^NVLS']."
+    if a.get("cuda_graph_impl", "none") != "none":
+        assert "expandable_segments:True" not in environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), \
+            "expandable_segments:True may not be safe when using CUDA Graphs with some specific parallel settings."
 
 
 def megatron_core_config(a: dict, vpp: int | None):

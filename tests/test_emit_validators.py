@@ -20,6 +20,7 @@ from cost_models.config import ParallelConfig, TrainingJob
 from cost_models.layout import stage_layer_counts
 from model_zoo import get_model, list_models
 from planner.emit import launch_fields
+from planner.emit.env import launch_env
 from test_emit import BRANCH_CASES, _case_id, _job
 from test_emit_support import (deepspeed_validate, megatron_core_config, megatron_ddp_config, megatron_layers_per_rank,
                                megatron_num_microbatches, megatron_rank_groups, megatron_validate_args, parse_argv,
@@ -49,10 +50,12 @@ def _quiet():
         yield
 
 
-def check_megatron(model, job: TrainingJob, par: ParallelConfig, args: list[str]) -> None:
-    """Every Megatron check of the module docstring (raises the framework's error on rejection)."""
+def check_megatron(model, job: TrainingJob, par: ParallelConfig, args: list[str],
+                   env: dict[str, str] | None = None) -> None:
+    """Every Megatron check of the module docstring (raises the framework's error on rejection), with the launch
+    environment ``env`` (default: the plan's ``launch.env["megatron"]``, planner/emit/env.py)."""
     a = parse_argv(args)
-    vpp = megatron_validate_args(a, par.world_size)
+    vpp = megatron_validate_args(a, par.world_size, launch_env("megatron", par) if env is None else env)
     assert (vpp or 1) == par.vpp
     cfg = megatron_core_config(a, vpp)  # TransformerConfig.__post_init__ (and ModelParallelConfig's)
     layers = megatron_layers_per_rank(cfg)
@@ -176,13 +179,13 @@ def test_validators_catch_broken_megatron_configs():
     with pytest.raises(AssertionError, match="num-virtual-stages-per-pipeline-rank"):
         megatron_validate_args({**good, "num_layers_per_virtual_pipeline_stage": 2,
                                 "decoder_first_pipeline_num_layers": 18, "decoder_last_pipeline_num_layers": 18},
-                               128)
+                               128, {"CUDA_DEVICE_MAX_CONNECTIONS": "1"})
 
 
 @needs_ds
 def test_validators_catch_broken_deepspeed_configs():
     par = ParallelConfig(tp=8, pp=1, dp=16, micro_batch_size=2, zero_stage=2)
-    cfg = launch_fields(get_model("llama3.1-70b"), JOB, par, 8)["deepspeed"]
+    cfg = launch_fields(get_model("llama2-70b"), JOB, par, 8)["deepspeed"]
     check_deepspeed(JOB, par, cfg)
     with pytest.raises(AssertionError, match="Check batch related parameters"):
         deepspeed_validate(cfg, 8)  # the wrong data-parallel size breaks micro x GAS x dp
@@ -230,21 +233,32 @@ def test_top_plan_configs_pass_the_frameworks_validators(name, size, framework, 
     ok, why = AVAILABLE[framework]
     if not ok:
         pytest.skip(why)
+    from planner.emit.megatron import EmitError, model_args, unexpressed_features
     from planner.search import run_search
     m, c = get_model(name), get_cluster("dgx-h100")
+    try:  # a model the launch cannot express at all (any layout) is refused by the emitter, with the setting named
+        model_args(m, JOB) if framework == "megatron" else None
+        feature = unexpressed_features(m) if framework == "torchtitan" else None
+    except EmitError as e:
+        feature = str(e)
+    if feature is not None:
+        pytest.skip(f"{framework} launch cannot express the model: {feature}")
     n = cluster_sizes(m)[size]
     res = run_search(m, c, JOB, n, top_k=1, framework=framework)
     assert res.plans, f"no plan for {name} on {n} GPUs ({framework})"
     par = res.plans[0].parallel
     lf = launch_fields(m, JOB, par, c.node.gpus_per_node)
+    if framework == "deepspeed" and "megatron_deepspeed" in lf["unsupported"]:
+        # the Megatron-DeepSpeed launch cannot express this model; ds_config.json alone then passes DeepSpeed only
+        # when it carries every knob (planner.emit.deepspeed.check_ds_config_alone)
+        if lf["deepspeed"] is not None:
+            check_deepspeed(JOB, par, lf["deepspeed"])
+        pytest.xfail(f"planner's deepspeed space allows it: {lf['unsupported']['megatron_deepspeed']}")
     assert framework not in lf["unsupported"], lf["unsupported"]
     if framework == "megatron":
         check_megatron(m, JOB, par, lf["megatron"])
     elif framework == "deepspeed":
         check_deepspeed(JOB, par, lf["deepspeed"])
-        if "megatron_deepspeed" in lf["unsupported"]:
-            # ds_config.json passes DeepSpeed; the Megatron-DeepSpeed launch cannot run this plan
-            pytest.xfail(f"planner's deepspeed space allows it: {lf['unsupported']['megatron_deepspeed']}")
     else:
         check_torchtitan(par, lf, tmp_path, m.num_layers)
 

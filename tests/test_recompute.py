@@ -134,7 +134,7 @@ def test_emitted_megatron_args_carry_block_n():
         warnings.simplefilter("ignore")
         check_megatron(M8, JOB, par, args)  # megatron validate_args + TransformerConfig.__post_init__
         a = parse_argv(args)
-        cfg = megatron_core_config(a, megatron_validate_args(a, par.world_size))
+        cfg = megatron_core_config(a, megatron_validate_args(a, par.world_size, {}))
     assert (cfg.recompute_granularity, cfg.recompute_method, cfg.recompute_num_layers) == ("full", "block", 2)
 
 

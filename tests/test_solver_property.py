@@ -88,3 +88,24 @@ def test_wrong_bounds_only_cost_speed_not_correctness(monkeypatch):
     oracle = enumerate_plans(m, c, job, 8, top_k=3, space=small)
     got = solve(m, c, job, 8, top_k=3, space=small)
     assert [e.parallel for e in got.plans] == [e.parallel for e in oracle.plans]
+
+
+@pytest.mark.parametrize("name,gpus,gbs,framework,space,schedule", [
+    # Megatron's combined 1F1B wins here (EP 8 all-to-all across two nodes hidden behind the paired micro-batch)
+    ("mixtral-8x7b", 32, 64, "megatron", SearchSpace(micro_batch_size=(1,), recompute=("none",), pp=(1, 2),
+                                                     tp=(1, 2)), "combined-1f1b"),
+    # torchtitan's ZB-V and DualPipeV next to 1F1B and interleaved 1F1B
+    ("llama3.1-8b", 16, 64, "torchtitan", SearchSpace(micro_batch_size=(1,), recompute=("none", "full")), "zb-v"),
+    # a pin (plan --pipeline-schedule dualpipev) removes the default schedule's rows
+    ("llama3.1-8b", 16, 64, "torchtitan", SearchSpace(micro_batch_size=(1, 2), pipeline_schedule=("dualpipev",)),
+     "dualpipev"),
+])
+def test_cpsat_equals_enumerator_with_pipeline_schedules(name, gpus, gbs, framework, space, schedule):
+    """The schedule knob (space.schedule_options, tables.schedule_rows) keeps CP-SAT == enumerate."""
+    from model_zoo import get_model
+    m, c = get_model(name), get_cluster("dgx-h100")
+    job = TrainingJob(global_batch_size=gbs, seq_length=4096)
+    oracle = enumerate_plans(m, c, job, gpus, top_k=5, space=space, framework=framework)
+    got = solve(m, c, job, gpus, top_k=5, space=space, framework=framework)
+    assert [e.parallel for e in got.plans] == [e.parallel for e in oracle.plans]
+    assert schedule in {e.parallel.pipeline_schedule for e in got.plans}

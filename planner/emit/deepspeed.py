@@ -13,6 +13,9 @@ Rules enforced here (raising ``EmitError`` with a one-line reason):
 * Context parallelism is mapped to DeepSpeed-Ulysses (``--ds-sequence-parallel-size``), which splits the
   heads of each tensor-parallel rank over the sequence-parallel group: heads / tp must divide by cp; and
   Megatron-DeepSpeed refuses it together with Megatron's ``--sequence-parallel`` (megatron/initialize.py).
+* Flash attention (``--use-flash-attn-v2``; Megatron-DeepSpeed defaults to its own core attention), no dropout
+  (``--attention-dropout 0 --hidden-dropout 0``; defaults 0.1) and FP8 (``--transformer-impl transformer_engine
+  --fp8-hybrid``) are set so the run is the evaluated one.
 * The model must be the plan's model: Megatron-DeepSpeed takes the norm epsilon (``--layernorm-epsilon``,
   default 1e-5) and the RoPE base (``--rope-theta``, deepspeedai/Megatron-DeepSpeed PR #351, default 10000), but
   has no RoPE scaling, partial rotary, LayerNorm1P, squared ReLU, multi-latent attention or router options
@@ -24,7 +27,7 @@ from __future__ import annotations
 from cost_models.config import ParallelConfig, TrainingJob
 from model_zoo.spec import ModelSpec
 
-from .megatron import EmitError
+from .megatron import EmitError, recipe_knobs_set, unexpressed_features
 
 #: DeepSpeed's documented defaults for ZeRO bucket sizes (elements), ``runtime/zero/config.py``
 #: (``reduce_bucket_size`` and ``allgather_bucket_size`` default 5e8).
@@ -37,7 +40,16 @@ STAGE3_PARAM_PERSISTENCE_THRESHOLD = 100_000
 
 
 def check_deepspeed(model: ModelSpec | None, job: TrainingJob, par: ParallelConfig) -> None:
-    """Raise ``EmitError`` if DeepSpeed cannot run ``par``."""
+    """Raise ``EmitError`` if DeepSpeed cannot run ``par`` as plan3d evaluated it (the knob named).
+
+    Besides the rules of the module docstring: DeepSpeed's ``PipelineEngine`` runs one stage per rank in its 1F1B
+    ``TrainSchedule`` (``runtime/pipe/schedule.py``): no virtual stages (``vpp``), no other schedule; Megatron-
+    DeepSpeed partitions the transformer layers itself (``GPTModelPipe``: ``partition_method='type:transformer'``,
+    DeepSpeed ``partition_balanced``: 126 layers over 16 stages as 14 x 8 + 2 x 7), so only an even split is the
+    evaluated one; DeepSpeed MoE has no expert tensor parallelism; Megatron's recompute modules / partial recompute
+    and recipe knobs (bf16 gradient reduction, FP8 weights, low-precision Adam moments, optimizer offload share)
+    have no DeepSpeed setting.
+    """
     if par.pp > 1 and par.zero_stage >= 2:
         raise EmitError(f"zero_stage {par.zero_stage} with pp {par.pp}: DeepSpeed's pipeline engine supports ZeRO "
                         f"stage 0 or 1 only (runtime/pipe/engine.py); plan with --framework deepspeed")
@@ -68,6 +80,27 @@ def check_deepspeed(model: ModelSpec | None, job: TrainingJob, par: ParallelConf
     if model is not None and par.cp > 1 and (model.num_attention_heads // par.tp) % par.cp:
         raise EmitError(f"cp {par.cp}: DeepSpeed-Ulysses needs heads per tensor-parallel rank "
                         f"({model.num_attention_heads}/{par.tp}) divisible by the sequence-parallel size")
+    if par.pp > 1 and par.vpp > 1:
+        raise EmitError(f"vpp {par.vpp}: DeepSpeed's pipeline engine runs one stage per rank (no virtual stages)")
+    if par.pp > 1 and par.pipeline_schedule not in ("1f1b", "interleaved"):
+        raise EmitError(f"pipeline schedule {par.pipeline_schedule}: DeepSpeed's pipeline engine runs its 1F1B "
+                        f"TrainSchedule only")
+    if par.pp > 1 and (par.first_stage_layers is not None or par.last_stage_layers is not None):
+        raise EmitError(f"first/last stage layers {par.first_stage_layers}/{par.last_stage_layers}: Megatron-"
+                        f"DeepSpeed balances transformer layers over the stages itself (partition_method "
+                        f"'type:transformer')")
+    if par.ep > 1 and par.expert_tp != 1:
+        raise EmitError(f"etp {par.expert_tp}: DeepSpeed MoE has no expert tensor parallelism (etp 1)")
+    if model is not None and model.moe is None and par.etp is not None and par.etp != par.tp:
+        raise EmitError(f"etp {par.etp}: expert tensor parallelism needs a mixture-of-experts model")
+    if par.recompute_num_layers is not None:
+        raise EmitError(f"recompute_num_layers {par.recompute_num_layers}: DeepSpeed checkpoints at a layer interval, "
+                        f"not the first N layers of each stage")
+    if par.recompute == "selective" and par.recompute_modules and tuple(par.recompute_modules) != ("core_attn",):
+        raise EmitError(f"recompute_modules {','.join(par.recompute_modules)}: Megatron-DeepSpeed's selective "
+                        f"recompute is the attention core only")
+    for knob in recipe_knobs_set(job, par, expressed=("optimizer_cpu_offload_fraction",))[:1]:
+        raise EmitError(f"{knob}: DeepSpeed has no setting that runs it as plan3d evaluated it")
 
 
 def deepspeed_config(job: TrainingJob, par: ParallelConfig, model: ModelSpec | None = None) -> dict:
@@ -123,6 +156,9 @@ def deepspeed_config(job: TrainingJob, par: ParallelConfig, model: ModelSpec | N
 
 def _model_unsupported(model: ModelSpec) -> str | None:
     """The first model setting Megatron-DeepSpeed cannot express (None when it can express them all)."""
+    feature = unexpressed_features(model)
+    if feature is not None:
+        return feature
     if model.mla is not None:
         return "multi-latent attention"
     if model.position_embedding == "rope" and model.rope_scaling is not None:
@@ -201,5 +237,25 @@ def megatron_deepspeed_args(model: ModelSpec, job: TrainingJob, par: ParallelCon
         if par.tp > 1:
             a.append("--partition-activations")
     a.append("--fp16" if job.precision == "fp16" else "--bf16")
+    if job.precision == "fp8":
+        # FP8 GEMMs through Transformer Engine layers, hybrid format (E4M3 forward, E5M2 backward), the scaling of
+        # the Megatron-LM launch (megatron/arguments.py: fp8 needs --transformer-impl transformer_engine)
+        add(["--transformer-impl", "transformer_engine", "--fp8-hybrid", "--fp8-amax-history-len", "1024",
+             "--fp8-amax-compute-algo", "max"])
+    if job.flash_attention:
+        a.append("--use-flash-attn-v2")  # Megatron-DeepSpeed's default is its unfused core attention
+    if not job.dropout:
+        add(["--attention-dropout", "0.0", "--hidden-dropout", "0.0"])  # defaults 0.1 (megatron/arguments.py)
     add(["--zero-stage", str(par.zero_stage), "--deepspeed", "--deepspeed_config", "ds_config.json"])
     return a
+
+
+def check_ds_config_alone(job: TrainingJob, par: ParallelConfig) -> None:
+    """Raise ``EmitError`` when ``ds_config.json`` without a Megatron-DeepSpeed launch would drop a knob: the JSON
+    sets data parallelism, ZeRO, batch, precision and pipeline stages; tensor, context and expert parallelism,
+    sequence parallelism and recompute belong to the training script that builds the model."""
+    for knob, on in ((f"tp {par.tp}", par.tp > 1), (f"cp {par.cp}", par.cp > 1), (f"ep {par.ep}", par.ep > 1),
+                     ("sequence_parallel", par.sequence_parallel), (f"recompute {par.recompute}", par.recompute != "none"),
+                     ("precision fp8", job.precision == "fp8"), ("unfused attention", not job.flash_attention)):
+        if on:
+            raise EmitError(f"{knob}: ds_config.json alone does not set it (the training script does)")

@@ -35,6 +35,9 @@ Choices (each the framework's documented behaviour):
   routing), ``--moe-router-topk-scaling-factor`` and ``--moe-router-pre-softmax`` for a softmax router whose
   top-k weights are not renormalised (HF ``norm_topk_prob`` false; megatron-core ``topk_routing_with_score_
   function`` renormalises sigmoid top-k scores, so sigmoid without renormalisation is refused).
+* Pipeline schedule: 1F1B, interleaved 1F1B (``vpp`` > 1) or, for ``combined-1f1b``,
+  ``--overlap-moe-expert-parallel-comm --delay-wgrad-compute`` (``combined_1f1b.py``); other schedules (GPipe,
+  ZB-H1, ZB-V, DualPipe, DualPipeV) are refused: Megatron-LM does not run them (``check_megatron``).
 * FP8: ``--fp8-format hybrid`` (E4M3 forward, E5M2 backward) with ``--fp8-recipe delayed``, ``--fp8-amax-
   history-len 1024 --fp8-amax-compute-algo max`` (the values of NVIDIA's Megatron-LM
   ``examples/llama/train_llama3_8b_h100_fp8.sh``).
@@ -156,8 +159,27 @@ def router_args(model: ModelSpec) -> list[str]:
     return a
 
 
+def unexpressed_features(model: ModelSpec) -> str | None:
+    """The first parameter-bearing or attention-shaping feature of ``model`` that the Megatron-LM, Megatron-DeepSpeed
+    and torchtitan launches here do not express (None when there is none): attention sinks, biased experts or
+    router (gpt-oss), sliding-window or chunked attention layers (gpt-oss, Llama 4). Emitting without them would
+    train a different model, so the emitters refuse with the feature named."""
+    if model.attention_sinks:
+        return "attention_sinks (one learned logit per head, gpt-oss)"
+    if model.moe is not None and (model.moe.expert_bias or model.moe.router_linear_bias):
+        return "moe expert_bias / router_linear_bias (biased experts and router, gpt-oss)"
+    kinds = sorted(set(model.layer_types or ()) - {"full_attention"})
+    if kinds:
+        window = f" (window {model.sliding_window} tokens)" if "sliding_attention" in kinds else ""
+        return f"layer_types {', '.join(kinds)}{window}"
+    return None
+
+
 def model_args(model: ModelSpec, job: TrainingJob) -> list[str]:
     """Architecture arguments (dims, attention, MLP, norm, positions, MoE, MLA)."""
+    feature = unexpressed_features(model)
+    if feature is not None:
+        raise EmitError(f"{feature}: not expressed by this launch, so it would train a different model")
     a: list[str] = []
     add = a.extend
     ffn = model.ffn_hidden_size
@@ -225,8 +247,56 @@ def model_args(model: ModelSpec, job: TrainingJob) -> list[str]:
     return a
 
 
+def recipe_knobs_set(job: TrainingJob, par: ParallelConfig, expressed: tuple[str, ...] = ()) -> list[str]:
+    """The Megatron-LM recipe knobs ``par`` / ``job`` set away from their defaults (bf16 gradient reduction, FP8
+    weights, low-precision Adam moments or master weights, optimizer offload, Transformer Engine's cross entropy),
+    each as the knob with its value, less those in ``expressed`` (the caller's framework has a setting for them):
+    the other frameworks have no setting that runs them as plan3d evaluates them."""
+    return [knob for name, knob, on in (
+        ("grad_reduce_in_bf16", "grad_reduce_in_bf16", par.grad_reduce_in_bf16),
+        ("fp8_param_gather", "fp8_param_gather", par.fp8_param_gather),
+        ("exp_avg_dtype", f"exp_avg_dtype {par.exp_avg_dtype}", par.exp_avg_dtype != "fp32"),
+        ("exp_avg_sq_dtype", f"exp_avg_sq_dtype {par.exp_avg_sq_dtype}", par.exp_avg_sq_dtype != "fp32"),
+        ("main_params_dtype", f"main_params_dtype {par.main_params_dtype}", par.main_params_dtype != "fp32"),
+        ("optimizer_cpu_offload_fraction", f"optimizer_cpu_offload_fraction {par.optimizer_cpu_offload_fraction:g}",
+         par.optimizer_cpu_offload_fraction > 0),
+        ("cross_entropy_fusion_impl", "cross_entropy_fusion_impl te",
+         getattr(job, "cross_entropy_fusion_impl", "native") == "te")) if on and name not in expressed]
+
+
+#: Pipeline schedules Megatron-LM runs: 1F1B and interleaved 1F1B (``pipeline_parallel/schedules.py``) and the
+#: combined 1F1B of ``--overlap-moe-expert-parallel-comm`` (``combined_1f1b.py``).
+MEGATRON_SCHEDULES = ("1f1b", "interleaved", "combined-1f1b")
+
+
+def check_megatron(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> None:
+    """Raise ``EmitError`` naming the first knob of ``par`` that Megatron-LM's arguments cannot express (the plan
+    would otherwise run as another configuration than the one evaluated)."""
+    s = par.pipeline_schedule
+    if s not in MEGATRON_SCHEDULES:
+        raise EmitError(f"pipeline schedule {s}: Megatron-LM runs 1f1b, interleaved and combined-1f1b "
+                        f"(pipeline_parallel/schedules.py, combined_1f1b.py)")
+    if s == "1f1b" and par.vpp > 1:
+        raise EmitError(f"pipeline schedule 1f1b with vpp {par.vpp}: Megatron-LM interleaves whenever a rank holds "
+                        f"several model chunks")
+    if model.moe is None and par.etp is not None and par.etp != par.tp:
+        raise EmitError(f"etp {par.etp}: expert tensor parallelism needs a mixture-of-experts model")
+    if par.recompute_num_layers is not None and par.recompute != "full":
+        raise EmitError(f"recompute_num_layers {par.recompute_num_layers} with recompute {par.recompute}: "
+                        f"--recompute-num-layers applies to full recompute")
+    if getattr(par, "param_cpu_offload", False):
+        raise EmitError("param_cpu_offload: Megatron-LM has no parameter CPU offload (DeepSpeed ZeRO-3 offload_param)")
+    if getattr(par, "fp8_param_gather", False) and job.precision != "fp8":
+        raise EmitError(f"fp8_param_gather with precision {job.precision}: --fp8-param-gather needs FP8 training")
+
+
 def parallel_args(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> list[str]:
-    """Parallelism, batch, recompute, optimizer-sharding and precision arguments."""
+    """Parallelism, batch, recompute, optimizer-sharding and precision arguments.
+
+    Raises:
+        EmitError: a knob Megatron-LM cannot express (``check_megatron``), or a split it refuses.
+    """
+    check_megatron(model, job, par)
     a: list[str] = []
     add = a.extend
     add(["--tensor-model-parallel-size", str(par.tp), "--pipeline-model-parallel-size", str(par.pp)])
@@ -257,6 +327,10 @@ def parallel_args(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> li
             add(["--num-layers-per-virtual-pipeline-stage", str(per_rank // par.vpp)])
         else:
             add(["--num-virtual-stages-per-pipeline-rank", str(par.vpp)])
+    if par.pipeline_schedule == "combined-1f1b":
+        # combined 1F1B: EP all-to-all of one micro-batch under another's compute; expert weight gradients moved
+        # behind the backward dispatch (megatron-core TransformerConfig: delay_wgrad_compute needs the overlap)
+        add(["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"])
     if par.cp > 1:
         add(["--context-parallel-size", str(par.cp)])
     if model.moe is not None:

@@ -21,15 +21,29 @@ Mapping (each choice documented by torchtitan):
   last_less`` over ``ceil(that / layers_per_stage)`` virtual stages, the first (last) stage carrying
   ``first_less`` (``last_less``) fewer layers. The plan's split is reproduced exactly: layers per virtual stage =
   the plan's middle-stage layers / vpp, and ``first_less = last_less =`` (middle - end stage layers) / vpp.
-* Schedule: ``1F1B`` (one stage per rank), ``Interleaved1F1B`` (vpp > 1), ``GPipe``; zero-bubble plans use
-  ``InterleavedZeroBubble`` (PyTorch ``get_schedule_class`` names).
+* Schedule (PyTorch ``get_schedule_class`` names, torch 2.13 ``distributed/pipelining/schedules.py``): ``1F1B``
+  (one stage per rank), ``Interleaved1F1B`` (vpp > 1), ``GPipe``, ``ZBVZeroBubble`` (ZB-V) and ``DualPipeV`` (two
+  stages per rank in a V: torchtitan ``pipeline_module_split`` style "v", ``pipeline_parallel_layers_per_stage`` =
+  L / 2pp). torch refuses those two with compiled stage modules ("not supported with stage modules that have used
+  torch.compile", ``_check_torch_compile_compatibility``; torchtitan 0.2.2 ``apply_compile`` wraps each block in
+  ``torch.compile``), so their plans compile the loss only; DualPipeV turns on torchtitan's expert-parallel
+  overlap of the paired forward/backward (``pipeline_parallel_expert_parallel_overlap``, which needs
+  ``activation_checkpoint.mode = "none"`` with EP). ZB-H1 (torch's ``InterleavedZeroBubble`` is ZB1P over two or
+  more stages per rank), DualPipe and Megatron's combined 1F1B have no torchtitan schedule: refused.
+* Refused, with the knob named (``check_torchtitan``), because torchtitan would run another configuration than
+  the one evaluated: ZeRO-1/2 (FSDP2 shards weights, gradients and optimizer states together), ZeRO-0 with any
+  dimension besides data parallelism (DDP is 1-D only), a partial full recompute (``recompute_num_layers``; full
+  activation checkpointing wraps every block), Megatron's ``recompute_modules``, bf16 gradient reduction (0.2.2
+  ``mixed_precision_reduce`` is float32 only), FP8 weights / low-precision Adam moments / optimizer offload, FP8
+  GEMMs (torchao converters, not the per-tensor Transformer Engine recipe plan3d times), unfused attention,
+  dropout, and Transformer Engine's cross entropy.
 """
 from __future__ import annotations
 
 from cost_models.config import ParallelConfig, TrainingJob
 from model_zoo.spec import ModelSpec
 
-from .megatron import EmitError
+from .megatron import EmitError, recipe_knobs_set, unexpressed_features
 
 #: plan3d model name -> (torchtitan model name, flavor) for models with a torchtitan definition (torchtitan
 #: ``models/llama3/__init__.py`` llama3_configs "8B"/"70B"/"405B"; ``models/deepseek_v3`` "671B").
@@ -46,7 +60,47 @@ TORCHTITAN_REGISTRY: dict[str, tuple[str, str]] = {
     "llama3.1-405b": ("llama3", "llama3_405b"),
 }
 
-_SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "gpipe": "GPipe", "zb-h1": "InterleavedZeroBubble"}
+_SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "gpipe": "GPipe", "zb-v": "ZBVZeroBubble",
+              "dualpipev": "DualPipeV"}
+#: Schedules torch refuses with compiled stage modules (``_check_torch_compile_compatibility``).
+_NO_COMPILE_SCHEDULES = ("zb-v", "dualpipev")
+
+
+def check_torchtitan(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> None:
+    """Raise ``EmitError`` naming the first knob of ``par`` torchtitan cannot run as evaluated (module docstring)."""
+    s = par.pipeline_schedule
+    if par.pp > 1 and s not in _SCHEDULES:
+        raise EmitError(f"pipeline schedule {s}: torchtitan runs {', '.join(_SCHEDULES)} (torch get_schedule_class; "
+                        f"InterleavedZeroBubble is ZB1P over >= 2 stages per rank)")
+    if par.pp > 1 and par.vpp > 1 and s in ("1f1b", "gpipe"):
+        raise EmitError(f"pipeline schedule {s} with vpp {par.vpp}: torch's {_SCHEDULES[s]} runs one stage per rank")
+    if s in _NO_COMPILE_SCHEDULES and par.vpp != 2:
+        raise EmitError(f"pipeline schedule {s} with vpp {par.vpp}: torch's {_SCHEDULES[s]} runs exactly two stages "
+                        f"per rank")
+    if s == "dualpipev" and par.ep > 1 and par.recompute != "none":
+        raise EmitError(f"recompute {par.recompute} with DualPipeV and ep {par.ep}: torchtitan's expert-parallel "
+                        f"overlap does not support activation checkpointing (job_config.py)")
+    if par.zero_stage in (1, 2):
+        raise EmitError(f"zero_stage {par.zero_stage}: torchtitan's FSDP2 shards weights, gradients and optimizer "
+                        f"states together (zero 0 or 3); plan with --framework torchtitan")
+    if par.zero_stage == 0 and (par.tp, par.pp, par.cp, par.ep) != (1, 1, 1, 1) and par.dp * par.cp > 1:
+        raise EmitError("zero_stage 0 with tp/pp/cp/ep: torchtitan's DDP does not combine with other dimensions "
+                        "(\"DDP has not supported > 1D parallelism\"); plan with --framework torchtitan")
+    if par.tp > 1 and not par.sequence_parallel:
+        raise EmitError(f"sequence_parallel off with tp {par.tp}: torchtitan's tensor parallelism shards the norms "
+                        f"over the sequence (apply_tp: SequenceParallel)")
+    if par.recompute_num_layers is not None:
+        raise EmitError(f"recompute_num_layers {par.recompute_num_layers}: torchtitan's full activation "
+                        f"checkpointing wraps every block")
+    if par.recompute == "selective" and par.recompute_modules:
+        raise EmitError(f"recompute_modules {','.join(par.recompute_modules)}: Megatron's selective recompute modules; "
+                        f"torchtitan's selective mode is its per-op policy")
+    job_knobs = [k for k, on in (("param_cpu_offload", par.param_cpu_offload),
+                                 ("precision fp8", job.precision == "fp8"),
+                                 ("unfused attention", not job.flash_attention), ("dropout", job.dropout)) if on]
+    for knob in (recipe_knobs_set(job, par) + job_knobs)[:1]:
+        raise EmitError(f"{knob}: torchtitan has no setting that runs it as plan3d evaluated it "
+                        f"(planner/emit/torchtitan.py)")
 _DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16"}
 
 
@@ -63,9 +117,15 @@ def _stage_layers(model: ModelSpec, par: ParallelConfig) -> tuple[int, int, int]
 
 
 def torchtitan_settings(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> dict[str, dict]:
-    """Section -> {key: value} of the 0.2.x JobConfig (insertion order is the output order)."""
-    if par.vpp > 1 and par.pipeline_schedule == "1f1b":
-        raise EmitError("vpp > 1 needs a multi-stage schedule")
+    """Section -> {key: value} of the 0.2.x JobConfig (insertion order is the output order).
+
+    Raises:
+        EmitError: a knob torchtitan cannot express (``check_torchtitan``), or a layer split it cannot build.
+    """
+    check_torchtitan(model, job, par)
+    feature = unexpressed_features(model)
+    if feature is not None:
+        raise EmitError(f"{feature}: no torchtitan 0.2 flavor of plan3d's carries it")
     if par.ep > 1 and par.expert_tp not in (1, par.tp):
         raise EmitError(f"etp {par.expert_tp}: torchtitan allows expert tensor parallel 1 or = tp ({par.tp})")
     name, flavor = TORCHTITAN_MODELS.get(model.name, ("llama3", model.name))
@@ -114,11 +174,14 @@ def torchtitan_settings(model: ModelSpec, job: TrainingJob, par: ParallelConfig)
     if par.pp > 1:
         if per - fl < 1 or per - ll < 1:
             raise EmitError(f"vpp {par.vpp}: the first/last torchtitan virtual stage would hold no layer")
-        pl.update({"pipeline_parallel_schedule": _SCHEDULES[par.pipeline_schedule],
+        sched = par.pipeline_schedule if par.vpp > 1 or par.pipeline_schedule != "interleaved" else "1f1b"
+        pl.update({"pipeline_parallel_schedule": _SCHEDULES[sched],
                    "pipeline_parallel_microbatch_size": par.micro_batch_size,
                    "pipeline_parallel_layers_per_stage": per,
                    "pipeline_parallel_first_stage_less_layers": fl,
                    "pipeline_parallel_last_stage_less_layers": ll})
+        if sched == "dualpipev":
+            pl["pipeline_parallel_expert_parallel_overlap"] = True
     if model.moe is not None:
         pl["expert_parallel_degree"] = par.ep
         pl["expert_tensor_parallel_degree"] = par.expert_tp if par.ep > 1 else par.tp
@@ -130,7 +193,8 @@ def torchtitan_settings(model: ModelSpec, job: TrainingJob, par: ParallelConfig)
         ac["selective_ac_option"] = "op"
     # torch.compile of the blocks and the loss: the memory and time of the torchtitan plans are calibrated on
     # compiled runs (torchtitan benchmarks/llama3_h100_202412_torchtitan.md; eager needs ~9% more memory)
-    compile_ = {"enable": True, "components": ["model", "loss"]}
+    compile_ = {"enable": True, "components": ["loss"] if par.pipeline_schedule in _NO_COMPILE_SCHEDULES
+                else ["model", "loss"]}
     return {"model": {"name": name, "flavor": flavor}, "training": training, "parallelism": pl,
             "activation_checkpoint": ac, "compile": compile_}
 
@@ -173,8 +237,6 @@ def torchtitan_toml(model: ModelSpec, job: TrainingJob, par: ParallelConfig, hea
     if model.name not in TORCHTITAN_MODELS:
         out.append(f"# torchtitan has no built-in flavor for {model.name}: register one with its dims first")
         out.append(f"# and the settings that define it: {model_settings_note(model)}")
-    if job.precision == "fp8":
-        out.append('# fp8: add model.converters = ["float8"] with the [float8] section of your torchtitan version')
     for section, kv in torchtitan_settings(model, job, par).items():
         if out:
             out.append("")
@@ -194,6 +256,7 @@ def torchtitan_overrides(model: ModelSpec, job: TrainingJob, par: ParallelConfig
     a = ["--module", module, "--config", config]
     pl = dict(s["parallelism"])
     pl.pop("expert_tensor_parallel_degree", None)  # 0.3.x: expert TP follows tp
+    pl.pop("pipeline_parallel_expert_parallel_overlap", None)  # 0.3.x ParallelismConfig has no such switch
     for k, v in pl.items():
         a += [f"--parallelism.{k}", str(v)]
     t = s["training"]

@@ -1,0 +1,201 @@
+"""Per-layer and per-stage cost facts of one pool for the pools search (``planner.pool_search``).
+
+The search chooses per-stage layer counts (``planner.pool_split``) from a stage's time and memory as functions of
+its layer count. Both come from the cost models' own terms, evaluated once per (pool, tp, cp, dp, ep, etp,
+micro-batch, sequence parallel, recompute):
+
+* **time** (``layer_times``): a decoder layer's forward + backward seconds on the pool's cluster, composed from
+  ``cost_models.step_time._layer_cost`` exactly as ``estimate_step`` composes it for Megatron-LM's defaults (no TP
+  or EP overlap, no CUDA graph, the GPU's default FP8 recipe): compute, exposed TP/CP/EP communication, MoE routing
+  and host time, selective or full recompute; the first stage's embedding and the last stage's output layer, loss
+  and MTP modules as fixed seconds. ``tests/test_pools.py`` checks these against ``estimate_step``'s per-stage times,
+  so a change of the step model that is not mirrored here fails a test;
+* **memory** (``stage_memory``): bytes of the stage's model states (``memory.stage_params``,
+  ``memory.model_state_terms``), stored activations per layer times the micro-batches the stage holds in flight
+  (``memory.activation_bytes_per_layer``, ``layer_input_bytes`` under full recompute,
+  ``memory.in_flight_microbatches``), the backward working set, token ids, logits and the calibrated reserve: the
+  backward phase of ``memory.estimate_memory`` with its pipeline and expert-parallel buffers (``memory_buffers``)
+  but without the other transients, so it is a lower bound of the exact per-stage estimate, which then decides
+  (``planner.pool_search`` lowers a stage's layer cap and re-splits when a term left out here binds).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from cluster_specs.spec import ClusterSpec
+from cost_models import step_time as stm
+from cost_models.comm import collective_time
+from cost_models.config import BYTES_16BIT, ParallelConfig, TrainingJob
+from cost_models.layout import group_placement
+from cost_models.memory import (LOGITS_BYTES_PER_ELEMENT, TOKEN_ID_BYTES, activation_bytes_per_layer,
+                                layer_input_bytes, model_state_terms, stage_params, state_options_of)
+from cost_models.memory_buffers import moe_dispatch_buffers, pipeline_p2p_buffers
+from model_zoo.spec import ModelSpec
+
+
+def layer_kinds(model: ModelSpec) -> list[int]:
+    """Kind of every decoder layer: 0 dense MLP, 1 MoE."""
+    return [1 if model.moe is not None and model.is_moe_layer(i) else 0 for i in range(model.num_layers)]
+
+
+def representatives(kinds: list[int] | tuple[int, ...]) -> dict[int, int]:
+    """One layer index of each kind present in ``kinds`` (``layer_kinds``): kind -> index."""
+    return dict(_representatives(tuple(kinds)))
+
+
+@lru_cache(maxsize=64)
+def _representatives(kinds: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    rep: dict[int, int] = {}
+    for i, k in enumerate(kinds):
+        rep.setdefault(k, i)
+    return tuple(rep.items())
+
+
+@dataclass(frozen=True)
+class LayerTimes:
+    """Seconds of one micro-batch's forward + backward on one pool: per decoder layer of each kind (``layer_s[k]``,
+    0 where the kind is absent), the first stage's embedding, the last stage's output layer + loss + MTP, and one
+    P2P send between two stages of this pool."""
+
+    layer_s: tuple[float, float]
+    first_s: float
+    last_s: float
+    p2p_s: float
+    #: the forward part of ``layer_s``, ``first_s`` and ``last_s`` (seconds)
+    layer_f: tuple[float, float] = (0.0, 0.0)
+    first_f: float = 0.0
+    last_f: float = 0.0
+
+    @property
+    def forward_share(self) -> float:
+        """The largest forward / (forward + backward) of a layer kind or end stage (<= 1/2 here)."""
+        pairs = list(zip(self.layer_f, self.layer_s)) + [(self.first_f, self.first_s), (self.last_f, self.last_s)]
+        return max((f / t for f, t in pairs if t > 0), default=0.0)
+
+
+def layer_times(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
+                framework: str = "megatron", kinds: list[int] | None = None) -> LayerTimes:
+    """``LayerTimes`` of ``par`` (tp, cp, dp, ep, etp, micro-batch, sp, recompute; ``par.pp`` > 1 for the P2P
+    placement) on ``cluster`` (module docstring). ``kinds``: ``layer_kinds(model)``, if already known."""
+    kinds = layer_kinds(model) if kinds is None else kinds
+    dom = cluster.node.nvlink_domain_size
+    groups = {d: group_placement(d, par, dom) for d in ("tp", "cp", "ep", "dp", "pp")}
+    h, tok = model.hidden_size, par.micro_batch_size * job.seq_length / par.cp
+    vocab = model.padded_vocab_size(par.tp)
+    hbm = stm._hbm(cluster)
+    rate = stm._gemm_rate(cluster, job.precision) * stm.FRAMEWORK_COMPUTE_EFFICIENCY.get(framework, 1.0)
+    el = 1.0 if job.precision == "fp8" else float(BYTES_16BIT)
+    fp8_recipe = "mx" if "fp4" in cluster.gpu.peak_flops else "cs"
+    per_kind, fwd = [0.0, 0.0], [0.0, 0.0]
+    lc: dict[int, object] = {}
+    for kind, i in representatives(kinds).items():
+        x = stm._layer_cost(model, cluster, job, par, i, framework, groups)
+        lc[kind] = x
+        comp_f = x.gemm + x.attn_f + x.mem
+        comp_b = 2 * x.gemm + x.attn_b + 2 * x.mem
+        comm_f = x.tp + x.cp + x.ep
+        comm_b = x.tp + 2 * x.cp + x.ep
+        if kind == 1:
+            extra = stm.MOE_TOKEN_COPY_S * tok * model.moe.top_k / par.tp
+            host = stm._expert_host_s(job, fp8_recipe) * model.moe.num_experts / par.ep
+            comp_f += (extra + host) / 3
+            comp_b += 2 * (extra + host) / 3
+        rc = comp_f + comm_f if par.recompute == "full" else (
+            stm._selective_recompute_s(x, par) if par.recompute == "selective" else 0.0)
+        per_kind[kind] = comp_f + comm_f + comp_b + comm_b + rc
+        fwd[kind] = comp_f + comm_f
+    lg = stm.gemm_time(tok, h, vocab / par.tp, rate, hbm, el)
+    ce = stm.CE_PASSES * tok * vocab / par.tp / hbm
+    last = (1 + model.num_mtp_layers) * (3 * lg + 2 * ce)
+    last_f = (1 + model.num_mtp_layers) * (lg + ce)
+    if model.num_mtp_layers:
+        x = lc[kinds[-1]]
+        proj = stm.gemm_time(tok, 2 * h, h / par.tp, rate, hbm, el)
+        last += model.num_mtp_layers * (3 * (x.gemm + x.mem + proj) + x.attn_f + x.attn_b + 2 * (x.tp + x.ep))
+        last_f += model.num_mtp_layers * (x.gemm + x.attn_f + x.mem + proj + x.tp + x.ep)
+    emb = 2 * BYTES_16BIT * tok * h / hbm
+    first = 3 * emb
+    p2p_bytes = BYTES_16BIT * tok * h / (par.tp if par.sequence_parallel else 1)
+    p2p = collective_time("p2p", p2p_bytes, groups["pp"], cluster) if par.pp > 1 else 0.0
+    return LayerTimes((per_kind[0], per_kind[1]), first, last, p2p, (fwd[0], fwd[1]), emb, last_f)
+
+
+@dataclass(frozen=True)
+class StageMemoryFacts:
+    """Bytes on one GPU of a stage (module docstring), for one (structure, micro-batch, sp, recompute, zero) on one
+    pool: model states per decoder layer of each kind, stored activations per layer of each kind and per in-flight
+    micro-batch, the backward working set (the smaller kind's: a lower bound), the first stage's embedding states
+    and token ids per in-flight micro-batch, the last stage's output-layer states, its activations per in-flight
+    micro-batch (MTP layers) and its logits, the reserve, and the backward's buffers: the gradient a non-last stage
+    receives and, when every layer is MoE, the expert-parallel all-to-all copy (``cost_models.memory_buffers``)."""
+
+    layer_states: tuple[float, float]
+    layer_act: tuple[float, float]
+    working: float
+    first_states: float
+    first_act: float
+    last_states: float
+    last_act: float
+    logits: float
+    reserve: float
+    p2p_recv: float = 0.0
+    ep_buffers: float = 0.0
+
+    def base(self, stage: int, pp: int, in_flight: float) -> float:
+        """Bytes of stage ``stage`` (of ``pp``) with no decoder layer (backward phase)."""
+        b = self.reserve + self.working + self.ep_buffers
+        if stage == 0:
+            b += self.first_states + self.first_act * in_flight
+        if stage == pp - 1:
+            b += self.last_states + self.last_act * in_flight + self.logits
+        else:
+            b += self.p2p_recv
+        return b
+
+    def per_layer(self, in_flight: float) -> tuple[float, float]:
+        """Bytes per decoder layer of each kind on a stage holding ``in_flight`` micro-batches."""
+        return tuple(s + a * in_flight for s, a in zip(self.layer_states, self.layer_act))
+
+
+def stage_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
+                 framework: str = "megatron", kinds: list[int] | None = None) -> StageMemoryFacts:
+    """``StageMemoryFacts`` of ``par`` on ``cluster`` (``par.pp`` >= 2 so that the first and last stage differ).
+    ``kinds``: ``layer_kinds(model)``, if already known."""
+    kinds = layer_kinds(model) if kinds is None else kinds
+    vocab = model.padded_vocab_size(par.tp)
+    shard, eshard = par.dp * par.cp, par.expert_dp
+    opts = state_options_of(par)
+    bf16 = bool(getattr(par, "grad_reduce_in_bf16", False))
+
+    def states(sp) -> float:
+        return (sum(model_state_terms(framework, par.zero_stage, sp.dense, shard, bf16, **opts))
+                + sum(model_state_terms(framework, par.zero_stage, sp.expert, eshard, bf16, **opts)))
+
+    reps = representatives(kinds)
+    layer_states, layer_act, full_act = [0.0, 0.0], [0.0, 0.0], []
+    lin = layer_input_bytes(model, job, par)
+    for kind, i in reps.items():
+        # stage index -1 is neither the first nor the last: the layer's own parameters only
+        layer_states[kind] = states(stage_params(model, par, -1, range(i, i + 1), vocab))
+        act = activation_bytes_per_layer(model, job, par, i, framework)
+        full_act.append(act)
+        layer_act[kind] = lin if par.recompute == "full" else act
+    working = (2 if par.recompute == "full" else 1) * min(full_act)
+    tokens = job.seq_length / par.cp * par.micro_batch_size
+    tok_ids = TOKEN_ID_BYTES * tokens + (tokens * model.hidden_size if job.dropout else 0) / (
+        par.tp if par.sequence_parallel else 1)
+    last_kind = kinds[-1]
+    mtp_act = model.num_mtp_layers * (full_act[list(reps).index(last_kind)] if par.recompute != "full" else lin)
+    p2p = pipeline_p2p_buffers(framework, 0, 2, 1, 1, 1.0, lin)["backward"]
+    ep = 0.0
+    if model.moe is not None and set(kinds) == {1}:
+        copies = tokens / (par.tp if par.sequence_parallel else 1) * model.moe.top_k
+        ep = sum(moe_dispatch_buffers(copies, model.hidden_size, par.ep)["backward"].values())
+    return StageMemoryFacts(
+        layer_states=(layer_states[0], layer_states[1]), layer_act=(layer_act[0], layer_act[1]), working=working,
+        first_states=states(stage_params(model, par, 0, range(0), vocab)), first_act=tok_ids,
+        last_states=states(stage_params(model, par, par.pp - 1, range(0), vocab)), last_act=mtp_act,
+        logits=tokens * vocab / par.tp * LOGITS_BYTES_PER_ELEMENT[framework],
+        reserve=float(cluster.calibration.memory_reserve_bytes), p2p_recv=sum(p2p.values()), ep_buffers=ep)
+
