@@ -19,9 +19,14 @@ import yaml
 from pydantic import ValidationError
 
 from .errors import ClusterSpecError
-from .spec import ClusterSpec
+from .input_guard import ERROR_TYPE, parse, read_text
+from .spec import MAX_GPUS, ClusterSpec
 
 DEFAULT_CLUSTER = "dgx-h100"
+
+#: Largest cluster file read: the built-in ones are ~5 KiB; 1 MiB is 200x that and still parses in about a second
+#: (PyYAML's pure-Python loader reads ~1-3 MB/s).
+MAX_FILE_BYTES = 2**20
 
 _DATA_PACKAGE = "cluster_specs"
 _DATA_DIR = "data"
@@ -53,6 +58,9 @@ def _format_validation_error(exc: ValidationError) -> str:
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, "):]
         msg = msg[:1].lower() + msg[1:]
+        if err.get("type") == ERROR_TYPE:  # Plausible: "field 'X' = V is outside [lo, hi] (why)"
+            parts.append(f"field '{loc}' {err.get('msg')}")
+            continue
         if err.get("type") == "missing":
             msg = "required field is missing"
         elif err.get("type") == "extra_forbidden":
@@ -61,11 +69,18 @@ def _format_validation_error(exc: ValidationError) -> str:
     return _one_line("; ".join(parts))
 
 
+#: What a one-cluster command says when given what only ``plan`` takes (``--cluster`` forms of planner/comparison.py).
+ONE_CLUSTER_ONLY = ("give one cluster here: only `plan3d plan` (planner.plan_pools) plans over pools and only "
+                    "`plan3d plan --train-tokens` (planner.compare) compares clusters")
+
+
 def _parse(data: Any, origin: str) -> ClusterSpec:
     if not isinstance(data, dict):
         raise ClusterSpecError(
             f"{origin}: a cluster spec must be a YAML mapping at top level, got {type(data).__name__}"
         )
+    if "pools" in data:
+        raise ClusterSpecError(f"{origin}: a mixed cluster (pools:), not one cluster spec: {ONE_CLUSTER_ONLY}")
     try:
         return ClusterSpec.model_validate(data)
     except ValidationError as exc:
@@ -74,7 +89,7 @@ def _parse(data: Any, origin: str) -> ClusterSpec:
 
 def _load_text(text: str, origin: str) -> ClusterSpec:
     try:
-        data = yaml.safe_load(text)
+        data = parse(text, "yaml", origin, ClusterSpecError)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         where = f"{origin}:{mark.line + 1}" if mark is not None else origin
@@ -95,6 +110,9 @@ def _builtin(name: str) -> ClusterSpec:
 
 
 def _unknown(name: str) -> ClusterSpecError:
+    if "," in name or ":" in name:  # NAME:NODES pools or NAME,NAME alternatives: forms only ``plan`` reads
+        form = "pools of a mixed cluster (NAME:NODES,...)" if ":" in name else "several clusters (NAME,NAME,...)"
+        return ClusterSpecError(f"--cluster '{name}' names {form}: {ONE_CLUSTER_ONLY}")
     names = list_clusters()
     close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
     if close:
@@ -124,7 +142,11 @@ def load_cluster(ref: str | Path) -> ClusterSpec:
     if key in _data_files():
         return _builtin(key)
     path = Path(key).expanduser()
-    if path.is_file():
+    try:
+        on_disk = path.exists()
+    except (OSError, ValueError) as e:  # a name too long for the file system, a NUL byte
+        raise ClusterSpecError(f"cluster file '{key[:200]}': cannot read: {getattr(e, 'strerror', None) or e}") from None
+    if on_disk:
         return load_cluster_file(path)
     if _looks_like_path(key):
         raise ClusterSpecError(f"cluster file '{key}' not found")
@@ -134,13 +156,7 @@ def load_cluster(ref: str | Path) -> ClusterSpec:
 def load_cluster_file(path: str | Path) -> ClusterSpec:
     """Load and validate a cluster spec YAML file."""
     p = Path(path).expanduser()
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ClusterSpecError(f"cluster file '{p}' not found") from None
-    except OSError as exc:
-        raise ClusterSpecError(f"cluster file '{p}': cannot read: {_one_line(exc.strerror or exc)}") from None
-    return _load_text(text, str(p))
+    return _load_text(read_text(p, MAX_FILE_BYTES, ClusterSpecError, "cluster file"), str(p))
 
 
 def dump_cluster(spec: ClusterSpec, path: str | Path | None = None) -> str:
@@ -187,7 +203,10 @@ def resolve_num_gpus(cluster: ClusterSpec, gpus: int | None = None, nodes: int |
                 f"--gpus {gpus} and --nodes {nodes} disagree: {nodes} node(s) of {gpn} GPUs {where} "
                 f"is {nodes * gpn} GPUs; give only one of them"
             )
-        return gpus
-    if nodes is not None:
-        return nodes * gpn
-    return cluster.default_num_nodes * gpn
+        n = gpus
+    else:
+        n = nodes * gpn if nodes is not None else cluster.default_num_nodes * gpn
+    if n > MAX_GPUS:
+        raise ClusterSpecError(f"{n:,} GPUs {where} is more than {MAX_GPUS:,} (100x the 16,384 GPUs of the largest "
+                               f"published run, Llama 3.1 405B); plan a smaller --gpus / --nodes")
+    return n

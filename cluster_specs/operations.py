@@ -28,7 +28,11 @@ from __future__ import annotations
 
 import datetime
 
+from typing import Annotated
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .input_guard import Plausible
 
 #: 419 unexpected interruptions / (54 days x 24 h x 16,384 GPUs) (Llama 3 paper Sec. 3.3.4, Table 5)
 META_INTERRUPTIONS_PER_GPU_HOUR = 419 / (54 * 24 * 16384)
@@ -74,11 +78,13 @@ class _Sourced(BaseModel):
 class ReliabilitySpec(_Sourced):
     """Interruptions and restarts of a training job on this cluster."""
 
-    interruptions_per_gpu_hour: float = Field(
-        META_INTERRUPTIONS_PER_GPU_HOUR, gt=0, lt=1,
+    interruptions_per_gpu_hour: Annotated[float, Plausible(
+            1e-9, 2e-3, "1e-9 to 100x the 1.97e-5 per GPU-hour of Meta's Llama 3 405B run")] = Field(
+        META_INTERRUPTIONS_PER_GPU_HOUR,
         description="unexpected job interruptions per GPU per hour; the job's mean time between interruptions is "
                     "1 / (rate x GPUs)")
-    restart_phases_s: dict[str, float] = Field(
+    restart_phases_s: dict[str, Annotated[float, Plausible(0, 86400, "none to a day per phase; Meta's whole restart "
+                                                                 "is 388 s")]] = Field(
         default_factory=lambda: {k: round(v * META_RESTART_S, 2) for k, v in RESTART_SHARES.items()},
         description="seconds of each restart phase (detection, rescheduling, checkpoint load, NCCL set-up, "
                     "warm-up); their sum is the restart time")
@@ -103,12 +109,14 @@ class ReliabilitySpec(_Sourced):
 class StorageSpec(_Sourced):
     """Where checkpoints go and how fast."""
 
-    checkpoint_write_bytes_per_s_per_gpu: float = Field(
-        META_CHECKPOINT_WRITE_BYTES_PER_S_PER_GPU, gt=0,
+    checkpoint_write_bytes_per_s_per_gpu: Annotated[float, Plausible(
+            1e6, 1.22e10, "1 MB/s to 100x the 1.22e8 bytes/s per GPU of Meta's Tectonic")] = Field(
+        META_CHECKPOINT_WRITE_BYTES_PER_S_PER_GPU,
         description="sustained checkpoint write bandwidth of the shared file system per training GPU, bytes/s "
                     "(a fully parallel sharded save writes at GPUs x this)")
-    host_link_bytes_per_s: float | None = Field(
-        None, gt=0,
+    host_link_bytes_per_s: Annotated[float, Plausible(1e8, 6.4e12, "PCIe 1.0 x1 to 100x PCIe Gen5 x16's 64e9 "
+                                                                   "bytes/s")] | None = Field(
+        None,
         description="GPU-to-host copy bandwidth per GPU per direction, bytes/s (PCIe Gen5 x16: 64e9): the blocking "
                     "part of an asynchronous save copies the GPU's shard to pinned host memory at this rate")
     source: str = _STORAGE_SOURCE
@@ -117,9 +125,10 @@ class StorageSpec(_Sourced):
 class PowerSpec(_Sourced):
     """Electrical power: GPU boards, the rest of each node, and the facility's PUE."""
 
-    gpu_board_w: float | None = Field(None, gt=0, description="GPU board power (datasheet TDP), watts")
-    node_overhead_w: float | None = Field(
-        None, ge=0, description="node power besides the GPU boards (CPUs, memory, NICs, fans, switches), watts: "
+    gpu_board_w: Annotated[float, Plausible(10, 100 * 1200, "10 W to 100x the 1,200 W of a GB200")] | None = Field(
+        None, description="GPU board power (datasheet TDP), watts")
+    node_overhead_w: Annotated[float, Plausible(0, 1e6, "none to 100x a DGX's 10.2 kW")] | None = Field(
+        None, description="node power besides the GPU boards (CPUs, memory, NICs, fans, switches), watts: "
                                 "the node's datasheet maximum less GPUs x board power")
     pue: float = Field(DEFAULT_PUE, ge=1, le=3, description="power usage effectiveness (facility / IT power)")
     source: str = _POWER_SOURCE
@@ -130,7 +139,8 @@ class PriceSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    usd_per_gpu_hour: float = Field(gt=0, description="US dollars per GPU-hour")
+    usd_per_gpu_hour: Annotated[float, Plausible(1e-3, 1e4, "0.1 cent to 100x a $100 GPU-hour")] = Field(
+        description="US dollars per GPU-hour")
     date: datetime.date = Field(description="when the price was read (ISO date)")
     source: str = Field(min_length=1, description="who quotes it (URL) and for what (on-demand, reserved)")
 

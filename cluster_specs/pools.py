@@ -153,10 +153,18 @@ def is_pools_file(ref: str | Path) -> bool:
     if p.suffix.lower() not in (".yaml", ".yml") or not p.is_file():
         return False
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
-        return False
+        data = _read_guarded(p)
+    except (ClusterSpecError, yaml.YAMLError):
+        return False  # the cluster loader reports it, in one line
     return isinstance(data, dict) and "pools" in data
+
+
+def _read_guarded(p: Path) -> Any:
+    """``p`` parsed through the input guard every spec file goes through (size, UTF-8, depth, alias expansion)."""
+    from .input_guard import parse, read_text
+    from .loaders import MAX_FILE_BYTES
+    return parse(read_text(p, MAX_FILE_BYTES, ClusterSpecError, "cluster file"), "yaml", f"cluster file '{p}'",
+                 ClusterSpecError)
 
 
 def load_mixed_cluster_file(path: str | Path) -> MixedCluster:
@@ -170,9 +178,7 @@ def load_mixed_cluster_file(path: str | Path) -> MixedCluster:
     from .loaders import _parse, load_cluster
     p = Path(path).expanduser()
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise ClusterSpecError(f"cluster file '{p}': cannot read: {e.strerror}") from None
+        data = _read_guarded(p)
     except yaml.YAMLError as e:
         raise ClusterSpecError(f"cluster file '{p}': malformed YAML: {' '.join(str(e).split())}") from None
     if not isinstance(data, dict) or not isinstance(data.get("pools"), list) or not data["pools"]:

@@ -15,15 +15,18 @@ Units (everywhere in this package):
 * latency: seconds.
 * efficiencies: dimensionless fractions in (0, 1].
 
-Every built-in value carries its source next to it (``source`` strings and ``Calibration.sources``).
+Every built-in value carries its source next to it (``source`` strings and ``Calibration.sources``). Every
+quantity also has a plausible range (``Plausible``, next to the field, with its reason): from a single consumer GPU
+to 100x the largest part of ``/work/shared/data/hardware.yaml``; a value outside is an input error, never a plan.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .errors import ClusterSpecError
+from .input_guard import Plausible
 from .operations import OperationsSpec
 
 #: Training precisions the planner may choose, in display order. Other keys of
@@ -56,18 +59,20 @@ class GPUSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(min_length=1, description="short GPU name, e.g. 'H100', 'A100', 'MI300X'")
-    memory_bytes: int = Field(
-        gt=0,
+    memory_bytes: Annotated[int, Plausible(2**30, 100 * 256 * 2**30, "1 GiB, below any consumer GPU that can hold a "
+                                           "training step, to 100x the 256 GiB of AMD MI325X, the largest part")] = Field(
         description="device memory as nvidia-smi/rocm-smi reports it (bytes) = visible MiB * 2**20",
     )
-    peak_flops: dict[str, float] = Field(
+    peak_flops: dict[str, Annotated[float, Plausible(1e11, 1e18, "0.1 TFLOP/s, a tenth of a GT 1030's FP32, to 100x "
+                                                      "GB200's dense FP4 10 PFLOP/s")]] = Field(
         description="dense peak FLOP/s by dtype (bf16, fp16, fp8, tf32, fp32, ...); a dtype the GPU "
         "cannot run is absent (A100 has no fp8)",
     )
-    hbm_bandwidth_bytes_per_s: float = Field(gt=0, description="peak HBM bandwidth, bytes/s (decimal)")
-    power_limit_w: float | None = Field(
+    hbm_bandwidth_bytes_per_s: Annotated[float, Plausible(1e10, 8e14, "10 GB/s, below a consumer GDDR card, to 100x "
+                                                           "the 8 TB/s of B200/GB200")] = Field(
+        description="peak HBM bandwidth, bytes/s (decimal)")
+    power_limit_w: Annotated[float, Plausible(10, 100 * 1200, "10 W to 100x the 1,200 W of a GB200")] | None = Field(
         None,
-        gt=0,
         description="board power limit the GPUs run at, watts, when it is below the datasheet TDP (e.g. 500 on "
         "Meta's Grand Teton H100s); None = the datasheet TDP. Its effect on the tensor-core clock is "
         "calibration.power_limit_clock_fraction",
@@ -78,11 +83,9 @@ class GPUSpec(BaseModel):
     def _check_peaks(self) -> "GPUSpec":
         if not self.peak_flops:
             raise ValueError("peak_flops must list at least one dtype")
-        for dtype, value in self.peak_flops.items():
+        for dtype in self.peak_flops:
             if dtype != normalize_dtype(dtype):
                 raise ValueError(f"peak_flops key '{dtype}' must be spelled '{normalize_dtype(dtype)}'")
-            if not value > 0:
-                raise ValueError(f"peak_flops['{dtype}'] must be > 0 FLOP/s, got {value}")
         return self
 
 
@@ -97,12 +100,15 @@ class NodeSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    gpus_per_node: int = Field(gt=0, description="GPUs per node (the unit of --nodes)")
-    nvlink_bandwidth_bytes_per_s: float = Field(
-        gt=0, description="NVLink/xGMI bandwidth per GPU per direction, bytes/s (H100: 450e9)"
+    gpus_per_node: Annotated[int, Plausible(1, 7200, "one GPU to 100x the 72 GPUs of a GB200 NVL72 rack")] = Field(
+        description="GPUs per node (the unit of --nodes)")
+    nvlink_bandwidth_bytes_per_s: Annotated[float, Plausible(1e9, 9e13, "1 GB/s, PCIe 3.0 x1 between consumer GPUs, "
+                                                              "to 100x NVLink 5's 900 GB/s per direction")] = Field(
+        description="NVLink/xGMI bandwidth per GPU per direction, bytes/s (H100: 450e9)"
     )
-    nvlink_domain_size: int = Field(
-        gt=0, description="GPUs in one NVLink domain (8 on DGX, 72 on GB200 NVL72); a multiple of gpus_per_node"
+    nvlink_domain_size: Annotated[int, Plausible(1, 7200, "one GPU to 100x the 72-GPU NVLink domain of GB200 "
+                                                  "NVL72")] = Field(
+        description="GPUs in one NVLink domain (8 on DGX, 72 on GB200 NVL72); a multiple of gpus_per_node"
     )
     nvls: bool = Field(False, description="NVLink SHARP (in-switch all-reduce, NCCL NVLS) available")
     source: str = Field(min_length=1, description="where each value came from")
@@ -121,12 +127,25 @@ class NetworkSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    nic_bandwidth_bytes_per_s: float = Field(
-        gt=0, description="scale-out NIC bandwidth per GPU per direction, bytes/s (400 Gb/s NIC per GPU: 50e9)"
+    nic_bandwidth_bytes_per_s: Annotated[float, Plausible(1.25e8, 5e12, "1 Gb/s Ethernet to 100x a 400 Gb/s NIC per "
+                                                           "GPU")] = Field(
+        description="scale-out NIC bandwidth per GPU per direction, bytes/s (400 Gb/s NIC per GPU: 50e9)"
     )
-    latency_s: float = Field(gt=0, description="per-hop latency (alpha) of the scale-out network, seconds")
-    nvlink_latency_s: float = Field(gt=0, description="per-hop latency (alpha) inside the NVLink domain, seconds")
+    latency_s: Annotated[float, Plausible(1e-7, 1e-2, "100 ns, below an InfiniBand switch hop of 0.5 us, to 100x a "
+                                           "100 us TCP hop")] = Field(
+        description="per-hop latency (alpha) of the scale-out network, seconds")
+    nvlink_latency_s: Annotated[float, Plausible(1e-8, 1e-3, "10 ns to 100x a PCIe peer copy without P2P, ~11 us")] = \
+        Field(description="per-hop latency (alpha) inside the NVLink domain, seconds")
     source: str = Field(min_length=1, description="where each value came from")
+
+
+#: Achieved fraction of a peak: 1% (below that the calibration is broken: measured MAMF GEMM efficiencies are
+#: 0.51-0.87, NCCL bus efficiencies 0.8-0.94, hardware.yaml) to the peak itself.
+_EFFICIENCY = Plausible(0.01, 1.0, "an achieved fraction of peak: 1% to all of it; measured ones are 0.3-0.94")
+
+#: Largest cluster plan3d plans for: 100x the 16,384 H100s of Llama 3.1 405B's pre-training (Llama 3 paper Sec. 3.3,
+#: the largest run in planner/data/published_runs_dev.yaml). ``--gpus`` / ``--nodes`` beyond it are input errors.
+MAX_GPUS = 100 * 16384
 
 
 class Calibration(BaseModel):
@@ -138,28 +157,26 @@ class Calibration(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    gemm_efficiency: dict[str, float] = Field(
+    gemm_efficiency: dict[str, Annotated[float, _EFFICIENCY]] = Field(
         description="achieved fraction of dense peak in large GEMMs, by dtype (e.g. H100 bf16 794.5/989.4 = 0.803)"
     )
-    nvlink_bus_efficiency: float = Field(
-        gt=0, le=1, description="NCCL busbw / NVLink per-direction line rate (ring algorithms, no NVLS)"
+    nvlink_bus_efficiency: Annotated[float, _EFFICIENCY] = Field(
+        description="NCCL busbw / NVLink per-direction line rate (ring algorithms, no NVLS)"
     )
-    network_bus_efficiency: float = Field(
-        gt=0, le=1, description="NCCL busbw / NIC per-direction line rate across nodes"
+    network_bus_efficiency: Annotated[float, _EFFICIENCY] = Field(
+        description="NCCL busbw / NIC per-direction line rate across nodes"
     )
-    memory_reserve_bytes: int = Field(
-        ge=0,
+    memory_reserve_bytes: Annotated[int, Plausible(0, 100 * 256 * 2**30, "none to all of the largest plausible GPU "
+                                                    "memory (GPUSpec.memory_bytes)")] = Field(
         description="bytes per GPU not available to the model: CUDA context/driver + allocator fragmentation",
     )
-    attention_efficiency: dict[str, float] | None = Field(
+    attention_efficiency: dict[str, Annotated[float, _EFFICIENCY]] | None = Field(
         None,
         description="achieved fraction of dense peak in fused (flash) attention, by dtype; "
         "None = not calibrated, cost models fall back to gemm_efficiency",
     )
-    hbm_efficiency: float | None = Field(
+    hbm_efficiency: Annotated[float, _EFFICIENCY] | None = Field(
         None,
-        gt=0,
-        le=1,
         description="achieved fraction of peak HBM bandwidth in memory-bound kernels; None = not calibrated (use 1.0)",
     )
     power_limit_clock_fraction: float | None = Field(
@@ -174,14 +191,9 @@ class Calibration(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "Calibration":
-        for dtype, eff in self.gemm_efficiency.items():
+        for dtype in self.gemm_efficiency:
             if dtype != normalize_dtype(dtype):
                 raise ValueError(f"gemm_efficiency key '{dtype}' must be spelled '{normalize_dtype(dtype)}'")
-            if not 0 < eff <= 1:
-                raise ValueError(f"gemm_efficiency['{dtype}'] must be in (0, 1], got {eff}")
-        for dtype, eff in (self.attention_efficiency or {}).items():
-            if not 0 < eff <= 1:
-                raise ValueError(f"attention_efficiency['{dtype}'] must be in (0, 1], got {eff}")
         required = [
             name
             for name in type(self).model_fields
@@ -207,7 +219,8 @@ class ClusterSpec(BaseModel):
     node: NodeSpec
     network: NetworkSpec
     calibration: Calibration
-    default_num_nodes: int = Field(1, gt=0, description="nodes used when neither --gpus nor --nodes is given")
+    default_num_nodes: Annotated[int, Plausible(1, MAX_GPUS, "one node up to MAX_GPUS")] = Field(
+        1, description="nodes used when neither --gpus nor --nodes is given")
     operations: OperationsSpec = Field(
         default_factory=OperationsSpec,
         description="power, checkpoint storage, interruptions and price for whole-run cost (cluster_specs/operations.py; "

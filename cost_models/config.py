@@ -6,9 +6,12 @@ Names follow Megatron-LM's vocabulary (``tp``, ``pp``, ``dp``, ``cp``, ``ep``, `
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from model_zoo.input_guard import Plausible
+from model_zoo.spec import POSITIONS
 
 Precision = Literal["bf16", "fp16", "fp8"]
 Recompute = Literal["none", "selective", "full"]
@@ -26,6 +29,11 @@ BYTES_16BIT = 2
 BYTES_FP32 = 4
 
 
+#: Global batch (sequences): one to 100x a 16,384-sequence batch, above the largest published ones (DeepSeek-V3
+#: 15,360 x 4K, arXiv:2412.19437 Sec. 4.2; Llama 3.1 405B 2,048 x 8K).
+GLOBAL_BATCH = Plausible(1, 100 * 16384, "one to 100x a 16,384-sequence batch; DeepSeek-V3 used 15,360")
+
+
 class TrainingJob(BaseModel):
     """What is trained: global batch (sequences), sequence length (tokens), precision, optimizer.
 
@@ -35,8 +43,8 @@ class TrainingJob(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    global_batch_size: int = Field(1024, gt=0, description="sequences per optimizer step")
-    seq_length: int = Field(4096, gt=0, description="tokens per sequence")
+    global_batch_size: Annotated[int, GLOBAL_BATCH] = Field(1024, description="sequences per optimizer step")
+    seq_length: Annotated[int, POSITIONS] = Field(4096, description="tokens per sequence")
     precision: Precision = "bf16"
     optimizer: Literal["adam"] = "adam"
     flash_attention: bool = Field(True, description="fused attention: no s x s score tensor is stored")

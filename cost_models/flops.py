@@ -63,7 +63,7 @@ def model_flops_per_token(model: ModelSpec, seq_length: int, convention: FlopsCo
             n += model.vocab_size * model.hidden_size
         qk, v = attention_widths(model)
         return 6.0 * n + 6.0 * model.num_layers * seq_length * (qk + v)
-    fwd = sum(layer_gemm_flops_per_token(model, i) for i in range(model.num_layers))
+    fwd = sum(n * layer_gemm_flops_per_token(model, i) for i, n in model.layer_kinds())  # per kind: O(1) in depth
     fwd += model.num_layers * attention_core_flops_per_token(model, seq_length, causal_halved=True)
     fwd += logits_flops_per_token(model)
     return 3.0 * fwd
@@ -109,7 +109,8 @@ def recompute_flops_per_token(model: ModelSpec, seq_length: int, par: ParallelCo
     attn = attention_core_flops_per_token(model, seq_length, causal_halved=True)
     if par.recompute == "selective":
         return model.num_layers * attn
-    return sum(layer_gemm_flops_per_token(model, i) + attn for i in recomputed_layers(model, par))
+    return sum(n * (layer_gemm_flops_per_token(model, i) + attn)
+               for i, n in model.layer_kinds(recomputed_layers(model, par)))
 
 
 def step_model_flops(model: ModelSpec, job: TrainingJob, convention: FlopsConvention = "megatron") -> float:
@@ -146,7 +147,7 @@ def model_flops_per_token_variant(model: ModelSpec, seq_length: int, convention:
         return model_flops_per_token(model, seq_length, "palm")
     if convention not in ROW_FLOP_CONVENTIONS:
         raise ValueError(f"convention must be one of {', '.join(ROW_FLOP_CONVENTIONS)}, got {convention!r}")
-    layers = sum(layer_gemm_flops_per_token(model, i) for i in range(model.num_layers))
+    layers = sum(n * layer_gemm_flops_per_token(model, i) for i, n in model.layer_kinds())
     layers += model.num_layers * attention_core_flops_per_token(model, seq_length, causal_halved=False)
     logits = logits_flops_per_token(model)
     if convention == "full_attention":

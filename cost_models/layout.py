@@ -143,15 +143,21 @@ def parse_pipeline_layout(layout: str) -> list[str]:
     """
     text = layout.replace(",", "").replace(" ", "")
     pos = 0
+    # a layout of the deepest model plan3d accepts has ~2 x MAX_LAYERS symbols; "(t|)*999999999" would expand to
+    # gigabytes, and thousands of nested parentheses would exhaust the parser's recursion (issue 14)
+    from model_zoo.spec import MAX_LAYERS
+    max_len, max_depth = 4 * MAX_LAYERS + 64, 32
 
-    def seq() -> str:
+    def seq(depth: int = 0) -> str:
         nonlocal pos
+        if depth > max_depth:
+            raise LayoutError(f"pipeline_layout: parentheses nested more than {max_depth} deep")
         out = ""
         while pos < len(text) and text[pos] != ")":
             ch = text[pos]
             if ch == "(":
                 pos += 1
-                item = seq()
+                item = seq(depth + 1)
                 if pos >= len(text) or text[pos] != ")":
                     raise LayoutError(f"pipeline_layout {layout!r}: unbalanced parentheses")
                 pos += 1
@@ -167,8 +173,15 @@ def parse_pipeline_layout(layout: str) -> list[str]:
                     pos += 1
                 if start == pos:
                     raise LayoutError(f"pipeline_layout {layout!r}: '*' needs a repeat count")
-                item = item * int(text[start:pos])
+                count = int(text[start:pos]) if pos - start <= 9 else max_len + 1
+                if len(item) * count > max_len:
+                    raise LayoutError(f"pipeline_layout: a repeat expands to more than {max_len} symbols (a model "
+                                      f"has at most {MAX_LAYERS} layers)")
+                item = item * count
             out += item
+            if len(out) > max_len:
+                raise LayoutError(f"pipeline_layout: expands to more than {max_len} symbols (a model has at most "
+                                  f"{MAX_LAYERS} layers)")
         return out
 
     flat = seq()

@@ -314,15 +314,11 @@ def stage_params(model: ModelSpec, par: ParallelConfig, stage: int, layers, tp_v
     if model.moe is not None:
         f_max = max(model.moe.dense_ffn_hidden_size or model.ffn_hidden_size, model.moe.expert_ffn_hidden_size)
     largest_module = float(h * f_max / tp)
-    by_kind: dict[bool, tuple[float, float]] = {}  # layer params depend on i only through is_moe_layer(i)
-    for i in layers:
-        kind = model.is_moe_layer(i)
-        if kind not in by_kind:
-            lp = model.layer_params(i)
-            by_kind[kind] = (lp.tp_sharded / tp + lp.replicated, lp.expert / ets)
-        d, e = by_kind[kind]
-        dense += d
-        expert += e
+    for i, n in model.layer_kinds(layers):  # layer params depend on i only through is_moe_layer(i)
+        lp = model.layer_params(i)
+        d, e = lp.tp_sharded / tp + lp.replicated, lp.expert / ets
+        dense += n * d
+        expert += n * e
         largest = max(largest, d + e)
     if holds_embedding(par, stage):
         extra = model.embedding_params() - model.vocab_size * h  # learned positions / embedding norm
@@ -473,12 +469,7 @@ def in_flight_microbatches(par: ParallelConfig, stage: int, num_microbatches: in
 
 def _kind_representatives(model: ModelSpec) -> list[int]:
     """One layer index of each kind (dense, MoE) present in the model."""
-    reps: dict[bool, int] = {}
-    for i in range(model.num_layers):
-        reps.setdefault(model.is_moe_layer(i), i)
-        if len(reps) == 2:
-            break
-    return list(reps.values())
+    return [i for i, _ in model.layer_kinds()]
 
 
 def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, *,
@@ -531,7 +522,8 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
         idx = list(layers)
         if holds_output(par, stage) and model.num_mtp_layers:
             idx += [model.num_layers - 1] * model.num_mtp_layers
-        per_layer = [act_by_kind[model.is_moe_layer(i)] for i in idx]
+        mask = model.moe_layer_mask
+        per_layer = [act_by_kind[mask[i]] for i in idx]
         biggest = max(per_layer, default=0.0)
         def chunks_of_stage() -> list[int]:
             return chunk_layer_counts(model.num_layers, par)[stage] if par.vpp > 1 else [len(layers)]

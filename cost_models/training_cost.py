@@ -114,14 +114,20 @@ class TrainingCost:
     usd: float | None
 
 
+#: ``energy_scope`` of a cluster whose file has a board power but no node overhead: its energy leaves out CPUs, NICs,
+#: fans and the rest of the node, so it is not comparable with a cluster that has both (``ENERGY_SCOPE_NODE``).
+ENERGY_SCOPE_BOARDS_ONLY = "GPU boards at datasheet power only (no node-overhead figure), x PUE"
+ENERGY_SCOPE_NODE = "GPU boards + node overhead at datasheet maximum power, x PUE (an upper bound)"
+
+
 def energy_scope(ops: OperationsSpec) -> str:
     """What the energy figure counts, in words (or why there is none)."""
     p = ops.power
     if p.gpu_board_w is None:
         return "unknown: no GPU board power in the cluster spec"
     if p.node_overhead_w is None:
-        return "GPU boards at datasheet power only (no node-overhead figure), x PUE"
-    return "GPU boards + node overhead at datasheet maximum power, x PUE (an upper bound)"
+        return ENERGY_SCOPE_BOARDS_ONLY
+    return ENERGY_SCOPE_NODE
 
 
 def it_power_w(ops: OperationsSpec, num_gpus: int, gpus_per_node: int) -> float | None:

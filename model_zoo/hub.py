@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from pathlib import Path
+from urllib.parse import urlsplit
 from typing import Any
 
 from .errors import ModelSpecError
@@ -89,6 +91,27 @@ class _quiet:
         return False
 
 
+_PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+
+
+def _dns_error(endpoint: str) -> str | None:
+    """Why the Hub's host name does not resolve here (None when it does, or when a proxy resolves it for us).
+
+    ``huggingface_hub`` retries a failed request 5 times with backoff (1, 2, 4, 8, 8 s: ``utils/_http.py``
+    ``http_backoff``), so an air-gapped machine waited ~24 s for the one-line error; a failed name lookup is not
+    transient, and one ``getaddrinfo`` (milliseconds) tells it before any request."""
+    if any(os.environ.get(v) for v in _PROXY_VARS):
+        return None
+    u = urlsplit(endpoint)
+    if not u.hostname:
+        return None
+    try:
+        socket.getaddrinfo(u.hostname, u.port or (80 if u.scheme == "http" else 443), proto=socket.IPPROTO_TCP)
+    except socket.gaierror as e:
+        return f"gaierror: {e}"
+    return None
+
+
 def fetch_config(ref: str) -> tuple[dict[str, Any], str]:
     """``(config, where)``: the parsed ``config.json`` of Hub id ``ref`` and the local file it was read from.
 
@@ -115,6 +138,10 @@ def fetch_config(ref: str) -> tuple[dict[str, Any], str]:
             raise ModelSpecError(f"{ref}: config.json is not in the Hub cache ({hub_cache_dir()}) and HF_HUB_OFFLINE "
                                  f"is set: run once online, or `hf download {repo} config.json`, or give a "
                                  f"config.json path")
+        dns = _dns_error(kw["endpoint"] or hub.constants.ENDPOINT)
+        if dns is not None:
+            raise ModelSpecError(f"{ref}: cannot reach the Hub ({dns}) and config.json is not cached: check the "
+                                 f"network or proxy (HF_ENDPOINT), or give a config.json path")
         try:
             with _quiet(hub):
                 path = hub.hf_hub_download(**kw)

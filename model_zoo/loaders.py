@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import math
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -43,10 +42,15 @@ from typing import Any, Callable
 import yaml
 from pydantic import ValidationError
 
+from . import spec as _s
 from .errors import ModelSpecError
+from .input_guard import ERROR_TYPE, check_shape, parse, read_text
 from .spec import ModelSpec
 
 DEFAULT_MODEL = "llama3.1-8b"
+#: Largest model file read: a config.json is 1-5 KiB (a few with id2label maps ~50 KiB); 1 MiB is 200x that and
+#: still parses in about a second.
+MAX_FILE_BYTES = 2**20
 
 # ---------------------------------------------------------------------------------------------
 # errors
@@ -62,6 +66,8 @@ def _validation_message(where: str, exc: ValidationError) -> str:
     msg = str(e.get("msg", "invalid value")).replace("\n", " ")
     msg = msg.removeprefix("Value error, ")
     more = f" (+{len(errs) - 1} more)" if len(errs) > 1 else ""
+    if e.get("type") == ERROR_TYPE:  # Plausible: "field 'X' = V is outside [lo, hi] (why)"
+        return f"{where}: field '{loc}' {msg}{more}"
     if loc:
         return f"{where}: field '{loc}': {msg}{more}"
     return f"{where}: {msg}{more}"
@@ -475,43 +481,69 @@ _HF_LOADERS: dict[str, Callable[[_Cfg], dict[str, Any]]] = {
 }
 
 
-#: config.json fields that are dimensions or counts: a positive integer wherever present (HF configuration
-#: classes; 0 or a string would divide by zero or build nothing).
-_POSITIVE_INT_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                      "intermediate_size", "vocab_size", "head_dim", "n_embd", "n_layer", "n_head", "n_inner",
-                      "max_position_embeddings", "n_positions", "moe_intermediate_size", "num_local_experts",
-                      "n_routed_experts", "num_experts", "num_experts_per_tok", "kv_lora_rank", "q_lora_rank",
-                      "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "shared_expert_intermediate_size")
-#: config.json fields that are real-valued settings: a finite positive number wherever present.
-_POSITIVE_FLOAT_KEYS = ("rope_theta", "rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps", "norm_eps",
-                        "partial_rotary_factor", "routed_scaling_factor")
+#: config.json fields that are dimensions or counts: an integer in the range of the ModelSpec field they become
+#: (model_zoo/spec.py, with its reason) wherever present; 0 or a string would divide by zero or build nothing.
+_INT_RANGES: dict[str, Any] = {
+    **dict.fromkeys(("hidden_size", "n_embd", "n_embed", "kv_lora_rank", "q_lora_rank"), _s.WIDTH),
+    **dict.fromkeys(("num_hidden_layers", "n_layer"), _s.LAYERS),
+    **dict.fromkeys(("num_attention_heads", "num_key_value_heads", "n_head"), _s.HEADS),
+    **dict.fromkeys(("intermediate_size", "n_inner", "moe_intermediate_size", "shared_expert_intermediate_size"),
+                    _s.FFN),
+    **dict.fromkeys(("head_dim", "kv_channels", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"), _s.HEAD_DIM),
+    **dict.fromkeys(("max_position_embeddings", "n_positions", "seq_length"), _s.POSITIONS),
+    **dict.fromkeys(("num_local_experts", "n_routed_experts", "num_experts", "num_experts_per_tok", "n_group",
+                     "topk_group", "n_shared_experts"), _s.EXPERTS),
+    **dict.fromkeys(("decoder_sparse_step", "moe_layer_freq"), _s.LAYERS),
+    **dict.fromkeys(("first_k_dense_replace", "num_nextn_predict_layers"), _s.LAYER_COUNT),
+    "vocab_size": _s.VOCAB,
+}
+#: config.json fields that are real-valued settings: a finite number in the range of their ModelSpec field.
+_FLOAT_RANGES: dict[str, Any] = {
+    "rope_theta": _s.ROPE_THETA, "partial_rotary_factor": _s.ROTARY_PERCENT,
+    "routed_scaling_factor": _s.ROUTED_SCALING,
+    **dict.fromkeys(("rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps", "norm_eps"), _s.NORM_EPS),
+}
+#: HF configs that allow 0 for a count (DeepSeek n_shared_experts 0, first_k_dense_replace 0, Qwen2-MoE no shared
+#: expert): 0 is checked as "none" by the range of the field itself.
+_ZERO_OK = ("n_shared_experts", "shared_expert_intermediate_size")
 
 
 def _check_hf_values(where: str, config: dict[str, Any]) -> None:
-    """One-line ``ModelSpecError`` naming the first field with an impossible value."""
-    for k in _POSITIVE_INT_KEYS:
+    """One-line ``ModelSpecError`` naming the first field with an impossible or implausible value."""
+    for k, rng in _INT_RANGES.items():
         v = config.get(k)
         if v is None:
             continue
         if isinstance(v, float) and v.is_integer():
             v = int(v)
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise ModelSpecError(f"{where}: field '{k}' must be a positive integer, got {config[k]!r}")
-    for k in _POSITIVE_FLOAT_KEYS:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ModelSpecError(f"{where}: field '{k}' must be an integer, got {config[k]!r:.60}")
+        if v == 0 and k in _ZERO_OK:
+            continue
+        bad = rng.message(k, v)
+        if bad:
+            raise ModelSpecError(f"{where}: {bad}")
+    for k, rng in _FLOAT_RANGES.items():
         v = config.get(k)
         if v is None:
             continue
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            raise ModelSpecError(f"{where}: field '{k}' must be a finite positive number, got {config[k]!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ModelSpecError(f"{where}: field '{k}' must be a number, got {config[k]!r:.60}")
+        bad = rng.message(k, v)
+        if bad:
+            raise ModelSpecError(f"{where}: {bad}")
     rs = config.get("rope_scaling")
     if rs is not None:
         if not isinstance(rs, dict):
-            raise ModelSpecError(f"{where}: field 'rope_scaling' must be an object or null, got {rs!r}")
+            raise ModelSpecError(f"{where}: field 'rope_scaling' must be an object or null, got {rs!r:.60}")
         for k in _ROPE_SCALING_KEYS:
             v = rs.get(k)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
-                                  or v <= 0):
-                raise ModelSpecError(f"{where}: field 'rope_scaling.{k}' must be a finite positive number, got {v!r}")
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                raise ModelSpecError(f"{where}: field 'rope_scaling.{k}' must be a number, got {v!r:.60}")
+            bad = None if v is None else (_s.POSITIONS if k.startswith("original") else _s.ROPE_SCALING_SETTING
+                                          ).message(f"rope_scaling.{k}", v)
+            if bad:
+                raise ModelSpecError(f"{where}: {bad}")
     ng, tg = config.get("n_group"), config.get("topk_group")
     if isinstance(ng, int) and isinstance(tg, int) and not 0 < tg <= ng:
         raise ModelSpecError(f"{where}: field 'topk_group' {tg} must be between 1 and n_group {ng}")
@@ -536,6 +568,7 @@ def from_hf_config(config: dict[str, Any], *, name: str | None = None, where: st
         raise ModelSpecError(
             f"{where}: unsupported model_type {mt!r}; supported: {', '.join(supported_model_types())}"
         )
+    check_shape(config, where, ModelSpecError)
     _check_hf_values(where, config)
     try:
         data = _HF_LOADERS[mt](_Cfg(where, config))
@@ -554,24 +587,22 @@ def from_hf_config(config: dict[str, Any], *, name: str | None = None, where: st
 
 
 def _read_json(path: Path) -> Any:
+    text = read_text(path, MAX_FILE_BYTES, ModelSpecError, "model file")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return parse(text, "json", path.name, ModelSpecError)
     except json.JSONDecodeError as exc:
         raise ModelSpecError(f"{path.name}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-    except OSError as exc:
-        raise ModelSpecError(f"{path}: cannot read: {exc.strerror}") from None
 
 
 def _read_yaml(path: Path) -> Any:
+    text = read_text(path, MAX_FILE_BYTES, ModelSpecError, "model file")
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
+        return parse(text, "yaml", path.name, ModelSpecError)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ModelSpecError(f"{path.name}: malformed YAML{at}: {problem}") from None
-    except OSError as exc:
-        raise ModelSpecError(f"{path}: cannot read: {exc.strerror}") from None
+        raise ModelSpecError(f"{path.name}: malformed YAML{at}: {' '.join(str(problem).split())}") from None
 
 
 def load_model_file(path: str | Path) -> ModelSpec:
@@ -579,8 +610,6 @@ def load_model_file(path: str | Path) -> ModelSpec:
     ``name`` defaults to the file stem). A ``.json`` without ``model_type`` that has ModelSpec's
     ``num_layers`` is read as our own format too."""
     p = Path(path)
-    if not p.is_file():
-        raise ModelSpecError(f"{p}: no such file")
     where = p.name
     if p.suffix.lower() == ".json":
         data = _read_json(p)
@@ -608,12 +637,16 @@ def load_model(ref: str | Path) -> ModelSpec:
     if isinstance(ref, str) and s.strip().lower() in _zoo():
         return get_model(s)
     p = Path(s)
-    if p.is_dir():
+    try:
+        is_dir, exists = p.is_dir(), p.exists()
+    except (OSError, ValueError) as e:  # a name too long for the file system, a NUL byte
+        raise ModelSpecError(f"{s[:200]}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+    if is_dir:
         cfg = p / "config.json"
         if cfg.is_file():
             return load_model_file(cfg)
         raise ModelSpecError(f"{p}: directory has no config.json")
-    if p.exists():
+    if exists:
         return load_model_file(p)
     from .hub import fetch_config, is_hub_id
     if isinstance(ref, str) and is_hub_id(s):

@@ -5,9 +5,35 @@ INTERFACE SKELETON — field names and method signatures are the contract used b
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Iterable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .input_guard import Plausible
+
+# Plausible ranges (issue 14): from one unit to 100x the largest published value (the built-in zoo,
+# model_zoo/data/models.yaml, with its sources). Outside them a value is an input error naming the field, before it
+# can reach the cost models as an overflow, a NaN or a plan nobody can train.
+#: Deepest model plan3d accepts: plan time grows with depth (measured on 64 H100s: 1,000 layers 1.2 s, 4,096 layers
+#: 5.6 s; 100,000 ran for minutes); published LLMs stop at ~160 layers (GPT-3: 96; Megatron 1T: 128; Llama 3.1
+#: 405B: 126).
+MAX_LAYERS = 4096
+WIDTH = Plausible(1, 100 * 25600, "one to 100x the hidden size of GPT-1T, 25,600, SC21 Table 1")
+FFN = Plausible(1, 100 * 102400, "one to 100x the FFN width of GPT-1T, 102,400, SC21 Table 1")
+HEADS = Plausible(1, 100 * 160, "one to 100x the 160 heads of GPT-1T, SC21 Table 1")
+HEAD_DIM = Plausible(1, 100 * 256, "one to 100x the widest published head, 256, Gemma's; the zoo's widest is 192")
+EXPERTS = Plausible(1, 100 * 256, "one to 100x the 256 routed experts of DeepSeek-V3")
+POSITIONS = Plausible(1, 2**30, "one to ~100x the 10M-token context of Llama 4 Scout, HF "
+                                 "max_position_embeddings 10,485,760")
+LAYER_COUNT = Plausible(0, MAX_LAYERS, f"none to MAX_LAYERS {MAX_LAYERS}")
+ROPE_SCALING_SETTING = Plausible(0, 1e4, "a finite RoPE-scaling setting;"
+                                 " published ones are 0.7-40, DeepSeek-V3 factor 40")
+LAYERS = Plausible(1, MAX_LAYERS, "plan time grows with depth; published LLMs have <= ~160 layers")
+VOCAB = Plausible(1, 100 * 256000, "one to 100x Nemotron-4 340B's 256,000 tokens")
+ROPE_THETA = Plausible(1, 1e8, "one to 100x the 1e6 of Mixtral and Qwen2.5")
+ROTARY_PERCENT = Plausible(1e-3, 1, "a fraction of each head; Nemotron 0.5")
+NORM_EPS = Plausible(1e-12, 0.1, "published ones are 1e-6 to 1e-5")
+ROUTED_SCALING = Plausible(1e-3, 250, "100x either way of DeepSeek-V3's 2.5")
 
 
 class MoESpec(BaseModel):
@@ -15,24 +41,29 @@ class MoESpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    num_experts: int = Field(gt=0, description="routed experts per MoE layer (E)")
-    top_k: int = Field(gt=0, description="routed experts per token (k)")
-    expert_ffn_hidden_size: int = Field(gt=0, description="FFN width of one routed expert (f_e)")
-    num_shared_experts: int = Field(0, ge=0)
-    shared_expert_ffn_hidden_size: int = Field(0, ge=0, description="FFN width of ALL shared experts together (f_sh)")
+    num_experts: Annotated[int, EXPERTS] = Field(description="routed experts per MoE layer (E)")
+    top_k: Annotated[int, EXPERTS] = Field(description="routed experts per token (k)")
+    expert_ffn_hidden_size: Annotated[int, FFN] = Field(description="FFN width of one routed expert (f_e)")
+    num_shared_experts: Annotated[int, Plausible(0, 100 * 256, "none to 100x DeepSeek-V3's routed experts")] = 0
+    shared_expert_ffn_hidden_size: Annotated[int, Plausible(0, 100 * 102400, "none to 100x GPT-1T's FFN width")] = \
+        Field(0, description="FFN width of ALL shared experts together (f_sh)")
     shared_expert_gate: bool = Field(False, description="sigmoid gate h->1 on the shared expert (qwen2_moe)")
-    first_k_dense_layers: int = Field(0, ge=0, description="leading layers with a dense MLP (DeepSeek first_k_dense_replace)")
-    moe_layer_freq: int = Field(1, gt=0, description="after the dense prefix, layer i is MoE iff (i - first_k) % freq == 0")
+    first_k_dense_layers: Annotated[int, LAYER_COUNT] = Field(
+        0, description="leading layers with a dense MLP (DeepSeek first_k_dense_replace)")
+    moe_layer_freq: Annotated[int, Plausible(1, MAX_LAYERS, f"every layer to one in MAX_LAYERS {MAX_LAYERS}")] = Field(
+        1, description="after the dense prefix, layer i is MoE iff (i - first_k) % freq == 0")
     router_bias: bool = Field(False, description="per-expert router score bias parameter (DeepSeek-V3 e_score_correction_bias)")
-    dense_ffn_hidden_size: int | None = Field(None, description="FFN width of the dense layers if different from ModelSpec.ffn_hidden_size")
-    dense_layer_indices: tuple[int, ...] = Field((), description="layers forced dense (Qwen2/3-MoE mlp_only_layers)")
-    n_group: int | None = Field(None, gt=0, description="expert groups of node-limited routing (DeepSeek-V3 HF "
+    dense_ffn_hidden_size: Annotated[int, FFN] | None = Field(None, description="FFN width of the dense layers if different from ModelSpec.ffn_hidden_size")
+    dense_layer_indices: tuple[int, ...] = Field((), max_length=MAX_LAYERS,
+                                                 description="layers forced dense (Qwen2/3-MoE mlp_only_layers)")
+    n_group: Annotated[int, EXPERTS] | None = Field(None, description="expert groups of node-limited routing (DeepSeek-V3 HF "
                                 "config n_group; the experts split into n_group equal, contiguous groups)")
-    topk_group: int | None = Field(None, gt=0, description="groups a token may be routed to (HF topk_group; "
+    topk_group: Annotated[int, EXPERTS] | None = Field(None, description="groups a token may be routed to (HF topk_group; "
                                    "DeepSeek-V3 Sec. 2.1.2: at most 4 nodes per token); None = no limit")
     score_function: Literal["softmax", "sigmoid"] = Field(
         "softmax", description="router score function (DeepSeek-V3 HF scoring_func 'sigmoid'; Mixtral/Qwen softmax)")
-    routed_scaling_factor: float = Field(1.0, gt=0, description="routed-expert weights are multiplied by this "
+    routed_scaling_factor: Annotated[float, ROUTED_SCALING] = Field(
+        1.0, description="routed-expert weights are multiplied by this "
                                          "(DeepSeek-V3 HF routed_scaling_factor 2.5)")
     norm_topk_prob: bool = Field(True, description="the top-k routing weights are renormalised to sum 1 (HF "
                                  "norm_topk_prob; Mixtral always; Qwen1.5-MoE false = softmax over all experts)")
@@ -54,14 +85,14 @@ class RopeScalingSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     type: Literal["llama3", "yarn", "linear"]
-    factor: float = Field(gt=0)
-    original_max_position_embeddings: int | None = Field(None, gt=0)
-    low_freq_factor: float | None = None
-    high_freq_factor: float | None = None
-    beta_fast: float | None = None
-    beta_slow: float | None = None
-    mscale: float | None = None
-    mscale_all_dim: float | None = None
+    factor: Annotated[float, Plausible(1e-3, 1e4, "published factors are 2-40, DeepSeek-V3 40")]
+    original_max_position_embeddings: Annotated[int, POSITIONS] | None = None
+    low_freq_factor: Annotated[float, ROPE_SCALING_SETTING] | None = None
+    high_freq_factor: Annotated[float, ROPE_SCALING_SETTING] | None = None
+    beta_fast: Annotated[float, ROPE_SCALING_SETTING] | None = None
+    beta_slow: Annotated[float, ROPE_SCALING_SETTING] | None = None
+    mscale: Annotated[float, ROPE_SCALING_SETTING] | None = None
+    mscale_all_dim: Annotated[float, ROPE_SCALING_SETTING] | None = None
 
 
 class MLASpec(BaseModel):
@@ -69,11 +100,11 @@ class MLASpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    q_lora_rank: int | None = None
-    kv_lora_rank: int
-    qk_nope_head_dim: int
-    qk_rope_head_dim: int
-    v_head_dim: int
+    q_lora_rank: Annotated[int, WIDTH] | None = None
+    kv_lora_rank: Annotated[int, WIDTH]
+    qk_nope_head_dim: Annotated[int, HEAD_DIM]
+    qk_rope_head_dim: Annotated[int, HEAD_DIM]
+    v_head_dim: Annotated[int, HEAD_DIM]
 
 
 class LayerParams(BaseModel):
@@ -101,12 +132,6 @@ class LayerParams(BaseModel):
         return self.tp_sharded + self.replicated + self.expert_active
 
 
-#: Deepest model plan3d accepts: plan time grows with depth (measured on 64 H100s: 1,000 layers 1.2 s, 4,096 layers
-#: 5.6 s; 100,000 ran for minutes); published LLMs stop at ~160 layers (GPT-3: 96; Megatron 1T: 128; Llama 3.1
-#: 405B: 126).
-MAX_LAYERS = 4096
-
-
 class ModelSpec(BaseModel):
     """A dense or MoE decoder-only transformer."""
 
@@ -115,37 +140,41 @@ class ModelSpec(BaseModel):
     name: str
     source: str = Field(description="where the dims come from (paper table / config.json URL)")
     family: str = ""
-    num_layers: int = Field(gt=0, le=MAX_LAYERS, description=f"decoder layers (at most {MAX_LAYERS}: plan time "
-                            "grows linearly with depth; published LLMs have <= ~160)")
-    hidden_size: int = Field(gt=0)
-    num_attention_heads: int = Field(gt=0)
-    num_kv_heads: int = Field(gt=0, description="KV heads (query groups); = num_attention_heads for MHA")
-    head_dim: int = Field(gt=0)
-    ffn_hidden_size: int = Field(gt=0)
+    num_layers: Annotated[int, LAYERS] = Field(description=f"decoder layers (at most {MAX_LAYERS})")
+    hidden_size: Annotated[int, WIDTH]
+    num_attention_heads: Annotated[int, HEADS]
+    num_kv_heads: Annotated[int, HEADS] = Field(description="KV heads (query groups); = num_attention_heads for MHA")
+    head_dim: Annotated[int, HEAD_DIM]
+    ffn_hidden_size: Annotated[int, FFN]
     gated_mlp: bool = Field(description="SwiGLU/GeGLU: three h x f matrices instead of two")
     activation: str = "swiglu"
     normalization: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     qkv_bias: bool = False
     linear_bias: bool = Field(False, description="biases on attention output and MLP linears (GPT-2/BLOOM style)")
     qk_norm: bool = False
-    vocab_size: int = Field(gt=0)
+    vocab_size: Annotated[int, VOCAB]
     tie_word_embeddings: bool = False
     position_embedding: Literal["rope", "learned", "alibi", "none"] = "rope"
-    max_position_embeddings: int = Field(4096, gt=0)
+    max_position_embeddings: Annotated[int, POSITIONS] = 4096
     embedding_layernorm: bool = False
     moe: MoESpec | None = None
     mla: MLASpec | None = None
-    num_mtp_layers: int = Field(0, ge=0, description="multi-token-prediction layers (DeepSeek-V3); not built by HF")
+    num_mtp_layers: Annotated[int, Plausible(0, 100, "none to 100x DeepSeek-V3's one")] = Field(
+        0, description="multi-token-prediction layers (DeepSeek-V3); not built by HF")
     attention_out_bias: bool | None = Field(None, description="bias on the attention output projection; None = linear_bias")
     mlp_bias: bool | None = Field(None, description="biases on the MLP linears; None = linear_bias")
-    seq_length: int | None = Field(None, description="training sequence length of the reference run, if known")
+    seq_length: Annotated[int, POSITIONS] | None = Field(
+        None, description="training sequence length of the reference run, if known")
     # ---- settings that define the model but hold no parameters (emitted into launch configs) -----------------
-    rope_theta: float = Field(10000.0, gt=0, allow_inf_nan=False, description="RoPE base (HF rope_theta; default 10000 as HF "
+    rope_theta: Annotated[float, ROPE_THETA] = Field(
+        10000.0, description="RoPE base (HF rope_theta; default 10000 as HF "
                               "LlamaConfig and Megatron-LM --rotary-base)")
-    rotary_percent: float = Field(1.0, gt=0, le=1, description="fraction of each head's dims rotated by RoPE "
+    rotary_percent: Annotated[float, ROTARY_PERCENT] = Field(
+        1.0, description="fraction of each head's dims rotated by RoPE "
                                   "(HF partial_rotary_factor; Nemotron 0.5)")
     rope_scaling: RopeScalingSpec | None = Field(None, description="RoPE frequency scaling (HF rope_scaling)")
-    norm_eps: float = Field(1e-5, gt=0, allow_inf_nan=False, description="epsilon of every norm (HF rms_norm_eps / layer_norm_epsilon "
+    norm_eps: Annotated[float, NORM_EPS] = Field(
+        1e-5, description="epsilon of every norm (HF rms_norm_eps / layer_norm_epsilon "
                             "/ norm_eps; default 1e-5 as Megatron-LM --norm-epsilon)")
     layernorm_1p: bool = Field(False, description="LayerNorm storing gamma - 1 (HF NemotronLayerNorm1P, "
                                "Megatron-LM --apply-layernorm-1p)")
@@ -198,6 +227,9 @@ class ModelSpec(BaseModel):
         ``(i + 1) % decoder_sparse_step == 0`` is the case ``first_k = step - 1, freq = step``.
         """
         self._check_layer(i)
+        return self._table().moe_mask[i]
+
+    def _moe_rule(self, i: int) -> bool:
         m = self.moe
         if m is None:
             return False
@@ -205,9 +237,34 @@ class ModelSpec(BaseModel):
             return False
         return (i - m.first_k_dense_layers) % m.moe_layer_freq == 0
 
+    def _table(self) -> "_LayerTable":
+        """Per-layer facts computed once per spec object (``_layer_table``): the cost models ask for them per layer,
+        per candidate, so on a 4,096-layer model they dominated the search (issue 14)."""
+        return _layer_table(self)
+
     @property
     def num_moe_layers(self) -> int:
-        return sum(1 for i in range(self.num_layers) if self.is_moe_layer(i))
+        return self._table().num_moe
+
+    @property
+    def moe_layer_mask(self) -> tuple[bool, ...]:
+        """``is_moe_layer(i)`` for every layer i, computed once per spec."""
+        return self._table().moe_mask
+
+    def layer_kinds(self, layers: Iterable[int] | None = None) -> list[tuple[int, int]]:
+        """(a representative layer index, how many) per layer kind (dense, MoE) among ``layers`` (default: all), in
+        order of first appearance. Every per-layer quantity depends on the layer only through its kind, so a sum
+        over layers is a sum over these pairs: O(kinds) for the cost models instead of O(layers)."""
+        t = self._table()
+        if layers is None:
+            return t.kinds
+        mask, first, count = t.moe_mask, {}, {}
+        for i in layers:
+            k = mask[i]
+            if k not in first:
+                first[k], count[k] = i, 0
+            count[k] += 1
+        return [(first[k], count[k]) for k in first]
 
     @property
     def num_dense_layers(self) -> int:
@@ -289,6 +346,13 @@ class ModelSpec(BaseModel):
         return sharded, replicated
 
     def layer_params(self, i: int) -> LayerParams:
+        """Parameter count of decoder layer ``i`` split by how parallelism shards it (``_layer_params``; the same
+        for every layer of a kind, dense or MoE, so computed once per kind)."""
+        self._check_layer(i)
+        t = self._table()
+        return t.moe_params if t.moe_mask[i] else t.dense_params
+
+    def _layer_params(self, i: int) -> LayerParams:
         """Parameter count of decoder layer ``i`` split by how parallelism shards it.
 
         layer = input norm + attention + post-attention norm + (dense MLP | MoE block).
@@ -297,11 +361,10 @@ class ModelSpec(BaseModel):
         width f_e (``expert``, top_k of them ``expert_active``); shared expert(s) of total width
         f_sh TP-sharded; Qwen2-MoE ``shared_expert_gate`` Linear(h, 1, bias=False) replicated.
         """
-        self._check_layer(i)
         h = self.hidden_size
         sharded, replicated = self._attention_params()
         replicated += 2 * self._norm_size  # input_layernorm + post_attention_layernorm
-        if not self.is_moe_layer(i):
+        if not self._moe_rule(i):
             f = self.ffn_hidden_size
             if self.moe is not None and self.moe.dense_ffn_hidden_size is not None:
                 f = self.moe.dense_ffn_hidden_size
@@ -418,3 +481,37 @@ class ModelSpec(BaseModel):
             raise ValueError("tp and make_vocab_size_divisible_by must be >= 1")
         multiple = make_vocab_size_divisible_by * tp
         return -(-self.vocab_size // multiple) * multiple
+
+
+class _LayerTable:
+    """What ``ModelSpec`` computes per layer, once: the MoE mask, the MoE layer count and the parameters of a dense
+    and of a MoE layer (every layer of a kind has the same)."""
+
+    __slots__ = ("moe_mask", "num_moe", "dense_params", "moe_params", "kinds")
+
+    def __init__(self, m: ModelSpec):
+        self.moe_mask = tuple(m._moe_rule(i) for i in range(m.num_layers))
+        self.num_moe = sum(self.moe_mask)
+        dense = next((i for i, x in enumerate(self.moe_mask) if not x), None)
+        moe = next((i for i, x in enumerate(self.moe_mask) if x), None)
+        n = {dense: m.num_layers - self.num_moe, moe: self.num_moe}
+        self.kinds = [(i, n[i]) for i in sorted(x for x in (dense, moe) if x is not None)]
+        self.dense_params = m._layer_params(dense) if dense is not None else None
+        self.moe_params = m._layer_params(moe) if moe is not None else None
+
+
+#: id(spec) -> (spec, its table). Holding the spec keeps its id from being reused; a spec is frozen, and
+#: ``model_copy`` makes a new object (a new entry). Bounded: the oldest entries go first.
+_TABLES: dict[int, tuple[ModelSpec, _LayerTable]] = {}
+_MAX_TABLES = 64
+
+
+def _layer_table(m: ModelSpec) -> _LayerTable:
+    e = _TABLES.get(id(m))
+    if e is not None and e[0] is m:
+        return e[1]
+    t = _LayerTable(m)
+    while len(_TABLES) >= _MAX_TABLES:
+        _TABLES.pop(next(iter(_TABLES)))
+    _TABLES[id(m)] = (m, t)
+    return t

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, TypedDict
+from typing import TYPE_CHECKING, Any, Callable, Literal, TypedDict
 
 from .errors import NoFeasiblePlan, PlanInputError
 
@@ -157,6 +157,10 @@ class PlanOptions(JobOptions, CostOptions, total=False):
     first_stage_layers: int | None
     last_stage_layers: int | None
     pipeline_schedule: str | None
+    #: wall seconds that repeated planning may take (min-gpus counts, nearest-change searches; ``None``: no limit;
+    #: default ``planner.progress.DEFAULT_BUDGET_S``) and a callback told each step (a progress line)
+    time_budget_s: float | None
+    progress: Callable[[str], None] | None
 
 
 _JOB_KEYS = frozenset(JobOptions.__annotations__)
@@ -183,6 +187,8 @@ class SearchStats:
     num_candidates: int
     num_feasible: int
     exact: bool
+    #: one line when the search stopped at its time budget (what was not tried), else None
+    note: str | None = None
 
 
 def _flag(field: str) -> str:
@@ -242,9 +248,14 @@ def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = No
     n = resolve_num_gpus(c, gpus, nodes)
     if precision not in c.supported_precisions:
         raise PlanInputError(f"--precision {precision}: {c.gpu.name} supports {', '.join(c.supported_precisions)}")
-    job = TrainingJob(global_batch_size=global_batch_size, seq_length=seq_length, precision=precision,
-                      flash_attention=bool(flash_attention), dropout=bool(dropout), framework=fw,
-                      full_model_init=bool(full_model_init))
+    from pydantic import ValidationError
+    try:
+        job = TrainingJob(global_batch_size=global_batch_size, seq_length=seq_length, precision=precision,
+                          flash_attention=bool(flash_attention), dropout=bool(dropout), framework=fw,
+                          full_model_init=bool(full_model_init))
+    except ValidationError as e:  # a plausible range (cost_models/config.py): "--seq-length V is outside [lo, hi]"
+        from .errors import option_error
+        raise option_error(e, {"global_batch_size": "--global-batch-size", "seq_length": "--seq-length"}) from None
     return Inputs(m, c, n, job)
 
 
@@ -308,6 +319,10 @@ def parallel_config(inputs: Inputs, *, tp: int = 1, pp: int = 1, cp: int = 1, ep
     n, layers = inputs.num_gpus, inputs.model.num_layers
     if n % (tp * pp * cp):
         raise PlanInputError(f"--gpus {n} is not divisible by tp*pp*cp = {tp}*{pp}*{cp} = {tp * pp * cp}")
+    if pp * vpp > layers + 2:  # the cost models build pp x vpp chunks: --vpp 1e9 would allocate gigabytes
+        raise PlanInputError(f"--vpp {vpp}: pp x vpp = {pp * vpp} model chunks for {layers} layers; each chunk holds "
+                             f"at least one layer (the embedding and the loss may count as one each): at most "
+                             f"{max(1, (layers + 2) // pp)}")
     first, last, account = first_stage_layers, last_stage_layers, False
     if first is None and last is None and layers % pp and pipeline_layout is None:
         split = uneven_split(layers, pp)
@@ -371,6 +386,8 @@ class _PlanSetup:
     deadline_days: float | None
     cost: Any  # planner.cost.CostOptions | None
     space: Any  # planner.space.SearchSpace
+    budget: Any  # planner.progress.Budget: wall seconds for repeated planning
+    progress: Callable[[str], None]  # told each step of repeated planning (a status line)
     gbs_tolerance: float | None = None
 
     def problem(self):
@@ -378,7 +395,7 @@ class _PlanSetup:
         from .cost_search import Problem
         i = self.inputs
         return Problem(i.model, i.cluster, i.job, self.space, self.headroom, i.job.framework, self.solver,
-                       self.convention, self.cost)
+                       self.convention, self.cost, self.budget, self.progress)
 
 
 def _plan_setup(model, cluster, options: dict[str, Any]) -> _PlanSetup:
@@ -438,9 +455,14 @@ def _plan_setup(model, cluster, options: dict[str, Any]) -> _PlanSetup:
     for k in ("micro_batch_size", "zero_stage", "recompute", "pipeline_schedule"):
         if o.get(k) is not None:
             sp_kw[k] = (o[k],)
+    from .progress import DEFAULT_BUDGET_S, Budget, no_progress
+    seconds = o.get("time_budget_s", DEFAULT_BUDGET_S)
+    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
+                                or not 0 < seconds < float("inf")):
+        raise PlanInputError(f"--time-budget {seconds!r}: must be a positive number of seconds")
     return _PlanSetup(inputs, objective, solver, conv, headroom, top_k, within, step_t, tok_t,
-                      None if deadline is None else float(deadline), cost, SearchSpace(**sp_kw),
-                      None if tol is None else float(tol))
+                      None if deadline is None else float(deadline), cost, SearchSpace(**sp_kw), Budget(seconds),
+                      o.get("progress") or no_progress, None if tol is None else float(tol))
 
 
 def plan(model: ModelLike | None = None, cluster: ClusterLike | None = None,
@@ -478,27 +500,29 @@ def plan(model: ModelLike | None = None, cluster: ClusterLike | None = None,
     elif st.objective == "min-gpus":
         from .search import fewest_gpus
         res, n = fewest_gpus(m, c, job, n, top_k, space, headroom, fw, st.solver, st.target_step_s,
-                             st.target_tokens_per_day, st.convention)
+                             st.target_tokens_per_day, st.convention, budget=st.budget, progress=st.progress)
     else:
         from .search import run_search
         res = run_search(m, c, job, n, top_k, space, headroom, fw, st.solver, st.objective,
-                         DEFAULT_WITHIN if st.within is None else st.within, st.convention, margin)
+                         DEFAULT_WITHIN if st.within is None else st.within, st.convention, margin,
+                         progress=st.progress)
         if not res.plans and st.gbs_tolerance:
             from .near_miss import choose_batch
             gbs = choose_batch(m, c, job, n, st.gbs_tolerance, space, headroom, fw, st.solver, st.convention,
-                               margin)
+                               margin, st.budget, st.progress)
             if gbs is not None:
                 job = job.model_copy(update={"global_batch_size": gbs})
                 res = run_search(m, c, job, n, top_k, space, headroom, fw, st.solver, st.objective,
-                                 DEFAULT_WITHIN if st.within is None else st.within, st.convention, margin)
+                                 DEFAULT_WITHIN if st.within is None else st.within, st.convention, margin,
+                                 progress=st.progress)
     if not res.plans:
         from .explanation import why_infeasible
         raise NoFeasiblePlan(why_infeasible(m, c, job, n, res, space, headroom, fw, st.target_step_s,
-                                            st.target_tokens_per_day, margin))
+                                            st.target_tokens_per_day, margin, st.budget, st.progress))
     asked = st.inputs.job.global_batch_size if st.gbs_tolerance is not None else None
     doc = build_document(m, c, job, n, res.plans, margin, asked)
     attach_costs(doc, res.plans, m, c, job, n, st.cost)
-    doc._search_stats = SearchStats(res.num_candidates, res.num_feasible, res.num_feasible_exact)
+    doc._search_stats = SearchStats(res.num_candidates, res.num_feasible, res.num_feasible_exact, res.note)
     return doc
 
 

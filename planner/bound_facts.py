@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from cluster_specs.spec import ClusterSpec
 from cost_models import memory as mm
@@ -425,6 +426,50 @@ def activations(ctx: BoundContext, st: Structure, mbs: int, sp: bool, rc: str) -
 def in_flight(ctx: BoundContext, pp: int, v: int, stage: int, m: int) -> float:
     par = ctx.memo(("pv", pp, v), lambda: ParallelConfig(pp=pp, vpp=v))
     return in_flight_microbatches(par, stage, m)
+
+
+def p2p_seconds(ctx: BoundContext, st: Structure, tok: float, sp: bool) -> float:
+    """Seconds of one activation send to the next pipeline stage (``step_time``: BYTES_16BIT x tokens x hidden,
+    / tp under SP, over the pp group's placement, ``comm.collective_time('p2p')``); 0 without pipelining. The
+    pipeline simulation adds it to every cross-stage dependency."""
+    if st.pp <= 1:
+        return 0.0
+
+    def make():
+        par = ParallelConfig(tp=st.tp, cp=st.cp, dp=st.dp, pp=st.pp)
+        grp = group_placement("pp", par, ctx.cluster.node.nvlink_domain_size)
+        return comm_time("p2p", BYTES_16BIT * tok * ctx.model.hidden_size / (st.tp if sp else 1), grp, ctx.cluster)
+    return ctx.memo(("p2p", st.tp, st.cp, st.dp, st.pp, tok, sp), make)
+
+
+@lru_cache(maxsize=4096)
+def round_trips(pp: int, m: int, v: int) -> tuple[int, int, int]:
+    """(K, m', hops) of the pipeline ``cost_models.pipeline.simulate`` runs for pp ranks, m micro-batches and v
+    chunks per rank: rank 0 starts micro-batch i + K only after micro-batch i's backward is back (at most K in
+    flight in its static order), and a micro-batch's round trip is every virtual stage's forward and backward plus
+    2 x ``hops`` point-to-point sends. So the makespan is at least m' / K round trips (m' = the micro-batches
+    simulated in whole groups: an interleaved partial group is added at the steady rate; m'/K without rounding up
+    also holds for the linear extrapolation of long schedules). This is what binds when the sends dominate (a slow
+    network between pipeline stages), where the per-rank bound leaves the pipeline's stalls out."""
+    if v > 1:
+        whole = m - m % pp
+        if whole == 0:  # simulate falls back to 1F1B over each rank's chunks run back to back
+            return min(m, pp), m, pp - 1
+        # rank 0's order in Megatron's interleaved schedule (cost_models.pipeline._orders): warm-up forwards, then
+        # one forward and one backward in turn; forwards go group by group of pp micro-batches, chunk 0 first,
+        # backwards chunk v-1 first. Its in-flight count saturates by 4 pp micro-batches.
+        total = min(whole, 4 * pp) * v
+        warm = min(total, 2 * (pp - 1) + (v - 1) * pp)
+        started = sum(1 for i in range(warm) if i % (pp * v) < pp)
+        k, done = started, 0
+        for t in range(total - warm):
+            if (warm + t) % (pp * v) < pp:
+                started += 1
+                k = max(k, started - done)
+            if t % (pp * v) >= (v - 1) * pp:
+                done += 1
+        return max(1, k), whole, pp * v - 1
+    return min(m, pp), m, pp - 1
 
 
 def microbatch_facts(ctx: BoundContext, sf: StructureFacts, mbs: int) -> MicroBatchFacts:

@@ -10,7 +10,7 @@ from cost_models.config import BYTES_16BIT
 from cost_models.memory import TOKEN_ID_BYTES
 
 from .bound_facts import (ZEROS, BoundContext, MicroBatchFacts, StructureFacts, end_extras, in_flight, layer_costs,
-                          microbatch_facts, rank_runs, stm, with_comm, with_memory_facts)
+                          microbatch_facts, p2p_seconds, rank_runs, round_trips, stm, with_comm, with_memory_facts)
 
 
 def z_bound(sf: StructureFacts, m: int, z: int, f0: float, b0: float) -> float:
@@ -117,18 +117,21 @@ def rank_fb(ctx: BoundContext, mb: MicroBatchFacts, rc: str, sp: bool, nlb: int)
                 b += nch * min(nlb, (nd + nm) // nch) * full_min
             memo[key] = (f, b)
         return memo[key]
-    fb.lay = lt
+    fb.lay, fb.sp = lt, sp
     return fb
 
 
 def pipeline_bound(ctx: BoundContext, sf: StructureFacts, mb: MicroBatchFacts, fb, v: int,
                    minima: list | None = None) -> float:
     """``P`` at vpp ``v``: max over ranks r of (the first micro-batch's forward + backward through the ranks before
-    r, first chunk only) + m x (r's forward + backward). Ranks come in runs of equal (stage signature, first-chunk
-    mix), along which the bound grows, so each run's last rank is its maximum. ``minima`` collects the smallest
-    per-rank (forward, backward)."""
+    r, first chunk only, each hop paying its point-to-point send in and out, ``bound_facts.p2p_seconds``) + m x (r's
+    forward + backward), and at least m' / K round trips of a micro-batch through every rank (at most K in flight on
+    rank 0, ``bound_facts.round_trips``), which binds when the sends between stages are slow. Ranks come in runs of
+    equal (stage signature, first-chunk mix), along which the bound grows, so each run's last rank is its maximum.
+    ``minima`` collects the smallest per-rank (forward, backward)."""
     pp = sf.st.pp
-    best = pre = 0.0
+    p2p = p2p_seconds(ctx, sf.st, mb.tok, fb.sp)
+    best = pre = rt = 0.0
     lf, lb = end_extras(ctx, fb.lay, mb.lg, mb.ce)
     for g, nd0, nm0, cnt, r0 in rank_runs(ctx, sf.lay, pp, v):
         stage, nd, nm, rg = sf.lay.groups[g]
@@ -145,8 +148,12 @@ def pipeline_bound(ctx: BoundContext, sf: StructureFacts, mb: MicroBatchFacts, f
         if r0 == 0:
             f0 += mb.emb
             b0 += 2 * mb.emb
-        best = max(best, pre + (cnt - 1) * (f0 + b0) + mb.m * (f + b))
-        pre += cnt * (f0 + b0)
+        best = max(best, pre + (cnt - 1) * (f0 + b0 + 2 * p2p) + mb.m * (f + b))
+        pre += cnt * (f0 + b0 + 2 * p2p)
+        rt += cnt * (f + b)
+    if pp > 1:  # at most K micro-batches in flight on rank 0, each needing a round trip
+        kk, m_eff, hops = round_trips(pp, mb.m, v)
+        best = max(best, m_eff / kk * (rt + 2 * hops * p2p))
     return best
 
 
@@ -206,21 +213,31 @@ def busiest_rank_bounds(ctx: BoundContext, sf: StructureFacts, mbss, only_v1) ->
                 best = min(best, paired_bound(ctx, sf, m, lambda nd, nm: (
                     (nd * d[0] if nd and d is not None else 0.0) + (nm * e[0] if nm and e is not None else 0.0),
                     (nd * d[1] if nd and d is not None else 0.0) + (nm * e[1] if nm and e is not None else 0.0)),
-                    e[6] if e is not None else 0.0))
+                    e[6] if e is not None else 0.0, v1))
         out.append(best)
     return out
 
 
-def paired_bound(ctx: BoundContext, sf: StructureFacts, m: int, fb, ep_s: float) -> float:
+def paired_microbatches(m: int, v: int) -> int:
+    """At most how many of a rank's m x v forwards (and backwards) a pairing schedule (combined 1F1B, DualPipeV)
+    overlaps with a partner op, counted in whole micro-batches: a rank's first op is a forward with no backward
+    ready and its last a backward with no forward left (``pipeline_ops``: only an ``FB`` pair hides), so with one
+    chunk per rank (v 1) at most m - 1 of them hide; with more chunks, m (each op hides at most once)."""
+    return m - 1 if v == 1 else m
+
+
+def paired_bound(ctx: BoundContext, sf: StructureFacts, m: int, fb, ep_s: float, v1: bool = False) -> float:
     """A lower bound (seconds) of the rows of the framework's other pipeline schedules (``tables.schedule_rows``):
     every rank is busy at least m x its layers' forward + backward (``fb(nd, nm)``, without the embedding and the
     output layer, which a V schedule moves), less the EP all-to-all an overlapped pair hides (``sf.pair_hide`` of
-    each MoE layer's ``ep_s`` forward and backward), plus the smallest ``O`` (those rows have ``E = O``)."""
+    each MoE layer's ``ep_s`` forward and backward, for at most ``paired_microbatches`` micro-batches; ``v1``: vpp
+    1 is the only choice), plus the smallest ``O + D`` (those rows have ``E = O + D``)."""
     busy = 0.0
+    pairs = paired_microbatches(m, 1 if v1 else 2)
     for _, nd, nm, _ in sf.lay.groups:
         f, b = fb(nd, nm)
-        busy = max(busy, f + b - 2 * sf.pair_hide * nm * ep_s)
-    return m * busy + min(o_bound(ctx, sf, m, z) for z in sf.zs)
+        busy = max(busy, m * (f + b) - 2 * sf.pair_hide * nm * ep_s * pairs)
+    return busy + min(o_bound(ctx, sf, m, z) + d_bound(sf, m, z) for z in sf.zs)
 
 
 def group_bound(ctx: BoundContext, sf: StructureFacts, mbs: int, mem_limit: float) -> tuple[float, int]:
@@ -281,5 +298,5 @@ def group_bound(ctx: BoundContext, sf: StructureFacts, mbs: int, mem_limit: floa
         for rc in ctx.space.recompute:
             for sp in sf.sps:
                 ep_s = mb.lay[sp][1][6] if 1 in mb.lay[sp] else 0.0
-                best = min(best, paired_bound(ctx, sf, mb.m, rank_fb(ctx, mb, rc, sp, 1), ep_s))
+                best = min(best, paired_bound(ctx, sf, mb.m, rank_fb(ctx, mb, rc, sp, 1), ep_s, mb.vpps == [1]))
     return best, fits

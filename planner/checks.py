@@ -18,7 +18,9 @@ Rules and their sources (formulas.md Sec. 7.1 "Checks enforced"; field_cases.md 
   the expert FFN width by etp (Megatron's column-parallel expert linears ``divide`` it); torchtitan's expert tensor
   parallel degree is 1 or tp (``ParallelDims``, formulas.md Sec. 7.3).
 * DeepSpeed's pipeline engine supports ZeRO stage <= 1 only (``deepspeed/runtime/pipe/engine.py``; F19).
-* Megatron-DeepSpeed cannot combine its Ulysses sequence parallelism (cp > 1) with Megatron SP (``megatron/initialize.py``).
+* Megatron-DeepSpeed cannot combine its Ulysses sequence parallelism (cp > 1) with Megatron SP (``megatron/initialize.py``);
+  Ulysses' all-to-all scatters the attention heads, so the heads per tp rank divide by cp
+  (``deepspeed/sequence/layer.py``: ``DistributedAttention`` splits the head dimension over the sequence group).
 * torchtitan: no ZeRO-1/2 (FSDP2 shards weights, gradients and optimizer state together: ``zero_stage`` 0 or 3
   only; torchtitan ``parallelize_llama``), sequence parallelism with any TP (``apply_tp``: SequenceParallel
   norms), no interleaved virtual stages with uneven first/last splits (torchtitan splits by module names, not by
@@ -182,6 +184,11 @@ def constraint_report(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, 
         add(Constraint("deepspeed_cp_sp", not par.sequence_parallel, 0.0 if not par.sequence_parallel else -1.0, "",
                        "Megatron-DeepSpeed runs cp as Ulysses sequence parallelism, which it refuses together with "
                        "Megatron sequence parallel (megatron/initialize.py)"))
+    if framework == "deepspeed" and par.cp > 1:
+        heads = model.num_attention_heads // par.tp
+        add(Constraint("deepspeed_ulysses_heads", heads % par.cp == 0, float(-(heads % par.cp)), "heads",
+                       f"DeepSpeed-Ulysses (cp) scatters the attention heads over the sequence group: heads per tp "
+                       f"rank ({model.num_attention_heads}/{par.tp}) divisible by cp {par.cp}"))
     account = par.account_for_embedding_in_pipeline_split or par.account_for_loss_in_pipeline_split
     if account and framework == "deepspeed":
         add(Constraint("account_split_framework", False, -1.0, "",

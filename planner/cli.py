@@ -163,13 +163,43 @@ def _write(text: str, output: Path | None) -> None:
         raise PlanInputError(f"--output {output}: {e.strerror}") from None
 
 
-def _open_output(output: Path):
+class _OutputFile:
+    """``--output`` opened for writing: an OSError while opening, writing, flushing or closing it (a full disk,
+    ``/proc/version``) is the one-line ``--output PATH: reason`` error."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.fh = self._do(lambda: path.open("w"))
+
+    def _do(self, f):
+        try:
+            return f()
+        except OSError as e:
+            from .errors import PlanInputError
+            raise PlanInputError(f"--output {self.path}: {e.strerror}") from None
+
+    def write(self, text: str) -> int:
+        return self._do(lambda: self.fh.write(text))
+
+    def flush(self) -> None:
+        self._do(self.fh.flush)
+
+    def close(self) -> None:
+        self._do(self.fh.close)
+
+    def isatty(self) -> bool:
+        return False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _open_output(output: Path) -> _OutputFile:
     """``output`` opened for writing; an OSError becomes the one-line ``--output PATH: reason`` error."""
-    try:
-        return output.open("w")
-    except OSError as e:
-        from .errors import PlanInputError
-        raise PlanInputError(f"--output {output}: {e.strerror}") from None
+    return _OutputFile(output)
 
 
 def _gib(x: float) -> str:
@@ -187,8 +217,12 @@ def _plans_table(doc, title: str, at_risk_margin: float = AT_RISK_DEFAULT):
     t = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     from .cost_report import money
     costed = any(p.cost is not None for p in doc.plans)
-    cols = ["#", "tp", "pp", "split", "dp", "cp", "ep", "vpp", "mbs", "zero", "sp", "recompute", "peak GiB",
-            "step s", "tokens/s", "TFLOP/s/GPU", "MFU", "ok"]
+    # knobs that only some plans vary get their column when they do, so that no two rows read the same: the expert
+    # tensor parallel size of a MoE model, a pipeline schedule other than 1F1B / interleaved 1F1B
+    moe = doc.input.model.moe_experts is not None
+    sched = any(p.parallel.pipeline_schedule not in ("1f1b", "interleaved") for p in doc.plans)
+    cols = ["#", "tp", "pp", "split", "dp", "cp", "ep", *(["etp"] if moe else []), "vpp", "mbs", "zero", "sp",
+            "recompute", *(["schedule"] if sched else []), "peak GiB", "step s", "tokens/s", "TFLOP/s/GPU", "MFU", "ok"]
     for col in cols + (["days", "GPU-hours", "$"] if costed else []):
         t.add_column(col, justify="right")
     if costed:
@@ -204,10 +238,11 @@ def _plans_table(doc, title: str, at_risk_margin: float = AT_RISK_DEFAULT):
             peak += " !"
         elif p.memory and p.memory.peak_bytes > p.memory.capacity_bytes:
             peak += " OOM"
-        t.add_row(str(p.rank), str(q.tp), str(q.pp), _split_str(q), str(q.dp), str(q.cp),
-                  str(q.ep) if q.ep == 1 or q.etp == q.tp else f"{q.ep} etp {q.etp}", str(q.vpp),
+        t.add_row(str(p.rank), str(q.tp), str(q.pp), _split_str(q), str(q.dp), str(q.cp), str(q.ep),
+                  *([str(q.etp)] if moe else []), str(q.vpp),
                   str(q.micro_batch_size), str(q.zero_stage), "y" if q.sequence_parallel else "n",
                   q.recompute if q.recompute_num_layers is None else f"full {q.recompute_num_layers}/chunk",
+                  *([q.pipeline_schedule] if sched else []),
                   peak, f"{p.time.step_s:.3f}" if p.time else "-",
                   f"{p.throughput.tokens_per_s:,.0f}" if p.throughput else "-",
                   f"{p.throughput.tflops_per_gpu:.0f}" if p.throughput else "-",
@@ -239,7 +274,9 @@ def _emit(doc, emit: Emit, output: Path | None, rank: int, framework: str | None
         files = emit_files(doc, emit.value, rank, launcher.value)
     except EmitUnsupported as e:  # a valid plan the target framework cannot run: like an infeasible plan
         ok = [p.rank for p in doc.plans if p.feasible and emit.value not in p.launch.unsupported]
-        hint = f"; plan #{ok[0]} can run on {emit.value} (--rank {ok[0]})" if ok else ""
+        hint = f"; plan #{ok[0]} can run on {emit.value} (--rank {ok[0]})" if ok else (
+            f"; none of the top {len(doc.plans)} plans can: raise --top-k, or pin the knob named above "
+            f"(--tp --pp --cp --ep --zero-stage --recompute)" if len(doc.plans) > 1 else "")
         raise NoFeasiblePlan(f"{e}{hint}") from None
     except EmitError as e:  # no such rank
         raise PlanInputError(str(e)) from None
@@ -381,6 +418,10 @@ def plan(
     timeline: Annotated[Optional[Path], typer.Option(
         "--timeline", help="pools (--cluster NAME:NODES,...): draw plan #--rank's schedule across the pools to "
                            "FILE.svg|png")] = None,
+    time_budget: Annotated[float, typer.Option(
+        "--time-budget", min=0.0, help="wall seconds for repeated planning (--objective min-gpus / cost, the search "
+                                       "for the nearest feasible change or batch, --plot's sweep): it stops, saying so, when "
+                                       "they are spent (default 60)")] = 60.0,
 ) -> None:
     """Search the parallel layouts and print the best plans (default: llama3.1-8b on one dgx-h100 node).
 
@@ -392,6 +433,7 @@ def plan(
     from .api import plan as api_plan
     from .comparison import parse_cluster_option
     from .errors import PlanInputError
+    from .progress import progress_line
 
     from cluster_specs.pools import is_pools_file
     choice = parse_cluster_option(cluster)
@@ -401,9 +443,10 @@ def plan(
                                 ("--target-tokens-per-day", target_tokens_per_day), ("--train-tokens", train_tokens),
                                 ("--deadline-days", deadline_days), ("--plot", plot)) if v is not None]
         if given or objective != ObjectiveOpt.throughput or solver != SolverOpt.cpsat:
-            raise PlanInputError(f"{', '.join(given) or '--objective/--solver'}: a plan over pools takes the pools' "
-                                 f"node counts from --cluster NAME:NODES,..., chooses pp and the layout itself and "
-                                 f"maximises throughput")
+            what = ', '.join(given) or '--objective/--solver'
+            raise PlanInputError(f"{what}: not available over pools (--cluster NAME:NODES,...): a plan over pools "
+                                 f"takes its GPUs from the pools' node counts, chooses pp and the layout itself and "
+                                 f"maximises throughput; drop {what}")
         if framework is not None and framework != Framework.megatron or emit not in (None, Emit.megatron):
             raise PlanInputError("--framework/--emit: a plan over pools is a Megatron-LM --pipeline-model-parallel-"
                                  "layout; use megatron")
@@ -439,7 +482,7 @@ def plan(
                 first_stage_layers=pin_first, last_stage_layers=pin_last, pipeline_schedule=_value(pin_schedule),
                 train_tokens=train_tokens, gpu_hour_price=gpu_hour_price, async_checkpoint=async_checkpoint,
                 interruption_rate=interruption_rate, restart_s=restart_s, pue=pue, deadline_days=deadline_days,
-                at_risk_margin=at_risk_margin)
+                at_risk_margin=at_risk_margin, time_budget_s=time_budget)
     if choice.kind != "single":
         if emit is not None:
             raise PlanInputError("--emit writes one plan: give one --cluster")
@@ -449,11 +492,18 @@ def plan(
         if plot is not None:
             _plot(cost_sweep(model, cluster, **opts), plot, cmp.model, train_tokens)
         _render_comparison(cmp, fmt, output)
+        if all(r.document is None for r in cmp.rows):  # as with one cluster: nothing fits is exit 1
+            from .errors import NoFeasiblePlan
+            raise NoFeasiblePlan(f"no plan on any of the {len(cmp.rows)} clusters (each cluster's reason is in "
+                                 f"its row)")
         return
-    doc = api_plan(model, cluster, **opts, global_batch_size_tolerance=gbs_tolerance)
+    with progress_line("plan3d plan") as progress:  # a status line on stderr while it is a terminal
+        doc = api_plan(model, cluster, **opts, global_batch_size_tolerance=gbs_tolerance, progress=progress)
     if plot is not None:
         _plot(cost_sweep(model, cluster, **opts), plot, doc.input.model.name, train_tokens)
     i, stats = doc.input, doc.search_stats
+    if stats.note:
+        sys.stderr.write(f"plan3d: note: {stats.note}\n")
     asked = i.job.requested_global_batch_size
     gbs = f"{i.job.global_batch_size}" + (f" (requested {asked}, tolerance {gbs_tolerance:g})"
                                           if asked is not None and asked != i.job.global_batch_size else "")
@@ -737,8 +787,8 @@ def explain(
             raise PlanInputError(f"--timeline {timeline}: the configuration has no step estimate (invalid layout)")
         draw_timeline(ex.evaluation.step, timeline, where)
     if fmt == Fmt.json:
-        import json
-        _write(json.dumps(rep.to_dict(), indent=2, sort_keys=True) + "\n", output)
+        from .document import dumps_finite
+        _write(dumps_finite(rep.to_dict(), "explain report", indent=2, sort_keys=True) + "\n", output)
     else:
         from rich.console import Console
         from rich.table import Table
@@ -917,10 +967,16 @@ def sweep(
                      f"invalid (reason in each row)\n")
 
 
-ShowOpt = Annotated[Optional[str], typer.Option("--show", help="print this entry as YAML (a template for your own)")]
+ShowOpt = Annotated[Optional[str], typer.Option("--show", help="print this entry as YAML, or JSON with --format json (a "
+                                                                "template for your own)")]
 
 
-def _show_yaml(data: dict) -> None:
+def _show_yaml(data: dict, fmt: Fmt = Fmt.table) -> None:
+    """One built-in entry: YAML, or JSON with ``--format json`` (both read back by --model / --cluster)."""
+    if fmt == Fmt.json:
+        import json
+        sys.stdout.write(json.dumps(data, indent=2, allow_nan=False) + "\n")
+        return
     import yaml
     sys.stdout.write(yaml.safe_dump(data, sort_keys=False, width=110))
 
@@ -930,7 +986,7 @@ def models(fmt: FmtOpt = Fmt.table, show: ShowOpt = None) -> None:
     """List the built-in models; --show NAME prints one as YAML (the format --model accepts)."""
     from model_zoo import get_model, list_models
     if show is not None:
-        _show_yaml(get_model(show).model_dump(mode="json", exclude_defaults=True))
+        _show_yaml(get_model(show).model_dump(mode="json", exclude_defaults=True), fmt)
         return
     rows = []
     for name in list_models():
@@ -942,7 +998,7 @@ def models(fmt: FmtOpt = Fmt.table, show: ShowOpt = None) -> None:
                      "source": s.source})
     if fmt == Fmt.json:
         import json
-        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        sys.stdout.write(json.dumps(rows, indent=2, allow_nan=False) + "\n")
         return
     from rich.console import Console
     from rich.table import Table
@@ -961,7 +1017,7 @@ def clusters(fmt: FmtOpt = Fmt.table, show: ShowOpt = None) -> None:
     """List the built-in clusters; --show NAME prints one as YAML (the format --cluster accepts)."""
     from cluster_specs import get_cluster, list_clusters
     if show is not None:
-        _show_yaml(get_cluster(show).model_dump(mode="json"))
+        _show_yaml(get_cluster(show).model_dump(mode="json"), fmt)
         return
     rows = []
     for name in list_clusters():
@@ -973,7 +1029,7 @@ def clusters(fmt: FmtOpt = Fmt.table, show: ShowOpt = None) -> None:
                      "nic_bytes_per_s": c.network.nic_bandwidth_bytes_per_s, "description": c.description})
     if fmt == Fmt.json:
         import json
-        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        sys.stdout.write(json.dumps(rows, indent=2, allow_nan=False) + "\n")
         return
     from rich.console import Console
     from rich.table import Table
@@ -1012,11 +1068,21 @@ def schema() -> None:
     import json
 
     from .document import json_schema
-    sys.stdout.write(json.dumps(json_schema(), indent=2) + "\n")
+    sys.stdout.write(json.dumps(json_schema(), indent=2, allow_nan=False) + "\n")
+
+
+def _one_line(text: object) -> str:
+    """``text`` on one line (usage errors and loader messages can hold newlines)."""
+    return " ".join(str(text).split())
 
 
 def main() -> None:
-    """Console-script entry point: run the app, turning every expected error into one line and an exit code."""
+    """Console-script entry point: run the app, turning every expected error into one line and an exit code.
+
+    An exception nobody expected is a bug: one line naming it and where it was raised, exit 3 (``PLAN3D_DEBUG=1``
+    re-raises it with the traceback)."""
+    import os
+
     from typer.exceptions import Abort, Exit, TyperException
 
     from cluster_specs import ClusterSpecError
@@ -1026,10 +1092,10 @@ def main() -> None:
     try:
         app(standalone_mode=False, prog_name="plan3d")
     except (PlanInputError, ModelSpecError, ClusterSpecError) as e:
-        sys.stderr.write(f"plan3d: error: {e}\n")
+        sys.stderr.write(f"plan3d: error: {_one_line(e)}\n")
         sys.exit(2)
     except NoFeasiblePlan as e:
-        sys.stderr.write(f"plan3d: {e}\n")
+        sys.stderr.write(f"plan3d: {_one_line(e)}\n")
         sys.exit(1)
     except Abort:
         sys.stderr.write("plan3d: aborted\n")
@@ -1038,10 +1104,16 @@ def main() -> None:
         if type(e).__name__ == "NoArgsIsHelpError":  # typer vendors click: match the class by name  # bare ``plan3d``: the help text, as ``plan3d --help`` prints it
             sys.stderr.write(e.format_message() + "\n")
         else:
-            sys.stderr.write(f"plan3d: error: {e.format_message()}\n")
+            sys.stderr.write(f"plan3d: error: {_one_line(e.format_message())}\n")
         sys.exit(2)
     except Exit as e:
         sys.exit(e.exit_code)
+    except Exception as e:  # a bug: one line, never a traceback (tests/fuzz counts these)
+        if os.environ.get("PLAN3D_DEBUG"):
+            raise
+        from .errors import internal_error_line
+        sys.stderr.write(internal_error_line(e) + "\n")
+        sys.exit(3)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from .document import SCHEMA_VERSION, PlanDocument, _Strict
+from .document import SCHEMA_VERSION, PlanDocument, _Strict, dumps_finite
 from .errors import PlanInputError
 
 
@@ -75,9 +75,10 @@ class ComparisonDocument(_Strict):
     rows: list[ComparisonRow]
 
     def model_dump_json(self, **kwargs: Any) -> str:
-        """Deterministic JSON (as ``PlanDocument.model_dump_json``)."""
-        import json
-        return super().model_dump_json(**kwargs) if kwargs else json.dumps(self.model_dump(mode="json"), indent=2) + "\n"
+        """Deterministic, strict JSON (as ``PlanDocument.model_dump_json``: a non-finite number is an internal error
+        naming the field)."""
+        return super().model_dump_json(**kwargs) if kwargs else dumps_finite(self.model_dump(mode="json"),
+                                                                             "comparison document", indent=2) + "\n"
 
 
 def _ranks(values: list[float | None]) -> list[int | None]:

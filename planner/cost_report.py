@@ -59,9 +59,14 @@ def cost_lines(doc: PlanDocument) -> list[str]:
 def comparison_table(cmp: ComparisonDocument, title: str):
     """The rich table of a multi-cluster comparison: one row per cluster, ranks by time and by cost."""
     from rich.table import Table
+    from cost_models.training_cost import ENERGY_SCOPE_BOARDS_ONLY
+    boards_only = any(r.document is not None and r.document.plans[0].cost.energy_scope == ENERGY_SCOPE_BOARDS_ONLY
+                      for r in cmp.rows)
     t = Table(title=title, title_justify="left", caption_justify="left",
               caption="days: effective (interruptions, restarts, checkpoints counted); $: GPU-hours x the cluster's "
-                      "price (date in the price column; prices move); MWh: upper bound at datasheet power x PUE")
+                      "price (date in the price column; prices move); MWh: upper bound at datasheet power x PUE"
+                      + ("; * GPU boards only: that cluster file has no node-overhead power, so its MWh leaves out "
+                         "the CPUs, NICs and fans the others count" if boards_only else ""))
     for col in ("time #", "cost #", "cluster", "GPUs", "tp", "pp", "dp", "cp", "ep", "tokens/s", "MFU", "days",
                 "goodput", "GPU-hours", "$/GPU-h (date)", "$", "MWh"):
         t.add_column(col, justify="right" if col not in ("cluster", "$/GPU-h (date)") else "left")
@@ -76,7 +81,8 @@ def comparison_table(cmp: ComparisonDocument, title: str):
                   str(r.document.input.cluster.num_gpus), str(q.tp), str(q.pp), str(q.dp), str(q.cp), str(q.ep),
                   f"{p.throughput.tokens_per_s:,.0f}", f"{p.throughput.mfu:.1%}", f"{c.effective_days:.4g}",
                   f"{c.goodput_fraction:.1%}", f"{c.gpu_hours:,.0f}", price, money(c.usd),
-                  "-" if c.energy_mwh is None else amount(c.energy_mwh))
+                  "-" if c.energy_mwh is None else amount(c.energy_mwh)
+                  + (" *" if c.energy_scope == ENERGY_SCOPE_BOARDS_ONLY else ""))
     return t
 
 

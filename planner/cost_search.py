@@ -18,6 +18,7 @@ from cost_models.config import FlopsConvention, TrainingJob
 from model_zoo.spec import ModelSpec
 
 from .cost import CostOptions, plan_cost
+from .progress import Budget, Progress, no_progress
 from .document import CostInfo
 from .errors import NoFeasiblePlan
 from .evaluation import Evaluation
@@ -39,8 +40,12 @@ class Problem:
     solver: str
     convention: FlopsConvention
     cost: CostOptions
+    #: wall seconds the repeated searches may take, and the status line told each one (planner/progress.py)
+    budget: Budget | None = None
+    progress: Progress = no_progress
 
     def search(self, num_gpus: int, top_k: int) -> SearchResult:
+        self.progress(f"planning on {num_gpus:,} GPUs")
         return run_search(self.model, self.cluster, self.job, num_gpus, top_k, self.space, self.memory_headroom,
                           self.framework, self.solver, convention=self.convention)
 
@@ -72,8 +77,8 @@ def fewest_gpus_by_deadline(p: Problem, max_gpus: int, top_k: int, deadline_days
         return p.cost_of(ev, n).effective_days <= deadline_days
 
     res, n = fewest_gpus(p.model, p.cluster, p.job, max_gpus, top_k, p.space, p.memory_headroom, p.framework,
-                         p.solver, convention=p.convention, meets=meets)
-    if not res.plans:
+                         p.solver, convention=p.convention, meets=meets, budget=p.budget, progress=p.progress)
+    if not res.plans and res.note is None:
         err = _deadline_missed(p, max_gpus, deadline_days)
         if err is not None:
             raise err
@@ -88,6 +93,10 @@ def cheapest_by_deadline(p: Problem, max_gpus: int, top_k: int, deadline_days: f
         return res, n_min
     best: tuple[float, int, SearchResult] | None = None
     for n in [n_min] + [c for c in gpu_counts(p.cluster, max_gpus) if c > n_min]:
+        if n != n_min and p.budget is not None and p.budget.spent:
+            best[2].note = (f"--objective cost stopped after {p.budget.elapsed_s:.0f} s, the time budget, before "
+                            f"trying {n:,} GPUs and more (a cheaper plan may use more GPUs); raise --time-budget")
+            break
         r = res if n == n_min else p.search(n, top_k)
         scored = [(p.cost_of(e, n), e) for e in r.plans]
         ok = sorted((((c.gpu_hours, rank_key(e)), e) for c, e in scored if c.effective_days <= deadline_days),
@@ -114,6 +123,8 @@ def cost_sweep(p: Problem, max_gpus: int) -> list[SweepPoint]:
     with its cost; counts where nothing fits are left out."""
     out = []
     for n in gpu_counts(p.cluster, max_gpus):
+        if p.budget is not None and p.budget.spent:  # the picture stops at the time budget: fewer points
+            break
         r = p.search(n, 1)
         if r.plans:
             out.append(SweepPoint(p.cluster.name, n, r.plans[0], p.cost_of(r.plans[0], n)))

@@ -25,7 +25,9 @@ from .evaluation import Evaluation
 #:     (Colossal-AI plugin arguments); parallel.pipeline_layout (null unless the plan sets per-stage layers: plans
 #:     over pools, planner/pools.py)
 #: 1.3 (additive): launch.env (framework -> environment variables of its launch, planner/emit/env.py);
-#:     input.job.requested_global_batch_size (plan --global-batch-size-tolerance)
+#:     input.job.framework / flash_attention / dropout (the job options the plans depend on, so that a consumer such
+#:     as plan3d fallback --plan re-evaluates the same job); input.job.requested_global_batch_size (plan
+#:     --global-batch-size-tolerance)
 SCHEMA_VERSION = "1.3"
 
 
@@ -68,6 +70,10 @@ class JobInfo(_Strict):
     precision: str
     optimizer: str
     tokens_per_step: int
+    framework: str | None = Field(None, description="whose rules the plans were made under (--framework); null in "
+                                                    "documents written before it was recorded (megatron)")
+    flash_attention: bool | None = Field(None, description="fused attention (--flash-attention); null: true")
+    dropout: bool | None = Field(None, description="dropout layers (--dropout); null: false")
     requested_global_batch_size: int | None = Field(
         None, description="plan --global-batch-size-tolerance: the global batch asked for (global_batch_size is the "
                           "one planned, within the tolerance of it); null without a tolerance")
@@ -252,7 +258,8 @@ def input_info(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpu
         cluster=ClusterInfo(name=cluster.name, gpu=cluster.gpu.name, num_gpus=num_gpus, gpus_per_node=gpn,
                             num_nodes=num_gpus // gpn, memory_bytes_per_gpu=cluster.gpu.memory_bytes),
         job=JobInfo(global_batch_size=job.global_batch_size, seq_length=job.seq_length, precision=job.precision,
-                    optimizer=job.optimizer, tokens_per_step=job.tokens_per_step,
+                    optimizer=job.optimizer, tokens_per_step=job.tokens_per_step, framework=job.framework,
+                    flash_attention=job.flash_attention, dropout=job.dropout,
                     requested_global_batch_size=requested_global_batch_size))
 
 
@@ -318,8 +325,36 @@ def build_document(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num
 
 
 def to_json(doc: PlanDocument) -> str:
-    """Deterministic JSON text (2-space indent, declared key order, trailing newline)."""
-    return json.dumps(doc.model_dump(mode="json"), indent=2) + "\n"
+    """Deterministic, strict JSON text (2-space indent, declared key order, trailing newline).
+
+    Raises ``PlanInternalError`` naming the field when the document holds a non-finite number (NaN or Infinity,
+    which no JSON parser accepts): that is a bug of the cost models or of an input check, never a plan to print."""
+    return dumps_finite(doc.model_dump(mode="json"), "plan document", indent=2) + "\n"
+
+
+def nonfinite_fields(obj: Any, path: str = "") -> list[str]:
+    """Paths (``plans[0].time.step_s``) of the non-finite floats in a JSON-able value."""
+    if isinstance(obj, float):
+        return [] if math.isfinite(obj) else [path or "."]
+    if isinstance(obj, dict):
+        return [p for k, v in obj.items() for p in nonfinite_fields(v, f"{path}.{k}" if path else str(k))]
+    if isinstance(obj, (list, tuple)):
+        return [p for i, v in enumerate(obj) for p in nonfinite_fields(v, f"{path}[{i}]")]
+    return []
+
+
+def dumps_finite(obj: Any, what: str, **kw: Any) -> str:
+    """``json.dumps(obj, allow_nan=False, **kw)``; a non-finite number is a ``PlanInternalError`` naming its field
+    (the CLI prints it as an internal error, exit 3). Used for every JSON document plan3d writes."""
+    try:
+        return json.dumps(obj, allow_nan=False, **kw)
+    except ValueError:
+        bad = nonfinite_fields(obj)
+        if not bad:
+            raise
+        from .errors import PlanInternalError
+        raise PlanInternalError(f"{what}: field {bad[0]} is not a finite number"
+                                + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")) from None
 
 
 def json_schema() -> dict:

@@ -11,6 +11,7 @@ from model_zoo.spec import ModelSpec
 
 from .checks import DEFAULT_MEMORY_HEADROOM, Constraint, constraint_report
 from .evaluation import Evaluation, evaluate
+from .progress import Budget, Progress, no_progress
 
 
 @dataclass
@@ -96,50 +97,68 @@ def relief_on_layout(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, p
 
 def nearest_changes(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int, space=None,
                     memory_headroom: float = DEFAULT_MEMORY_HEADROOM, framework: str = "megatron",
-                    closest: Evaluation | None = None) -> list[str]:
+                    closest: Evaluation | None = None, budget: Budget | None = None,
+                    progress: Progress = no_progress) -> list[str]:
     """The nearest changes that make the job feasible, each with its predicted best plan (or memory).
 
     Tried in order: the closest layout with ZeRO-3 / full recompute / micro-batch 1 (predicted peak memory),
     lifting a pinned ZeRO stage / recompute / micro-batch, a shorter sequence (halved up to 4 times), and more
-    GPUs (doubled up to 6 times).
+    GPUs (doubled up to 6 times, at most ``MAX_GPUS``). Each try is a search; they stop when ``budget`` (wall
+    seconds) is spent, saying so, and report each try to ``progress``.
     """
     from dataclasses import replace
+
+    from cluster_specs.spec import MAX_GPUS
 
     from .search import run_search
     from .space import SearchSpace
     space = space or SearchSpace()
+    budget = budget or Budget(None)
     out: list[str] = []
     if closest is not None and closest.memory is not None:
         out += relief_on_layout(model, cluster, job, closest.parallel, num_gpus, memory_headroom, framework,
                                 "the closest layout")
-
-    def best(sp=space, jb=job, n=num_gpus):
-        r = run_search(model, cluster, jb, n, 1, sp, memory_headroom, framework)
-        return r.plans[0] if r.plans else None
-
+    tries: list[tuple[str, str, dict]] = []  # (group, label, search arguments); the first fit of a group ends it
     unpinned = SearchSpace()
     for field in ("zero_stage", "recompute", "micro_batch_size"):
         full = getattr(unpinned, field)
         if getattr(space, field) != full:
-            e = best(replace(space, **{field: full}))
-            if e is not None:
-                out.append(f"unpin {field.replace('_', '-')}: {_plan_str(e)}")
+            tries.append((field, f"unpin {field.replace('_', '-')}", {"sp": replace(space, **{field: full})}))
     s = job.seq_length
     for _ in range(4):
         s //= 2
         if s < 128:
             break
-        e = best(jb=job.model_copy(update={"seq_length": s}))
-        if e is not None:
-            out.append(f"--seq-length {s}: {_plan_str(e)}")
-            break
+        tries.append(("seq", f"--seq-length {s}", {"jb": job.model_copy(update={"seq_length": s})}))
     n = num_gpus
     for _ in range(6):
         n *= 2
-        e = best(n=n)
-        if e is not None:
-            out.append(f"--gpus {n}: {_plan_str(e)}")
+        if n > MAX_GPUS:
             break
+        tries.append(("gpus", f"--gpus {n}", {"n": n}))
+    # every layout holds at least its 1/n share of every parameter's states (fully sharded, ZeRO-3), plus the
+    # reserve: a try on n GPUs that cannot hold that much is skipped unsearched (seq and pins change no state)
+    from cost_models.memory import model_state_terms
+    params = model.num_parameters() + model.mtp_params()
+    limit = cluster.gpu.memory_bytes * (1 - memory_headroom) - cluster.calibration.memory_reserve_bytes
+
+    def states_fit(n: int) -> bool:
+        return min(sum(model_state_terms(fw, 3, params, n)) for fw in {framework, job.framework}) <= limit
+
+    done: set[str] = set()
+    for group, label, kw in tries:
+        if group in done or not states_fit(kw.get("n", num_gpus)):
+            continue
+        if budget.spent:
+            out.append(f"(stopped trying changes after {budget.elapsed_s:.0f} s, the time budget; raise "
+                       f"--time-budget to try {label} and beyond)")
+            break
+        progress(f"nothing fits; trying {label}")
+        r = run_search(model, cluster, kw.get("jb", job), kw.get("n", num_gpus), 1, kw.get("sp", space),
+                       memory_headroom, framework)
+        if r.plans:
+            out.append(f"{label}: {_plan_str(r.plans[0])}")
+            done.add(group)
     return out
 
 
@@ -178,11 +197,15 @@ def closest_structural_violations(model: ModelSpec, cluster: ClusterSpec, job: T
 def why_infeasible(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int, res, space=None,
                    memory_headroom: float = DEFAULT_MEMORY_HEADROOM, framework: str = "megatron",
                    target_step_s: float | None = None, target_tokens_per_day: float | None = None,
-                   at_risk_margin: float | None = None) -> str:
+                   at_risk_margin: float | None = None, budget: Budget | None = None,
+                   progress: Progress = no_progress) -> str:
     """One line: which constraint binds, by how much, and the nearest changes with their predicted result (when no
     layout divides the job: the nearest global batches and GPU counts that plan, searched as ``plan`` does, at
-    ``at_risk_margin``)."""
+    ``at_risk_margin``), searched within ``budget`` (wall seconds), each try reported to ``progress``."""
     head = f"no feasible plan for {model.name} on {num_gpus} x {cluster.gpu.name}"
+    note = getattr(res, "note", None)
+    if note:  # min-gpus (a target or a deadline) stopped at its time budget before trying every count
+        return f"{head}: no GPU count tried meets the target; {note}"
     if target_step_s is not None or target_tokens_per_day is not None:
         tgt = (f"step <= {target_step_s:g} s" if target_step_s is not None
                else f">= {target_tokens_per_day:.3g} tokens/day")
@@ -193,12 +216,17 @@ def why_infeasible(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num
         why = closest_structural_violations(model, cluster, job, num_gpus, space, framework)
         gpn = cluster.node.gpus_per_node
         sp = space or SearchSpace()
+        budget = budget or Budget(None)
         batches = describe(*nearest_batches(model, cluster, job, num_gpus, sp, memory_headroom, framework,
-                                            at_risk_margin=at_risk_margin), "global batches", gpn)
+                                            at_risk_margin=at_risk_margin, budget=budget, progress=progress),
+                           "global batches", gpn)
         gpus = describe(*nearest_gpu_counts(model, cluster, job, num_gpus, sp, memory_headroom, framework,
-                                            at_risk_margin=at_risk_margin), "GPU counts", gpn)
+                                            at_risk_margin=at_risk_margin, budget=budget, progress=progress),
+                        "GPU counts", gpn)
+        stop = (f" (stopped looking after {budget.elapsed_s:.0f} s, the time budget; raise --time-budget to look "
+                f"further)" if budget.spent else "")
         return (f"{head}: no layout satisfies the divisibility and framework rules; the closest breaks {why}; "
-                f"{batches}; {gpus} (--global-batch-size-tolerance lets plan pick the batch); or change the "
+                f"{batches}; {gpus}{stop} (--global-batch-size-tolerance lets plan pick the batch); or change the "
                 f"sequence length or pins")
     ev = res.nearest_infeasible[0]
     mem = [v for v in ev.violations if v.name == "memory"]
@@ -210,7 +238,7 @@ def why_infeasible(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num
         binding = f"{other[0].name} binds on the closest layout ({other[0].message})"
     else:
         binding = "no candidate passes the checks"
-    changes = nearest_changes(model, cluster, job, num_gpus, space, memory_headroom, framework, ev)
+    changes = nearest_changes(model, cluster, job, num_gpus, space, memory_headroom, framework, ev, budget, progress)
     tail = ("; ".join(changes) if changes else
             "no change tried (GPUs x64, ZeRO-3, full recompute, micro-batch 1, seq/16) fits")
     return f"{head}: {binding}. Nearest changes: {tail}"

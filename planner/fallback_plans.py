@@ -129,6 +129,10 @@ def _load_plan(plan: Any):
     try:
         return PlanDocument.model_validate_json(text)
     except ValueError as e:
+        if '"pools"' in text and '"subsets"' in text:  # a plan over pools (planner/pools.py PoolsDocument)
+            raise PlanInputError(f"--plan {path}: a plan over pools (--cluster NAME:NODES,...), which fallback does "
+                                 f"not plan; give a one-cluster plan document (plan3d plan --cluster NAME --format "
+                                 f"json)") from None
         first = str(e).splitlines()[0] if str(e) else "invalid"
         raise PlanInputError(f"--plan {path}: not a plan document (plan3d plan --format json): {first}") from None
 
@@ -170,9 +174,12 @@ def fallback(model: Any = None, cluster: Any = None, *, plan: Any = None, max_lo
         c = load_cluster(os.fspath(cluster)) if cluster is not None else load_cluster(i.cluster.name)
         job_kw = dict(nodes=i.cluster.num_nodes, global_batch_size=i.job.global_batch_size,
                       seq_length=i.job.seq_length, precision=i.job.precision)
-        for k in ("flash_attention", "dropout", "framework"):
-            if o.get(k) is not None:
-                job_kw[k] = o[k]
+        for k in ("flash_attention", "dropout", "framework"):  # the option if given, else the document's job
+            v = o[k] if o.get(k) is not None else getattr(i.job, k)
+            if v is not None:
+                job_kw[k] = v
+        if o.get("flops_convention") is None:
+            conv = doc.plans[rank - 1].throughput.flops_convention if doc.plans[rank - 1].throughput else conv
         inputs = load_inputs(m, c, **job_kw)
         par = _parallel_of(doc.plans[rank - 1])
     else:
@@ -189,11 +196,14 @@ def fallback(model: Any = None, cluster: Any = None, *, plan: Any = None, max_lo
     gpn = c.node.gpus_per_node
     nodes = inputs.num_gpus // gpn
     if max_lost_nodes >= nodes:
-        raise PlanInputError(f"--max-lost-nodes {max_lost_nodes}: the cluster has {nodes} nodes; lose at most "
-                             f"{nodes - 1}")
+        raise PlanInputError(f"--max-lost-nodes {max_lost_nodes}: the cluster has {nodes} node"
+                             f"{'s' if nodes > 1 else ''}; " + (f"lose at most {nodes - 1}" if nodes > 1 else
+                                                                 "a one-node job has no fallback after losing it"))
     orig = evaluate(m, c, job, par, par.world_size, headroom, fw, conv)
     if not orig.feasible:
-        raise PlanInputError("the original plan is infeasible under plan3d's model: "
+        raise PlanInputError(f"the original plan is infeasible under plan3d's model ({fw} rules, flash attention "
+                             f"{'on' if job.flash_attention else 'off'}, dropout {'on' if job.dropout else 'off'}; "
+                             f"--framework / --flash-attention / --dropout set them): "
                              + "; ".join(v.message for v in orig.violations))
     t_orig = time.perf_counter() - t0
     counts = {k: (nodes - k) * gpn for k in range(1, max_lost_nodes + 1)}

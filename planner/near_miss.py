@@ -6,7 +6,8 @@ multiple of the prime 641), ``nearest_batches`` names the feasible batches neare
 multiples of the layouts' dp just below and just above B, tried nearest first with the full search (the first that
 plans wins, so memory is checked too). ``nearest_gpu_counts`` does the same over whole nodes: the node counts
 nearest to the request whose layouts divide B. Each answer carries its best plan, so the caller can show the
-predicted throughput. ``choose_batch`` is ``plan --global-batch-size-tolerance F``: the request if it plans,
+predicted throughput. Every search is one step of the caller's time budget (``planner.progress``: none starts once
+it is spent) and is reported to its progress line. ``choose_batch`` is ``plan --global-batch-size-tolerance F``: the request if it plans,
 else the nearest feasible batch within a fraction F of it (equal distance: the higher throughput).
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ from model_zoo.spec import ModelSpec
 
 from .checks import DEFAULT_MEMORY_HEADROOM
 from .evaluation import Evaluation
+from .progress import Budget, Progress, no_progress
 from .space import SearchSpace, structures
 
 #: Feasibility searches per side before giving up (each is one full search at a changed batch or GPU count).
@@ -65,11 +67,13 @@ def _lean(space: SearchSpace) -> SearchSpace:
 def nearest_batches(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int,
                     space: SearchSpace = SearchSpace(), memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
                     framework: str = "megatron", solver: str = "cpsat", convention: FlopsConvention = "megatron",
-                    lo: int = 1, hi: int | None = None,
-                    at_risk_margin: float | None = None) -> tuple[NearMiss | None, NearMiss | None]:
+                    lo: int = 1, hi: int | None = None, at_risk_margin: float | None = None,
+                    budget: Budget | None = None,
+                    progress: Progress = no_progress) -> tuple[NearMiss | None, NearMiss | None]:
     """The feasible global batches nearest to ``job.global_batch_size``, (below, above), each within [lo, hi]
     (sequences) and with its best plan (``plan``'s, at ``at_risk_margin``); None on a side where none plans within
-    ``MAX_TRIES`` searches."""
+    ``MAX_TRIES`` searches or before ``budget`` is spent."""
+    budget = budget or Budget(None)
     b = job.global_batch_size
     dps = _data_parallel_sizes(model, cluster, job, num_gpus, space, framework)
     below = sorted({(b - 1) // d * d for d in dps if lo <= (b - 1) // d * d}, reverse=True)
@@ -78,6 +82,9 @@ def nearest_batches(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, nu
     for side in (below, above):
         hit = None
         for gbs in side[:MAX_TRIES]:
+            if budget.spent:
+                break
+            progress(f"no layout divides the batch; trying global batch {gbs:,}")
             e = _best(model, cluster, job.model_copy(update={"global_batch_size": gbs}), num_gpus, space,
                       memory_headroom, framework, solver, convention, at_risk_margin)
             if e is not None:
@@ -90,10 +97,12 @@ def nearest_batches(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, nu
 def nearest_gpu_counts(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int,
                        space: SearchSpace = SearchSpace(), memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
                        framework: str = "megatron", solver: str = "cpsat", convention: FlopsConvention = "megatron",
-                       at_risk_margin: float | None = None) -> tuple[NearMiss | None, NearMiss | None]:
+                       at_risk_margin: float | None = None, budget: Budget | None = None,
+                       progress: Progress = no_progress) -> tuple[NearMiss | None, NearMiss | None]:
     """The whole-node GPU counts nearest to ``num_gpus`` (below, above) at which the job plans, each with its best
     plan; None on a side where none plans (counts whose layouts divide the batch, scanned ``MIN_NODE_SCAN`` nodes
-    or a quarter of the request's nodes away, at most ``MAX_TRIES`` searches)."""
+    or a quarter of the request's nodes away, at most ``MAX_TRIES`` searches, none once ``budget`` is spent)."""
+    budget = budget or Budget(None)
     gpn = cluster.node.gpus_per_node
     nodes = max(1, num_gpus // gpn)
     reach = max(MIN_NODE_SCAN, nodes // 4)
@@ -103,12 +112,13 @@ def nearest_gpu_counts(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob,
     for step in (-1, 1):
         hit, tries = None, 0
         for k in range(nodes + step, nodes + step * (reach + 1), step):
-            if k < 1 or tries >= MAX_TRIES:
+            if k < 1 or tries >= MAX_TRIES or budget.spent:
                 break
             n = k * gpn
             if not any(b % st.dp == 0 for st in structures(model, cluster, job, n, lean, framework)):
                 continue
             tries += 1
+            progress(f"no layout divides the batch; trying {n:,} GPUs")
             e = _best(model, cluster, job, n, space, memory_headroom, framework, solver, convention, at_risk_margin)
             if e is not None:
                 hit = NearMiss(b, n, e)
@@ -120,14 +130,15 @@ def nearest_gpu_counts(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob,
 def choose_batch(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int, tolerance: float,
                  space: SearchSpace = SearchSpace(), memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
                  framework: str = "megatron", solver: str = "cpsat", convention: FlopsConvention = "megatron",
-                 at_risk_margin: float | None = None) -> int | None:
+                 at_risk_margin: float | None = None, budget: Budget | None = None,
+                 progress: Progress = no_progress) -> int | None:
     """The global batch ``plan --global-batch-size-tolerance`` plans for when the requested one does not plan:
     the nearest feasible batch within ``tolerance`` (a fraction) of the request, the higher throughput at equal
     distance; None when none plans in that window."""
     b = job.global_batch_size
     lo, hi = max(1, math.ceil(b * (1 - tolerance))), math.floor(b * (1 + tolerance))
     below, above = nearest_batches(model, cluster, job, num_gpus, space, memory_headroom, framework, solver,
-                                   convention, lo, hi, at_risk_margin)
+                                   convention, lo, hi, at_risk_margin, budget, progress)
     hits = [h for h in (below, above) if h is not None]
     if not hits:
         return None

@@ -13,6 +13,7 @@ from model_zoo.spec import ModelSpec
 
 from .checks import DEFAULT_MEMORY_HEADROOM
 from .evaluation import Evaluation, evaluate
+from .progress import Budget, Progress, no_progress
 from .ranking import nearest_key, rank_plans
 from .recompute import dominated_by_no_recompute, with_fewest_recomputed_layers
 from .solver import solve
@@ -30,6 +31,8 @@ class SearchResult:
     #: False when ``num_feasible`` counts the candidates whose memory lower bound fits (CP-SAT stopped re-scoring
     #: early): an upper bound of the feasible count
     num_feasible_exact: bool = True
+    #: one line when the search stopped at its time budget (``fewest_gpus``): what was and was not tried
+    note: str | None = None
 
 
 def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int, top_k: int = 5,
@@ -74,7 +77,7 @@ def run_search(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpu
                space: SearchSpace = SearchSpace(), memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
                framework: str = "megatron", solver: str = "cpsat", objective: str = "throughput",
                within: float = 0.05, convention: FlopsConvention = "megatron",
-               at_risk_margin: float | None = None) -> SearchResult:
+               at_risk_margin: float | None = None, progress: Progress = no_progress) -> SearchResult:
     """Dispatch to the CP-SAT solver (default) or the enumerator; both return a ``SearchResult``.
 
     ``objective`` ``headroom``: among plans within ``within`` (fraction) of the best step time, most memory
@@ -87,17 +90,19 @@ def run_search(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpu
     """
     if at_risk_margin is not None and at_risk_margin > memory_headroom:
         safe = run_search(model, cluster, job, num_gpus, top_k, space, at_risk_margin, framework, solver, objective,
-                          within, convention)
+                          within, convention, progress=progress)
         if len(safe.plans) >= top_k:
             return safe
         risky = run_search(model, cluster, job, num_gpus, top_k, space, memory_headroom, framework, solver,
-                           objective, within, convention)
+                           objective, within, convention, progress=progress)
         seen = {e.parallel for e in safe.plans}
         risky.plans = (safe.plans + [e for e in risky.plans if e.parallel not in seen])[:top_k]
         return risky
     if solver == "enumerate":
+        def counted(n: int) -> None:
+            progress(f"--solver enumerate (brute force): {n:,} candidates evaluated")
         return enumerate_plans(model, cluster, job, num_gpus, top_k, space, memory_headroom, framework, convention,
-                               objective=objective, within=within)
+                               counted, objective=objective, within=within)
     r = solve(model, cluster, job, num_gpus, top_k, space, memory_headroom, framework, convention,
               objective=objective, within=within)
     return SearchResult(r.plans, r.num_candidates, r.num_feasible, r.nearest_infeasible, r.num_feasible_exact)
@@ -119,7 +124,8 @@ def fewest_gpus(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, max_gp
                 framework: str = "megatron", solver: str = "cpsat", target_step_s: float | None = None,
                 target_tokens_per_day: float | None = None,
                 convention: FlopsConvention = "megatron",
-                meets: Callable[[Evaluation, int], bool] | None = None) -> tuple[SearchResult, int]:
+                meets: Callable[[Evaluation, int], bool] | None = None, budget: Budget | None = None,
+                progress: Progress = no_progress) -> tuple[SearchResult, int]:
     """Fewest GPUs (a multiple of the node size, up to ``max_gpus``) whose best plan meets the target (step
     seconds, or tokens per day = tokens/s x 86,400, or ``meets(plan, gpus)``, e.g. a deadline: planner/cost_search.py).
     Returns the plans that meet it and the GPU count.
@@ -127,11 +133,15 @@ def fewest_gpus(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, max_gp
     Doubling from one node brackets the answer between the last count that misses and the first that meets it;
     bisection over node counts then narrows it (assuming, as the cost model does almost everywhere, that the best
     throughput does not fall when GPUs are added inside the bracket: the answer meets the target and the node count
-    just below it was tried and missed).
+    just below it was tried and missed). Each count tried is one search, reported to ``progress``; when ``budget``
+    (wall seconds) is spent the search stops and ``note`` says so: with a count that meets the target, that count
+    (it may not be the fewest); without, no plan.
     """
     gpn = cluster.node.gpus_per_node
+    budget = budget or Budget(None)
 
     def attempt(n):
+        progress(f"min-gpus: planning on {n:,} GPUs")
         res = run_search(model, cluster, job, n, top_k, space, memory_headroom, framework, solver,
                          convention=convention)
         ok = [e for e in res.plans if (target_step_s is None or e.step.step_s <= target_step_s) and
@@ -139,8 +149,20 @@ def fewest_gpus(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, max_gp
               (meets is None or meets(e, n))]
         return res, ok
 
+    def spent(what: str) -> str | None:
+        if not budget.spent:
+            return None
+        return (f"--objective min-gpus stopped after {budget.elapsed_s:.0f} s, the time budget, {what}; raise "
+                f"--time-budget to try them")
+
     lo, hit = 0, None  # lo: largest node count known to miss
+    res = None
     for n in gpu_counts(cluster, max_gpus):
+        note = spent(f"before trying {n:,} GPUs and more")
+        if note:
+            res = res or SearchResult([], 0, 0, [])
+            res.plans, res.note = [], note
+            return res, max_gpus
         res, ok = attempt(n)
         if ok:
             res.plans = ok
@@ -152,6 +174,11 @@ def fewest_gpus(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, max_gp
         return res, max_gpus
     hi = hit[1] // gpn
     while hi - lo > 1:
+        note = spent(f"with {hi * gpn:,} GPUs meeting the target and {(lo + 1) * gpn:,}-{(hi - 1) * gpn:,} not all "
+                     f"tried (the answer may be fewer)")
+        if note:
+            hit[0].note = note
+            break
         mid = (lo + hi) // 2
         res, ok = attempt(mid * gpn)
         if ok:

@@ -186,6 +186,10 @@ def structures(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpu
                     continue
                 if cp > 1 and s % (2 * cp):
                     continue
+                if framework == "deepspeed" and cp > 1 and (model.num_attention_heads // tp) % cp:
+                    # Megatron-DeepSpeed runs cp as DeepSpeed-Ulysses, whose all-to-all scatters each tp rank's
+                    # attention heads over the cp ranks (planner.checks: deepspeed_ulysses_heads)
+                    continue
                 dp = num_gpus // (tp * pp * cp)
                 eps = [1]
                 if model.moe is not None:

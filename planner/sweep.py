@@ -26,6 +26,7 @@ import itertools
 import json
 import os
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -137,13 +138,13 @@ def load_grid(source: str | os.PathLike[str] | dict[str, Any] | Grid) -> Grid:
         return source
     if not isinstance(source, dict):
         import yaml
-        try:
-            with open(source, encoding="utf-8") as fh:
-                source = yaml.safe_load(fh)
-        except OSError as e:
-            raise PlanInputError(f"{source}: cannot read: {e.strerror}") from None
+
+        from model_zoo.input_guard import parse, read_text
+        try:  # size, UTF-8, nesting and alias expansion checked like every input file (issue 14)
+            source = parse(read_text(Path(source), 2**20, PlanInputError, "grid"), "yaml", f"grid {source}",
+                           PlanInputError)
         except yaml.YAMLError as e:
-            raise PlanInputError(f"{source}: malformed YAML: {str(e).splitlines()[0]}") from None
+            raise PlanInputError(f"{source}: malformed YAML: {' '.join(str(e).split())[:200]}") from None
         if not isinstance(source, dict):
             raise PlanInputError("grid: top level must be a mapping (models, clusters, gpus, ...)")
     try:
@@ -260,7 +261,7 @@ def _sweep_ray(todo, report) -> list[SweepRow]:
 # ---------------------------------------------------------------------------------------------- output
 def to_jsonl(rows: list[SweepRow]) -> str:
     """One JSON object per line, keys in ``COLUMNS`` order."""
-    return "".join(json.dumps(r.model_dump(mode="json")) + "\n" for r in rows)
+    return "".join(json.dumps(r.model_dump(mode="json"), allow_nan=False) + "\n" for r in rows)
 
 
 def to_csv(rows: list[SweepRow]) -> str:

@@ -51,8 +51,8 @@ from model_zoo.spec import ModelSpec
 
 from .bound_facts import (INVALID, ZEROS, BoundContext, MicroBatchFacts, StructureFacts, context, end_extras,
                           microbatch_facts, structure_facts, with_comm, with_memory_facts)
-from .bound_terms import (d_bound, min_recomputed_layers, o_bound, pipeline_bound, rank_fb, stored_bytes,
-                          working_bytes, z_bound)
+from .bound_terms import (d_bound, min_recomputed_layers, o_bound, paired_microbatches, pipeline_bound, rank_fb,
+                          stored_bytes, working_bytes, z_bound)
 from .space import MAX_VPP, SearchSpace, Structure, micro_batch_options, schedule_options, to_parallel
 
 V = MAX_VPP
@@ -195,9 +195,11 @@ def schedule_rows(ctx: BoundContext, T: Tables, sf: StructureFacts, mb: MicroBat
 
     * time: each rank is busy at least ``m`` x its chunks' forward + backward, less the EP all-to-all an
       overlapped pair hides (``pipeline_ops.fb_seconds`` >= F + B - hide_F - hide_B; hide = (1 - EP_OVERLAP_EXPOSED)
-      of each MoE layer's all-to-all, forward and backward), with the embedding and the output layer on the ranks
-      the schedule puts them (``layout.holds_embedding`` / ``holds_output``); no start-up term and no DP tightening
-      (``E = O``, ``Z = D = 0``): weaker than the default rows', still below the scalar model;
+      of each MoE layer's all-to-all, forward and backward; ``bound_terms.paired_microbatches``), with the embedding
+      and the output layer on the ranks the schedule puts them (``layout.holds_embedding`` / ``holds_output``); the
+      ZeRO-3 time every schedule adds (``D``, ``bound_terms.d_bound``: the step model adds the FSDP gathers to any
+      makespan, and a rank holds at most ``n_hi`` layers); no start-up term and no DP tightening (``E = O + D``,
+      ``Z = 0``): weaker than the default rows', still below the scalar model;
     * memory: the default rows' terms with the schedule's own placement (a V puts the embedding and the output
       layer's weights and logits on rank 0) and in-flight micro-batches (its op order).
     """
@@ -226,9 +228,10 @@ def schedule_rows(ctx: BoundContext, T: Tables, sf: StructureFacts, mb: MicroBat
                         f, b = f + mb.emb, b + 2 * mb.emb
                     if holds_output(pv, stage):
                         f, b = f + lf, b + lb
-                    best = max(best, m * (f + b - 2 * hide * nm * ep_s))
+                    best = max(best, m * (f + b) - 2 * hide * nm * ep_s * paired_microbatches(m, v))
                 P[int(sp)][v - 1] = best
-        E = [O[z] if z in zz else INVALID for z in ZEROS]
+        D = [d_bound(sf, m, z) for z in ZEROS]
+        E = [O[z] + D[z] if z in zz else INVALID for z in ZEROS]
         vocab, tok = sf.vocab, mb.tok
         Wk, Xk = [], []
         for stage, nd, nm, r in sf.lay.groups:
@@ -249,7 +252,7 @@ def schedule_rows(ctx: BoundContext, T: Tables, sf: StructureFacts, mb: MicroBat
                     infl = in_flight_microbatches(pars[v], stage, m)
                     xs[int(sp)][v - 1] = stored * infl + max(present, default=0.0)
             Xk.append(xs)
-        T.add((st, mb.mbs, rc, sched), A, P, E, Wk, Xk, [[0.0] * 4 for _ in range(2)], O, [0.0] * 4)
+        T.add((st, mb.mbs, rc, sched), A, P, E, Wk, Xk, [[0.0] * 4 for _ in range(2)], O, D)
 
 
 def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int,

@@ -24,7 +24,6 @@ evaluated rows, overall and per ``source.group``.
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -255,30 +254,79 @@ def default_dataset() -> Path:
     return Path(str(resources.files("planner") / "data" / "published_runs_dev.yaml"))
 
 
+#: Largest dataset read: the packaged development rows are 190 KiB; 4 MiB is 20x that and parses in a few seconds.
+MAX_DATASET_BYTES = 4 * 2**20
+
+
+def _row_ranges() -> dict[tuple[str, str], Any]:
+    """(section, key) -> ``Plausible`` range of every number a row may hold: the specs' own ranges (model_zoo/spec.py,
+    cluster_specs/spec.py, cost_models/config.py) for what they describe, the ones below for measurements."""
+    from cluster_specs.spec import MAX_GPUS
+    from cost_models.config import GLOBAL_BATCH
+    from model_zoo import spec as ms
+    from model_zoo.input_guard import Plausible
+    degree = Plausible(1, MAX_GPUS, "a parallel degree: one GPU to MAX_GPUS")
+    fraction = Plausible(1e-4, 1, "a fraction of peak")
+    return {
+        **{("parallel", k): degree for k in ("tp", "pp", "dp", "cp", "ep", "etp", "virtual_pipeline")},
+        ("parallel", "micro_batch_size"): GLOBAL_BATCH, ("parallel", "global_batch_size"): GLOBAL_BATCH,
+        ("hardware", "num_gpus"): degree, ("hardware", "gpus_per_node"): degree,
+        ("hardware", "memory_gb"): Plausible(1, 100 * 288, "1 GB to 100x the 288 GB of the largest GPUs"),
+        ("architecture", "num_layers"): ms.LAYERS, ("architecture", "hidden_size"): ms.WIDTH,
+        ("architecture", "num_attention_heads"): ms.HEADS, ("architecture", "num_kv_heads"): ms.HEADS,
+        ("architecture", "ffn_hidden_size"): ms.FFN, ("architecture", "vocab_size"): ms.VOCAB,
+        ("architecture", "seq_length"): ms.POSITIONS,
+        ("measured", "tokens_per_sec_per_gpu"): Plausible(1e-3, 1e9, "up to a 1B model at 100x GB200's peak"),
+        ("measured", "tflops_per_gpu"): Plausible(1e-3, 1e6, "up to 100x GB200's dense FP4 10 PFLOP/s"),
+        ("measured", "mfu"): fraction, ("measured", "hfu"): fraction,
+        ("measured", "step_time_s"): Plausible(1e-4, 1e6, "0.1 ms to 11 days per step"),
+    }
+
+
 def load_rows(path: str | Path | None = None) -> list[dict[str, Any]]:
-    """Rows of a published-runs YAML file (a list of mappings with ``id``); one-line error on bad input."""
+    """Rows of a published-runs YAML file (a list of mappings with ``id``); one-line error on bad input: a file that
+    cannot be read, is larger than MAX_DATASET_BYTES, not UTF-8, malformed or nested too deep; a row whose numbers
+    are not numbers or outside their plausible range (``_row_ranges``), naming the row and the field."""
+    from model_zoo.input_guard import parse, read_text
     p = Path(path) if path is not None else default_dataset()
-    if not p.is_file():
-        raise PlanInputError(f"--dataset: {p}: " + ("is a directory; give a YAML file" if p.is_dir()
-                                                    else "no such file"))
     try:
-        # libyaml's loader where PyYAML was built with it (4x faster on the 6,600-line dev rows), same result
-        data = yaml.load(p.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        is_file, is_dir = p.is_file(), p.is_dir()
+    except (OSError, ValueError) as e:  # a name too long for the file system
+        raise PlanInputError(f"--dataset: {str(p)[:200]}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+    if not is_file:
+        raise PlanInputError(f"--dataset: {p}: " + ("is a directory; give a YAML file" if is_dir else "no such file"))
+    text = read_text(p, MAX_DATASET_BYTES, PlanInputError, "--dataset")
+    try:
+        data = parse(text, "yaml", f"--dataset: {p.name}", PlanInputError)
     except yaml.YAMLError as exc:
-        raise PlanInputError(f"--dataset: {p.name}: malformed YAML: {str(exc).splitlines()[0]}") from None
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise PlanInputError(f"--dataset: {p.name}: malformed YAML{at}: {' '.join(str(problem).split())}") from None
     if not isinstance(data, list) or not all(isinstance(r, dict) and "id" in r for r in data):
         raise PlanInputError(f"--dataset: {p.name}: must be a YAML list of rows, each with an 'id'")
     seen: set = set()
+    ranges = _row_ranges()
     for r in data:
-        if r["id"] in seen:
-            raise PlanInputError(f"--dataset: {p.name}: row id {r['id']!r} appears twice")
-        seen.add(r["id"])
-        par = r.get("parallel")
-        for k in ("tp", "pp", "dp", "cp", "ep", "etp", "virtual_pipeline", "micro_batch_size", "global_batch_size"):
-            v = par.get(k) if isinstance(par, dict) else None
-            if isinstance(v, bool):
-                raise PlanInputError(f"--dataset: {p.name}: row {r['id']!r}: parallel.{k} must be an integer, "
-                                     f"got {v!r}")
+        rid = r["id"]
+        if not isinstance(rid, (str, int)) or isinstance(rid, bool):
+            raise PlanInputError(f"--dataset: {p.name}: row id {str(rid)[:60]!r} must be a string")
+        if rid in seen:
+            raise PlanInputError(f"--dataset: {p.name}: row id {rid!r} appears twice")
+        seen.add(rid)
+        for section in ("source", "model", "architecture", "hardware", "parallel", "measured"):
+            if r.get(section) is not None and not isinstance(r[section], dict):
+                raise PlanInputError(f"--dataset: {p.name}: row {rid!r}: {section} must be a mapping")
+        for (section, k), rng in ranges.items():
+            v = (r.get(section) or {}).get(k)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise PlanInputError(f"--dataset: {p.name}: row {rid!r}: {section}.{k} must be a number, got "
+                                     f"{str(v)[:60]!r}")
+            bad = rng.message(f"{section}.{k}", v)
+            if bad:
+                raise PlanInputError(f"--dataset: {p.name}: row {rid!r}: {bad}")
     return data
 
 
@@ -706,4 +754,6 @@ def run_validation(path: str | Path | None = None) -> ValidationReport:
 
 
 def report_json(rep: ValidationReport) -> str:
-    return json.dumps(rep.to_dict(), indent=2, sort_keys=False)
+    """The report as strict JSON (a non-finite number is a ``PlanInternalError`` naming the field)."""
+    from .document import dumps_finite
+    return dumps_finite(rep.to_dict(), "validate report", indent=2, sort_keys=False)

@@ -325,7 +325,7 @@ def test_missing_field_named(tmp_path):
 def test_bad_value_named(tmp_path):
     d = _h100_dict()
     d["calibration"]["nvlink_bus_efficiency"] = 1.5
-    with pytest.raises(ClusterSpecError, match=r"field 'calibration.nvlink_bus_efficiency': "):
+    with pytest.raises(ClusterSpecError, match=r"field 'calibration.nvlink_bus_efficiency' = 1.5 is outside \[0.01, 1\]"):
         load_cluster(str(_write(tmp_path, d)))
 
 

@@ -77,7 +77,7 @@ def test_evaluate_price_option_and_async(run_cli):
      "exactly one of"),
     (["plan", "-c", "dgx-h100,dgx-h200"], "give --train-tokens"),
     (["plan", "-c", "dgx-h100,dgx-a100-80g:4", "--train-tokens", "1e9"], "mixes names and NAME:NODES"),
-    (["plan", "-c", "dgx-h100:4,dgx-a100-80g:4", "--train-tokens", "1e9"], "--train-tokens: a plan over pools"),
+    (["plan", "-c", "dgx-h100:4,dgx-a100-80g:4", "--train-tokens", "1e9"], "--train-tokens: not available over pools"),
     (["plan", "-c", "dgx-h100,dgx-h200", "--train-tokens", "1e9", "--emit", "megatron"], "give one --cluster"),
     (["plan", "-c", "dgx-h100,no-such-cluster", "--train-tokens", "1e9"], "no-such-cluster"),
     (["plan", "--train-tokens", "1e9", "--plot", "x.pdf"], "--plot x.pdf: the file must end in .png or .svg"),

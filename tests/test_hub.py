@@ -37,6 +37,15 @@ def _exc(cls, msg="stub"):
     return e
 
 
+@pytest.fixture(autouse=True)
+def resolvable_hub(monkeypatch):
+    """The Hub's host name resolves (no DNS query leaves the test): the stubs below decide what the request does."""
+    import model_zoo.hub as hub_mod
+    monkeypatch.setattr(hub_mod.socket, "getaddrinfo", lambda *a, **kw: [(2, 1, 6, "", ("192.0.2.1", 443))])
+    for v in hub_mod._PROXY_VARS:
+        monkeypatch.delenv(v, raising=False)
+
+
 @pytest.fixture
 def hub_cache(tmp_path, monkeypatch):
     cache = tmp_path / "hub"
@@ -156,3 +165,28 @@ def test_unreadable_cached_config(tmp_path, monkeypatch, no_network):
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     with pytest.raises(ModelSpecError, match="unreadable"):
         fetch_config("org/broken")
+
+
+def test_unresolvable_hub_fails_at_once_without_a_request(hub_cache, monkeypatch):
+    """An air-gapped machine (no DNS): `plan3d plan --model Qwen/Qwen3-8B` waited 24.8 s while huggingface_hub
+    retried the failed lookup 5 times with backoff (1+2+4+8+8 s); the lookup is checked once and no request is made.
+    With a proxy set, the proxy resolves names: no lookup here."""
+    import socket
+
+    import model_zoo.hub as hub_mod
+
+    def no_dns(*a, **kw):
+        raise socket.gaierror(-2, "Name or service not known")
+
+    def no_request(*a, **kw):
+        if kw.get("local_files_only"):
+            raise _exc(hub_errors.LocalEntryNotFoundError)
+        raise AssertionError("a request was made")
+
+    monkeypatch.setattr(hub_mod.socket, "getaddrinfo", no_dns)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", no_request)
+    with pytest.raises(ModelSpecError, match=r"cannot reach the Hub \(gaierror: .*Name or service not known"):
+        fetch_config("org/uncached-model")
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    with pytest.raises(AssertionError, match="a request was made"):
+        fetch_config("org/uncached-model")

@@ -79,3 +79,16 @@ def test_tolerance_input_errors(run_cli):
         assert r.exit_code == 2 and "--global-batch-size-tolerance" in r.stderr
     r = run_cli("plan", "--global-batch-size-tolerance", "0.1", "--objective", "min-gpus", "--target-step-s", "5")
     assert r.exit_code == 2 and "--global-batch-size-tolerance applies to" in r.stderr
+
+
+def test_near_misses_stop_at_the_time_budget(run_cli):
+    """The near-miss searches are steps of plan's --time-budget (issue 14): none starts once it is spent, and the
+    error says the search stopped rather than that nothing plans nearby."""
+    from planner.progress import Budget
+    spent = Budget(0.0)
+    job = TrainingJob(global_batch_size=2520, seq_length=2048)
+    assert nearest_batches(M, C, job, 5128, budget=spent) == (None, None)
+    assert nearest_gpu_counts(M, C, job, 5128, budget=spent) == (None, None)
+    r = run_cli("plan", *JOB, "--global-batch-size", "2520", "--time-budget", "0.001")
+    assert r.exit_code == 1
+    assert "no feasible global batches nearby" in r.stderr and "the time budget; raise --time-budget" in r.stderr

@@ -141,13 +141,13 @@ def test_no_published_configuration_is_predicted_infeasible(report):
 
 
 @pytest.mark.parametrize("path,value,needle", [
-    ("parallel.tp", 0, "ParallelConfig.tp"),
-    ("parallel.tp", "eight", "invalid literal for int()"),
-    ("architecture.num_attention_heads", 0, "invalid value"),
-    ("architecture", [1, 2], "invalid value"),
-    ("measured.tflops_per_gpu", "fast", "could not convert string to float"),
-    ("measured.tflops_per_gpu", -5.0, "must be a positive number, got -5.0"),
-    ("parallel.tp", True, "parallel.tp must be an integer, got True"),
+    ("parallel.tp", 0, "field 'parallel.tp' = 0 is outside [1, 1638400]"),
+    ("parallel.tp", "eight", "parallel.tp must be a number, got 'eight'"),
+    ("architecture.num_attention_heads", 0, "field 'architecture.num_attention_heads' = 0 is outside [1, 16000]"),
+    ("architecture", [1, 2], "architecture must be a mapping"),
+    ("measured.tflops_per_gpu", "fast", "measured.tflops_per_gpu must be a number, got 'fast'"),
+    ("measured.tflops_per_gpu", -5.0, "field 'measured.tflops_per_gpu' = -5 is outside [0.001, 1e+06]"),
+    ("parallel.tp", True, "parallel.tp must be a number, got 'True'"),
 ])
 def test_bad_dataset_rows_are_one_line_errors(run_cli, tmp_path, path, value, needle):
     import copy

@@ -85,11 +85,11 @@ def _parts(framework: str, launch, header: str) -> tuple[dict[str, str], str, li
         args = launch.megatron_deepspeed
         in_script = ["$CONFIG_DIR/ds_config.json" if a == "ds_config.json" else a for a in args]
         # Megatron-DeepSpeed reads real data only: set DATA_ARGS (--data-path, --vocab-file, --merge-file).
-        return ({"ds_config.json": json.dumps(launch.deepspeed, indent=2) + "\n",
+        return ({"ds_config.json": json.dumps(launch.deepspeed, indent=2, allow_nan=False) + "\n",
                  "megatron_deepspeed_args.txt": "\n".join(pair_args(args)) + "\n"}, "pretrain_gpt.py", in_script,
                 env, [], SCRIPT_TRAIN_ARGS)
     if framework == "colossalai":
-        return ({"colossalai_plugin.json": json.dumps(launch.colossalai, indent=2) + "\n",
+        return ({"colossalai_plugin.json": json.dumps(launch.colossalai, indent=2, allow_nan=False) + "\n",
                  "colossalai_plugin.py": colossalai_script(launch.colossalai, header)}, "train.py", [], env, [], [])
     return ({"torchtitan.toml": launch.torchtitan_toml,
              "torchtitan_overrides.txt": "\n".join(pair_args(launch.torchtitan_overrides)) + "\n"},
@@ -125,7 +125,7 @@ def emit_files(doc, framework: str, rank: int = 1, launcher: str = "scripts") ->
         if launcher == "k8s":
             raise EmitUnsupported(f"plan #{rank}: --launcher k8s needs a Megatron-DeepSpeed launch: "
                                   f"{launch.unsupported['megatron_deepspeed']}")
-        return {"ds_config.json": json.dumps(launch.deepspeed, indent=2) + "\n",
+        return {"ds_config.json": json.dumps(launch.deepspeed, indent=2, allow_nan=False) + "\n",
                 "megatron_deepspeed_unsupported.txt": f"# {header}\n# Megatron-DeepSpeed launch not emitted: "
                                                       f"{launch.unsupported['megatron_deepspeed']}\n"}
     configs, entry, args, env, data, train = _parts(framework, launch, header)

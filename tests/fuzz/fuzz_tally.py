@@ -1,0 +1,118 @@
+"""The fuzz suite's budget and tally (issue 14).
+
+Budget: ``PLAN3D_FUZZ_N`` inputs in all (default ``CI_FUZZ_N``, about a minute on the 2-core CI machine), split over
+the four groups by ``SHARES``. Hypothesis runs derandomized (a fixed seed per test), without its database and without
+shrinking, so CI sees the same inputs every time and a run goes through its whole budget, collecting every broken
+invariant instead of stopping at the first; each test then fails if its group found any.
+
+At the end pytest prints, per group, the inputs run and the findings by kind (with the shortest example of each),
+and the slowest inputs with their wall and CPU seconds; the same goes to ``PLAN3D_FUZZ_REPORT`` (default
+``.pytest_cache/plan3d_fuzz_report.json``) for ``benchmarks/bench_fuzz_slowest.py``.
+"""
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from pathlib import Path
+
+from hypothesis import HealthCheck, Phase, assume, settings
+
+from .fuzz_harness import Finding, Outcome, check_outcome, run_inprocess
+
+#: Default total inputs (CI): the suite's other tests take ~2 min; this keeps the fuzz suite near one minute.
+CI_FUZZ_N = 120
+FUZZ_N = int(os.environ.get("PLAN3D_FUZZ_N", CI_FUZZ_N))
+#: Share of the budget per group: argument vectors are cheap (most end at parsing), valid jobs the dearest.
+SHARES = {"argv": 0.4, "model_files": 0.2, "cluster_files": 0.2, "valid_jobs": 0.2}
+#: Slowest inputs kept for the report.
+KEEP_SLOWEST = 25
+
+
+def fuzz_settings(group: str) -> settings:
+    return settings(max_examples=max(1, round(FUZZ_N * SHARES[group])), deadline=None, derandomize=True,
+                    database=None, phases=[Phase.explicit, Phase.generate],
+                    suppress_health_check=list(HealthCheck))
+
+
+class Tally:
+    """Inputs run, findings and the slowest inputs, per group."""
+
+    def __init__(self):
+        self.runs: dict[str, int] = defaultdict(int)
+        self.findings: dict[str, list[Finding]] = defaultdict(list)
+        self.slowest: list[tuple[float, float, str, list[str], dict]] = []
+        self.seen: set = set()
+        #: the inputs during which the process's peak memory grew most (MiB, argv)
+        self.memory: list[tuple[float, list[str]]] = []
+
+    def record(self, group: str, o: Outcome, findings: list[Finding], files=None) -> None:
+        """Count a run; keep it among the slowest (by CPU seconds: the machine's load does not count) with its input
+        files (``files()``: path -> text), so a slow generated input can be reproduced."""
+        self.runs[group] += 1
+        self.findings[group] += findings
+        if o.rss_growth_mib > 64:
+            self.memory.append((round(o.rss_growth_mib), o.argv))
+            self.memory.sort(key=lambda x: -x[0])
+            del self.memory[10:]
+        if len(self.slowest) < KEEP_SLOWEST or o.cpu_s > self.slowest[-1][1]:
+            self.slowest.append((o.wall_s, o.cpu_s, group, o.argv, files() if files else {}))
+            self.slowest.sort(key=lambda x: -x[1])
+            del self.slowest[KEEP_SLOWEST:]
+
+    def by_kind(self, group: str) -> dict[str, list[Finding]]:
+        out: dict[str, list[Finding]] = defaultdict(list)
+        for f in self.findings[group]:
+            out[f.kind].append(f)
+        return out
+
+    def summary(self, group: str) -> str:
+        lines = []
+        for kind, fs in sorted(self.by_kind(group).items(), key=lambda x: -len(x[1])):
+            ex = min(fs, key=lambda f: len(" ".join(f.argv)))
+            lines.append(f"  {len(fs):5d} x {kind}: {ex.detail[:240]}\n          plan3d {' '.join(ex.argv)[:400]}")
+        return "\n".join(lines)
+
+    def report(self) -> dict:
+        return {"inputs": dict(self.runs), "total_inputs": sum(self.runs.values()),
+                "findings": {g: {k: len(v) for k, v in self.by_kind(g).items()} for g in self.runs},
+                "examples": [{"kind": f.kind, "detail": f.detail, "argv": f.argv, "files": f.files}
+                             for g in self.runs for fs in self.by_kind(g).values() for f in fs[:3]],
+                "memory_growth_mib": [{"mib": m, "argv": a} for m, a in self.memory],
+                "slowest": [{"wall_s": round(w, 3), "cpu_s": round(c, 3), "group": g, "argv": a, "files": f}
+                            for w, c, g, a, f in self.slowest]}
+
+
+TALLY = Tally()
+#: a file holding the input now running (``PLAN3D_FUZZ_CURRENT``), unset: none
+CURRENT = Path(os.environ["PLAN3D_FUZZ_CURRENT"]) if os.environ.get("PLAN3D_FUZZ_CURRENT") else None
+
+
+def fuzz_one(group: str, argv: list[str], scratch, rerun: bool = False) -> Outcome | None:
+    """Run one input in-process, check it, re-run it for byte identity when asked (or when it was quick), tally.
+    An input this group already ran is rejected (``assume``): hypothesis then draws another, so the budget counts
+    distinct inputs."""
+    key = (group, scratch.key(argv))
+    assume(key not in TALLY.seen)
+    TALLY.seen.add(key)
+    if CURRENT:  # the input now running, for a run the kernel kills
+        try:
+            CURRENT.write_text(" ".join(argv) + "\n")
+        except OSError:
+            pass
+    o = run_inprocess(argv, cwd=str(scratch.root))
+    findings = check_outcome(o)
+    # a run cut short by its wall-clock time budget may stop elsewhere on a re-run: not a determinism finding
+    if not findings and o.code in (0, 1) and (rerun or o.wall_s < 0.3) and "time budget" not in o.stderr:
+        o2 = run_inprocess(argv, cwd=str(scratch.root))
+        if (o2.code, o2.stdout) != (o.code, o.stdout):
+            findings.append(Finding("not byte-identical on a re-run", f"exit {o.code} then {o2.code}", argv))
+    if findings:
+        for f in findings:
+            f.files = scratch.contents(argv)
+    TALLY.record(group, o, findings, lambda: scratch.contents(argv))
+    return o
+
+
+def assert_clean(group: str) -> None:
+    assert not TALLY.findings[group], (f"{len(TALLY.findings[group])} findings in {TALLY.runs[group]} inputs:\n"
+                                       + TALLY.summary(group))
