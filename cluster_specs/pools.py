@@ -150,11 +150,11 @@ def _one_error(e: ValidationError) -> str:
 def is_pools_file(ref: str | Path) -> bool:
     """Whether ``ref`` names a YAML file whose top level has a ``pools:`` list (a mixed cluster)."""
     p = Path(str(ref)).expanduser()
-    if p.suffix.lower() not in (".yaml", ".yml") or not p.is_file():
-        return False
     try:
+        if p.suffix.lower() not in (".yaml", ".yml") or not p.is_file():
+            return False
         data = _read_guarded(p)
-    except (ClusterSpecError, yaml.YAMLError):
+    except (OSError, ClusterSpecError, yaml.YAMLError):  # e.g. a name too long for the file system
         return False  # the cluster loader reports it, in one line
     return isinstance(data, dict) and "pools" in data
 

@@ -305,7 +305,8 @@ def test_nearest_changes_stop_at_the_time_budget(run_cli):
 def test_slow_network_between_stages_is_bounded_in_the_search(tmp_path):
     # Mixtral-8x7B on 128 GPUs of a cluster with 1 GbE between nodes: the pipeline's sends dominate, which the
     # per-rank bound left out, so 4,959 candidates were re-scored (19 s). The bounds must stay below the scalar
-    # model (the search's exactness rests on it) and let only a few hundred through (540).
+    # model (the search's exactness rests on it) and let only a small share through (540 before the searched
+    # pipeline schedules; 1,082 with them, each MoE cell also under combined 1F1B / DualPipe).
     import numpy as np
 
     from cluster_specs import load_cluster
@@ -320,10 +321,10 @@ def test_slow_network_between_stages_is_bounded_in_the_search(tmp_path):
     tight = T.tight(A, P)
     idx = np.argwhere(np.isfinite(A[:, None, :, None] + P[:, :, :, None] + E[:, None, None, :]))
     for ki, spi, vi, zi in idx[np.random.default_rng(0).choice(len(idx), 40, replace=False)]:
-        st, mbs, rc = T.keys[ki]
-        ev = evaluate(m, c, job, to_parallel(st, mbs, int(vi) + 1, int(zi), bool(spi), rc), 128)
+        st, mbs, rc, schedule = T.keys[ki]
+        ev = evaluate(m, c, job, to_parallel(st, mbs, int(vi) + 1, int(zi), bool(spi), rc, schedule), 128)
         assert ev.step is None or tight[ki, spi, vi, zi] <= ev.step.step_s * (1 + 1e-9)
-    assert solve(m, c, job, 128).num_rescored < 1000
+    assert solve(m, c, job, 128).num_rescored < 1500
 
 
 def test_per_layer_sums_run_per_kind():
