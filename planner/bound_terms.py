@@ -213,9 +213,18 @@ def busiest_rank_bounds(ctx: BoundContext, sf: StructureFacts, mbss, only_v1) ->
                 best = min(best, paired_bound(ctx, sf, m, lambda nd, nm: (
                     (nd * d[0] if nd and d is not None else 0.0) + (nm * e[0] if nm and e is not None else 0.0),
                     (nd * d[1] if nd and d is not None else 0.0) + (nm * e[1] if nm and e is not None else 0.0)),
-                    e[6] if e is not None else 0.0, v1))
+                    e[6] if e is not None else 0.0, v1, p2p_seconds(ctx, st, tok, sp)))
         out.append(best)
     return out
+
+
+def sends_around(rank: int) -> int:
+    """Point-to-point sends that lie outside rank ``rank``'s busy time in any schedule that puts virtual stage r on
+    rank r (Megatron's interleaving, the V schedules): its first op waits for micro-batch 0's forward through
+    stages 0..r-1 on ranks 0..r-1 (``rank`` sends), and its last op holds a backward of stage r that must still go
+    back through those ranks to stage 0 (``rank`` sends); ``pipeline_ops.replay`` charges every send between
+    ranks."""
+    return 2 * rank
 
 
 def paired_microbatches(m: int, v: int) -> int:
@@ -226,17 +235,19 @@ def paired_microbatches(m: int, v: int) -> int:
     return m - 1 if v == 1 else m
 
 
-def paired_bound(ctx: BoundContext, sf: StructureFacts, m: int, fb, ep_s: float, v1: bool = False) -> float:
+def paired_bound(ctx: BoundContext, sf: StructureFacts, m: int, fb, ep_s: float, v1: bool = False,
+                 p2p: float = 0.0) -> float:
     """A lower bound (seconds) of the rows of the framework's other pipeline schedules (``tables.schedule_rows``):
     every rank is busy at least m x its layers' forward + backward (``fb(nd, nm)``, without the embedding and the
     output layer, which a V schedule moves), less the EP all-to-all an overlapped pair hides (``sf.pair_hide`` of
     each MoE layer's ``ep_s`` forward and backward, for at most ``paired_microbatches`` micro-batches; ``v1``: vpp
-    1 is the only choice), plus the smallest ``O + D`` (those rows have ``E = O + D``)."""
+    1 is the only choice) and after ``sends_around``'s point-to-point sends (``p2p`` seconds each), plus the
+    smallest ``O + D`` (those rows have ``E = O + D``)."""
     busy = 0.0
     pairs = paired_microbatches(m, 1 if v1 else 2)
-    for _, nd, nm, _ in sf.lay.groups:
+    for stage, nd, nm, _ in sf.lay.groups:
         f, b = fb(nd, nm)
-        busy = max(busy, m * (f + b) - 2 * sf.pair_hide * nm * ep_s * pairs)
+        busy = max(busy, m * (f + b) - 2 * sf.pair_hide * nm * ep_s * pairs + sends_around(stage) * p2p)
     return busy + min(o_bound(ctx, sf, m, z) + d_bound(sf, m, z) for z in sf.zs)
 
 
@@ -298,5 +309,6 @@ def group_bound(ctx: BoundContext, sf: StructureFacts, mbs: int, mem_limit: floa
         for rc in ctx.space.recompute:
             for sp in sf.sps:
                 ep_s = mb.lay[sp][1][6] if 1 in mb.lay[sp] else 0.0
-                best = min(best, paired_bound(ctx, sf, mb.m, rank_fb(ctx, mb, rc, sp, 1), ep_s, mb.vpps == [1]))
+                best = min(best, paired_bound(ctx, sf, mb.m, rank_fb(ctx, mb, rc, sp, 1), ep_s, mb.vpps == [1],
+                                              p2p_seconds(ctx, sf.st, mb.tok, sp)))
     return best, fits

@@ -50,9 +50,9 @@ from cost_models.pipeline import PAIRING_SCHEDULES
 from model_zoo.spec import ModelSpec
 
 from .bound_facts import (INVALID, ZEROS, BoundContext, MicroBatchFacts, StructureFacts, context, end_extras,
-                          microbatch_facts, structure_facts, with_comm, with_memory_facts)
+                          microbatch_facts, p2p_seconds, structure_facts, with_comm, with_memory_facts)
 from .bound_terms import (d_bound, min_recomputed_layers, o_bound, paired_microbatches, pipeline_bound, rank_fb,
-                          stored_bytes, working_bytes, z_bound)
+                          sends_around, stored_bytes, working_bytes, z_bound)
 from .space import MAX_VPP, SearchSpace, Structure, micro_batch_options, schedule_options, to_parallel
 
 V = MAX_VPP
@@ -195,7 +195,8 @@ def schedule_rows(ctx: BoundContext, T: Tables, sf: StructureFacts, mb: MicroBat
 
     * time: each rank is busy at least ``m`` x its chunks' forward + backward, less the EP all-to-all an
       overlapped pair hides (``pipeline_ops.fb_seconds`` >= F + B - hide_F - hide_B; hide = (1 - EP_OVERLAP_EXPOSED)
-      of each MoE layer's all-to-all, forward and backward; ``bound_terms.paired_microbatches``), with the embedding
+      of each MoE layer's all-to-all, forward and backward; ``bound_terms.paired_microbatches``), plus the sends
+      outside the rank's busy time (``bound_terms.sends_around``), with the embedding
       and the output layer on the ranks the schedule puts them (``layout.holds_embedding`` / ``holds_output``); the
       ZeRO-3 time every schedule adds (``D``, ``bound_terms.d_bound``: the step model adds the FSDP gathers to any
       makespan, and a rank holds at most ``n_hi`` layers); no start-up term and no DP tightening (``E = O + D``,
@@ -221,6 +222,7 @@ def schedule_rows(ctx: BoundContext, T: Tables, sf: StructureFacts, mb: MicroBat
             for sp in sf.sps:
                 fb = rank_fb(ctx, mb, rc, sp, 1)  # at least one recomputed layer per chunk (any in-flight count)
                 ep_s = mb.lay[sp][1][6] if 1 in mb.lay[sp] else 0.0
+                p2p = p2p_seconds(ctx, st, mb.tok, sp)
                 best = 0.0
                 for stage, nd, nm, _ in sf.lay.groups:
                     f, b = fb(nd, nm, v)
@@ -228,7 +230,8 @@ def schedule_rows(ctx: BoundContext, T: Tables, sf: StructureFacts, mb: MicroBat
                         f, b = f + mb.emb, b + 2 * mb.emb
                     if holds_output(pv, stage):
                         f, b = f + lf, b + lb
-                    best = max(best, m * (f + b) - 2 * hide * nm * ep_s * paired_microbatches(m, v))
+                    best = max(best, m * (f + b) - 2 * hide * nm * ep_s * paired_microbatches(m, v)
+                               + sends_around(stage) * p2p)
                 P[int(sp)][v - 1] = best
         D = [d_bound(sf, m, z) for z in ZEROS]
         E = [O[z] + D[z] if z in zz else INVALID for z in ZEROS]

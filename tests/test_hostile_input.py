@@ -308,7 +308,8 @@ def test_slow_network_between_stages_is_bounded_in_the_search(tmp_path):
     # model (the search's exactness rests on it) and let only a small share through (540 before the searched
     # pipeline schedules; 1,082 with them, each MoE cell also under combined 1F1B / DualPipe). In issue 11's whole
     # space (every micro-batch, cp, etp, first/last split) the default schedule's rows let 1,094 through and the
-    # combined 1F1B / DualPipeV rows, whose bounds have no send or in-flight term yet, 1,074 more (2,168, 9.7 s CPU).
+    # combined 1F1B / DualPipeV rows, whose bounds charge the sends around each rank but no in-flight limit yet,
+    # 891 more (1,985, 8.2 s CPU).
     import numpy as np
 
     from cluster_specs import load_cluster
