@@ -147,6 +147,7 @@ class PlanOptions(JobOptions, CostOptions, total=False):
     target_step_s: float | None
     target_tokens_per_day: float | None
     deadline_days: float | None
+    global_batch_size_tolerance: float | None
     tp: int | None
     pp: int | None
     cp: int | None
@@ -155,6 +156,8 @@ class PlanOptions(JobOptions, CostOptions, total=False):
     micro_batch_size: int | None
     zero_stage: int | None
     recompute: Literal["none", "selective", "full"] | None
+    first_stage_layers: int | None
+    last_stage_layers: int | None
     pipeline_schedule: str | None
     #: wall seconds that repeated planning may take (min-gpus counts, nearest-change searches; ``None``: no limit;
     #: default ``planner.progress.DEFAULT_BUDGET_S``) and a callback told each step (a progress line)
@@ -406,6 +409,7 @@ class _PlanSetup:
     budget: Any  # planner.progress.Budget: wall seconds for repeated planning
     progress: Callable[[str], None]  # told each step of repeated planning (a status line)
     at_risk_margin: float = DEFAULT_AT_RISK_MARGIN
+    gbs_tolerance: float | None = None
 
     def problem(self):
         """The deadline searches' ``planner.cost_search.Problem`` on this setup's cluster."""
@@ -446,6 +450,12 @@ def _plan_setup(model, cluster, options: dict[str, Any]) -> _PlanSetup:
                              "--deadline-days")
     if objective != "min-gpus" and (step_t is not None or tok_t is not None):
         raise PlanInputError("--target-step-s / --target-tokens-per-day need --objective min-gpus")
+    tol = o.get("global_batch_size_tolerance")
+    if tol is not None:
+        if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0.0 <= tol < 1.0:
+            raise PlanInputError(f"--global-batch-size-tolerance {tol!r}: must be a fraction in [0, 1)")
+        if objective not in ("throughput", "headroom"):
+            raise PlanInputError("--global-batch-size-tolerance applies to --objective throughput or headroom")
     top_k = o.get("top_k", 5)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise PlanInputError(f"--top-k {top_k!r}: must be a positive integer")
@@ -462,7 +472,8 @@ def _plan_setup(model, cluster, options: dict[str, Any]) -> _PlanSetup:
                                  f"{', '.join(searched)} (evaluate takes any schedule)")
     from .space import SearchSpace
     one = lambda x: None if x is None else (x,)  # noqa: E731
-    sp_kw: dict[str, Any] = {k: one(o.get(k)) for k in ("tp", "pp", "cp", "ep", "vpp")}
+    sp_kw: dict[str, Any] = {k: one(o.get(k)) for k in ("tp", "pp", "cp", "ep", "vpp", "first_stage_layers",
+                                                         "last_stage_layers")}
     for k in ("micro_batch_size", "zero_stage", "recompute", "pipeline_schedule"):
         if o.get(k) is not None:
             sp_kw[k] = (o[k],)
@@ -473,7 +484,8 @@ def _plan_setup(model, cluster, options: dict[str, Any]) -> _PlanSetup:
         raise PlanInputError(f"--time-budget {seconds!r}: must be a positive number of seconds")
     return _PlanSetup(inputs, objective, solver, conv, headroom, top_k, within, step_t, tok_t,
                       None if deadline is None else float(deadline), cost, SearchSpace(**sp_kw), Budget(seconds),
-                      o.get("progress") or no_progress, _at_risk_margin(o.get("at_risk_margin")))
+                      o.get("progress") or no_progress, _at_risk_margin(o.get("at_risk_margin")),
+                      None if tol is None else float(tol))
 
 
 def plan(model: ModelLike | None = None, cluster: ClusterLike | None = None,
@@ -485,9 +497,13 @@ def plan(model: ModelLike | None = None, cluster: ClusterLike | None = None,
     ``flops_convention`` megatron), the search (``top_k`` 5, ``solver`` cpsat|enumerate, ``objective``
     throughput|headroom|min-gpus|cost with ``within`` / ``target_step_s`` / ``target_tokens_per_day`` /
     ``deadline_days``), pins (``tp``, ``pp``, ``cp``, ``ep``, ``vpp``, ``micro_batch_size``, ``zero_stage``,
-    ``recompute``) and the cost options (``train_tokens``, ...: ``CostOptions``; each plan then has a ``cost``).
+    ``recompute``, ``first_stage_layers`` / ``last_stage_layers``: the decoder layers of the end stages) and the cost options (``train_tokens``, ...: ``CostOptions``; each plan then has a ``cost``).
     With ``gpus`` an upper bound, ``objective`` min-gpus finds the fewest GPUs that meet the target or deadline and
     ``cost`` the fewest GPU-hours that finish by ``deadline_days`` (planner/cost_search.py).
+    ``global_batch_size_tolerance`` F (a fraction in [0, 1); objectives throughput and headroom): when the
+    requested global batch does not plan, plan the nearest one within F of it that does
+    (``planner.near_miss.choose_batch``); ``input.job.requested_global_batch_size`` then holds the request and
+    ``global_batch_size`` the batch planned.
     The document's ``search_stats`` tells how many candidates were examined and found feasible.
 
     Raises ``NoFeasiblePlan`` (nothing fits: the message names the binding constraint, by how much, and the
@@ -514,11 +530,21 @@ def plan(model: ModelLike | None = None, cluster: ClusterLike | None = None,
         res = run_search(m, c, job, n, top_k, space, headroom, fw, st.solver, st.objective,
                          DEFAULT_WITHIN if st.within is None else st.within, st.convention, margin,
                          progress=st.progress)
+        if not res.plans and st.gbs_tolerance:
+            from .near_miss import choose_batch
+            gbs = choose_batch(m, c, job, n, st.gbs_tolerance, space, headroom, fw, st.solver, st.convention,
+                               margin, st.budget, st.progress)
+            if gbs is not None:
+                job = job.model_copy(update={"global_batch_size": gbs})
+                res = run_search(m, c, job, n, top_k, space, headroom, fw, st.solver, st.objective,
+                                 DEFAULT_WITHIN if st.within is None else st.within, st.convention, margin,
+                                 progress=st.progress)
     if not res.plans:
         from .explanation import why_infeasible
         raise NoFeasiblePlan(why_infeasible(m, c, job, n, res, space, headroom, fw, st.target_step_s,
-                                            st.target_tokens_per_day, st.budget, st.progress))
-    doc = build_document(m, c, job, n, res.plans, margin)
+                                            st.target_tokens_per_day, margin, st.budget, st.progress))
+    asked = st.inputs.job.global_batch_size if st.gbs_tolerance is not None else None
+    doc = build_document(m, c, job, n, res.plans, margin, asked)
     attach_costs(doc, res.plans, m, c, job, n, st.cost)
     doc._search_stats = SearchStats(res.num_candidates, res.num_feasible, res.num_feasible_exact, res.note)
     return doc

@@ -14,9 +14,13 @@ Rules and their sources (formulas.md Sec. 7.1 "Checks enforced"; field_cases.md 
 * sequence by ``2*cp`` (load-balanced causal attention: 2·cp chunks) and by ``cp*tp`` under sequence
   parallelism — NeMo-RL PR #3563 (F21).
 * MoE: experts by ep; the expert grid ``etp*ep*pp`` divides the world (dense and expert grids both tile it,
-  F16); tp > 1 with ep > 1 requires sequence parallelism (Megatron ``arguments.py``; NeMo-Launcher PR #309, F21).
+  F16); tp > 1 with ep > 1 requires sequence parallelism (Megatron ``arguments.py``; NeMo-Launcher PR #309, F21);
+  the expert FFN width by etp (Megatron's column-parallel expert linears ``divide`` it); torchtitan's expert tensor
+  parallel degree is 1 or tp (``ParallelDims``, formulas.md Sec. 7.3).
 * DeepSpeed's pipeline engine supports ZeRO stage <= 1 only (``deepspeed/runtime/pipe/engine.py``; F19).
-* Megatron-DeepSpeed cannot combine its Ulysses sequence parallelism (cp > 1) with Megatron SP (``megatron/initialize.py``).
+* Megatron-DeepSpeed cannot combine its Ulysses sequence parallelism (cp > 1) with Megatron SP (``megatron/initialize.py``);
+  Ulysses' all-to-all scatters the attention heads, so the heads per tp rank divide by cp
+  (``deepspeed/sequence/layer.py``: ``DistributedAttention`` splits the head dimension over the sequence group).
 * torchtitan: no ZeRO-1/2 (FSDP2 shards weights, gradients and optimizer state together: ``zero_stage`` 0 or 3
   only; torchtitan ``parallelize_llama``), sequence parallelism with any TP (``apply_tp``: SequenceParallel
   norms), no interleaved virtual stages with uneven first/last splits (torchtitan splits by module names, not by
@@ -158,6 +162,13 @@ def constraint_report(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, 
         add(_div("experts_ep", model.moe.num_experts, par.ep, "num_experts % ep"))
         add(_div("expert_grid", par.dp * par.cp * par.tp, par.ep * par.expert_tp,
                  "dp*cp*tp % (ep*etp) (world a multiple of the expert grid etp*ep*pp)"))
+        if par.ep > 1:
+            add(_div("expert_ffn_etp", model.moe.expert_ffn_hidden_size, par.expert_tp,
+                     "expert_ffn_hidden_size % etp (the expert linears split their width over etp ranks)"))
+        if framework == "torchtitan" and par.ep > 1:
+            ok = par.expert_tp in (1, par.tp)
+            add(Constraint("torchtitan_etp", ok, 0.0 if ok else -1.0, "",
+                           f"torchtitan expert_tensor_parallel_degree is 1 or tp ({par.tp}) (etp {par.expert_tp})"))
         if framework == "megatron" and par.tp > 1 and par.ep > 1:
             add(Constraint("ep_tp_needs_sp", par.sequence_parallel, 0.0 if par.sequence_parallel else -1.0, "",
                            "tp > 1 with ep > 1 requires sequence parallel (Megatron arguments.py)"))
@@ -175,6 +186,11 @@ def constraint_report(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, 
         add(Constraint("deepspeed_cp_sp", not par.sequence_parallel, 0.0 if not par.sequence_parallel else -1.0, "",
                        "Megatron-DeepSpeed runs cp as Ulysses sequence parallelism, which it refuses together with "
                        "Megatron sequence parallel (megatron/initialize.py)"))
+    if framework == "deepspeed" and par.cp > 1:
+        heads = model.num_attention_heads // par.tp
+        add(Constraint("deepspeed_ulysses_heads", heads % par.cp == 0, float(-(heads % par.cp)), "heads",
+                       f"DeepSpeed-Ulysses (cp) scatters the attention heads over the sequence group: heads per tp "
+                       f"rank ({model.num_attention_heads}/{par.tp}) divisible by cp {par.cp}"))
     account = par.account_for_embedding_in_pipeline_split or par.account_for_loss_in_pipeline_split
     if account and framework == "deepspeed":
         add(Constraint("account_split_framework", False, -1.0, "",

@@ -230,8 +230,8 @@ def _plans_table(doc, title: str, at_risk_margin: float = AT_RISK_DEFAULT):
     # tensor parallel size of a MoE model, a pipeline schedule other than 1F1B / interleaved 1F1B
     moe = doc.input.model.moe_experts is not None
     sched = any(p.parallel.pipeline_schedule not in ("1f1b", "interleaved") for p in doc.plans)
-    cols = ["#", "tp", "pp", "dp", "cp", "ep", *(["etp"] if moe else []), "vpp", "mbs", "zero", "sp", "recompute",
-            *(["schedule"] if sched else []), "peak GiB", "step s", "tokens/s", "TFLOP/s/GPU", "MFU", "ok"]
+    cols = ["#", "tp", "pp", "split", "dp", "cp", "ep", *(["etp"] if moe else []), "vpp", "mbs", "zero", "sp",
+            "recompute", *(["schedule"] if sched else []), "peak GiB", "step s", "tokens/s", "TFLOP/s/GPU", "MFU", "ok"]
     for col in cols + (["days", "GPU-hours", "$"] if costed else []):
         t.add_column(col, justify="right")
     if costed:
@@ -247,7 +247,7 @@ def _plans_table(doc, title: str, at_risk_margin: float = AT_RISK_DEFAULT):
             peak += " !"
         elif p.memory and p.memory.peak_bytes > p.memory.capacity_bytes:
             peak += " OOM"
-        t.add_row(str(p.rank), str(q.tp), str(q.pp), str(q.dp), str(q.cp), str(q.ep),
+        t.add_row(str(p.rank), str(q.tp), str(q.pp), _split_str(q), str(q.dp), str(q.cp), str(q.ep),
                   *([str(q.etp)] if moe else []), str(q.vpp),
                   str(q.micro_batch_size), str(q.zero_stage), "y" if q.sequence_parallel else "n",
                   q.recompute if q.recompute_num_layers is None else f"full {q.recompute_num_layers}/chunk",
@@ -279,6 +279,14 @@ def _tie_note(doc) -> str | None:
         return None
     return (f"plans 1-{n} are effectively tied: their step times lie within each other's ± interval (the "
             f"cross-validated error of 80% of published runs like these)")
+
+
+def _split_str(q) -> str:
+    """The table's layer split: first/last stage layers of an uneven split, "acct" for the account-for-embedding/
+    loss split, "-" for an even one."""
+    if q.first_stage_layers is not None or q.last_stage_layers is not None:
+        return f"{q.first_stage_layers or '-'}/{q.last_stage_layers or '-'}"
+    return "acct" if q.account_for_embedding_in_pipeline_split else "-"
 
 
 def _emit(doc, emit: Emit, output: Path | None, rank: int, framework: str | None = None,
@@ -425,6 +433,10 @@ def plan(
     pin_mbs: Annotated[Optional[int], typer.Option("--micro-batch-size", min=1, help="pin micro-batch size")] = None,
     pin_zero: Annotated[Optional[int], typer.Option("--zero-stage", min=0, max=3, help="pin ZeRO stage")] = None,
     pin_rc: Annotated[Optional[RecomputeOpt], typer.Option("--recompute", help="pin recompute")] = None,
+    pin_first: Annotated[Optional[int], typer.Option(
+        "--first-stage-layers", min=1, help="pin the decoder layers of the first pipeline stage")] = None,
+    pin_last: Annotated[Optional[int], typer.Option(
+        "--last-stage-layers", min=1, help="pin the decoder layers of the last pipeline stage")] = None,
     pin_schedule: ScheduleOptT = None,
     flops_convention: FlopsOpt = None, at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT,
     expert_load_imbalance: ImbalanceOpt = None,
@@ -436,12 +448,16 @@ def plan(
     plot: Annotated[Optional[Path], typer.Option(
         "--plot", help="draw cost against days over GPU counts (and clusters) to FILE.png|svg, the Pareto frontier "
                        "marked (needs --train-tokens)")] = None,
+    gbs_tolerance: Annotated[Optional[float], typer.Option(
+        "--global-batch-size-tolerance", min=0.0, max=0.99,
+        help="when no layout plans the requested global batch, plan the nearest one within this fraction of it "
+             "(reported in the title and as input.job.requested_global_batch_size)")] = None,
     timeline: Annotated[Optional[Path], typer.Option(
         "--timeline", help="pools (--cluster NAME:NODES,...): draw plan #--rank's schedule across the pools to "
                            "FILE.svg|png")] = None,
     time_budget: Annotated[float, typer.Option(
         "--time-budget", min=0.0, help="wall seconds for repeated planning (--objective min-gpus / cost, the search "
-                                       "for the nearest feasible change, --plot's sweep): it stops, saying so, when "
+                                       "for the nearest feasible change or batch, --plot's sweep): it stops, saying so, when "
                                        "they are spent (default 60)")] = 60.0,
 ) -> None:
     """Search the parallel layouts and print the best plans (default: llama3.1-8b on one dgx-h100 node).
@@ -500,7 +516,7 @@ def plan(
                 solver=solver.value, objective=objective.value, within=within, target_step_s=target_step_s,
                 target_tokens_per_day=target_tokens_per_day, tp=pin_tp, pp=pin_pp, cp=pin_cp, ep=pin_ep,
                 vpp=pin_vpp, micro_batch_size=pin_mbs, zero_stage=pin_zero, recompute=_value(pin_rc),
-                pipeline_schedule=_value(pin_schedule),
+                first_stage_layers=pin_first, last_stage_layers=pin_last, pipeline_schedule=_value(pin_schedule),
                 train_tokens=train_tokens, gpu_hour_price=gpu_hour_price, async_checkpoint=async_checkpoint,
                 interruption_rate=interruption_rate, restart_s=restart_s, pue=pue, deadline_days=deadline_days,
                 at_risk_margin=at_risk_margin, expert_load_imbalance=expert_load_imbalance,
@@ -508,6 +524,8 @@ def plan(
     if choice.kind != "single":
         if emit is not None:
             raise PlanInputError("--emit writes one plan: give one --cluster")
+        if gbs_tolerance is not None:
+            raise PlanInputError("--global-batch-size-tolerance plans one cluster: give one --cluster")
         cmp = api_compare(model, cluster, **opts)
         if plot is not None:
             _plot(cost_sweep(model, cluster, **opts), plot, cmp.model, train_tokens)
@@ -518,15 +536,18 @@ def plan(
                                  f"its row)")
         return
     with progress_line("plan3d plan") as progress:  # a status line on stderr while it is a terminal
-        doc = api_plan(model, cluster, **opts, progress=progress)
+        doc = api_plan(model, cluster, **opts, global_batch_size_tolerance=gbs_tolerance, progress=progress)
     if plot is not None:
         _plot(cost_sweep(model, cluster, **opts), plot, doc.input.model.name, train_tokens)
     i, stats = doc.input, doc.search_stats
     if stats.note:
         sys.stderr.write(f"plan3d: note: {stats.note}\n")
+    asked = i.job.requested_global_batch_size
+    gbs = f"{i.job.global_batch_size}" + (f" (requested {asked}, tolerance {gbs_tolerance:g})"
+                                          if asked is not None and asked != i.job.global_batch_size else "")
     _render(doc, fmt, output, emit,
             f"plan3d: {i.model.name} on {i.cluster.num_gpus} x {i.cluster.gpu} ({i.cluster.name}), GBS "
-            f"{i.job.global_batch_size} x seq {i.job.seq_length}, {i.job.precision}: top {len(doc.plans)} of "
+            f"{gbs} x seq {i.job.seq_length}, {i.job.precision}: top {len(doc.plans)} of "
             f"{'' if stats.exact else 'at most '}{stats.num_feasible} feasible ({stats.num_candidates} examined)",
             rank, framework.value, at_risk_margin, launcher)
 

@@ -23,7 +23,8 @@ from .progress import Budget, Progress, no_progress
 from .document import CostInfo
 from .errors import NoFeasiblePlan
 from .evaluation import Evaluation
-from .search import SearchResult, fewest_gpus, gpu_counts, rank_key, run_search
+from .ranking import rank_key
+from .search import SearchResult, fewest_gpus, gpu_counts, run_search
 from .space import SearchSpace
 
 

@@ -30,7 +30,8 @@ from .uncertainty import step_class, step_interval
 #:     as plan3d fallback --plan re-evaluates the same job)
 #: 1.4 (additive): time.step_s_low / step_s_high, throughput.mfu_low / mfu_high (planner/uncertainty.py);
 #:     input.job.expert_load_imbalance (--expert-load-imbalance: the dropless MoE busiest-expert ratio the plans were
-#:     sized for, cost_models/moe_imbalance.py; null = the sourced default)
+#:     sized for, cost_models/moe_imbalance.py; null = the sourced default); input.job.requested_global_batch_size
+#:     (plan --global-batch-size-tolerance)
 SCHEMA_VERSION = "1.4"
 
 
@@ -80,6 +81,9 @@ class JobInfo(_Strict):
     expert_load_imbalance: float | None = Field(
         None, description="dropless MoE: busiest expert's routed tokens over the mean (--expert-load-imbalance); null: "
                           "cost_models/moe_imbalance.py's sourced default")
+    requested_global_batch_size: int | None = Field(
+        None, description="plan --global-batch-size-tolerance: the global batch asked for (global_batch_size is the "
+                          "one planned, within the tolerance of it); null without a tolerance")
 
 
 class InputInfo(_Strict):
@@ -257,7 +261,8 @@ class PlanDocument(_Strict):
         return super().model_dump_json(**kwargs) if kwargs else to_json(self)
 
 
-def input_info(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int) -> InputInfo:
+def input_info(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int,
+               requested_global_batch_size: int | None = None) -> InputInfo:
     gpn = cluster.node.gpus_per_node
     return InputInfo(
         model=ModelInfo(name=model.name, num_parameters=model.num_parameters(),
@@ -270,7 +275,8 @@ def input_info(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpu
         job=JobInfo(global_batch_size=job.global_batch_size, seq_length=job.seq_length, precision=job.precision,
                     optimizer=job.optimizer, tokens_per_step=job.tokens_per_step, framework=job.framework,
                     flash_attention=job.flash_attention, dropout=job.dropout,
-                    expert_load_imbalance=job.expert_load_imbalance))
+                    expert_load_imbalance=job.expert_load_imbalance,
+                    requested_global_batch_size=requested_global_batch_size))
 
 
 def parallel_info(par: ParallelConfig, job: TrainingJob) -> ParallelInfo:
@@ -327,9 +333,12 @@ def plan_info(rank: int, ev: Evaluation, model: ModelSpec, cluster: ClusterSpec,
 
 
 def build_document(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int,
-                   evaluations: list[Evaluation], at_risk_margin: float = DEFAULT_AT_RISK_MARGIN) -> PlanDocument:
-    """The document for ``evaluations`` (already in rank order); ``at_risk_margin`` sets ``memory.at_risk``."""
-    return PlanDocument(input=input_info(model, cluster, job, num_gpus),
+                   evaluations: list[Evaluation], at_risk_margin: float = DEFAULT_AT_RISK_MARGIN,
+                   requested_global_batch_size: int | None = None) -> PlanDocument:
+    """The document for ``evaluations`` (already in rank order); ``at_risk_margin`` sets ``memory.at_risk``;
+    ``requested_global_batch_size``: the batch asked for when ``plan`` was given a tolerance (``job`` holds the
+    one planned)."""
+    return PlanDocument(input=input_info(model, cluster, job, num_gpus, requested_global_batch_size),
                         plans=[plan_info(i + 1, ev, model, cluster, job, at_risk_margin)
                                for i, ev in enumerate(evaluations)])
 

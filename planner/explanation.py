@@ -119,9 +119,10 @@ def nearest_changes(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, nu
         out += relief_on_layout(model, cluster, job, closest.parallel, num_gpus, memory_headroom, framework,
                                 "the closest layout")
     tries: list[tuple[str, str, dict]] = []  # (group, label, search arguments); the first fit of a group ends it
-    for field, full in (("zero_stage", (0, 1, 2, 3)), ("recompute", ("none", "selective", "full")),
-                        ("micro_batch_size", (1, 2, 4, 8))):
-        if tuple(getattr(space, field)) != full:
+    unpinned = SearchSpace()
+    for field in ("zero_stage", "recompute", "micro_batch_size"):
+        full = getattr(unpinned, field)
+        if getattr(space, field) != full:
             tries.append((field, f"unpin {field.replace('_', '-')}", {"sp": replace(space, **{field: full})}))
     s = job.seq_length
     for _ in range(4):
@@ -177,8 +178,9 @@ def closest_structural_violations(model: ModelSpec, cluster: ClusterSpec, job: T
                 split = layer_split(model, pp) or (None, None)
                 dp = max(1, num_gpus // (tp * pp * cp))
                 par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=(space.ep or (1,))[0],
-                                     micro_batch_size=space.micro_batch_size[0], zero_stage=space.zero_stage[0],
-                                     recompute=space.recompute[0], vpp=(space.vpp or (1,))[0],
+                                     micro_batch_size=(space.micro_batch_size or (1,))[0],
+                                     zero_stage=space.zero_stage[0], recompute=space.recompute[0],
+                                     vpp=(space.vpp or (1,))[0],
                                      first_stage_layers=split[0], last_stage_layers=split[1],
                                      sequence_parallel=tp > 1 and (space.ep or (1,))[0] > 1)
                 v = check_config(model, cluster, job, par, num_gpus, framework=framework)
@@ -195,9 +197,11 @@ def closest_structural_violations(model: ModelSpec, cluster: ClusterSpec, job: T
 def why_infeasible(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int, res, space=None,
                    memory_headroom: float = DEFAULT_MEMORY_HEADROOM, framework: str = "megatron",
                    target_step_s: float | None = None, target_tokens_per_day: float | None = None,
-                   budget: Budget | None = None, progress: Progress = no_progress) -> str:
-    """One line: which constraint binds, by how much, and the nearest changes with their predicted result (searched
-    within ``budget``, each try reported to ``progress``)."""
+                   at_risk_margin: float | None = None, budget: Budget | None = None,
+                   progress: Progress = no_progress) -> str:
+    """One line: which constraint binds, by how much, and the nearest changes with their predicted result (when no
+    layout divides the job: the nearest global batches and GPU counts that plan, searched as ``plan`` does, at
+    ``at_risk_margin``), searched within ``budget`` (wall seconds), each try reported to ``progress``."""
     head = f"no feasible plan for {model.name} on {num_gpus} x {cluster.gpu.name}"
     note = getattr(res, "note", None)
     if note:  # min-gpus (a target or a deadline) stopped at its time budget before trying every count
@@ -207,9 +211,23 @@ def why_infeasible(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num
                else f">= {target_tokens_per_day:.3g} tokens/day")
         return f"{head}: no GPU count up to {num_gpus} meets the target {tgt}; raise --gpus or relax the target"
     if not res.nearest_infeasible:
+        from .near_miss import describe, nearest_batches, nearest_gpu_counts
+        from .space import SearchSpace
         why = closest_structural_violations(model, cluster, job, num_gpus, space, framework)
+        gpn = cluster.node.gpus_per_node
+        sp = space or SearchSpace()
+        budget = budget or Budget(None)
+        batches = describe(*nearest_batches(model, cluster, job, num_gpus, sp, memory_headroom, framework,
+                                            at_risk_margin=at_risk_margin, budget=budget, progress=progress),
+                           "global batches", gpn)
+        gpus = describe(*nearest_gpu_counts(model, cluster, job, num_gpus, sp, memory_headroom, framework,
+                                            at_risk_margin=at_risk_margin, budget=budget, progress=progress),
+                        "GPU counts", gpn)
+        stop = (f" (stopped looking after {budget.elapsed_s:.0f} s, the time budget; raise --time-budget to look "
+                f"further)" if budget.spent else "")
         return (f"{head}: no layout satisfies the divisibility and framework rules; the closest breaks {why}; "
-                f"try another GPU count, global batch size, sequence length or pins")
+                f"{batches}; {gpus}{stop} (--global-batch-size-tolerance lets plan pick the batch); or change the "
+                f"sequence length or pins")
     ev = res.nearest_infeasible[0]
     mem = [v for v in ev.violations if v.name == "memory"]
     other = [v for v in ev.violations if v.name != "memory"]

@@ -20,23 +20,22 @@ world sizes can win is what makes this fast:
   the choice between half the GPUs with the original interleaved layout and ~94% of them with an odd pp.
 * Every candidate world size gets a lower bound of the step time of each structure (tp, pp, cp, dp) that forms it:
   the fastest forward + backward of a layer at that (tp, cp, micro-batch) (``planner.pool_costs.layer_times``, the
-  step model's own per-layer terms) and the embedding and output-layer seconds on the end stages, over the layer
-  split the search uses for that pp (``planner.space.layer_split``); where some micro-batch count allows
-  interleaving, the busiest rank's ``m`` forwards and backwards (``m max_r t_r``), where none does, the 1F1B bound
-  ``max_k (sum_{r<k} t_r + m t_k)`` (``pool_split.lower_bound``). Memory, DP traffic, recompute and the optimizer
-  only add to it. World sizes are taken in increasing order of their bound and solved exactly (``run_search``,
+  step model's own per-layer terms): the busiest rank's ``m`` forwards and backwards of the ``ceil(L / pp)``
+  layers every split puts on some stage (``planner.space.stage_splits``: the search tries several splits per pp;
+  with pp 1, of all layers and the embedding and output layer), over every micro-batch dividing the per-replica
+  batch. Memory, DP traffic, the bubble, recompute and the optimizer only add to it. World sizes are taken in increasing order of their bound and solved exactly (``run_search``,
   restricted to the (tp, pp, cp) whose bound is below the best step found so far for a count of lost nodes the
   world size fits); one whose every structure is slower than the best plans found for all the counts it fits is
   skipped. So the answer is the exact best of ``plan``'s space over all ``W <= G'`` (``tests/test_fallback.py``
   checks it against planning every world size). The bound's world sizes are a superset of what
-  ``planner.space.structures`` accepts (tp by the head count and NVLink domain, pp by the layer split, cp by the
+  ``planner.space.structures`` accepts (tp by the head count and NVLink domain, pp by the layer splits, cp by the
   sequence, dp by the global batch); it assumes the schedules ``plan`` ranks (1F1B, interleaved).
 """
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from cluster_specs.spec import ClusterSpec
 from cost_models.config import FlopsConvention, ParallelConfig, TrainingJob
@@ -44,8 +43,7 @@ from model_zoo.spec import ModelSpec
 
 from .evaluation import Evaluation, evaluate
 from .pool_costs import layer_kinds, layer_times
-from .pool_split import lower_bound
-from .space import MIN_TOKENS_PER_CP_RANK, SearchSpace, divisors, layer_split
+from .space import SearchSpace, divisors, stage_splits
 
 
 def min_gpus(par: ParallelConfig) -> int:
@@ -103,9 +101,8 @@ def _world_bounds(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, max_
     dom, gpn = cluster.node.nvlink_domain_size, cluster.node.gpus_per_node
     a = model.num_attention_heads
     tps = [t for t in range(1, dom + 1) if a % t == 0 and (space.tp is None or t in space.tp)]
-    cps = [c for c in divisors(s) if (c == 1 or (s % (2 * c) == 0 and s // c >= MIN_TOKENS_PER_CP_RANK))
-           and (space.cp is None or c in space.cp)]
-    pps = [p for p in range(1, L + 1) if layer_split(model, p) is not None and (space.pp is None or p in space.pp)]
+    cps = [c for c in divisors(s) if (c == 1 or s % (2 * c) == 0) and (space.cp is None or c in space.cp)]
+    pps = [p for p in range(1, L + 1) if stage_splits(L, p) and (space.pp is None or p in space.pp)]
     dps = divisors(gbs)
     kinds = layer_kinds(model)
     moe = model.moe is not None
@@ -130,11 +127,7 @@ def _world_bounds(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, max_
 
     out: dict[int, list[tuple[float, tuple[int, int, int]]]] = {}
     for pp in pps:
-        first, last = layer_split(model, pp)
-        if first is None:
-            counts = [L // pp] * pp
-        else:
-            counts = [first] + [(L - first - last) // (pp - 2)] * (pp - 2) + [last] if pp > 2 else [first, last]
+        busiest = -(-L // pp)  # every layer split of pp stages (planner.space.stage_splits) puts this many on one
         for tp in tps:
             for cp in cps:
                 mp = tp * pp * cp
@@ -145,18 +138,15 @@ def _world_bounds(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, max_
                     if w % gpn and gpn % w:
                         continue
                     lb = math.inf
-                    for mbs in space.micro_batch_size:
+                    for mbs in space.micro_batch_size or divisors(gbs // dp):
                         if gbs % (mbs * dp):
                             continue
                         m = gbs // (mbs * dp)
                         t, e_first, e_last = costs(tp, cp, mbs)
-                        times = [c * t for c in counts]
-                        times[0] += e_first
-                        times[-1] += e_last
-                        if pp > 1 and (m % pp or framework == "deepspeed"):
-                            bound = lower_bound(times, m)  # no interleaving: 1F1B over the layer split
-                        else:
-                            bound = m * max(times)  # the busiest rank runs m forwards and backwards of its layers
+                        if pp == 1:
+                            bound = m * (L * t + e_first + e_last)
+                        else:  # the busiest rank runs m forwards and backwards of its layers, whatever the split
+                            bound = m * busiest * t
                         lb = min(lb, bound)
                     if lb < math.inf:
                         out.setdefault(w, []).append((lb, (tp, pp, cp)))
@@ -198,9 +188,7 @@ def best_fallbacks(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, gpu
         if not open_:
             continue
         tps, pps, cps = (tuple(sorted({x[i] for x in open_})) for i in range(3))
-        sp = SearchSpace(tp=tps, pp=pps, cp=cps, ep=space.ep,
-                         micro_batch_size=space.micro_batch_size, zero_stage=space.zero_stage,
-                         recompute=space.recompute, sequence_parallel=space.sequence_parallel, vpp=space.vpp)
+        sp = replace(space, tp=tps, pp=pps, cp=cps)
         res = run_search(model, cluster, job, w, 1, sp, headroom, framework, convention=convention,
                          at_risk_margin=at_risk_margin)
         solved.append(w)

@@ -1,7 +1,5 @@
-"""Exhaustive search (the enumerator): every candidate of the space, memory-filtered, ranked by throughput.
-
-Ranking key (deterministic): higher tokens/s first; ties broken by lower peak memory, then by the
-configuration's knobs in a fixed order, so the same input always gives the same order.
+"""Exhaustive search (the enumerator): every candidate of the space, memory-filtered, ranked by
+``planner.ranking`` (the same order as the solver's), and the dispatch between the enumerator and the solver.
 """
 from __future__ import annotations
 
@@ -16,20 +14,10 @@ from model_zoo.spec import ModelSpec
 from .checks import DEFAULT_MEMORY_HEADROOM
 from .evaluation import Evaluation, evaluate
 from .progress import Budget, Progress, no_progress
+from .ranking import nearest_key, rank_plans
 from .recompute import dominated_by_no_recompute, with_fewest_recomputed_layers
-from .space import SearchSpace, candidates
-
-RECOMPUTE_ORDER = {"none": 0, "selective": 1, "full": 2}
-
-
-def config_key(p: ParallelConfig) -> tuple:
-    """Stable tie-break key of a configuration (smaller = preferred at equal throughput)."""
-    return (p.tp, p.pp, p.cp, p.ep, p.vpp, -p.micro_batch_size, p.zero_stage, RECOMPUTE_ORDER[p.recompute],
-            not p.sequence_parallel, p.dp, p.schedule or "")
-
-
-def rank_key(e: Evaluation) -> tuple:
-    return (-round(e.step.tokens_per_s, 6), round(e.memory.peak_bytes), config_key(e.parallel))
+from .solver import solve
+from .space import SearchSpace, candidates, dominated_by_cp_twin
 
 
 @dataclass
@@ -50,12 +38,14 @@ class SearchResult:
 def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int, top_k: int = 5,
                     space: SearchSpace = SearchSpace(), memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
                     framework: str = "megatron", convention: FlopsConvention = "megatron",
-                    progress: Callable[[int], None] | None = None) -> SearchResult:
-    """Evaluate every candidate; keep the ``top_k`` feasible ones by throughput. A full-recompute candidate that
-    fits with every layer recomputed is evaluated at the fewest recomputed layers per chunk that fit
-    (``planner.recompute.fewest_recomputed_layers``)."""
+                    progress: Callable[[int], None] | None = None, objective: str = "throughput",
+                    within: float = 0.05) -> SearchResult:
+    """Evaluate every candidate; keep the ``top_k`` feasible ones by ``planner.ranking.rank_plans``. Candidates
+    with an at-least-as-good context-parallel twin (``planner.space.dominated_by_cp_twin``) are counted, not
+    evaluated or listed, as in the solver. A full-recompute candidate that fits with every layer recomputed is
+    evaluated at the fewest recomputed layers per chunk that fit (``planner.recompute.fewest_recomputed_layers``)."""
     feasible: list[Evaluation] = []
-    near: list[tuple[float, Evaluation]] = []
+    near: list[tuple[tuple, ParallelConfig]] = []
     n = 0
     limit = cluster.gpu.memory_bytes * (1 - memory_headroom)
     drop_dominated = "none" in space.recompute  # as the solver (planner.recompute.dominated_by_no_recompute)
@@ -65,9 +55,11 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, nu
         n += 1
         if progress and n % 256 == 0:
             progress(n)
+        if dominated_by_cp_twin(par.cp, par.micro_batch_size, space):
+            continue  # a context-parallel twin is at least as good (planner.space.dominated_by_cp_twin)
         mem = estimate_memory(model, cluster, job, par)
         if mem.peak_bytes > limit:
-            near.append((mem.peak_bytes - limit, par))
+            near.append((nearest_key(mem.peak_bytes - limit, par), par))
             continue
         # full recompute: the fewest recomputed layers per chunk that fit (planner.recompute)
         par = with_fewest_recomputed_layers(model, cluster, job, par, framework, memory_headroom)
@@ -75,11 +67,10 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, nu
         if ev.feasible and not (drop_dominated and dominated_by_no_recompute(
                 model, cluster, job, par, ev.memory.peak_bytes, memory_headroom, framework)):
             feasible.append(ev)
-    feasible.sort(key=rank_key)
-    near.sort(key=lambda x: (x[0], config_key(x[1])))
+    near.sort(key=lambda x: x[0])
     nearest = [evaluate(model, cluster, job, p, num_gpus, memory_headroom, framework, convention)
                for _, p in near[:3]]
-    return SearchResult(feasible[:top_k], n, len(feasible), nearest)
+    return SearchResult(rank_plans(feasible, top_k, objective, within), n, len(feasible), nearest)
 
 
 def run_search(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int, top_k: int = 5,
@@ -110,18 +101,8 @@ def run_search(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpu
     if solver == "enumerate":
         def counted(n: int) -> None:
             progress(f"--solver enumerate (brute force): {n:,} candidates evaluated")
-        if objective == "headroom":
-            res = enumerate_plans(model, cluster, job, num_gpus, 10**9, space, memory_headroom, framework, convention,
-                                  counted)
-            if res.plans:
-                best = res.plans[0].step.step_s
-                keep = [e for e in res.plans if e.step.step_s <= best * (1 + within)]
-                keep.sort(key=lambda e: (round(e.memory.peak_bytes), rank_key(e)))
-                res.plans = keep[:top_k]
-            return res
         return enumerate_plans(model, cluster, job, num_gpus, top_k, space, memory_headroom, framework, convention,
-                               counted)
-    from .solver import solve
+                               counted, objective=objective, within=within)
     r = solve(model, cluster, job, num_gpus, top_k, space, memory_headroom, framework, convention,
               objective=objective, within=within)
     return SearchResult(r.plans, r.num_candidates, r.num_feasible, r.nearest_infeasible, r.num_feasible_exact)

@@ -2,18 +2,40 @@
 
 Both searches draw their candidates from here: the enumerator (``planner.search``) walks ``candidates``, the
 CP-SAT solver (``planner.solver``) takes the ``structures`` (tp, pp, cp, dp, ep, layer split) and the per-knob
-domains (``micro_batch_options``, ``vpp_options``, ``sp_options``, ``zero_options``, ``schedule_options``) as its
-variables' domains.
+domains (``micro_batch_options``, ``vpp_options``, ``sp_options``, ``zero_options``) as its variables' domains.
 The independent checker (``planner.checks``) re-checks every emitted plan without using this module.
 
 Rules (sources in ``planner.checks``): heads and KV heads by tp, tp within the NVLink domain, layers by pp (or a
 Megatron first/last uneven split), sequence by 2*cp (and by cp*tp under SP), experts by ep and the expert grid
 ``ep*etp`` dividing ``dp*cp*tp``, global batch by ``mbs*dp``, interleaving only with ``m % pp == 0`` and stage
-layer counts divisible by vpp, SP forced when tp > 1 and ep > 1 (Megatron), DeepSpeed pipeline with ZeRO <= 1 over an even
-layer split, torchtitan with ZeRO 0 or 3 (FSDP2) and no interleaving over an uneven split.
+layer counts divisible by vpp, SP forced when tp > 1 and ep > 1 (Megatron) and with any tp > 1 (torchtitan),
+DeepSpeed pipeline with ZeRO <= 1 over an even layer split, torchtitan with ZeRO 0 or 3 (FSDP2) and no
+interleaving over an uneven split; pipeline schedules by framework (``schedule_options``).
+
+The domains are what the frameworks accept, with three bounds that define the space (not prunes of it):
+
+* micro-batch: every divisor of the per-replica batch ``global_batch_size / dp`` (Megatron, DeepSpeed and
+  torchtitan take any size that divides it);
+* context parallelism: every divisor of ``world / (tp * pp)`` with ``seq_length % (2 * cp) == 0`` (load-balanced
+  causal CP); no minimum of tokens per rank: the step model prices the ring exchange that a short chunk cannot
+  hide (``cost_models.step_time``), so the ranking, not the space, decides;
+* expert tensor parallelism (MoE, ep > 1): Megatron every divisor of tp that divides the expert FFN width
+  (``--expert-tensor-parallel-size``; parallel_state needs ``etp * ep * pp`` to divide the world; the step model
+  prices ETP only inside the TP group, so etp > tp is left to ``evaluate``); torchtitan 1 or tp
+  (``expert_tensor_parallel_degree``); DeepSpeed 1;
+* uneven splits (``stage_splits``): Megatron's ``--decoder-first/last-pipeline-num-layers`` with each end stage
+  holding between ``mid - END_STAGE_LIGHTER`` and ``mid`` layers, ``mid`` the middle stages' count (pp 2: the
+  two stages within ``END_STAGE_LIGHTER`` layers of each other's half), besides the even split. The end stages
+  carry the embedding, the output layer, the loss and (first stage) the most in-flight micro-batches, so they are
+  the ones worth lightening (issue 10); a heavier end stage is both slower and larger than a middle one.
+
+The searches do not prune this space except where a proof says the optimum cannot be removed (``planner.solver``
+docstring).
 """
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -22,20 +44,21 @@ from cost_models.config import ParallelConfig, TrainingJob
 from cost_models.layout import uneven_split
 from model_zoo.spec import ModelSpec
 
-MICRO_BATCH_SIZES = (1, 2, 4, 8)
 ZERO_STAGES = (0, 1, 2, 3)
 #: Recompute granularities searched. ``full`` is not paired with a free ``recompute_num_layers``: the searches
 #: derive the fewest recomputed layers per chunk that fit (``planner.recompute``), since recompute time grows and
 #: memory falls with it.
 RECOMPUTE = ("none", "selective", "full")
 MAX_VPP = 8
-#: Smallest per-rank sequence chunk considered for context parallelism (tokens). Below ~2k tokens per rank the
-#: ring-attention KV exchange cannot hide behind attention compute (Megatron-LM docs, context_parallel.md
-#: recommends CP only for long sequences); a search-space bound, not a hard rule.
-MIN_TOKENS_PER_CP_RANK = 2048
+#: Most layers by which an end stage of an uneven split is lighter than a middle stage (``stage_splits``): the
+#: Llama 3 405B run lightened each end stage by 1 (7 + 14 x 8 + 7, Sec. 3.3.2), Megatron-Bridge's GLM-4.5 fix by 2
+#: (10 + 6 x 12 + 10, PR #5551); the output layer and loss weigh about V / (12 h) decoder layers (< 3 for every
+#: model of the zoo).
+END_STAGE_LIGHTER = 3
 
 
-def divisors(n: int) -> list[int]:
+@functools.lru_cache(maxsize=8192)
+def divisors(n: int) -> tuple[int, ...]:
     """Positive divisors of ``n`` in increasing order."""
     small, large = [], []
     i = 1
@@ -45,7 +68,7 @@ def divisors(n: int) -> list[int]:
             if i != n // i:
                 large.append(n // i)
         i += 1
-    return small + large[::-1]
+    return tuple(small + large[::-1])
 
 
 @dataclass(frozen=True)
@@ -56,12 +79,17 @@ class SearchSpace:
     pp: tuple[int, ...] | None = None
     cp: tuple[int, ...] | None = None
     ep: tuple[int, ...] | None = None
-    micro_batch_size: tuple[int, ...] = MICRO_BATCH_SIZES
+    #: None = every divisor of the per-replica batch
+    micro_batch_size: tuple[int, ...] | None = None
     zero_stage: tuple[int, ...] = ZERO_STAGES
     recompute: tuple[str, ...] = RECOMPUTE
     sequence_parallel: tuple[bool, ...] = (True, False)
     vpp: tuple[int, ...] | None = None
+    etp: tuple[int, ...] | None = None
     pipeline_schedule: tuple[str, ...] | None = None
+    #: pinned decoder layers of the first / last pipeline stage (whatever split gives them; the even split too)
+    first_stage_layers: tuple[int, ...] | None = None
+    last_stage_layers: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -87,7 +115,8 @@ class Structure:
 
 
 def layer_split(model: ModelSpec, pp: int) -> tuple[int | None, int | None] | None:
-    """Even split if possible, else Megatron first/last stage counts, else None (pp impossible)."""
+    """The default split: even if possible, else Megatron first/last stage counts (``layout.uneven_split``), else
+    None (pp impossible)."""
     if model.num_layers % pp == 0:
         return (None, None)
     if pp > model.num_layers:
@@ -95,13 +124,40 @@ def layer_split(model: ModelSpec, pp: int) -> tuple[int | None, int | None] | No
     return uneven_split(model.num_layers, pp)
 
 
+def stage_splits(num_layers: int, pp: int) -> list[tuple[int | None, int | None]]:
+    """Every layer split of the space over ``pp`` stages: ``(None, None)`` (even) when pp divides the layers, and
+    Megatron first/last counts ``(f, l)`` with ``mid - END_STAGE_LIGHTER <= f, l <= mid`` (f, l >= 1), the middle
+    stages holding ``mid = (L - f - l) / (pp - 2)`` each; pp 2: ``(f, L - f)`` with both within
+    ``END_STAGE_LIGHTER`` of ``L / 2``. Falls back to ``layout.uneven_split`` when none lies in that band.
+    Increasing (f, l) order, the even split first."""
+    L, d = num_layers, END_STAGE_LIGHTER
+    if pp == 1:
+        return [(None, None)]
+    out: list[tuple[int | None, int | None]] = [(None, None)] if L % pp == 0 else []
+    if pp > L:
+        return out
+    if pp == 2:
+        lo, hi = max(1, -(-L // 2) - d), min(L - 1, L // 2 + d)
+        out += [(f, L - f) for f in range(lo, hi + 1) if 2 * f != L]
+    else:
+        for mid in range(-(-L // pp), (L + 2 * d) // pp + 1):
+            rest = L - (pp - 2) * mid
+            for f in range(max(1, mid - d, rest - mid), min(mid, rest - max(1, mid - d)) + 1):
+                if (f, rest - f) != (mid, mid):
+                    out.append((f, rest - f))
+    if not out:
+        extra = uneven_split(L, pp)
+        if extra is not None:
+            out.append(extra)
+    return out
+
+
 def structures(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int,
                space: SearchSpace = SearchSpace(), framework: str = "megatron") -> Iterator[Structure]:
     """Every (tp, pp, cp, dp, ep, etp, split) with exact products that passes the divisibility rules.
 
-    Expert tensor parallelism (MoE, ep > 1): 1, or = tp (Megatron ``--expert-tensor-parallel-size``; torchtitan
-    allows exactly these two, ``expert_tensor_parallel_degree``); DeepSpeed gets 1. The expert grid ``ep x etp``
-    must divide ``dp x cp x tp``."""
+    Expert tensor parallelism (MoE, ep > 1): ``etp_options``. The expert grid ``ep x etp`` must divide
+    ``dp x cp x tp``. Layer splits: ``stage_splits``."""
     a, g = model.num_attention_heads, model.num_kv_heads
     dom = cluster.node.nvlink_domain_size
     s = job.seq_length
@@ -113,15 +169,26 @@ def structures(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpu
         for pp in divisors(num_gpus // tp):
             if space.pp is not None and pp not in space.pp:
                 continue
-            split = layer_split(model, pp)
-            if split is None or (framework == "deepspeed" and split != (None, None)):
+            splits = stage_splits(model.num_layers, pp)
+            if framework == "deepspeed":
                 # Megatron-DeepSpeed balances the layers itself (partition_method 'type:transformer', front-loaded:
                 # 126 over 16 as 14 x 8 + 2 x 7), which no first/last split describes: the emitter refuses those
+                splits = [x for x in splits if x == (None, None)]
+            if space.first_stage_layers is not None or space.last_stage_layers is not None:
+                even = model.num_layers // pp
+                splits = [(f, la) for f, la in splits
+                          if (space.first_stage_layers is None or (f or even) in space.first_stage_layers)
+                          and (space.last_stage_layers is None or (la or even) in space.last_stage_layers)]
+            if not splits:
                 continue
             for cp in divisors(num_gpus // (tp * pp)):
                 if space.cp is not None and cp not in space.cp:
                     continue
-                if cp > 1 and (s % (2 * cp) or s // cp < MIN_TOKENS_PER_CP_RANK):
+                if cp > 1 and s % (2 * cp):
+                    continue
+                if framework == "deepspeed" and cp > 1 and (model.num_attention_heads // tp) % cp:
+                    # Megatron-DeepSpeed runs cp as DeepSpeed-Ulysses, whose all-to-all scatters each tp rank's
+                    # attention heads over the cp ranks (planner.checks: deepspeed_ulysses_heads)
                     continue
                 dp = num_gpus // (tp * pp * cp)
                 eps = [1]
@@ -130,18 +197,38 @@ def structures(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpu
                 for ep in eps:
                     if space.ep is not None and ep not in space.ep:
                         continue
-                    if ep == 1:
-                        yield Structure(tp, pp, cp, dp, ep, None, split[0], split[1])
-                        continue
-                    etps = [1] if tp == 1 or framework == "deepspeed" else [1, tp]
+                    etps = [None] if ep == 1 else etp_options(model, tp, framework, space)
                     for etp in etps:
-                        if (dp * cp * tp) % (ep * etp) == 0:
-                            yield Structure(tp, pp, cp, dp, ep, etp, split[0], split[1])
+                        if etp is not None and (dp * cp * tp) % (ep * etp):
+                            continue
+                        for first, last in splits:
+                            yield Structure(tp, pp, cp, dp, ep, etp, first, last)
 
 
-def micro_batch_options(st: Structure, job: TrainingJob, space: SearchSpace = SearchSpace()) -> list[int]:
-    """Micro-batch sizes that divide the per-replica batch (global batch by mbs*dp)."""
-    return [b for b in space.micro_batch_size if job.global_batch_size % (b * st.dp) == 0]
+def etp_options(model: ModelSpec, tp: int, framework: str = "megatron",
+                space: SearchSpace = SearchSpace()) -> list[int]:
+    """Expert tensor parallel sizes for ep > 1: Megatron every divisor of tp dividing the expert FFN width
+    (``--expert-tensor-parallel-size``; ColumnParallelLinear divides the width by it), torchtitan 1 or tp
+    (``expert_tensor_parallel_degree``), DeepSpeed 1."""
+    if framework == "deepspeed" or tp == 1:
+        out = [1]
+    elif framework == "torchtitan":
+        out = [1, tp]
+    else:
+        width = model.moe.expert_ffn_hidden_size if model.moe is not None else 0
+        out = [e for e in divisors(tp) if width % e == 0]
+    return [e for e in out if space.etp is None or e in space.etp]
+
+
+def micro_batch_options(st: Structure, job: TrainingJob, space: SearchSpace = SearchSpace()) -> tuple[int, ...]:
+    """Micro-batch sizes that divide the per-replica batch ``global_batch_size / dp`` (increasing; none when dp
+    does not divide the global batch); ``space.micro_batch_size`` pins them."""
+    if job.global_batch_size % st.dp:
+        return ()
+    per_replica = job.global_batch_size // st.dp
+    if space.micro_batch_size is not None:
+        return tuple(b for b in space.micro_batch_size if per_replica % b == 0)
+    return divisors(per_replica)
 
 
 def vpp_options(model: ModelSpec, st: Structure, num_microbatches: int, framework: str = "megatron",
@@ -240,6 +327,33 @@ def schedule_options(model: ModelSpec, st: Structure, num_microbatches: int, vpp
         # a pinned default name (1f1b, interleaved) is the default schedule of its vpp
         out = [s for s in out if (s or ("interleaved" if vpp > 1 else "1f1b")) in pins]
     return out
+
+
+def dominated_by_cp_twin(cp: int, mbs: int, space: SearchSpace = SearchSpace()) -> bool:
+    """True when a point with context parallelism ``cp`` and micro-batch ``mbs`` has a context-parallel twin in
+    ``space`` that is at least as good on both axes, so neither search lists it: cp > 1 and mbs share a factor
+    c > 1, and the twin (cp / c, dp x c, mbs / c, every other knob equal) is allowed by the pins.
+
+    Why the twin is never worse (the cost models, ``cost_models.memory`` and ``cost_models.step_time``): both run
+    the same tokens per rank per micro-batch (mbs x s / cp), the same number of micro-batches (GBS / (mbs x dp)),
+    the same data-parallel x context-parallel shard group (dp x cp ranks, contiguous under Megatron's tp-cp-ep-dp-pp
+    order) and the same tp, ep and pp groups, so their GEMMs, element-wise passes, activations, logits, model states
+    and pipeline are identical; the twin's attention sees keys c times longer (the kernel's efficiency rises with
+    the key length), its ring exchange has fewer steps (none at cp 1), and its shard group has no fewer ranks per
+    NVLink domain. It satisfies every rule the point does (seq % 2cp, SP's seq / cp % tp, the expert grid, the
+    micro-batch divisibility, the framework rules; DeepSpeed's SP ban applies to cp > 1 only). At equal values the
+    ranking prefers the smaller cp (``planner.ranking.config_key``), so the optimum and the listed top K never
+    need the dominated point. tests/test_space_dominance.py checks the inequality on sampled pairs."""
+    if cp == 1:
+        return False
+    g = math.gcd(cp, mbs)
+    if g == 1:
+        return False
+    if space.cp is None and space.micro_batch_size is None:
+        return True
+    return any((space.cp is None or cp // c in space.cp)
+               and (space.micro_batch_size is None or mbs // c in space.micro_batch_size)
+               for c in divisors(g)[1:])
 
 
 def to_parallel(st: Structure, mbs: int, vpp: int, zero: int, sp: bool, rc: str,

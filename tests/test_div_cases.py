@@ -176,15 +176,33 @@ def test_f21_ep_with_tp_requires_sp():
 
 
 def test_expert_tensor_parallel_options_and_grid():
-    """Expert TP is 1 or tp (Megatron --expert-tensor-parallel-size; torchtitan allows only these), 1 for DeepSpeed;
-    every proposed layout tiles the world with the expert grid ep x etp (F16)."""
-    m = get_model("mixtral-8x7b")
+    """Expert TP (issue 11): Megatron any divisor of tp that divides the expert FFN width
+    (--expert-tensor-parallel-size; parallel_state needs etp*ep*pp to divide the world), torchtitan 1 or tp
+    (expert_tensor_parallel_degree), DeepSpeed 1; every proposed layout tiles the world with the expert grid
+    ep x etp (F16)."""
+    m = get_model("mixtral-8x7b")  # expert FFN 14336 = 2^11 x 7: every divisor of tp 8 divides it
     sp = SearchSpace(micro_batch_size=(1,), zero_stage=(1,), recompute=("full",))
     seen = set()
     for p in candidates(m, H100, JOB, 32, sp):
         if p.ep > 1:
-            assert p.expert_tp in (1, p.tp)
+            assert p.tp % p.expert_tp == 0
             assert (p.dp * p.cp * p.tp) % (p.ep * p.expert_tp) == 0
             seen.add((p.tp, p.expert_tp))
-    assert (4, 4) in seen and (4, 1) in seen
+    assert {(4, 4), (4, 2), (4, 1), (8, 8), (8, 4), (8, 2), (8, 1)} <= seen
+    fsdp = SearchSpace(micro_batch_size=(1,), zero_stage=(3,), recompute=("full",))
+    assert {p.expert_tp for p in candidates(m, H100, JOB, 32, fsdp, framework="torchtitan")
+            if p.ep > 1 and p.tp == 8} == {1, 8}
     assert all(p.expert_tp == 1 for p in candidates(m, H100, JOB, 32, sp, framework="deepspeed") if p.ep > 1)
+
+
+def test_expert_tensor_parallel_rules_are_checked():
+    """The checker rejects an expert width etp does not split (Megatron ``divide``) and, for torchtitan, any etp
+    other than 1 or tp (issue 11: the search now proposes every divisor of tp for Megatron)."""
+    m = get_model("mixtral-8x7b")  # expert FFN 14336 = 2^11 x 7
+    par = ParallelConfig(tp=8, pp=1, dp=4, ep=8, etp=2, sequence_parallel=True)
+    assert not {"expert_ffn_etp", "torchtitan_etp"} & _names(m, par, 32)
+    assert "torchtitan_etp" in _names(m, par.model_copy(update={"zero_stage": 3}), 32, framework="torchtitan")
+    assert "torchtitan_etp" not in _names(m, par.model_copy(update={"etp": 8, "zero_stage": 3}), 32,
+                                          framework="torchtitan")
+    odd = ParallelConfig(tp=6, pp=1, dp=4, ep=8, etp=3, sequence_parallel=True)
+    assert "expert_ffn_etp" in _names(m, odd, 24)

@@ -314,13 +314,17 @@ def test_slow_network_between_stages_is_bounded_in_the_search(tmp_path):
     # Mixtral-8x7B on 128 GPUs of a cluster with 1 GbE between nodes: the pipeline's sends dominate, which the
     # per-rank bound left out, so 4,959 candidates were re-scored (19 s). The bounds must stay below the scalar
     # model (the search's exactness rests on it) and let only a small share through (540 before the searched
-    # pipeline schedules; 1,082 with them, each MoE cell also under combined 1F1B / DualPipe).
+    # pipeline schedules; 1,082 with them, each MoE cell also under combined 1F1B / DualPipe). In issue 11's whole
+    # space (every micro-batch, cp, etp, first/last split) the default schedule's rows let 1,094 through and the
+    # combined 1F1B / DualPipeV rows, whose bounds charge the sends around each rank but no in-flight limit yet,
+    # 891 more (1,985, 8.2 s CPU).
     import numpy as np
 
     from cluster_specs import load_cluster
     from cost_models.config import TrainingJob
     from planner.evaluation import evaluate
-    from planner.solver import build_tables, solve
+    from planner.solver import solve
+    from planner.tables import build_tables
     from planner.space import to_parallel
     c = load_cluster(str(_cluster(tmp_path, ("network.nic_bandwidth_bytes_per_s", 1.25e8))))
     m, job = get_model("mixtral-8x7b"), TrainingJob()
@@ -332,7 +336,7 @@ def test_slow_network_between_stages_is_bounded_in_the_search(tmp_path):
         st, mbs, rc, schedule = T.keys[ki]
         ev = evaluate(m, c, job, to_parallel(st, mbs, int(vi) + 1, int(zi), bool(spi), rc, schedule), 128)
         assert ev.step is None or tight[ki, spi, vi, zi] <= ev.step.step_s * (1 + 1e-9)
-    assert solve(m, c, job, 128).num_rescored < 1500
+    assert solve(m, c, job, 128).num_rescored < 2500
 
 
 def test_per_layer_sums_run_per_kind():

@@ -165,7 +165,9 @@ def test_full_recompute_plans_dominated_by_no_recompute_are_not_listed(run_cli):
         q = p["parallel"]
         par = ParallelConfig(**{k: q[k] for k in ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch_size",
                                                   "zero_stage", "sequence_parallel", "recompute",
-                                                  "recompute_num_layers")})
+                                                  "recompute_num_layers", "first_stage_layers", "last_stage_layers",
+                                                  "account_for_embedding_in_pipeline_split",
+                                                  "account_for_loss_in_pipeline_split")})
         assert not dominated_by_no_recompute(M8, H100, TrainingJob(global_batch_size=1024, seq_length=4096), par,
                                              p["memory"]["peak_bytes"])
     pinned = run_cli("plan", "--recompute", "full", "--format", "json").json()["plans"]
