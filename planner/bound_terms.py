@@ -8,9 +8,11 @@ import math
 
 from cost_models.config import BYTES_16BIT
 from cost_models.memory import TOKEN_ID_BYTES
+from cost_models.pipeline import PAIRING_SCHEDULES
 
 from .bound_facts import (ZEROS, BoundContext, MicroBatchFacts, StructureFacts, end_extras, in_flight, layer_costs,
                           microbatch_facts, p2p_seconds, rank_runs, round_trips, stm, with_comm, with_memory_facts)
+from .space import schedule_options, vpp_options
 
 
 def z_bound(sf: StructureFacts, m: int, z: int, f0: float, b0: float) -> float:
@@ -122,13 +124,21 @@ def rank_fb(ctx: BoundContext, mb: MicroBatchFacts, rc: str, sp: bool, nlb: int)
 
 
 def pipeline_bound(ctx: BoundContext, sf: StructureFacts, mb: MicroBatchFacts, fb, v: int,
-                   minima: list | None = None) -> float:
+                   minima: list | None = None, hidden=None) -> float:
     """``P`` at vpp ``v``: max over ranks r of (the first micro-batch's forward + backward through the ranks before
     r, first chunk only, each hop paying its point-to-point send in and out, ``bound_facts.p2p_seconds``) + m x (r's
     forward + backward), and at least m' / K round trips of a micro-batch through every rank (at most K in flight on
     rank 0, ``bound_facts.round_trips``), which binds when the sends between stages are slow. Ranks come in runs of
     equal (stage signature, first-chunk mix), along which the bound grows, so each run's last rank is its maximum.
-    ``minima`` collects the smallest per-rank (forward, backward)."""
+    ``minima`` collects the smallest per-rank (forward, backward).
+
+    ``hidden(nm)`` (combined 1F1B's rows, ``tables.schedule_rows``): seconds an overlapped pair hides on a rank of
+    ``nm`` MoE layers (``paired_hidden``), subtracted from its m x (forward + backward); no round-trip term. The
+    start-up and drain stay: ``combined_1f1b.combined_1f1b_orders`` begins every rank with at least one lone
+    forward (warm-up ``(p-r-1) 2 + (v-1) p + 1`` >= 1) and ends it with a lone backward of its chunk 0 for the same
+    last micro-batch on every rank (the cool-down is the last ``warm`` backwards), so rank r starts after micro-batch
+    0's unpaired forwards through ranks 0..r-1 and its last backward still goes back through their unpaired
+    backwards, each hop after a send (``pipeline_ops.replay``)."""
     pp = sf.st.pp
     p2p = p2p_seconds(ctx, sf.st, mb.tok, fb.sp)
     best = pre = rt = 0.0
@@ -148,13 +158,23 @@ def pipeline_bound(ctx: BoundContext, sf: StructureFacts, mb: MicroBatchFacts, f
         if r0 == 0:
             f0 += mb.emb
             b0 += 2 * mb.emb
-        best = max(best, pre + (cnt - 1) * (f0 + b0 + 2 * p2p) + mb.m * (f + b))
+        busy = mb.m * (f + b) - (hidden(nm) if hidden is not None else 0.0)
+        best = max(best, pre + (cnt - 1) * (f0 + b0 + 2 * p2p) + busy)
         pre += cnt * (f0 + b0 + 2 * p2p)
         rt += cnt * (f + b)
-    if pp > 1:  # at most K micro-batches in flight on rank 0, each needing a round trip
+    if pp > 1 and hidden is None:  # at most K micro-batches in flight on rank 0, each needing a round trip
         kk, m_eff, hops = round_trips(pp, mb.m, v)
         best = max(best, m_eff / kk * (rt + 2 * hops * p2p))
     return best
+
+
+def _vpps(ctx: BoundContext, st, m: int) -> list[int]:
+    """``space.vpp_options`` of (structure, m), memoized on what it reads of m (m % pp == 0)."""
+    key = ("vpps", st, m % st.pp == 0)
+    got = ctx.cache.get(key)
+    if got is None:
+        got = ctx.cache[key] = vpp_options(ctx.model, st, m, ctx.framework, ctx.space)
+    return got
 
 
 def busiest_rank_bounds(ctx: BoundContext, sf: StructureFacts, mbss, only_v1) -> list[float]:
@@ -164,8 +184,8 @@ def busiest_rank_bounds(ctx: BoundContext, sf: StructureFacts, mbss, only_v1) ->
     (``only_v1``, one flag per micro-batch), and ``Z`` with the smallest per-rank forward / backward, all at no
     recompute (recompute only adds) and the smaller sp setting; the smallest ``max(P, Z[z]) + O[z]`` over the ZeRO
     stages. Per-layer costs and the DP / optimizer terms are cached (``bound_facts.layer_costs``,
-    ``bound_facts.with_comm``). With the framework's other pipeline schedules possible, the smaller of that and
-    ``paired_bound``'s."""
+    ``bound_facts.with_comm``). Where the framework's other pipeline schedules run (``other_schedule_cells``), the
+    smaller of that and ``paired_bound``'s."""
     with_comm(ctx, sf)
     st, job, cache = sf.st, ctx.job, ctx.cache
     pp, dp, tp, h, vocab = st.pp, st.dp, st.tp, ctx.model.hidden_size, sf.vocab
@@ -181,6 +201,7 @@ def busiest_rank_bounds(ctx: BoundContext, sf: StructureFacts, mbss, only_v1) ->
         ce = ctx.ce_passes * tok * vocab / tp / ctx.hbm
         emb = 2 * BYTES_16BIT * tok * h / ctx.hbm
         best = math.inf
+        cells = _merge_cells(other_schedule_cells(ctx, sf, m, _vpps(ctx, st, m))) if sf.other_schedules else {}
         for sp in sf.sps:
             lt = layer_costs(ctx, st, mbs, sp)
             d, e = lt.get(0), lt.get(1)
@@ -209,11 +230,11 @@ def busiest_rank_bounds(ctx: BoundContext, sf: StructureFacts, mbss, only_v1) ->
                 p = m * busy
             for z, (a, c) in sf.o_coef.items():
                 best = min(best, max(p + d_bound(sf, m, z), z_bound(sf, m, z, f0, b0)) + a + m * c)
-            if sf.other_schedules:
+            if cells:
                 best = min(best, paired_bound(ctx, sf, m, lambda nd, nm: (
                     (nd * d[0] if nd and d is not None else 0.0) + (nm * e[0] if nm and e is not None else 0.0),
                     (nd * d[1] if nd and d is not None else 0.0) + (nm * e[1] if nm and e is not None else 0.0)),
-                    e[6] if e is not None else 0.0, v1, p2p_seconds(ctx, st, tok, sp)))
+                    e[6] if e is not None else 0.0, cells, p2p_seconds(ctx, st, tok, sp)))
         out.append(best)
     return out
 
@@ -235,20 +256,89 @@ def paired_microbatches(m: int, v: int) -> int:
     return m - 1 if v == 1 else m
 
 
-def paired_bound(ctx: BoundContext, sf: StructureFacts, m: int, fb, ep_s: float, v1: bool = False,
+def paired_hidden(sf: StructureFacts, nm: int, ep_s: float, m: int, v: int) -> float:
+    """Most seconds of a rank's EP all-to-all that a pairing schedule's ``FB`` pairs hide
+    (``pipeline_ops.fb_seconds`` >= F + B - hide_F - hide_B): ``sf.pair_hide`` of each of the rank's ``nm`` MoE
+    layers' all-to-all (``ep_s`` seconds per layer, forward and backward) for at most ``paired_microbatches(m,
+    v)`` micro-batches."""
+    return 2 * sf.pair_hide * nm * ep_s * paired_microbatches(m, v)
+
+
+def paired_dp_bound(sf: StructureFacts, m: int, z: int, f0: float, b0: float, hidden: float) -> float:
+    """The ``Z`` tightening of combined 1F1B's rows (``tables.schedule_rows``), seconds: ``z_bound(f0, b0) -
+    hidden``, 0 when it has no DP term.
+
+    Why it is a lower bound of the pipeline + the DP / ZeRO-3 exposure (``step_time.estimate_step``: step =
+    makespan + ``dp_exposed_s(f_B, b_B)`` + optimizer, f_B / b_B the busiest rank's unpaired forward / backward per
+    micro-batch): combined 1F1B runs Megatron's interleaved placement (``combined_1f1b.interleaved_placement``), so
+    the ranks hold the default rows' parameters and ``dp_exposed_s`` is the same function of (f_B, b_B) as for the
+    default schedule; only the makespan changes, to at least the busiest rank's busy time m (f_B + b_B) less what
+    its pairs hide (<= ``hidden``, the most of any rank). ``z_bound``'s derivation (``tables.dp_table``) uses the
+    makespan only through makespan >= m (f_B + b_B), and is non-decreasing in (f, b) (slope m - 1 >= 0), so with
+    f0 <= f_B, b0 <= b_B it stays below the pipeline + DP terms after subtracting ``hidden``."""
+    zb = z_bound(sf, m, z, f0, b0)
+    return max(0.0, zb - hidden) if zb > 0 else 0.0
+
+
+def other_schedule_cells(ctx: BoundContext, sf: StructureFacts, m: int, vpps) -> dict[tuple[str, str], tuple]:
+    """``{(schedule, recompute): (ZeRO stages, vpps)}``: the cells of (structure, micro-batch) where the
+    framework's other pipeline schedules run (``space.schedule_options`` at each vpp of ``vpps``, ZeRO stage and
+    recompute setting; ``m`` micro-batches). Empty when none may run there (combined 1F1B with pp > 1 and vpp 1
+    only, with full recompute, ...): the group bounds then need no ``paired_bound``. Memoized on what
+    ``schedule_options`` reads (pp, ep > 1, the split's first stage, m >= 2 pp, the vpps and ZeRO stages)."""
+    st = sf.st
+    key = ("sched_cells", st.pp, st.ep > 1, st.first is None, m >= 2 * st.pp, tuple(vpps), tuple(sf.zs))
+    got = ctx.cache.get(key)
+    if got is None:
+        cells: dict[tuple[str, str], tuple[set, set]] = {}
+        for rc in ctx.space.recompute:
+            for v in vpps:
+                for z in sf.zs:
+                    for sched in schedule_options(ctx.model, st, m, v, z, rc, ctx.framework, ctx.space):
+                        if sched is None:
+                            continue
+                        zs, vs = cells.setdefault((sched, rc), (set(), set()))
+                        zs.add(z)
+                        vs.add(v)
+        got = ctx.cache[key] = {k: (tuple(sorted(zs)), tuple(sorted(vs))) for k, (zs, vs) in cells.items()}
+    return got
+
+
+def paired_bound(ctx: BoundContext, sf: StructureFacts, m: int, fb, ep_s: float, cells: dict,
                  p2p: float = 0.0) -> float:
-    """A lower bound (seconds) of the rows of the framework's other pipeline schedules (``tables.schedule_rows``):
-    every rank is busy at least m x its layers' forward + backward (``fb(nd, nm)``, without the embedding and the
-    output layer, which a V schedule moves), less the EP all-to-all an overlapped pair hides (``sf.pair_hide`` of
-    each MoE layer's ``ep_s`` forward and backward, for at most ``paired_microbatches`` micro-batches; ``v1``: vpp
-    1 is the only choice) and after ``sends_around``'s point-to-point sends (``p2p`` seconds each), plus the
-    smallest ``O + D`` (those rows have ``E = O + D``)."""
-    busy = 0.0
-    pairs = paired_microbatches(m, 1 if v1 else 2)
-    for stage, nd, nm, _ in sf.lay.groups:
-        f, b = fb(nd, nm)
-        busy = max(busy, m * (f + b) - 2 * sf.pair_hide * nm * ep_s * pairs + sends_around(stage) * p2p)
-    return busy + min(o_bound(ctx, sf, m, z) + d_bound(sf, m, z) for z in sf.zs)
+    """A lower bound (seconds) of the rows of the framework's other pipeline schedules (``tables.schedule_rows``)
+    over ``cells`` (``{schedule: (ZeRO stages, vpps)}``, the ones ``other_schedule_cells`` allows; inf when
+    empty): every rank is busy at least m x its layers' forward + backward (``fb(nd, nm)``, without the embedding
+    and the output layer, which a V schedule moves), less the EP all-to-all an overlapped pair hides
+    (``paired_hidden`` at the largest vpp; pairing schedules only) and after ``sends_around``'s point-to-point
+    sends (``p2p`` seconds each), plus ``O + D`` (the V schedules' rows have ``E = O + D``); combined 1F1B's rows
+    also have the DP / ZeRO-3 tightening (``paired_dp_bound``, with the smallest per-rank forward / backward here
+    and the most hidden of any rank): the smallest ``max(busy + D, Z) + O`` over the schedules and their ZeRO
+    stages."""
+    out = math.inf
+    for sched, (zs, vs) in cells.items():
+        pairing = sched in PAIRING_SCHEDULES
+        busy, f0, b0, hid = 0.0, math.inf, math.inf, 0.0
+        for stage, nd, nm, _ in sf.lay.groups:
+            f, b = fb(nd, nm)
+            h = paired_hidden(sf, nm, ep_s, m, max(vs)) if pairing else 0.0
+            busy = max(busy, m * (f + b) - h + sends_around(stage) * p2p)
+            f0, b0, hid = min(f0, f), min(b0, b), max(hid, h)
+        for z in zs:
+            zt = paired_dp_bound(sf, m, z, f0, b0, hid) if sched == "combined-1f1b" else 0.0
+            out = min(out, max(busy + d_bound(sf, m, z), zt) + o_bound(ctx, sf, m, z))
+    return out
+
+
+def _merge_cells(cells: dict, rc: str | None = None) -> dict[str, tuple]:
+    """``other_schedule_cells`` per schedule: the ZeRO stages and vpps of recompute ``rc`` (None: of any)."""
+    out: dict[str, tuple[set, set]] = {}
+    for (sched, r), (zs, vs) in cells.items():
+        if rc is None or r == rc:
+            a, b = out.setdefault(sched, (set(), set()))
+            a.update(zs)
+            b.update(vs)
+    return {k: (tuple(sorted(a)), tuple(sorted(b))) for k, (a, b) in out.items()}
 
 
 def group_bound(ctx: BoundContext, sf: StructureFacts, mbs: int, mem_limit: float) -> tuple[float, int]:
@@ -262,8 +352,8 @@ def group_bound(ctx: BoundContext, sf: StructureFacts, mbs: int, mem_limit: floa
     busiest rank's m x (forward + backward), the recompute charged at vpp 1 (the fewest recomputed layers per
     chunk N_lb only grows with the in-flight micro-batches, and interleaving recomputes N_lb per chunk), and ``Z``
     with the smallest per-rank forward/backward at vpp 1 (``Z`` is non-decreasing in them). inf when nothing fits.
-    With the framework's other pipeline schedules possible, the smaller of that and ``paired_bound`` over every
-    recompute and sp setting (their memory is not filtered here).
+    Where the framework's other pipeline schedules run (``other_schedule_cells``), the smaller of that and
+    ``paired_bound`` over their recompute settings and every sp setting (their memory is not filtered here).
     """
     mb = microbatch_facts(ctx, sf, mbs)
     with_memory_facts(ctx, sf, mb)
@@ -301,14 +391,18 @@ def group_bound(ctx: BoundContext, sf: StructureFacts, mbs: int, mem_limit: floa
             for z in ok:
                 best = min(best, max(p + d_bound(sf, mb.m, z), z_bound(sf, mb.m, z, f0, b0))
                            + o_bound(ctx, sf, mb.m, z))
-    if sf.other_schedules:
+    cells = other_schedule_cells(ctx, sf, mb.m, mb.vpps) if sf.other_schedules else {}
+    if cells:
         # the other schedules' rows: no memory filter (a V schedule moves the embedding and the output layer), the
         # recompute at its least (one layer per chunk)
         fits = sum(len(mb.vpps) * len(sf.zs) * len(sf.sps) for _ in ctx.space.recompute) * (
             1 + len(sf.other_schedules))
         for rc in ctx.space.recompute:
+            by_rc = _merge_cells(cells, rc)
+            if not by_rc:
+                continue
             for sp in sf.sps:
                 ep_s = mb.lay[sp][1][6] if 1 in mb.lay[sp] else 0.0
-                best = min(best, paired_bound(ctx, sf, mb.m, rank_fb(ctx, mb, rc, sp, 1), ep_s, mb.vpps == [1],
+                best = min(best, paired_bound(ctx, sf, mb.m, rank_fb(ctx, mb, rc, sp, 1), ep_s, by_rc,
                                               p2p_seconds(ctx, sf.st, mb.tok, sp)))
     return best, fits

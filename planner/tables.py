@@ -4,7 +4,7 @@ Built per structure (``planner.space.structures``: tp, pp, cp, dp, ep, etp, laye
 functions, evaluated once per layer *type* (dense / MoE) and once per distinct pipeline stage (stages with the same
 layer mix share their terms; the lowest index holds the most in-flight micro-batches). With ``k = (structure,
 micro-batch, recompute, pipeline schedule)`` (the default schedule's rows below; the framework's other schedules,
-combined 1F1B / ZB-V / DualPipeV, get rows of weaker but valid bounds from ``schedule_rows``):
+combined 1F1B / ZB-V / DualPipeV, get rows of their own, weaker for the V schedules, from ``schedule_rows``):
 
 * ``pipeline_table`` -> ``P[k, sp, vpp]`` (seconds): the busiest rank's ``m x (forward + backward)`` plus the
   forward and backward of the first micro-batch through the ranks before it (no schedule can start rank r earlier
@@ -52,8 +52,8 @@ from model_zoo.spec import ModelSpec
 from .bound_facts import (INVALID, ZEROS, BoundContext, MicroBatchFacts, StructureFacts, context, end_extras,
                           microbatch_facts, model_state_bytes, p2p_seconds, structure_facts, with_comm,
                           with_memory_facts)
-from .bound_terms import (d_bound, min_recomputed_layers, o_bound, paired_microbatches, pipeline_bound, rank_fb,
-                          sends_around, stored_bytes, working_bytes, z_bound)
+from .bound_terms import (d_bound, min_recomputed_layers, o_bound, paired_dp_bound, paired_hidden, pipeline_bound,
+                          rank_fb, sends_around, stored_bytes, working_bytes, z_bound)
 from .space import MAX_VPP, SearchSpace, Structure, micro_batch_options, schedule_options, to_parallel
 
 V = MAX_VPP
@@ -200,8 +200,13 @@ def schedule_rows(ctx: BoundContext, T: Tables, sf: StructureFacts, mb: MicroBat
       outside the rank's busy time (``bound_terms.sends_around``), with the embedding
       and the output layer on the ranks the schedule puts them (``layout.holds_embedding`` / ``holds_output``); the
       ZeRO-3 time every schedule adds (``D``, ``bound_terms.d_bound``: the step model adds the FSDP gathers to any
-      makespan, and a rank holds at most ``n_hi`` layers); no start-up term and no DP tightening (``E = O + D``,
-      ``Z = 0``): weaker than the default rows', still below the scalar model;
+      makespan, and a rank holds at most ``n_hi`` layers);
+    * combined 1F1B (Megatron's interleaved placement) also: with pp > 1 the start-up and drain of the default
+      rows' pipeline bound, less what the pairs hide (``bound_terms.pipeline_bound`` with ``hidden``: every rank
+      starts with a lone forward and ends with a lone backward of the same last micro-batch), and the default
+      rows' DP / ZeRO-3 tightening less the most any rank's pairs hide (``Z``, ``bound_terms.paired_dp_bound``);
+    * ZB-V and DualPipeV: no start-up term and no DP tightening (``E = O + D``, ``Z = 0``; a V moves the embedding
+      and the output layer, and ZB-V ends ranks with weight-gradient ops): weaker, still below the scalar model;
     * memory: the default rows' terms with the schedule's own placement (a V puts the embedding and the output
       layer's weights and logits on rank 0) and in-flight micro-batches (its op order).
     """
@@ -214,16 +219,19 @@ def schedule_rows(ctx: BoundContext, T: Tables, sf: StructureFacts, mb: MicroBat
         vs, zz = sorted({v for v, _ in vz}), sorted({z for _, z in vz})
         pars = {v: to_parallel(st, mb.mbs, v, 0, False, rc, sched) for v in vs}
         pv = pars[vs[0]]
-        hide = sf.pair_hide if sched in PAIRING_SCHEDULES else 0.0
+        pairing = sched in PAIRING_SCHEDULES
         lf, lb = end_extras(ctx, {}, mb.lg, mb.ce)  # the output layer and loss (the MTP layers are left out)
         A = [INVALID] * V
         P = [[INVALID] * V for _ in range(2)]
-        for v in vs:
-            A[v - 1] = 0.0
-            for sp in sf.sps:
-                fb = rank_fb(ctx, mb, rc, sp, 1)  # at least one recomputed layer per chunk (any in-flight count)
-                ep_s = mb.lay[sp][1][6] if 1 in mb.lay[sp] else 0.0
-                p2p = p2p_seconds(ctx, st, mb.tok, sp)
+        Zk = [[0.0] * 4 for _ in range(2)]
+        for sp in sf.sps:
+            fb = rank_fb(ctx, mb, rc, sp, 1)  # at least one recomputed layer per chunk (any in-flight count)
+            ep_s = mb.lay[sp][1][6] if 1 in mb.lay[sp] else 0.0
+            p2p = p2p_seconds(ctx, st, mb.tok, sp)
+            f0 = b0 = math.inf
+            hid = 0.0
+            for v in vs:
+                A[v - 1] = 0.0
                 best = 0.0
                 for stage, nd, nm, _ in sf.lay.groups:
                     f, b = fb(nd, nm, v)
@@ -231,11 +239,19 @@ def schedule_rows(ctx: BoundContext, T: Tables, sf: StructureFacts, mb: MicroBat
                         f, b = f + mb.emb, b + 2 * mb.emb
                     if holds_output(pv, stage):
                         f, b = f + lf, b + lb
-                    best = max(best, m * (f + b) - 2 * hide * nm * ep_s * paired_microbatches(m, v)
-                               + sends_around(stage) * p2p)
+                    h = paired_hidden(sf, nm, ep_s, m, v) if pairing else 0.0
+                    best = max(best, m * (f + b) - h + sends_around(stage) * p2p)
+                    f0, b0, hid = min(f0, f), min(b0, b), max(hid, h)
+                if sched == "combined-1f1b" and st.pp > 1:  # the default placement's start-up and drain
+                    best = max(best, pipeline_bound(ctx, sf, mb, fb, v, hidden=lambda nm, v=v: paired_hidden(
+                        sf, nm, ep_s, m, v)))
                 P[int(sp)][v - 1] = best
+            if sched == "combined-1f1b":  # the default placement: the default rows' DP tightening applies
+                Zk[int(sp)] = [paired_dp_bound(sf, m, z, f0, b0, hid) if z in zz else 0.0 for z in ZEROS]
         D = [d_bound(sf, m, z) for z in ZEROS]
-        E = [O[z] + D[z] if z in zz else INVALID for z in ZEROS]
+        pmax = max((x for row in P for x in row if x != INVALID), default=0.0)
+        E = [O[z] + max(D[z], min(Zk[int(sp)][z] for sp in sf.sps) - pmax) if z in zz else INVALID
+             for z in ZEROS]
         vocab, tok = sf.vocab, mb.tok
         Wk, Xk = [], []
         for stage, nd, nm, r in sf.lay.groups:
@@ -257,7 +273,7 @@ def schedule_rows(ctx: BoundContext, T: Tables, sf: StructureFacts, mb: MicroBat
                     infl = in_flight_microbatches(pars[v], stage, m)
                     xs[int(sp)][v - 1] = stored * infl + max(present, default=0.0)
             Xk.append(xs)
-        T.add((st, mb.mbs, rc, sched), A, P, E, Wk, Xk, [[0.0] * 4 for _ in range(2)], O, D)
+        T.add((st, mb.mbs, rc, sched), A, P, E, Wk, Xk, Zk, O, D)
 
 
 def build_tables(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int,

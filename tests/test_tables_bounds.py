@@ -90,3 +90,75 @@ def test_tables_are_lower_bounds_of_the_scalar_model(name, cluster, gpus, gbs, s
             if checked >= SAMPLES:
                 return
     assert checked > 0
+
+
+def test_combined_1f1b_dp_tightening_stays_below_the_scalar_model():
+    # combined 1F1B's rows carry the default rows' DP / ZeRO-3 tightening less what its pairs hide
+    # (bound_terms.paired_dp_bound): Mixtral-8x7B on 32 H100s, ZeRO-3 over 32 ranks, where the per-micro-batch
+    # gathers exceed the compute and Z binds; every such cell stays at or below the scalar step time
+    m, c = get_model("mixtral-8x7b"), get_cluster("dgx-h100")
+    job = TrainingJob(global_batch_size=64, seq_length=4096, precision="bf16", framework="megatron")
+    space = SearchSpace(micro_batch_size=(1, 2), pipeline_schedule=("combined-1f1b",))
+    ctx = context(m, c, job, space, "megatron", 0.05)
+    checked = 0
+    for st in structures(m, c, job, 32, space, "megatron"):
+        sf = structure_facts(ctx, st)
+        if sf is None or st.pp > 1 or not sf.other_schedules:
+            continue
+        for mbs in micro_batch_options(st, job, space):
+            T = Tables()
+            add_group_tables(ctx, T, sf, mbs)
+            if not T.keys:
+                continue
+            A, P, E, W, X = T.arrays()
+            tight = T.tight(A, P)
+            Z, D = np.array(T.Z, dtype=float), np.array(T.D, dtype=float)
+            for ki, spi, vi, zi in np.argwhere(np.isfinite(tight)):
+                if Z[ki, spi, zi] <= P[ki, spi, vi] + D[ki, zi]:
+                    continue  # the DP term does not bind here
+                st_, b, rc, sched = T.keys[ki]
+                par = with_fewest_recomputed_layers(m, c, job, to_parallel(st_, b, vi + 1, zi, bool(spi), rc, sched),
+                                                    "megatron", 0.05)
+                ev = evaluate(m, c, job, par, 32, 0.05, "megatron")
+                assert tight[ki, spi, vi, zi] <= ev.step.step_s * (1 + 1e-9), par
+                checked += 1
+                if checked >= 6:
+                    return
+    assert checked > 0
+
+
+def test_other_schedule_cells_are_the_schedule_options():
+    # the group bounds charge the other schedules only where space.schedule_options lets them run. Combined 1F1B
+    # needs virtual stages with pp > 1 (none at one micro-batch per stage), no full recompute, and pp > 1 with one
+    # MTP layer: DeepSeek-V3 (61 layers + 1 MTP) on 2,048 H800s has no such cell (no pp x vpp split of its layers),
+    # Mixtral-8x7B (32 layers) on 64 H100s has many
+    from planner.bound_terms import other_schedule_cells
+    from planner.space import schedule_options
+    seen = {}
+    for name, cluster, gpus, gbs in (("deepseek-v3", "dgx-h800", 2048, 1024), ("mixtral-8x7b", "dgx-h100", 64, 256)):
+        m, c = get_model(name), get_cluster(cluster)
+        job = TrainingJob(global_batch_size=gbs, seq_length=4096)
+        ctx = context(m, c, job, SearchSpace(), "megatron", 0.05)
+        sts = list(structures(m, c, job, gpus, SearchSpace(), "megatron"))
+        for st in sts[::max(1, len(sts) // 300)]:
+            sf = structure_facts(ctx, st)
+            if sf is None or not sf.other_schedules:
+                continue
+            for mbs in micro_batch_options(st, job, SearchSpace())[:3]:
+                n_mb = gbs // (mbs * st.dp)
+                vpps = vpp_options(m, st, n_mb, "megatron", ctx.space)
+                cells = other_schedule_cells(ctx, sf, n_mb, vpps)
+                want = {}
+                for rc in ctx.space.recompute:
+                    for v in vpps:
+                        for z in sf.zs:
+                            for s in schedule_options(m, st, n_mb, v, z, rc, "megatron", ctx.space):
+                                if s is not None:
+                                    want.setdefault((s, rc), (set(), set()))[0].add(z)
+                                    want[(s, rc)][1].add(v)
+                assert cells == {k: (tuple(sorted(a)), tuple(sorted(b))) for k, (a, b) in want.items()}
+                assert all(rc != "full" for _, rc in cells)
+                if st.pp > 1 and vpps == [1]:
+                    assert cells == {}
+                seen.setdefault(name, set()).add(bool(cells))
+    assert seen == {"deepseek-v3": {False}, "mixtral-8x7b": {False, True}}
