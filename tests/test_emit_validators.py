@@ -199,15 +199,24 @@ def test_validators_catch_broken_deepspeed_configs():
 @pytest.mark.parametrize("model,gpus", [("llama3.1-405b", 1024), ("mixtral-8x22b", 256), ("deepseek-v3", 1024),
                                         ("gpt3-175b", 512)])
 def test_every_megatron_candidate_is_accepted(model, gpus):
-    """Not just the top plan: every configuration the search space can produce passes megatron-core."""
+    """Not just the top plan: every configuration class the search space can produce passes megatron-core.
+
+    A class is a candidate with its micro-batch size left out, checked at its largest micro-batch. The micro-batch
+    enters Megatron's checks only through ``global_batch_size % (micro_batch_size x dp) == 0``, which the space
+    holds for every micro-batch it lists, so one stands for the rest (the enlarged space lists every divisor:
+    DeepSeek-V3 on 1,024 GPUs has 915,888 candidates in 117,348 classes; checking each candidate took 280 s of the
+    suite's 10-minute budget)."""
+    from planner.emit import megatron_args
     from planner.space import candidates
     m, c = get_model(model), get_cluster("dgx-h100")
-    from planner.emit import megatron_args
-    n = 0
+    largest: dict[str, object] = {}
     for par in candidates(m, c, JOB, gpus):
+        key = par.model_copy(update={"micro_batch_size": 1}).model_dump_json()
+        if key not in largest or par.micro_batch_size > largest[key].micro_batch_size:
+            largest[key] = par
+    for par in largest.values():
         check_megatron(m, JOB, par, megatron_args(m, JOB, par))
-        n += 1
-    assert n > 50
+    assert len(largest) > 50
 
 
 # ------------------------------------------------------------------------------------ top plans (Done means)
