@@ -240,8 +240,10 @@ def check_outcome(o: Outcome) -> list[Finding]:
     if o.code == 1 and o.stderr.strip() and not o.stderr.strip().splitlines()[-1].startswith("plan3d"):
         out.append(Finding("exit 1 without a plan3d line", repr(o.stderr[-300:]), a))
     text = o.stdout
+    # ``--help`` anywhere (``plan3d --help clusters --format json``) prints the help and exits 0: not a document
+    wants_help = "--help" in a or "-h" in a
     if _opt(a, "--format") == "json" and o.code in (0, 1) and _opt(a, "--output") is None \
-            and _opt(a, "--emit") is None and text.strip():
+            and _opt(a, "--emit") is None and text.strip() and not wants_help:
         try:
             doc = strict_json(text)
         except ValueError as e:
