@@ -61,7 +61,6 @@ import bisect
 import heapq
 import math
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import numpy as np
 
