@@ -270,9 +270,11 @@ def mutated(draw, base: dict, scale_exponents=st.integers(-12, 12)) -> dict:
                 parent = parent[k]
             if isinstance(parent, dict):
                 parent[draw(st.sampled_from(["extra", "num_layers", "moe", "gpu", "x" * 100]))] = \
-                    draw(st.sampled_from(HOSTILE_VALUES))
+                    copy.deepcopy(draw(st.sampled_from(HOSTILE_VALUES)))
         else:
-            _set(d, path, draw(st.sampled_from(HOSTILE_VALUES)))
+            # a copy: a later "add" into a shared {} or [] would change HOSTILE_VALUES itself, and hypothesis then
+            # sees the same choices draw differently (FlakyStrategyDefinition in the 10,000-input run)
+            _set(d, path, copy.deepcopy(draw(st.sampled_from(HOSTILE_VALUES))))
     return d
 
 
