@@ -37,9 +37,9 @@ UNFUSED_SCORE_PASSES = 8.0
 #: backend (FlashAttention-2). A GPU without that kernel's series uses the one it has.
 ATTENTION_KERNEL = {"megatron": "cudnn", "nemo": "cudnn", "torchtitan": "flash2", "deepspeed": "flash2"}
 #: Achieved fraction of the published kernel benchmark's rate (``attention.yaml``) inside a training step: the
-#: benchmarks run one kernel alone at boost clocks on 16k tokens x 2048 width; in training the GPU runs at the clock
-#: its power cap allows under sustained GEMMs, with the per-GPU heads left after TP and the framework's layout
-#: transposes around the call. Fitted on the dev rows.
+#: benchmarks run one kernel alone at boost clocks (FA3 paper: 16k tokens x 2048 width; cudnn-frontend: one sequence
+#: x 64 heads x 128); in training the GPU runs at the clock its power cap allows under sustained GEMMs, with the
+#: per-GPU heads left after TP and the framework's layout transposes around the call. Fitted on the dev rows.
 ATTENTION_TRAINING_SHARE = 0.6
 
 #: Plausible ranges of the fitted constants above (``planner/calibration.py`` fits inside them).

@@ -23,13 +23,16 @@ def test_packaged_rows_are_the_shared_dev_rows_with_sources():
 
 #: What the calibrated model reaches on the dev rows today (plan3d validate): a ratchet against regressions.
 #: Lower these when the model improves; the project targets are the test below.
-ACHIEVED_MAX_MAPE = 5.6
+ACHIEVED_MAX_MAPE = 5.4
 #: After merging valrows (NCCL-like pipelined multi-node collectives, bf16 DeepSpeed gradient all-reduce, the
 #: torchtitan H100s at their 2.4 TB/s HBM) and refitting the FIT_RANGES constants: 6.57 -> 7.70 (merge, old
 #: constants) -> 6.28% (refit). MoE recipes 5.5 -> 6.0 since the per-local-expert host constant became the host time
 #: of the operations TE 2.8 issues per expert (cost_models/moe_overhead.py); NeMo 24.07 7.0 -> 8.3 and H100 weak
 #: scaling 6.8 -> 8.1 with the faster (measured) NCCL collectives: less exposed communication.
-ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 5.7, "nemo_bridge_perf_summary": 5.0, "nemo_2407_perf_summary": 5.9,
+#: 5.54 -> 5.32% overall with the measured cuDNN 9.19 attention series on Blackwell (attention.yaml): the long-sequence
+#: CP group 7.3 -> 3.9%, while the Bridge group rises 5.0 -> 5.9% (its Llama 3 8B FP8 rows on B200 / GB200, already
+#: fast, come out ~+10%) and the MoE recipes 5.7 -> 5.8%.
+ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 5.8, "nemo_bridge_perf_summary": 5.9, "nemo_2407_perf_summary": 5.9,
                        "megatron_h100_weak_scaling": 7.9}
 
 
@@ -195,8 +198,10 @@ def test_duplicate_row_ids_are_refused(run_cli, tmp_path):
 #: takes the middle of its own constants' ranges, which the recomputed elementwise work makes costlier.
 #: 9.9 -> 7.82 with torchtitan's elementwise passes counted from its source, the power-clock law, the attention
 #: kernel tables and FSDP2's copy-out (e218d58); unchanged by merging main's pools, schedules and input guards.
-ACHIEVED_LOGO_MAPE = 7.9
-ACHIEVED_LOGO_GROUP_MAPE = {"nemo_bridge_perf_summary": 12.1}
+#: 7.82 -> 7.46 with the measured cuDNN 9.19 attention series for B200 / GB200 (in place of an H100 curve scaled to a
+#: secondary report's asymptote); NeMo-Bridge 12.0 -> 12.9 (its held-out MoE host constants dominate it).
+ACHIEVED_LOGO_MAPE = 7.5
+ACHIEVED_LOGO_GROUP_MAPE = {"nemo_bridge_perf_summary": 12.9}
 
 
 @pytest.fixture(scope="module")
