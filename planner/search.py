@@ -104,7 +104,7 @@ def run_search(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpu
         return enumerate_plans(model, cluster, job, num_gpus, top_k, space, memory_headroom, framework, convention,
                                counted, objective=objective, within=within)
     r = solve(model, cluster, job, num_gpus, top_k, space, memory_headroom, framework, convention,
-              objective=objective, within=within)
+              objective=objective, within=within, progress=progress)
     return SearchResult(r.plans, r.num_candidates, r.num_feasible, r.nearest_infeasible, r.num_feasible_exact)
 
 
