@@ -879,7 +879,7 @@ def validate(
         "--max-group-mape", min=0.0, help="MAPE threshold per source group with >= 3 rows, percent")] = 10.0,
     cross_validate: Annotated[bool, typer.Option(
         "--cross-validate", help="also report leave-one-source-group-out MAPE (constants refitted without each "
-                                 "group, ~1 min); the thresholds then apply to it too")] = False,
+                                 "group, ~20 s); the thresholds then apply to it too")] = False,
     fmt: FmtOpt = Fmt.table, output: OutOpt = None,
 ) -> None:
     """Run the step-time model over published training runs; exit 1 when a MAPE threshold is exceeded."""
