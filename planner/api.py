@@ -62,6 +62,10 @@ DEFAULT_HEADROOM = 0.05
 DEFAULT_AT_RISK_MARGIN = 0.10
 #: Default allowed throughput loss of ``objective="headroom"`` (fraction of the best step time).
 DEFAULT_WITHIN = 0.05
+#: Most plans one ``plan`` call lists. Each listed plan is timed in full by the scalar model, so the call's time
+#: grows with it (Llama-3.1-8B default job on 8 H100s: top-k 1,000 in ~3 s of CPU, 10,000 in ~12 s, every
+#: candidate in ~50 s: the 10,000-input fuzz run's slowest plan). Issue 14: no call runs without bound.
+MAX_TOP_K = 1000
 
 
 class JobOptions(TypedDict, total=False):
@@ -457,8 +461,9 @@ def _plan_setup(model, cluster, options: dict[str, Any]) -> _PlanSetup:
         if objective not in ("throughput", "headroom"):
             raise PlanInputError("--global-batch-size-tolerance applies to --objective throughput or headroom")
     top_k = o.get("top_k", 5)
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-        raise PlanInputError(f"--top-k {top_k!r}: must be a positive integer")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
+        raise PlanInputError(f"--top-k {top_k!r}: must be an integer from 1 to {MAX_TOP_K} (each listed plan is timed "
+                             "in full; a wider look at the space is plan3d sweep's job)")
     inputs = load_inputs(model, cluster, **_job_kwargs(o))
     headroom = _headroom(o.get("memory_headroom"))
     if o.get("recompute") is not None:

@@ -11,6 +11,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from .api import MAX_TOP_K  # light: planner.api imports only planner.errors at module level
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None,
                   help="plan3d: plan DP x PP x TP x CP x EP layouts for large-transformer training.")
@@ -402,7 +404,8 @@ def plan(
     model: ModelOpt = None, cluster: ClusterOpt = None, gpus: GpusOpt = None, nodes: NodesOpt = None,
     global_batch_size: GbsOpt = 1024, seq_length: SeqOpt = 4096, precision: PrecOpt = Precision.bf16,
     flash_attention: FlashOpt = True, dropout: DropoutOpt = False,
-    top_k: Annotated[int, typer.Option("--top-k", min=1, help="number of plans to return")] = 5,
+    top_k: Annotated[int, typer.Option("--top-k", min=1, max=MAX_TOP_K,
+                                       help=f"number of plans to return (1-{MAX_TOP_K})")] = 5,
     memory_headroom: HeadroomOpt = HEADROOM_DEFAULT,
     framework: Annotated[Optional[Framework], typer.Option(
         "--framework", help="framework whose rules apply (default: the --emit target, else megatron)")] = None,

@@ -404,6 +404,16 @@ def test_virtual_pipeline_beyond_the_layers_is_refused_before_allocating(run_cli
     _one_error_line(run_cli("memory", "--vpp", "1000000000"), "--vpp 1000000000: pp x vpp = 1000000000 model chunks")
 
 
+def test_top_k_is_bounded(run_cli):
+    # plan --top-k 524288 timed every candidate in full: 53 s of CPU, the slowest plan of the December 10,000 run
+    import planner
+    from planner.api import MAX_TOP_K
+    assert MAX_TOP_K == 1000
+    _one_error_line(run_cli("plan", "--top-k", "524288"), "--top-k")
+    with pytest.raises(planner.PlanInputError, match="must be an integer from 1 to 1000"):
+        planner.plan("llama3.1-8b", "dgx-h100", gpus=8, top_k=1001)
+
+
 @pytest.mark.parametrize("layout,needle", [
     ("Et|(t|)*999999999L", "a repeat expands to more than"),
     ("(" * 5000 + "t" + ")" * 5000, "parentheses nested more than 32 deep"),
