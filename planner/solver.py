@@ -61,7 +61,6 @@ import bisect
 import heapq
 import math
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -73,6 +72,7 @@ from model_zoo.spec import ModelSpec
 from .checks import DEFAULT_MEMORY_HEADROOM
 from .evaluation import Evaluation, evaluate
 from .ranking import nearest_key, rank_plans
+from .progress import Progress, no_progress
 from .recompute import dominated_by_no_recompute, with_fewest_recomputed_layers
 from .space import (SearchSpace, Structure, dominated_by_cp_twin, micro_batch_options, schedule_options, structures,
                     to_parallel, vpp_options)
@@ -273,7 +273,7 @@ def solve(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: in
           space: SearchSpace = SearchSpace(), memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
           framework: str = "megatron", convention: FlopsConvention = "megatron",
           objective: str = "throughput", within: float = 0.05,
-          progress: Callable[[str], None] | None = None) -> SolveResult:
+          progress: Progress = no_progress) -> SolveResult:
     """Best ``top_k`` plans by the scalar model (module docstring), ranked by ``planner.ranking.rank_plans``.
 
     ``objective``: ``throughput`` (default) or ``headroom`` (most memory headroom among plans within
@@ -281,10 +281,9 @@ def solve(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: in
     far, the CP-SAT certificate), so that a search over a large space says why it takes longer than usual.
     """
     import time
-    tell = progress or (lambda text: None)
     tm: dict[str, float] = {}
     t0 = time.perf_counter()
-    tell(f"bounding every layout on {num_gpus:,} GPUs")
+    progress(f"bounding every layout on {num_gpus:,} GPUs")
     ctx = context(model, cluster, job, space, framework, memory_headroom)
     limit = cluster.gpu.memory_bytes * (1 - memory_headroom)
     groups, facts, n_cand = _groups(ctx, num_gpus)
@@ -344,7 +343,7 @@ def solve(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: in
             break  # nothing fits the memory bound anywhere
         if pending or not cache:
             cache = _grids(T, limit)
-        tell(f"{n_cand:,} layouts, {len(seen):,} timed in full")
+        progress(f"{n_cand:,} layouts, {len(seen):,} timed in full")
         feas, restart, mem_ratio_lo, exhausted, corr = _rescore(
             model, cluster, job, num_gpus, T, cache, seen, limit, mem_margin, corr, top_k, memory_headroom,
             framework, convention, drop_dominated, threshold)
@@ -373,7 +372,7 @@ def solve(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: in
     t1 = time.perf_counter()
     status, opt = "INFEASIBLE", None
     if cache and cache["n_fit"]:
-        tell(f"{n_cand:,} layouts: CP-SAT certificate")
+        progress(f"{n_cand:,} layouts: CP-SAT certificate")
         status, opt = _table_optimum(cache, limit, threshold(sorted(e.step.step_s for e in feas)) / corr)
     tm["cpsat"] = time.perf_counter() - t1
     plans = rank_plans(feas, top_k, objective, within)
