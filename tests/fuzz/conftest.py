@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from .fuzz_tally import FUZZ_N, SHARES, TALLY
+from .fuzz_tally import FUZZ_N, SHARD, SHARDS, SHARES, TALLY
 
 
 @pytest.fixture(scope="session")
@@ -27,7 +27,8 @@ def pytest_terminal_summary(terminalreporter):
     if not TALLY.runs:
         return
     tr = terminalreporter
-    tr.section(f"plan3d fuzz: {sum(TALLY.runs.values())} inputs (PLAN3D_FUZZ_N={FUZZ_N})")
+    shard = f", shard {SHARD}/{SHARDS}" if SHARDS > 1 else ""
+    tr.section(f"plan3d fuzz: {sum(TALLY.runs.values())} inputs (PLAN3D_FUZZ_N={FUZZ_N}{shard})")
     for g in SHARES:
         if g in TALLY.runs:
             n = len(TALLY.findings[g])

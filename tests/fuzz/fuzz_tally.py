@@ -8,10 +8,16 @@ invariant instead of stopping at the first; each test then fails if its group fo
 At the end pytest prints, per group, the inputs run and the findings by kind (with the shortest example of each),
 and the slowest inputs with their wall and CPU seconds; the same goes to ``PLAN3D_FUZZ_REPORT`` (default
 ``.pytest_cache/plan3d_fuzz_report.json``) for ``benchmarks/bench_fuzz_slowest.py``.
+
+A long run splits over processes with ``PLAN3D_FUZZ_SHARD=i/n`` (0 <= i < n): each process runs 1/n of every
+group's budget, only inputs whose key hashes to i mod n, so the n processes run distinct inputs, the budget in all
+(e.g. ``PLAN3D_FUZZ_N=10000 PLAN3D_FUZZ_SHARD=0/2`` and ``1/2`` side by side on two cores, each with its own
+``PLAN3D_FUZZ_REPORT``).
 """
 from __future__ import annotations
 
 import os
+import zlib
 from collections import defaultdict
 from pathlib import Path
 
@@ -22,6 +28,20 @@ from .fuzz_harness import Finding, Outcome, check_outcome, run_inprocess
 #: Default total inputs (CI): the suite's other tests take ~2 min; this keeps the fuzz suite near one minute.
 CI_FUZZ_N = 120
 FUZZ_N = int(os.environ.get("PLAN3D_FUZZ_N", CI_FUZZ_N))
+
+
+def _shard(text: str) -> tuple[int, int]:
+    """``PLAN3D_FUZZ_SHARD`` "i/n" as (i, n); (0, 1) when unset."""
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise ValueError(f"PLAN3D_FUZZ_SHARD={text!r}: expected i/n with 0 <= i < n") from None
+    if not 0 <= i < n:
+        raise ValueError(f"PLAN3D_FUZZ_SHARD={text!r}: expected i/n with 0 <= i < n")
+    return i, n
+
+
+SHARD, SHARDS = _shard(os.environ.get("PLAN3D_FUZZ_SHARD", "0/1"))
 #: Share of the budget per group: argument vectors are cheap (most end at parsing), valid jobs the dearest.
 SHARES = {"argv": 0.4, "model_files": 0.2, "cluster_files": 0.2, "valid_jobs": 0.2}
 #: Slowest inputs kept for the report.
@@ -29,7 +49,7 @@ KEEP_SLOWEST = 25
 
 
 def fuzz_settings(group: str) -> settings:
-    return settings(max_examples=max(1, round(FUZZ_N * SHARES[group])), deadline=None, derandomize=True,
+    return settings(max_examples=max(1, round(FUZZ_N * SHARES[group] / SHARDS)), deadline=None, derandomize=True,
                     database=None, phases=[Phase.explicit, Phase.generate],
                     suppress_health_check=list(HealthCheck))
 
@@ -90,9 +110,11 @@ CURRENT = Path(os.environ["PLAN3D_FUZZ_CURRENT"]) if os.environ.get("PLAN3D_FUZZ
 def fuzz_one(group: str, argv: list[str], scratch, rerun: bool = False) -> Outcome | None:
     """Run one input in-process, check it, re-run it for byte identity when asked (or when it was quick), tally.
     An input this group already ran is rejected (``assume``): hypothesis then draws another, so the budget counts
-    distinct inputs."""
+    distinct inputs. Under ``PLAN3D_FUZZ_SHARD`` an input of another shard is rejected the same way."""
     key = (group, scratch.key(argv))
     assume(key not in TALLY.seen)
+    if SHARDS > 1:
+        assume(zlib.crc32(repr(key).encode()) % SHARDS == SHARD)
     TALLY.seen.add(key)
     if CURRENT:  # the input now running, for a run the kernel kills
         try:
