@@ -347,6 +347,56 @@ def _simulate_ops(schedule: str, p: int, m: int, v: int, fwd: list[float], bwd: 
     return Simulation(rp.makespan, rp.busy, rp.ops, hidden=rp.hidden)
 
 
+#: Relative tolerance (of the makespan) within which two successive makespan increments count as equal: the
+#: schedule has reached its periodic steady state (``_steady_state_extrapolation``).
+STEADY_STATE_RTOL = 1e-9
+#: Above this many ops a GPipe / 1F1B / interleaved order may be extrapolated from its verified steady state.
+STEADY_STATE_MIN_OPS = 1000
+
+
+def _steady_state_extrapolation(schedule: str, p: int, m: int, v: int, fwd: list[float], bwd: list[float],
+                                p2p: float) -> Simulation | None:
+    """The makespan of a long GPipe / 1F1B / interleaved order from shorter runs, exact once it is periodic.
+
+    A static order of fixed op times is a max-plus linear system: past a transient each further group of ``p``
+    micro-batches adds the same time to the makespan and to each rank's busy time (the cycle time, the largest
+    circuit mean; Baccelli et al. 1992, "Synchronization and Linearity", Ch. 3). Runs of ``m0``, ``m0 + p`` and
+    ``m0 + 2p`` micro-batches that add equal increments (within ``STEADY_STATE_RTOL``), no less than the busiest
+    rank's work, give a candidate cycle time; it is accepted when runs of about ``4 m0`` and ``4 m0 + p``
+    micro-batches land where it predicts (a transient can mimic a steady state for a while: two circuits of nearly
+    equal mean), and the rest is extrapolated linearly from there; otherwise the search moves on to ``4 m0``. None
+    when ``m`` is short (``STEADY_STATE_MIN_OPS``) or no steady state shows well before ``m`` (the caller then
+    simulates every op). The greedy ZB-H1 list schedule is not a static order and is never extrapolated here."""
+    if 2 * m * p * v <= STEADY_STATE_MIN_OPS:
+        return None
+
+    def run(n: int) -> Simulation:
+        return _run_static(schedule, p, n, v, fwd, bwd, p2p, False)
+
+    def linear(x: Simulation, y: Simulation, groups: int, step: float, busy_step: list[float]) -> bool:
+        tol = STEADY_STATE_RTOL * y.makespan
+        return (abs(y.makespan - x.makespan - groups * step) <= tol
+                and all(abs(yb - xb - groups * s) <= tol for xb, yb, s in zip(x.busy, y.busy, busy_step)))
+
+    m0 = max(4 * p, 8)
+    m0 += (m - m0) % p  # m - m0 a whole number of groups of p
+    while True:
+        m1 = m0 + p * (3 * m0 // p)  # about 4 m0, m1 = m (mod p)
+        if 3 * m0 + 2 * m1 + 4 * p > m // 2:  # the short runs would cost more than half the full one
+            return None
+        a, b, c = run(m0), run(m0 + p), run(m0 + 2 * p)
+        step = c.makespan - b.makespan
+        busy_step = [z - y for y, z in zip(b.busy, c.busy)]
+        # the makespan cannot grow slower than the busiest rank works: a run that does is still in a transient
+        if linear(a, b, 1, step, busy_step) and step >= max(busy_step) * (1 - STEADY_STATE_RTOL):
+            d, e = run(m1), run(m1 + p)
+            if linear(c, d, (m1 - m0 - 2 * p) // p, step, busy_step) and linear(d, e, 1, step, busy_step):
+                k = (m - m1 - p) // p
+                return Simulation(e.makespan + k * step, [x + k * s for x, s in zip(e.busy, busy_step)],
+                                  extrapolated=True)
+        m0 = m1
+
+
 def simulate(schedule: Schedule, pp: int, m: int, fwd_s: list[float], bwd_s: list[float], vpp: int = 1,
              p2p_s: float = 0.0, record: bool = False, w_fraction: float = 0.5,
              max_ops: int = 20000, wgt_s: list[float] | None = None, hide_f_s: list[float] | None = None,
@@ -362,7 +412,8 @@ def simulate(schedule: Schedule, pp: int, m: int, fwd_s: list[float], bwd_s: lis
         w_fraction: ZB-H1 only: share of the backward that is weight-gradient work (``W``); 0.5 when
             ``t_B = t_W`` (Qi et al. 2024 Sec. 2).
         max_ops: above this many ops the schedule is simulated for fewer micro-batches and extrapolated linearly
-            (steady state), unless ``record``.
+            (steady state), unless ``record``. GPipe, 1F1B and interleaved orders are first extrapolated from a
+            verified steady state whenever that is cheaper (``_steady_state_extrapolation``: exact to rounding).
         wgt_s: weight-gradient seconds within each ``bwd_s`` (zero-bubble and DualPipe schedules; default
             ``w_fraction`` of it).
         hide_f_s, hide_b_s: seconds of each stage's forward / backward communication that an overlapped partner
@@ -410,6 +461,10 @@ def simulate(schedule: Schedule, pp: int, m: int, fwd_s: list[float], bwd_s: lis
         lin = lambda x, y: x + (y - x) * k  # noqa: E731
         return Simulation(lin(a.makespan, b.makespan), [lin(x, y) for x, y in zip(a.busy, b.busy)],
                           extrapolated=True, hidden=[lin(x, y) for x, y in zip(a.hidden, b.hidden)])
+    if schedule != "zb-h1" and not record:
+        periodic = _steady_state_extrapolation(schedule, pp, m, v, fwd_s, bwd_s, p2p_s)
+        if periodic is not None:
+            return periodic
     n_ops = (3 if schedule == "zb-h1" else 2) * m * pp * v
     if record or n_ops <= max_ops or m <= 4 * pp:
         return _simulate_once(schedule, pp, m, v, fwd_s, bwd_s, p2p_s, record, w_fraction)
