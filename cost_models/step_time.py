@@ -58,8 +58,8 @@ power cap (``gemm.UNCORE_POWER_FRACTION``). Read from the rows' recipes (each ro
 ``planner/row_options.py``): DeepSeek-V3 node-limited routing in the EP all-to-all (``ep_domain_copies``), Megatron
 pipeline layouts and the Megatron-Bridge DeepSeek-V3 presets (EP overlap, full-iteration CUDA graph).
 
-Result on the dev rows (``plan3d validate --cross-validate``, 91 evaluated rows): MAPE 5.54% in-sample, 7.82%
-leave-one-source-group-out (Megatron-Bridge 12.0%, the only group of >= 3 rows above 10%); Korthikanti et al. 2022
+Result on the dev rows (``plan3d validate --cross-validate``, 91 evaluated rows): MAPE 5.32% in-sample, 7.46%
+leave-one-source-group-out (Megatron-Bridge 12.9%, the only group of >= 3 rows above 10%); Korthikanti et al. 2022
 Table 5 (held out, ``tests/test_korthikanti_table5.py``): 2.74% mean, 5.92% max.
 """
 from __future__ import annotations
