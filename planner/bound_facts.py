@@ -10,6 +10,7 @@ cp degrees and micro-batch sizes cheap to bound.
 """
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -39,9 +40,11 @@ def layer_lb(model, cluster, job, par, layer, groups, exposed_comm: bool = False
     """Lower bounds of one layer's seconds per micro-batch from ``cost_models.step_time``'s per-layer costs
     (``_layer_cost``) with the framework with the fewest elementwise passes (Megatron) and no host-time floor:
     (forward, backward without recompute, selective recompute, full recompute, forward and backward without the
-    context-parallel ring (an MTP layer's), the EP all-to-all of the forward (what a pairing schedule may hide)). MoE layers add the routing bookkeeping per token copy and the host
-    time per local expert (``MOE_TOKEN_COPY_S``, ``MOE_EXPERT_HOST_S`` of the job's expert GEMM format; the step
-    model drops the host time only under a full-iteration CUDA graph, which the search never sets). ``exposed_comm``: TP
+    context-parallel ring (an MTP layer's), the EP all-to-all of the forward (what a pairing schedule may hide)).
+    MoE layers add the routing bookkeeping per token copy and the host time of the per-expert work
+    (``step_time.layer_pass_s``: ``moe_overhead.moe_routing_s`` and ``moe_host_exposed_s`` with the FP8 recipe the
+    step model defaults to; the step model drops the host time only under a full-iteration CUDA graph, which the
+    search never sets). ``exposed_comm``: TP
     and EP communication fully exposed (the step model's defaults for Megatron-LM, DeepSpeed and torchtitan: TP
     overlap only for NeMo, EP overlap only on request); otherwise at their smallest exposed share. Falls back to
     zeros (a trivially valid bound) if the step model's internals change."""
@@ -49,19 +52,15 @@ def layer_lb(model, cluster, job, par, layer, groups, exposed_comm: bool = False
         x = stm._layer_cost(model, cluster, job, par, layer, "megatron", groups)
         tp_exp = 1.0 if exposed_comm else min(1.0, float(getattr(stm, "TP_OVERLAP_EXPOSED", 0.0)))
         ep_exp = 1.0 if exposed_comm else min(1.0, float(getattr(stm, "EP_OVERLAP_EXPOSED", 0.0)))
-        extra = 0.0
-        if model.moe is not None and model.is_moe_layer(layer):
-            tok = par.micro_batch_size * job.seq_length / par.cp
-            extra = float(getattr(stm, "MOE_TOKEN_COPY_S", 0.0)) * tok * model.moe.top_k / par.tp
-            # the FP8 recipe estimate_step assumes when the evaluation gives none (Blackwell: MXFP8, else per-tensor);
-            # were that default to change, a bound above a scalar value only triggers the solver's rescaling
-            recipe = "mx" if "fp4" in cluster.gpu.peak_flops else "cs"
-            key = recipe if job.precision == "fp8" else "bf16"
-            extra += float(getattr(stm, "MOE_EXPERT_HOST_S", {}).get(key, 0.0)) * model.moe.num_experts / par.ep
+        routing = stm.moe_routing_s(model, job, par, layer)
+        # the FP8 recipe estimate_step assumes when the evaluation gives none (Blackwell: MXFP8, else per-tensor);
+        # were that default to change, a bound above a scalar value only triggers the solver's rescaling
+        recipe = "mx" if "fp4" in cluster.gpu.peak_flops else "cs"
+        host_f, host_b = stm.moe_host_exposed_s(model, cluster, job, par, layer, "megatron", recipe, False)
     except Exception:  # pragma: no cover - depends on another module's private API
         return 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
-    comp_f = x.gemm + x.attn_f + x.mem + extra / 3
-    comp_b = 2 * x.gemm + x.attn_b + 2 * x.mem + 2 * extra / 3
+    comp_f = x.gemm + x.attn_f + x.mem + routing / 3 + host_f
+    comp_b = 2 * x.gemm + x.attn_b + 2 * x.mem + 2 * routing / 3 + host_b
     comm_f = x.tp * tp_exp + x.ep * ep_exp
     comm_b = x.tp * tp_exp + x.ep * ep_exp
     return (comp_f + comm_f + x.cp, comp_b + comm_b + 2 * x.cp, x.attn_f, comp_f + comm_f + x.cp,
@@ -214,6 +213,7 @@ class StructureFacts:
     dp_full: bool = True
     o_coef: dict[int, tuple[float, float]] = field(default_factory=dict)   # z -> (a, c): O[z] = a + m c seconds
     n_hi: int = 1                               # most decoder layers on one rank
+    dpg: GroupPlacement | None = None           # placement of the dp x cp shard group (``with_comm``)
     #: the framework's other pipeline schedules (``space.schedule_options``) may apply; with ``pair_hide`` the
     #: share of each MoE layer's EP all-to-all an overlapped pair hides (pairing schedules), else 0
     other_schedules: tuple[str, ...] = ()
@@ -321,6 +321,7 @@ def with_comm(ctx: BoundContext, sf: StructureFacts) -> None:
     dp_g, cp_g = group_placement("dp", par0, dom), sf.placements["cp"]
     dpg = GroupPlacement(sf.shard, dp_g.ranks_per_domain * (cp_g.size if cp_g.intra_domain else 1)) \
         if sf.shard > 1 else GroupPlacement(1, 1)
+    sf.dpg = dpg
     key = ("comm", st.tp, st.pp, st.first, st.last, st.ep, st.etp, sf.shard, sf.edp, dpg, tuple(sf.zs))
     got = ctx.cache.get(key)
     if got is None:
@@ -333,6 +334,37 @@ def with_comm(ctx: BoundContext, sf: StructureFacts) -> None:
     else:
         sf.opt, sf.rs_t, sf.ag_t, sf.rs3, sf.ag3, sf.dp_full, sf.o_coef = got
     sf.has_comm = True
+
+
+def decoder_sync_facts(ctx: BoundContext, sf: StructureFacts) -> StructureFacts:
+    """``sf`` with its data-parallel terms (``rs_t``, ``ag_t``, ``rs3``, ``ag3``) recomputed for the fewest
+    parameters any rank holds: the least dense and the least expert decoder parameters over the stages, without the
+    embedding and the output layer. A lower bound of the sync of whichever rank a schedule makes the most loaded,
+    whatever it places where (a V schedule puts the embedding and the output layer both on rank 0, so the default
+    placement's most loaded stage, ``sf.smax``, need not be the V's); the collectives' times grow with the bytes of
+    each part. For the bounds of ZB-V's and DualPipeV's rows (``tables.schedule_rows``)."""
+    with_comm(ctx, sf)
+    st = sf.st
+    key = ("decoder_sync", st.tp, st.pp, st.first, st.last, st.ep, st.etp, sf.shard, sf.edp, sf.dpg, tuple(sf.zs))
+    got = ctx.cache.get(key)
+    if got is None:
+        model = ctx.model
+        etp = st.etp if st.etp is not None else st.tp
+        dense, expert = math.inf, math.inf
+        for _, _, _, r in sf.lay.groups:
+            d = e = 0.0
+            for i, n in model.layer_kinds(r):
+                lp = model.layer_params(i)
+                d += n * (lp.tp_sharded / st.tp + lp.replicated)
+                e += n * lp.expert / (etp * st.ep)
+            dense, expert = min(dense, d), min(expert, e)
+        low = copy.copy(sf)
+        low.smax = mm.StageParams(dense=dense, expert=expert, largest_layer=0.0)
+        _, rs_t, ag_t, rs3, ag3 = _new_comm(ctx, low, sf.dpg)
+        got = ctx.cache[key] = (rs_t, ag_t, rs3, ag3)
+    low = copy.copy(sf)
+    low.rs_t, low.ag_t, low.rs3, low.ag3 = got
+    return low
 
 
 def _new_comm(ctx: BoundContext, sf: StructureFacts, dpg: GroupPlacement):

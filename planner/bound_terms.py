@@ -10,8 +10,9 @@ from cost_models.config import BYTES_16BIT
 from cost_models.memory import TOKEN_ID_BYTES
 from cost_models.pipeline import PAIRING_SCHEDULES
 
-from .bound_facts import (ZEROS, BoundContext, MicroBatchFacts, StructureFacts, end_extras, in_flight, layer_costs,
-                          microbatch_facts, p2p_seconds, rank_runs, round_trips, stm, with_comm, with_memory_facts)
+from .bound_facts import (ZEROS, BoundContext, MicroBatchFacts, StructureFacts, decoder_sync_facts, end_extras,
+                          in_flight, layer_costs, microbatch_facts, p2p_seconds, rank_runs, round_trips, stm,
+                          with_comm, with_memory_facts)
 from .space import schedule_options, vpp_options
 
 
@@ -265,19 +266,28 @@ def paired_hidden(sf: StructureFacts, nm: int, ep_s: float, m: int, v: int) -> f
 
 
 def paired_dp_bound(sf: StructureFacts, m: int, z: int, f0: float, b0: float, hidden: float) -> float:
-    """The ``Z`` tightening of combined 1F1B's rows (``tables.schedule_rows``), seconds: ``z_bound(f0, b0) -
-    hidden``, 0 when it has no DP term.
+    """The ``Z`` tightening of the other schedules' rows (``tables.schedule_rows``: combined 1F1B, ZB-V,
+    DualPipeV), seconds: ``z_bound(f0, b0) - hidden``, 0 when it has no DP term.
 
     Why it is a lower bound of the pipeline + the DP / ZeRO-3 exposure (``step_time.estimate_step``: step =
-    makespan + ``dp_exposed_s(f_B, b_B)`` + optimizer, f_B / b_B the busiest rank's unpaired forward / backward per
-    micro-batch): combined 1F1B runs Megatron's interleaved placement (``combined_1f1b.interleaved_placement``), so
-    the ranks hold the default rows' parameters and ``dp_exposed_s`` is the same function of (f_B, b_B) as for the
-    default schedule; only the makespan changes, to at least the busiest rank's busy time m (f_B + b_B) less what
-    its pairs hide (<= ``hidden``, the most of any rank). ``z_bound``'s derivation (``tables.dp_table``) uses the
-    makespan only through makespan >= m (f_B + b_B), and is non-decreasing in (f, b) (slope m - 1 >= 0), so with
-    f0 <= f_B, b0 <= b_B it stays below the pipeline + DP terms after subtracting ``hidden``."""
+    makespan + ``dp_exposed_s(f_B, b_B)`` + optimizer for every schedule, f_B / b_B the busiest rank's unpaired
+    forward / backward per micro-batch over all its chunks): ``dp_exposed_s`` is the same function of (f_B, b_B) and
+    of the gathers of the rank holding the most parameters whatever the schedule, and the sync of a V schedule's
+    rank 0 (decoder layers, embedding and output layer) is no less than ``sf.ag3`` / ``sf.rs3`` (the default
+    placement's most loaded stage), in which ``z_bound`` is non-decreasing; the makespan is at least the busiest
+    rank's busy time m (f_B + b_B) less what its pairs hide (<= ``hidden``, the most of any rank; 0 for ZB-V).
+    ``z_bound``'s derivation (``tables.dp_table``) uses the makespan only through makespan >= m (f_B + b_B), and is
+    non-decreasing in (f, b) (slope m - 1 >= 0), so with f0 <= f_B, b0 <= b_B (the smallest of the schedule's own
+    per-rank bounds) it stays below the pipeline + DP terms after subtracting ``hidden``."""
     zb = z_bound(sf, m, z, f0, b0)
     return max(0.0, zb - hidden) if zb > 0 else 0.0
+
+
+def dp_facts(ctx: BoundContext, sf: StructureFacts, schedule: str) -> StructureFacts:
+    """The facts whose DP / ZeRO-3 terms bound ``schedule``'s rows: ``sf`` itself for combined 1F1B (Megatron's
+    interleaved placement, the default rows' parameters per rank), the least loaded rank's decoder parameters for
+    the V schedules (``bound_facts.decoder_sync_facts``)."""
+    return sf if schedule == "combined-1f1b" else decoder_sync_facts(ctx, sf)
 
 
 def other_schedule_cells(ctx: BoundContext, sf: StructureFacts, m: int, vpps) -> dict[tuple[str, str], tuple]:
@@ -311,10 +321,9 @@ def paired_bound(ctx: BoundContext, sf: StructureFacts, m: int, fb, ep_s: float,
     empty): every rank is busy at least m x its layers' forward + backward (``fb(nd, nm)``, without the embedding
     and the output layer, which a V schedule moves), less the EP all-to-all an overlapped pair hides
     (``paired_hidden`` at the largest vpp; pairing schedules only) and after ``sends_around``'s point-to-point
-    sends (``p2p`` seconds each), plus ``O + D`` (the V schedules' rows have ``E = O + D``); combined 1F1B's rows
-    also have the DP / ZeRO-3 tightening (``paired_dp_bound``, with the smallest per-rank forward / backward here
-    and the most hidden of any rank): the smallest ``max(busy + D, Z) + O`` over the schedules and their ZeRO
-    stages."""
+    sends (``p2p`` seconds each), plus ``O + D``, and the DP / ZeRO-3 tightening (``paired_dp_bound``, with the
+    smallest per-rank forward / backward here and the most hidden of any rank): the smallest
+    ``max(busy + D, Z) + O`` over the schedules and their ZeRO stages."""
     out = math.inf
     for sched, (zs, vs) in cells.items():
         pairing = sched in PAIRING_SCHEDULES
@@ -325,7 +334,7 @@ def paired_bound(ctx: BoundContext, sf: StructureFacts, m: int, fb, ep_s: float,
             busy = max(busy, m * (f + b) - h + sends_around(stage) * p2p)
             f0, b0, hid = min(f0, f), min(b0, b), max(hid, h)
         for z in zs:
-            zt = paired_dp_bound(sf, m, z, f0, b0, hid) if sched == "combined-1f1b" else 0.0
+            zt = paired_dp_bound(dp_facts(ctx, sf, sched), m, z, f0, b0, hid)
             out = min(out, max(busy + d_bound(sf, m, z), zt) + o_bound(ctx, sf, m, z))
     return out
 

@@ -29,11 +29,13 @@ class Evaluation:
 
 def evaluate(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, num_gpus: int,
              memory_headroom: float = DEFAULT_MEMORY_HEADROOM, framework: str = "megatron",
-             convention: FlopsConvention = "megatron") -> Evaluation:
+             convention: FlopsConvention = "megatron", time_infeasible: bool = True) -> Evaluation:
     """Full evaluation of ``par``; never raises for an invalid config (it is reported as violations).
 
     ``framework`` decides both the rules checked and the model-state bytes of the memory model
-    (``job.framework`` is overridden by it, so the two can never disagree).
+    (``job.framework`` is overridden by it, so the two can never disagree). ``time_infeasible`` False: a
+    configuration that breaks a rule or does not fit in memory is returned without its step time (``step`` None),
+    which the search's re-scoring does not need and which costs most of an evaluation.
     """
     if job.framework != framework:
         job = job.model_copy(update={"framework": framework})
@@ -45,9 +47,11 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: Para
         return Evaluation(par, None, None, structural)
     try:
         mem = estimate_memory(model, cluster, job, par)
+        violations = check_config(model, cluster, job, par, num_gpus, memory=mem, memory_headroom=memory_headroom,
+                                  framework=framework)
+        if violations and not time_infeasible:
+            return Evaluation(par, mem, None, violations)
         step = estimate_step(model, cluster, job, par, convention)
     except LayoutError as e:  # pragma: no cover - check_config reports it first
         return Evaluation(par, None, None, structural + [Violation("layers_pp", str(e))])
-    violations = check_config(model, cluster, job, par, num_gpus, memory=mem, memory_headroom=memory_headroom,
-                              framework=framework)
     return Evaluation(par, mem, step, violations)

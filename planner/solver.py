@@ -343,7 +343,7 @@ def solve(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: in
             break  # nothing fits the memory bound anywhere
         if pending or not cache:
             cache = _grids(T, limit)
-        progress(f"{n_cand:,} layouts, {len(seen):,} timed in full")
+        progress(f"{n_cand:,} layouts, {len(seen):,} checked in full")
         feas, restart, mem_ratio_lo, exhausted, corr = _rescore(
             model, cluster, job, num_gpus, T, cache, seen, limit, mem_margin, corr, top_k, memory_headroom,
             framework, convention, drop_dominated, threshold)
@@ -454,7 +454,8 @@ def _rescore(model, cluster, job, num_gpus, T, cache, seen, limit, mem_margin, c
             st, mbs, rc, sched = T.keys[ki]
             par = to_parallel(st, mbs, vi + 1, zi, bool(spi), rc, sched)
             par = with_fewest_recomputed_layers(model, cluster, job, par, framework, headroom)
-            ev = evaluate(model, cluster, job, par, num_gpus, headroom, framework, convention)
+            # an infeasible candidate cannot enter the answer: its step time is not needed
+            ev = evaluate(model, cluster, job, par, num_gpus, headroom, framework, convention, time_infeasible=False)
             seen[key] = ev
         if ev.step is not None and prox[o] > 0:
             r = ev.step.step_s / float(prox[o])

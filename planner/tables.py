@@ -52,8 +52,8 @@ from model_zoo.spec import ModelSpec
 from .bound_facts import (INVALID, ZEROS, BoundContext, MicroBatchFacts, StructureFacts, context, end_extras,
                           microbatch_facts, model_state_bytes, p2p_seconds, structure_facts, with_comm,
                           with_memory_facts)
-from .bound_terms import (d_bound, min_recomputed_layers, o_bound, paired_dp_bound, paired_hidden, pipeline_bound,
-                          rank_fb, sends_around, stored_bytes, working_bytes, z_bound)
+from .bound_terms import (d_bound, dp_facts, min_recomputed_layers, o_bound, paired_dp_bound, paired_hidden,
+                          pipeline_bound, rank_fb, sends_around, stored_bytes, working_bytes, z_bound)
 from .space import MAX_VPP, SearchSpace, Structure, micro_batch_options, schedule_options, to_parallel
 
 V = MAX_VPP
@@ -201,12 +201,13 @@ def schedule_rows(ctx: BoundContext, T: Tables, sf: StructureFacts, mb: MicroBat
       and the output layer on the ranks the schedule puts them (``layout.holds_embedding`` / ``holds_output``); the
       ZeRO-3 time every schedule adds (``D``, ``bound_terms.d_bound``: the step model adds the FSDP gathers to any
       makespan, and a rank holds at most ``n_hi`` layers);
+    * every schedule: the default rows' DP / ZeRO-3 tightening with its own per-rank forward / backward bounds,
+      less the most any rank's pairs hide (``Z``, ``bound_terms.paired_dp_bound``);
     * combined 1F1B (Megatron's interleaved placement) also: with pp > 1 the start-up and drain of the default
       rows' pipeline bound, less what the pairs hide (``bound_terms.pipeline_bound`` with ``hidden``: every rank
-      starts with a lone forward and ends with a lone backward of the same last micro-batch), and the default
-      rows' DP / ZeRO-3 tightening less the most any rank's pairs hide (``Z``, ``bound_terms.paired_dp_bound``);
-    * ZB-V and DualPipeV: no start-up term and no DP tightening (``E = O + D``, ``Z = 0``; a V moves the embedding
-      and the output layer, and ZB-V ends ranks with weight-gradient ops): weaker, still below the scalar model;
+      starts with a lone forward and ends with a lone backward of the same last micro-batch);
+    * ZB-V and DualPipeV: no start-up term (a V moves the embedding and the output layer, and ZB-V ends ranks with
+      weight-gradient ops): weaker, still below the scalar model;
     * memory: the default rows' terms with the schedule's own placement (a V puts the embedding and the output
       layer's weights and logits on rank 0) and in-flight micro-batches (its op order).
     """
@@ -246,8 +247,9 @@ def schedule_rows(ctx: BoundContext, T: Tables, sf: StructureFacts, mb: MicroBat
                     best = max(best, pipeline_bound(ctx, sf, mb, fb, v, hidden=lambda nm, v=v: paired_hidden(
                         sf, nm, ep_s, m, v)))
                 P[int(sp)][v - 1] = best
-            if sched == "combined-1f1b":  # the default placement: the default rows' DP tightening applies
-                Zk[int(sp)] = [paired_dp_bound(sf, m, z, f0, b0, hid) if z in zz else 0.0 for z in ZEROS]
+            # every schedule adds the same DP / ZeRO-3 exposure to its makespan (bound_terms.paired_dp_bound)
+            Zk[int(sp)] = [paired_dp_bound(dp_facts(ctx, sf, sched), m, z, f0, b0, hid) if z in zz else 0.0
+                           for z in ZEROS]
         D = [d_bound(sf, m, z) for z in ZEROS]
         pmax = max((x for row in P for x in row if x != INVALID), default=0.0)
         E = [O[z] + max(D[z], min(Zk[int(sp)][z] for sp in sf.sps) - pmax) if z in zz else INVALID

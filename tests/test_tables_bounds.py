@@ -38,6 +38,11 @@ CASES = [
     ("mixtral-8x7b", "dgx-h100", 32, 64, 4096, "bf16", "megatron", ("combined-1f1b",)),
     ("mixtral-8x7b", "dgx-h100", 64, 256, 4096, "fp8", "megatron", ("combined-1f1b",)),
     ("llama3.1-8b", "dgx-h100", 32, 128, 4096, "bf16", "torchtitan", ("zb-v", "dualpipev")),
+    # many local experts (the per-expert host time) under FSDP, the V schedules' DP / ZeRO-3 tightening with the
+    # least loaded rank's parameters; a dense first layer (the V puts it and both vocabulary layers on rank 0)
+    ("gpt-oss-120b", "dgx-h800", 32, 4096, 512, "bf16", "torchtitan", None),
+    ("gpt-oss-120b", "dgx-h800", 32, 4096, 512, "bf16", "torchtitan", ("zb-v", "dualpipev")),
+    ("llama4-maverick", "dgx-h100", 64, 512, 2048, "bf16", "torchtitan", ("zb-v", "dualpipev")),
 ]
 SAMPLES = 80  # cells re-scored per case (deterministic sample)
 
