@@ -47,6 +47,25 @@ CASES = [
 SAMPLES = 80  # cells re-scored per case (deterministic sample)
 
 
+def built_tables(ctx, sf, mbs):
+    """The tables of (structure, mbs) with their arrays and the tight bound, or None when nothing was built."""
+    T = Tables()
+    add_group_tables(ctx, T, sf, mbs)
+    if not T.keys:
+        return None
+    A, P, E, W, X = T.arrays()
+    return T, A, P, E, W, X, T.tight(A, P)
+
+
+def scalar_of_cell(m, c, job, T, cell, gpus, framework):
+    """The evaluation of the candidate the solver re-scores for a table cell (k, sp, v, z)."""
+    ki, spi, vi, zi = (int(x) for x in cell)
+    st_, b, rc, sched = T.keys[ki]
+    par = with_fewest_recomputed_layers(m, c, job, to_parallel(st_, b, vi + 1, zi, bool(spi), rc, sched), framework,
+                                        0.05)
+    return evaluate(m, c, job, par, gpus, 0.05, framework)
+
+
 @pytest.mark.parametrize("name,cluster,gpus,gbs,seq,precision,framework,schedules", CASES)
 def test_tables_are_lower_bounds_of_the_scalar_model(name, cluster, gpus, gbs, seq, precision, framework,
                                                      schedules):
@@ -111,21 +130,16 @@ def test_combined_1f1b_dp_tightening_stays_below_the_scalar_model():
         if sf is None or st.pp > 1 or not sf.other_schedules:
             continue
         for mbs in micro_batch_options(st, job, space):
-            T = Tables()
-            add_group_tables(ctx, T, sf, mbs)
-            if not T.keys:
+            built = built_tables(ctx, sf, mbs)
+            if built is None:
                 continue
-            A, P, E, W, X = T.arrays()
-            tight = T.tight(A, P)
+            T, A, P, E, W, X, tight = built
             Z, D = np.array(T.Z, dtype=float), np.array(T.D, dtype=float)
             for ki, spi, vi, zi in np.argwhere(np.isfinite(tight)):
                 if Z[ki, spi, zi] <= P[ki, spi, vi] + D[ki, zi]:
                     continue  # the DP term does not bind here
-                st_, b, rc, sched = T.keys[ki]
-                par = with_fewest_recomputed_layers(m, c, job, to_parallel(st_, b, vi + 1, zi, bool(spi), rc, sched),
-                                                    "megatron", 0.05)
-                ev = evaluate(m, c, job, par, 32, 0.05, "megatron")
-                assert tight[ki, spi, vi, zi] <= ev.step.step_s * (1 + 1e-9), par
+                ev = scalar_of_cell(m, c, job, T, (ki, spi, vi, zi), 32, "megatron")
+                assert tight[ki, spi, vi, zi] <= ev.step.step_s * (1 + 1e-9), ev.parallel
                 checked += 1
                 if checked >= 6:
                     return
@@ -184,18 +198,13 @@ def test_bounds_are_tight_enough_to_prune_moe_fsdp_layouts():
     for st in sts[:25]:
         sf = structure_facts(ctx, st)
         for mbs in (micro_batch_options(st, job, SearchSpace()) if sf is not None else ()):
-            T = Tables()
-            add_group_tables(ctx, T, sf, mbs)
-            if not T.keys:
+            built = built_tables(ctx, sf, mbs)
+            if built is None:
                 continue
-            A, P, E, W, X = T.arrays()
-            tight = T.tight(A, P)
+            T, tight = built[0], built[-1]
             cells = [tuple(int(x) for x in ix) for ix in np.argwhere(np.isfinite(tight))]
-            for ki, spi, vi, zi in rng.sample(cells, min(2, len(cells))):
-                st_, b, rc, sched = T.keys[ki]
-                par = with_fewest_recomputed_layers(m, c, job, to_parallel(st_, b, vi + 1, zi, bool(spi), rc, sched),
-                                                    "torchtitan", 0.05)
-                ev = evaluate(m, c, job, par, 32, 0.05, "torchtitan")
-                ratios.append(float(tight[ki, spi, vi, zi]) / ev.step.step_s)
+            for cell in rng.sample(cells, min(2, len(cells))):
+                ev = scalar_of_cell(m, c, job, T, cell, 32, "torchtitan")
+                ratios.append(float(tight[cell]) / ev.step.step_s)
     assert len(ratios) >= 100
     assert min(ratios) > 0.5 and float(np.median(ratios)) > 0.85, (min(ratios), float(np.median(ratios)))
