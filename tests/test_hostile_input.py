@@ -372,7 +372,7 @@ def test_progress_line_only_on_a_terminal():
 
 def test_a_single_plan_says_what_its_search_is_doing():
     # issue 14: a single plan over 5 s must say why; the CP-SAT search tells the progress line its candidate count
-    # and how many plans it has checked in full (DeepSeek-V3 on 2,048 H800s: 4.25 M layouts, ~8 s on one core)
+    # and how many plans it has checked in full (DeepSeek-V3 on 2,048 H800s: 4.25 M layouts, ~3 s on one core)
     from planner.search import run_search
     told: list[str] = []
     m, c = get_model("mixtral-8x7b"), get_cluster("dgx-h100")
