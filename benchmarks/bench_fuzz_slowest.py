@@ -10,7 +10,8 @@ Two lists:
 The goal: the default answer of any single ``plan`` under 5 s of CPU on one core, or a reason printed (repeated
 planning: --objective min-gpus and the search for the nearest change; --solver enumerate is brute force). CPU seconds
 (``time.process_time``) are used, not wall seconds: the 2-core machine is shared. Usage:
-``.venv/bin/python benchmarks/bench_fuzz_slowest.py [--report PATH] [--top N]``
+``.venv/bin/python benchmarks/bench_fuzz_slowest.py [--report PATH ...] [--top N]`` (``--report`` once per shard's
+report of a sharded run).
 """
 from __future__ import annotations
 
@@ -80,13 +81,12 @@ def named_cases(tmp: Path) -> list[tuple[str, str, list[str]]]:
     ]
 
 
-def report_cases(path: Path, top: int) -> list[tuple[str, str, list[str]]]:
-    """The slowest inputs of the last fuzz run whose files are built-in names (generated files are gone)."""
-    if not path.is_file():
-        return []
-    rep = json.loads(path.read_text())
+def report_cases(paths: list[Path], top: int) -> list[tuple[str, str, list[str]]]:
+    """The slowest inputs of the last fuzz run (one report per ``PLAN3D_FUZZ_SHARD`` process, merged by CPU
+    seconds) whose files are built-in names (generated files are gone)."""
+    slowest = [r for p in paths if p.is_file() for r in json.loads(p.read_text()).get("slowest", [])]
     out = []
-    for r in rep.get("slowest", []):
+    for r in sorted(slowest, key=lambda r: -r["cpu_s"]):
         if any(a.startswith(("/tmp", tempfile.gettempdir())) for a in r["argv"]):
             continue
         out.append((f"fuzz {r['group']}", f"{r['cpu_s']:.1f} (in the run)", r["argv"]))
@@ -98,13 +98,13 @@ def report_cases(path: Path, top: int) -> list[tuple[str, str, list[str]]]:
 def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     args = sys.argv[1:]
-    report = Path(args[args.index("--report") + 1]) if "--report" in args else Path(
-        os.environ.get("PLAN3D_FUZZ_REPORT", ROOT / ".pytest_cache" / "plan3d_fuzz_report.json"))
+    reports = [Path(a) for i, a in enumerate(args) if i and args[i - 1] == "--report"] or [Path(
+        os.environ.get("PLAN3D_FUZZ_REPORT", ROOT / ".pytest_cache" / "plan3d_fuzz_report.json"))]
     top = int(args[args.index("--top") + 1]) if "--top" in args else 10
     print(f"python {sys.version.split()[0]}; CPU seconds of one in-process call (goal: < {GOAL_CPU_S:g} s, or a "
           f"reason printed)")
     with tempfile.TemporaryDirectory() as d:
-        cases = named_cases(Path(d)) + report_cases(report, top)
+        cases = named_cases(Path(d)) + report_cases(reports, top)
         run(["plan"])  # imports and caches out of the timings
         print(f"{'CPU s':>7} {'wall s':>7} {'before':>14} {'exit':>4}  case")
         for label, before, argv in cases:
