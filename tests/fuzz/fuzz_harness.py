@@ -7,7 +7,8 @@
 * exit code in {0, 1, 2}; exit 2 is exactly one line on stderr; never a traceback;
 * JSON output (``--format json``) parses under strict JSON (no NaN / Infinity) and every number is finite;
 * per plan: tp * pp * dp * cp == GPUs; micro_batch_size * num_microbatches * dp == global batch size;
-  peak <= capacity when feasible; 0 < MFU < 1 for BF16/FP16 plans; ranks 1..n in rank order;
+  peak <= capacity when feasible; 0 < MFU < 1 for BF16/FP16 plans; ranks 1..n in rank order (the plans that clear
+  the at-risk memory margin first, then those within it, each part by the objective);
 * the same input gives byte-identical output (checked by the callers that re-run).
 
 A failed check is a ``Finding`` (a kind and a detail); the fuzz tests collect them instead of stopping at the first,
@@ -200,22 +201,21 @@ def check_document(doc: dict, argv: list[str]) -> list[Finding]:
         thr = p.get("throughput")
         if thr is not None and prec in ("bf16", "fp16") and not 0 < thr["mfu"] < 1:
             out.append(Finding("MFU outside (0, 1)", f"plan {p['rank']}: MFU {thr['mfu']}", argv))
-    # plan order: the throughput objective ranks by tokens/s (ties by peak memory); headroom by peak memory; cost by
-    # GPU-hours
+    # plan order: the plans that clear the at-risk margin first, then those within it (``memory.at_risk``), each
+    # part by the objective: throughput by tokens/s (ties by peak memory); headroom by peak memory; cost by GPU-hours
     objective = _opt(argv, "--objective") or "throughput"
     feas = [p for p in plans if p["feasible"] and p.get("throughput") and p.get("memory")]
     if argv[:1] == ["plan"] and len(feas) == len(plans) > 1:
+        risk = [bool(p["memory"].get("at_risk")) for p in plans]
         if objective == "headroom":
             key = [p["memory"]["peak_bytes"] for p in plans]
-            ok = key == sorted(key)
         elif objective == "cost":
             key = [p["cost"]["gpu_hours"] for p in plans]
-            ok = key == sorted(key)
         else:
-            key = [p["throughput"]["tokens_per_s"] for p in plans]
-            ok = key == sorted(key, reverse=True)
-        if not ok:
-            out.append(Finding("plans out of rank order", f"{objective}: {key}", argv))
+            key = [-p["throughput"]["tokens_per_s"] for p in plans]
+        if list(zip(risk, key)) != sorted(zip(risk, key)):
+            shown = [abs(k) for k in key]
+            out.append(Finding("plans out of rank order", f"{objective}: {shown}, at risk {risk}", argv))
     return out
 
 

@@ -6,7 +6,7 @@ a few inputs of each group through the installed ``plan3d`` script.
 """
 from __future__ import annotations
 
-from .fuzz_harness import check_outcome, run_console
+from .fuzz_harness import check_outcome, run_console, run_inprocess
 from .fuzz_strategies import argvs, cluster_files, model_files, valid_jobs
 from .fuzz_tally import TALLY, assert_clean, fuzz_one, fuzz_settings
 from hypothesis import given, settings
@@ -65,3 +65,21 @@ def test_console_script(scratch):
     run()
     TALLY.runs.setdefault("console", 0)
     assert not found, "\n".join(f"{f.kind}: {f.detail} (plan3d {' '.join(f.argv)[:300]})" for f in found)
+
+
+def test_plans_at_risk_rank_after_the_safe_ones():
+    # found by the 10,000-input run (cluster_files, a dgx-b200 whose only changes did not touch the job): Llama-3.1-70B
+    # on one B200 node lists three plans that clear the at-risk memory margin, then two faster ones within it, as
+    # ``plan`` ranks them (planner.ranking); the invariant orders each part by throughput, not the whole list
+    o = run_inprocess(["plan", "--model", "llama3.1-70b", "--cluster", "dgx-b200", "--nodes", "1", "--format", "json"])
+    assert o.code == 0 and check_outcome(o) == []
+    import json
+    plans = json.loads(o.stdout)["plans"]
+    risk = [p["memory"]["at_risk"] for p in plans]
+    assert risk == sorted(risk) and any(risk) and not all(risk)
+    # a plan out of order within one part is still a finding
+    plans[0], plans[1] = plans[1], plans[0]
+    doc = json.loads(o.stdout)
+    doc["plans"] = [dict(p, rank=i + 1) for i, p in enumerate(plans)]
+    o.stdout = json.dumps(doc)
+    assert [f.kind for f in check_outcome(o)] == ["plans out of rank order"]
