@@ -78,6 +78,10 @@ def named_cases(tmp: Path) -> list[tuple[str, str, list[str]]]:
         ("DeepSeek-V3 on 8 MI300X at 128k: infeasible, nearest changes searched", "8.6",
          ["plan", "--model", "deepseek-v3", "--cluster", "mi300x", "--nodes", "1", "--global-batch-size", "1536",
           "--seq-length", "131072", "--top-k", "10"]),
+        ("Kimi-K2 --objective cost on up to 32 H100s: nothing fits (the 10,000-input run's hang, loaded machine)",
+         "32.9", ["plan", "--model", "kimi-k2", "--cluster", "dgx-h100", "--nodes", "4", "--global-batch-size", "1536",
+                  "--seq-length", "8192", "--precision", "fp8", "--top-k", "3", "--objective", "cost",
+                  "--deadline-days", "7", "--train-tokens", "1e13", "--framework", "torchtitan"]),
     ]
 
 

@@ -61,13 +61,14 @@ class Problem:
         return plan_cost(self.model, self.cluster, self.job, ev, num_gpus, self.cost)
 
 
-def _deadline_missed(p: Problem, max_gpus: int, deadline_days: float) -> NoFeasiblePlan | None:
-    """The error for a deadline no plan meets on up to ``max_gpus`` GPUs (None when nothing fits in memory at all:
-    the caller explains that instead)."""
-    res = p.search(max_gpus, 1)
-    if not res.plans:
+def _deadline_missed(p: Problem, max_gpus: int, deadline_days: float,
+                     fitting: list[Evaluation]) -> NoFeasiblePlan | None:
+    """The error for a deadline no plan meets on up to ``max_gpus`` GPUs, from ``fitting``, the plans that fit on
+    ``max_gpus`` best first (``SearchResult.missed``; None when nothing fits in memory at all: the caller explains
+    that instead)."""
+    if not fitting:
         return None
-    best = res.plans[0]
+    best = fitting[0]
     c = p.cost_of(best, max_gpus)
     q = best.parallel
     return NoFeasiblePlan(
@@ -88,7 +89,7 @@ def fewest_gpus_by_deadline(p: Problem, max_gpus: int, top_k: int, deadline_days
                          p.solver, convention=p.convention, meets=meets, at_risk_margin=p.at_risk_margin,
                          budget=p.budget, progress=p.progress)
     if not res.plans and res.note is None:
-        err = _deadline_missed(p, max_gpus, deadline_days)
+        err = _deadline_missed(p, max_gpus, deadline_days, res.missed)
         if err is not None:
             raise err
     return res, n

@@ -3,7 +3,7 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from cluster_specs.spec import ClusterSpec
@@ -33,6 +33,9 @@ class SearchResult:
     num_feasible_exact: bool = True
     #: one line when the search stopped at its time budget (``fewest_gpus``): what was and was not tried
     note: str | None = None
+    #: ``fewest_gpus`` when no count meets the target: the plans that fit on the largest count tried (``max_gpus``)
+    #: but miss it, best first, for the caller's explanation
+    missed: list[Evaluation] = field(default_factory=list)
 
 
 def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int, top_k: int = 5,
@@ -77,7 +80,8 @@ def run_search(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpu
                space: SearchSpace = SearchSpace(), memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
                framework: str = "megatron", solver: str = "cpsat", objective: str = "throughput",
                within: float = 0.05, convention: FlopsConvention = "megatron",
-               at_risk_margin: float | None = None, progress: Progress = no_progress) -> SearchResult:
+               at_risk_margin: float | None = None, progress: Progress = no_progress,
+               explain: bool = True) -> SearchResult:
     """Dispatch to the CP-SAT solver (default) or the enumerator; both return a ``SearchResult``.
 
     ``objective`` ``headroom``: among plans within ``within`` (fraction) of the best step time, most memory
@@ -87,14 +91,16 @@ def run_search(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpu
     ``at_risk_margin`` (wider than ``memory_headroom``): plans whose peak clears it come first (searched with it as
     the memory limit, so recompute and micro-batch choices are made to clear it); the plans within it, which fit
     the headroom but are at risk (``planner.checks.memory_verdict``), only fill the remaining ranks.
+
+    ``explain`` False: no ``nearest_infeasible`` when nothing fits (CP-SAT solver; ``solver.solve``).
     """
     if at_risk_margin is not None and at_risk_margin > memory_headroom:
         safe = run_search(model, cluster, job, num_gpus, top_k, space, at_risk_margin, framework, solver, objective,
-                          within, convention, progress=progress)
+                          within, convention, progress=progress, explain=False)
         if len(safe.plans) >= top_k:
             return safe
         risky = run_search(model, cluster, job, num_gpus, top_k, space, memory_headroom, framework, solver,
-                           objective, within, convention, progress=progress)
+                           objective, within, convention, progress=progress, explain=explain)
         seen = {e.parallel for e in safe.plans}
         risky.plans = (safe.plans + [e for e in risky.plans if e.parallel not in seen])[:top_k]
         return risky
@@ -104,7 +110,7 @@ def run_search(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpu
         return enumerate_plans(model, cluster, job, num_gpus, top_k, space, memory_headroom, framework, convention,
                                counted, objective=objective, within=within)
     r = solve(model, cluster, job, num_gpus, top_k, space, memory_headroom, framework, convention,
-              objective=objective, within=within, progress=progress)
+              objective=objective, within=within, progress=progress, explain=explain)
     return SearchResult(r.plans, r.num_candidates, r.num_feasible, r.nearest_infeasible, r.num_feasible_exact)
 
 
@@ -138,15 +144,17 @@ def fewest_gpus(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, max_gp
     throughput does not fall when GPUs are added inside the bracket: the answer meets the target and the node count
     just below it was tried and missed). Each count tried is one search, reported to ``progress``; when ``budget``
     (wall seconds) is spent the search stops and ``note`` says so: with a count that meets the target, that count
-    (it may not be the fewest); without, no plan.
+    (it may not be the fewest); without, no plan. When no count meets the target, ``missed`` holds the plans that fit
+    on ``max_gpus`` (the last count tried) but miss it.
     """
     gpn = cluster.node.gpus_per_node
     budget = budget or Budget(None)
 
     def attempt(n):
         progress(f"min-gpus: planning on {n:,} GPUs")
+        # only the largest count's closest layouts explain a miss (planner.explanation.why_infeasible)
         res = run_search(model, cluster, job, n, top_k, space, memory_headroom, framework, solver,
-                         convention=convention, at_risk_margin=at_risk_margin)
+                         convention=convention, at_risk_margin=at_risk_margin, explain=n == max_gpus)
         ok = [e for e in res.plans if (target_step_s is None or e.step.step_s <= target_step_s) and
               (target_tokens_per_day is None or e.step.tokens_per_s * 86400 >= target_tokens_per_day) and
               (meets is None or meets(e, n))]
@@ -173,7 +181,7 @@ def fewest_gpus(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, max_gp
             break
         lo = n // gpn
     if hit is None:
-        res.plans = []
+        res.missed, res.plans = res.plans, []
         return res, max_gpus
     hi = hit[1] // gpn
     while hi - lo > 1:

@@ -273,12 +273,14 @@ def solve(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: in
           space: SearchSpace = SearchSpace(), memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
           framework: str = "megatron", convention: FlopsConvention = "megatron",
           objective: str = "throughput", within: float = 0.05,
-          progress: Progress = no_progress) -> SolveResult:
+          progress: Progress = no_progress, explain: bool = True) -> SolveResult:
     """Best ``top_k`` plans by the scalar model (module docstring), ranked by ``planner.ranking.rank_plans``.
 
     ``objective``: ``throughput`` (default) or ``headroom`` (most memory headroom among plans within
     ``within`` of the best step time). ``progress`` is told each phase (the candidate count, the plans re-scored so
     far, the CP-SAT certificate), so that a search over a large space says why it takes longer than usual.
+    ``explain`` False: when nothing fits, the closest layouts (``nearest_infeasible``) are not searched for (a
+    caller that tries other GPU counts explains only the last).
     """
     import time
     tm: dict[str, float] = {}
@@ -377,7 +379,7 @@ def solve(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: in
     tm["cpsat"] = time.perf_counter() - t1
     plans = rank_plans(feas, top_k, objective, within)
     near: list[Evaluation] = []
-    if not plans:
+    if not plans and explain:
         t1 = time.perf_counter()
         for g in groups:  # the closest layouts: every group's tables (nothing fits; no speed goal)
             if not g.built:

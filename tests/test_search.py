@@ -60,6 +60,26 @@ def test_min_gpus_objective_returns_the_fewest_gpus_meeting_the_target():
     assert not below or below[0].step.tokens_per_s * 86400 < target
 
 
+def test_min_gpus_explains_only_the_largest_count(monkeypatch):
+    # the fuzzer's slowest input (issue 14: kimi-k2 --objective cost on up to 32 H100s, 34 s of CPU, over the hang
+    # limit on a loaded machine) searched the closest layouts at every GPU count it tried, and the deadline's
+    # explanation searched the largest count again; now only the largest count's closest layouts are searched, once
+    import planner.solver as solver
+    calls = []
+    real = solver._nearest
+    monkeypatch.setattr(solver, "_nearest", lambda *a, **k: calls.append(a[3]) or real(*a, **k))
+    m, c = get_model("llama3.1-405b"), get_cluster("dgx-h100")
+    job = TrainingJob(global_batch_size=64, seq_length=4096)
+    res, n = fewest_gpus(m, c, job, 32, 3, target_step_s=10.0, at_risk_margin=0.10)
+    assert not res.plans and not res.missed and n == 32  # nothing fits on 8, 16 or 32 GPUs
+    assert calls == [32] and res.nearest_infeasible
+    # a target no fitting plan meets: the plans that fit on the largest count come back in ``missed``
+    calls.clear()
+    res, n = fewest_gpus(get_model("llama3.1-8b"), c, job, 16, 3, target_step_s=1e-3, at_risk_margin=0.10)
+    assert not res.plans and res.missed and n == 16 and calls == []
+    assert res.missed == run_search(get_model("llama3.1-8b"), c, job, 16, 3, at_risk_margin=0.10).plans
+
+
 def test_min_gpus_needs_a_target(run_cli):
     r = run_cli("plan", "--objective", "min-gpus")
     assert r.exit_code == 2 and "--target-step-s" in r.stderr
