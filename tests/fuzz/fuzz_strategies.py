@@ -257,7 +257,10 @@ def mutated(draw, base: dict, scale_exponents=st.integers(-12, 12)) -> dict:
         op = draw(st.sampled_from(["scale", "scale", "nudge", "hostile", "hostile", "delete", "add"]))
         if op == "scale" and isinstance(val, (int, float)) and not isinstance(val, bool):
             k = draw(scale_exponents)
-            new = val * 10.0**k if isinstance(val, float) or k < 0 else val * 10**k
+            try:
+                new = val * 10.0**k if isinstance(val, float) or k < 0 else val * 10**k
+            except OverflowError:  # an int already scaled past a float's range, scaled down: stay exact
+                new = val // 10**-k
             _set(d, path, new)
         elif op == "nudge" and isinstance(val, (int, float)) and not isinstance(val, bool):
             _set(d, path, draw(st.sampled_from([val + 1, val - 1, val * 2, val // 2 if isinstance(val, int) else val / 2,
