@@ -272,10 +272,10 @@ def paired_dp_bound(sf: StructureFacts, m: int, z: int, f0: float, b0: float, hi
     Why it is a lower bound of the pipeline + the DP / ZeRO-3 exposure (``step_time.estimate_step``: step =
     makespan + ``dp_exposed_s(f_B, b_B)`` + optimizer for every schedule, f_B / b_B the busiest rank's unpaired
     forward / backward per micro-batch over all its chunks): ``dp_exposed_s`` is the same function of (f_B, b_B) and
-    of the gathers of the rank holding the most parameters whatever the schedule, and the sync of a V schedule's
-    rank 0 (decoder layers, embedding and output layer) is no less than ``sf.ag3`` / ``sf.rs3`` (the default
-    placement's most loaded stage), in which ``z_bound`` is non-decreasing; the makespan is at least the busiest
-    rank's busy time m (f_B + b_B) less what its pairs hide (<= ``hidden``, the most of any rank; 0 for ZB-V).
+    of the sync of the rank holding the most parameters whatever the schedule, and ``sf`` carries a sync no larger
+    than that rank's (``dp_facts``: combined 1F1B's ranks hold the default rows' parameters; for a V schedule, the
+    least loaded rank's decoder parameters), in which ``z_bound`` is non-decreasing; the makespan is at least the
+    busiest rank's busy time m (f_B + b_B) less what its pairs hide (<= ``hidden``, the most of any rank; 0 for ZB-V).
     ``z_bound``'s derivation (``tables.dp_table``) uses the makespan only through makespan >= m (f_B + b_B), and is
     non-decreasing in (f, b) (slope m - 1 >= 0), so with f0 <= f_B, b0 <= b_B (the smallest of the schedule's own
     per-rank bounds) it stays below the pipeline + DP terms after subtracting ``hidden``."""
