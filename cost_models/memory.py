@@ -310,6 +310,13 @@ def recompute_modules_of(par: ParallelConfig) -> frozenset[str]:
     return frozenset(mods) if mods is not None else frozenset({"core_attn"})
 
 
+def layer_shard_params(model: ModelSpec, layer: int, tp: int, expert_shards: int) -> tuple[float, float]:
+    """(dense, expert) parameters of decoder ``layer`` on one GPU: the TP-sharded weights / ``tp`` plus the
+    replicated ones (norms, router), and the routed experts / ``expert_shards`` (EP x expert TP)."""
+    lp = model.layer_params(layer)
+    return lp.tp_sharded / tp + lp.replicated, lp.expert / expert_shards
+
+
 def stage_params(model: ModelSpec, par: ParallelConfig, stage: int, layers, tp_vocab: int) -> StageParams:
     """Parameters on one GPU of pipeline rank ``stage`` holding decoder ``layers``: plus the embedding (first model
     stage) and the output layer, final norm and MTP layers (last model stage; Megatron builds MTP after the
@@ -329,8 +336,7 @@ def stage_params(model: ModelSpec, par: ParallelConfig, stage: int, layers, tp_v
         f_max = max(model.moe.dense_ffn_hidden_size or model.ffn_hidden_size, model.moe.expert_ffn_hidden_size)
     largest_module = float(h * f_max / tp)
     for i, n in model.layer_kinds(layers):  # layer params depend on i only through is_moe_layer(i)
-        lp = model.layer_params(i)
-        d, e = lp.tp_sharded / tp + lp.replicated, lp.expert / ets
+        d, e = layer_shard_params(model, i, tp, ets)
         dense += n * d
         expert += n * e
         largest = max(largest, d + e)

@@ -349,26 +349,24 @@ def decoder_sync_facts(ctx: BoundContext, sf: StructureFacts) -> StructureFacts:
     got = ctx.cache.get(key)
     if got is None:
         model = ctx.model
-        etp = st.etp if st.etp is not None else st.tp
+        shards = (st.etp if st.etp is not None else st.tp) * st.ep
         dense, expert = math.inf, math.inf
         for _, _, _, r in sf.lay.groups:
-            d = e = 0.0
-            for i, n in model.layer_kinds(r):
-                lp = model.layer_params(i)
-                d += n * (lp.tp_sharded / st.tp + lp.replicated)
-                e += n * lp.expert / (etp * st.ep)
-            dense, expert = min(dense, d), min(expert, e)
-        low = copy.copy(sf)
-        low.smax = mm.StageParams(dense=dense, expert=expert, largest_layer=0.0)
-        _, rs_t, ag_t, rs3, ag3 = _new_comm(ctx, low, sf.dpg)
+            per_kind = [(n, mm.layer_shard_params(model, i, st.tp, shards)) for i, n in model.layer_kinds(r)]
+            dense = min(dense, sum(n * d for n, (d, _) in per_kind))
+            expert = min(expert, sum(n * e for n, (_, e) in per_kind))
+        least = mm.StageParams(dense=dense, expert=expert, largest_layer=0.0)
+        _, rs_t, ag_t, rs3, ag3 = _new_comm(ctx, sf, sf.dpg, least)
         got = ctx.cache[key] = (rs_t, ag_t, rs3, ag3)
     low = copy.copy(sf)
     low.rs_t, low.ag_t, low.rs3, low.ag3 = got
     return low
 
 
-def _new_comm(ctx: BoundContext, sf: StructureFacts, dpg: GroupPlacement):
-    cluster, st, smax, shard, edp = ctx.cluster, sf.st, sf.smax, sf.shard, sf.edp
+def _new_comm(ctx: BoundContext, sf: StructureFacts, dpg: GroupPlacement, params: mm.StageParams | None = None):
+    """Optimizer and DP seconds (``with_comm``) for the parameters ``params`` hold (default: ``sf.smax``)."""
+    cluster, st, shard, edp = ctx.cluster, sf.st, sf.shard, sf.edp
+    smax = sf.smax if params is None else params
 
     def collective_time(kind: str, nbytes: float, g: GroupPlacement) -> float:  # cost_models.comm, cached
         return ctx.memo(("coll", kind, nbytes, g), lambda: comm_time(kind, nbytes, g, cluster))
