@@ -616,10 +616,14 @@ def build_inputs(row: dict[str, Any]) -> tuple[ModelSpec, ClusterSpec, TrainingJ
 
 
 def fp8_recipe(row: dict[str, Any]) -> str:
-    """FP8 scaling recipe named by a row's precision: ``mx`` (MXFP8, FP8-MX), ``cs`` (per-tensor: FP8-CS current
-    scaling, or plain "fp8" = Transformer Engine's default per-tensor delayed scaling)."""
-    s = str((row.get("parallel") or {}).get("precision") or "").lower()
-    return "mx" if "mx" in s else "cs"
+    """FP8 scaling recipe named by a row's precision or its feature list: ``mx`` for the block-scaled recipes
+    (MXFP8 / FP8-MX, and DeepSeek-style FP8 blockwise / sub-channel scaling: Transformer Engine's ``split_quantize``
+    bulk-allocates both, ``bulk_allocate_mxfp8_tensors`` / ``bulk_allocate_fp8_blockwise_tensors`` in
+    ``csrc/extensions/cast.cpp``, so they share the per-expert host cost), ``cs`` otherwise (per-tensor: FP8-CS
+    current scaling, or plain "fp8" = Transformer Engine's default per-tensor delayed scaling)."""
+    p = row.get("parallel") or {}
+    s = f"{p.get('precision') or ''} {(p.get('other') or {}).get('features') or ''}".lower()
+    return "mx" if any(k in s for k in ("mx", "blockwise", "subchannel", "sub-channel")) else "cs"
 
 
 def row_flops_per_token(model: ModelSpec, job: TrainingJob, par: ParallelConfig, convention: str) -> float:

@@ -129,6 +129,11 @@ def test_recipe_settings_read_from_the_rows():
     assert fp8_recipe(rows["bridge-2511-b200-qwen3-30b-a3b-fp8mx-8"]) == "mx"
     assert fp8_recipe(rows["mcore-moe-qwen3-235b-a22b-b200-mxfp8-128"]) == "mx"
     assert fp8_recipe(rows["bridge-2509-h100-deepseekv3-(dropless)-fp8-1024"]) == "cs"
+    # DeepSeek-style blockwise scaling (Megatron-LM MoE recipes on H100: fp8_recipe: blockwise, the README's
+    # "FP8 blockwise" feature) takes the block-scaled class: TE bulk-allocates its per-expert outputs like MXFP8's
+    blockwise = {"parallel": {"precision": "fp8", "other": {"features": "FP8 blockwise; router/preprocess CG"}}}
+    assert fp8_recipe(blockwise) == "mx"
+    assert fp8_recipe({"parallel": {"precision": "FP8-CS"}}) == "cs"
 
 
 def test_qwen3_30b_h100_rows_both_within_ten_percent(report):
