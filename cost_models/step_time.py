@@ -78,6 +78,7 @@ from .config import BYTES_16BIT, BYTES_FP32, FlopsConvention, ParallelConfig, Tr
 from .data_parallel import (FSDP_REDUCE_EVERY_MICROBATCH, OVERLAP_COMPUTE_SLOWDOWN,  # noqa: F401 (re-exported)
                             dp_exposed_s, dp_sync_s, fsdp_exposed_s)
 from .elementwise import CE_PASSES, ELEMENTWISE_PASSES, cross_entropy_s, embedding_s  # noqa: F401 (re-exported)
+from .fp8_recipe import default_host_cost_class
 from .flops import recomputed_layers, step_hardware_flops, step_model_flops
 from .gemm import (KAPPA, gemm_rate, gemm_time, hbm_rate, peak_dtype,  # noqa: F401 (re-exported)
                    logits_gemm_s, mtp_projection_s)
@@ -140,12 +141,13 @@ class StepEstimate:
     compute_breakdown_s: dict[str, float] = field(default_factory=dict)
 
 
-def _default_framework_options(framework: str, cluster: ClusterSpec, par: ParallelConfig, fp8_recipe: str | None,
-                               tp_comm_overlap: bool | None, overlap_dp: bool | None) -> tuple[str, bool, bool]:
-    """(fp8 recipe, TP overlap, DP overlap) with the framework defaults filled in (see ``estimate_step``)."""
+def _default_framework_options(framework: str, model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig,
+                               fp8_recipe: str | None, tp_comm_overlap: bool | None,
+                               overlap_dp: bool | None) -> tuple[str, bool, bool]:
+    """(fp8 host-cost class, TP overlap, DP overlap) with the framework defaults filled in (see ``estimate_step``)."""
     fw_base = framework.split("_")[0]
     if fp8_recipe is None:
-        fp8_recipe = "mx" if "fp4" in cluster.gpu.peak_flops else "cs"
+        fp8_recipe = default_host_cost_class(cluster, model, par)
     if tp_comm_overlap is None:
         tp_comm_overlap = fw_base in ("nemo",)
     if overlap_dp is None:
@@ -297,9 +299,9 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     micro-batch's compute. ``full_cuda_graph``: the whole step is captured in CUDA graphs (Megatron
     ``--cuda-graph-scope full``), removing the host time of the per-expert work
     (``moe_overhead.moe_host_exposed_s``). ``fp8_recipe``:
-    scaling of FP8 expert GEMMs, ``mx`` (MXFP8 / blockwise) or ``cs`` (per-tensor current or delayed scaling),
-    selecting ``QUANTIZE_OPS_PER_EXPERT``; None = ``mx`` on GPUs with block-scaled FP4/FP8 tensor cores (Blackwell: an
-    ``fp4`` peak in the cluster spec), else ``cs`` (Transformer Engine's default per-tensor recipe on Hopper).
+    host-cost class of the FP8 expert quantization, ``mx`` (MXFP8 / blockwise) or ``cs`` (per-tensor current or
+    delayed scaling), selecting ``moe_overhead.HOST_QUANTIZE_S``; None = the class of
+    ``fp8_recipe.default_fp8_recipe`` (MXFP8 on Blackwell, blockwise for MoE models on Hopper, else per-tensor).
     ``par.pipeline_layout`` (Megatron ``--pipeline-model-parallel-layout``) places the layers per model chunk instead
     of the even / first-last split; the embedding sits on the first chunk, the output layer and MTP on the last.
     ``stages``: the pipeline ranks whose per-rank terms are reported (busiest rank, exposed TP/CP/EP, data-parallel
@@ -309,7 +311,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     framework = framework or getattr(job, "framework", None) or "megatron"
     fw_base = framework.split("_")[0]
     fp8_recipe, tp_comm_overlap, overlap_dp = _default_framework_options(
-        framework, cluster, par, fp8_recipe, tp_comm_overlap, overlap_dp)
+        framework, model, cluster, par, fp8_recipe, tp_comm_overlap, overlap_dp)
     m = max(1, par.num_microbatches(job.global_batch_size))
     groups = {d: group_placement(d, par, cluster.node.nvlink_domain_size) for d in ("tp", "cp", "ep", "dp", "pp")}
     cache: dict[tuple, LayerCost] = {}

@@ -19,6 +19,7 @@ from cluster_specs.spec import ClusterSpec
 from cost_models import memory as mm
 from cost_models import step_time as stm
 from cost_models.comm import collective_time as comm_time
+from cost_models.fp8_recipe import default_host_cost_class
 from cost_models.config import BYTES_16BIT, BYTES_FP32, ParallelConfig, TrainingJob
 from cost_models.layout import GroupPlacement, group_placement, stage_layer_ranges
 from cost_models.pipeline import PAIRING_SCHEDULES
@@ -53,9 +54,8 @@ def layer_lb(model, cluster, job, par, layer, groups, exposed_comm: bool = False
         tp_exp = 1.0 if exposed_comm else min(1.0, float(getattr(stm, "TP_OVERLAP_EXPOSED", 0.0)))
         ep_exp = 1.0 if exposed_comm else min(1.0, float(getattr(stm, "EP_OVERLAP_EXPOSED", 0.0)))
         routing = stm.moe_routing_s(model, job, par, layer)
-        # the FP8 recipe estimate_step assumes when the evaluation gives none (Blackwell: MXFP8, else per-tensor);
-        # were that default to change, a bound above a scalar value only triggers the solver's rescaling
-        recipe = "mx" if "fp4" in cluster.gpu.peak_flops else "cs"
+        # the FP8 recipe estimate_step assumes when the evaluation gives none
+        recipe = default_host_cost_class(cluster, model, par)
         host_f, host_b = stm.moe_host_exposed_s(model, cluster, job, par, layer, "megatron", recipe, False)
     except Exception:  # pragma: no cover - depends on another module's private API
         return 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0

@@ -26,6 +26,7 @@ from functools import lru_cache
 from cluster_specs.spec import ClusterSpec
 from cost_models import step_time as stm
 from cost_models.config import ParallelConfig, TrainingJob, compute_bytes
+from cost_models.fp8_recipe import default_host_cost_class
 from cost_models.layout import group_placement
 from cost_models.memory import (LOGITS_BYTES_PER_ELEMENT, TOKEN_ID_BYTES, activation_bytes_per_layer,
                                 expert_buffer_factor, layer_input_bytes, model_state_terms, stage_params,
@@ -81,7 +82,7 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: P
     kinds = layer_kinds(model) if kinds is None else kinds
     dom = cluster.node.nvlink_domain_size
     groups = {d: group_placement(d, par, dom) for d in ("tp", "cp", "ep", "dp", "pp")}
-    fp8_recipe = "mx" if "fp4" in cluster.gpu.peak_flops else "cs"
+    fp8_recipe = default_host_cost_class(cluster, model, par)
     per_kind, fwd = [0.0, 0.0], [0.0, 0.0]
     lc: dict[int, stm.LayerCost] = {}
     for kind, i in representatives(kinds).items():

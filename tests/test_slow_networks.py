@@ -167,9 +167,12 @@ def test_deepseek_v3_is_planned_on_the_h800s_it_used():
     best = res.plans[0]
     assert best.parallel.tp <= 2 and best.parallel.ep >= 8
     # Published: 180K H800 GPU-hours per trillion tokens (Sec. 1) = 1543 tokens/s/GPU. The best plan is predicted
-    # ~34% below it: DualPipe (bubble and all-to-all hidden) and FP8 activation caching are not modelled, so the
+    # ~23% below it: DualPipe (bubble and all-to-all hidden) and FP8 activation caching are not modelled, so the
     # published layout (PP16, EP64, no TP) does not fit the memory model (93.7 vs 75.7 GiB usable). Dropless routing's
     # busiest EP rank (cost_models/moe_imbalance.py: 1.5x the balanced tokens at EP 64, Megatron-Bridge's DeepSeek-V3
-    # sizing) makes the best layout (tp 2 pp 8 ep 64) recompute fully: -28% with balanced routing, -34% with it.
+    # sizing) makes the best layout recompute fully. With DeepSeek's own blockwise FP8 (plan3d's Hopper MoE default,
+    # cost_models/fp8_recipe.py) the best layouts are the paper's EP64 with ZeRO-1 data parallelism over PP 8 or 16
+    # (its PP16 within 1%), plus TP 2; with per-tensor FP8's per-expert host cost it was pp 1, ZeRO-3, mbs 5.
     per_gpu = best.step.tokens_per_s / 2048
-    assert per_gpu / (1e12 / 180e3 / 3600) - 1 == pytest.approx(-0.34, abs=0.05)
+    assert best.parallel.pp in (8, 16) and (best.parallel.ep, best.parallel.zero_stage) == (64, 1)
+    assert per_gpu / (1e12 / 180e3 / 3600) - 1 == pytest.approx(-0.23, abs=0.05)

@@ -141,11 +141,12 @@ def test_pipeline_layout_moves_layers_between_virtual_stages():
     ds = get_model("deepseek-v3")
     job = TrainingJob(global_batch_size=8192, seq_length=4096, precision="fp8")
     base = dict(tp=2, pp=8, dp=64, ep=64, vpp=4, micro_batch_size=1, sequence_parallel=True, zero_stage=1)
-    st = estimate_step(ds, H100, job, ParallelConfig(**base, pipeline_layout="Et|(tt|)*30mL"))
+    # that preset ran per-tensor FP8 (the 25.09 row's "FP8": test_validate), not plan3d's Hopper MoE default
+    st = estimate_step(ds, H100, job, ParallelConfig(**base, pipeline_layout="Et|(tt|)*30mL"), fp8_recipe="cs")
     # the last virtual stage (rank 7, chunk 3) holds no decoder layer: only the output layer and MTP
     assert st.stage_forward_s[31] < st.stage_forward_s[30]
     # Megatron's plain first/last split of the same model (7 | 6 x 8 | ... needs layers % vpp): 8 x 7 + 5 over pp
-    plain = estimate_step(ds, H100, job, ParallelConfig(**{**base, "vpp": 1}, last_stage_layers=5))
+    plain = estimate_step(ds, H100, job, ParallelConfig(**{**base, "vpp": 1}, last_stage_layers=5), fp8_recipe="cs")
     assert st.bubble_s < plain.bubble_s
     # the dense prefix (layers 0-2) is on the first chunks: rank 0 chunk 0 holds layer 0 only, rank 1 chunk 0
     # layers 1-2, both dense, cheaper than a two-MoE-layer chunk
@@ -170,3 +171,34 @@ def test_host_time_per_expert_follows_the_fp8_scaling_recipe():
     assert graph < mx < cs
     # Megatron-Bridge 25.11, 8 x B200, micro-batch 1, MXFP8: 9299 tokens/s/GPU (performance summary)
     assert 512 * 4096 / mx / 8 == pytest.approx(9299, rel=0.10)
+
+
+def test_default_fp8_recipe_follows_the_framework_recipes_and_the_emitted_flags():
+    # Megatron-LM's MoE recipes: MXFP8 on Blackwell, DeepSeek-style blockwise on H100 (examples/moe_recipes/*.yaml);
+    # dense Hopper runs keep delayed scaling (examples/llama/train_llama3_8b_h100_fp8.sh), tensorwise under moe_act /
+    # layernorm recompute (megatron-core refuses delayed scaling there)
+    from cost_models.fp8_recipe import default_fp8_recipe, host_cost_class
+    from planner.emit.megatron import fp8_args
+
+    B200 = get_cluster("dgx-b200")
+    ds, llama = get_model("deepseek-v3"), get_model("llama3.1-8b")
+    par = ParallelConfig(dp=8)
+    sac = ParallelConfig(dp=8, recompute="selective", recompute_modules=("layernorm",))
+    assert default_fp8_recipe(B200, llama, par) == "mxfp8"
+    assert default_fp8_recipe(H100, ds, par) == "blockwise"
+    assert default_fp8_recipe(H100, llama, par) == "delayed"
+    assert default_fp8_recipe(H100, llama, sac) == "tensorwise"
+    assert [host_cost_class(r) for r in ("mxfp8", "blockwise", "delayed", "tensorwise")] == ["mx", "mx", "cs", "cs"]
+    with pytest.raises(ValueError, match="allowed mxfp8, blockwise"):
+        host_cost_class("nvfp4")
+    # the emitted flags name the recipe the cost model charged
+    for cluster, model, p in ((B200, llama, par), (H100, ds, par), (H100, llama, par), (H100, llama, sac)):
+        args = fp8_args(model, p, cluster)
+        assert args[args.index("--fp8-recipe") + 1] == default_fp8_recipe(cluster, model, p)
+    assert fp8_args(ds, par, B200)[:2] == ["--fp8-format", "e4m3"]
+    assert fp8_args(llama, par, H100)[:2] == ["--fp8-format", "hybrid"]
+    # the step time's default is that recipe's class: a Hopper MoE FP8 run costs what blockwise costs
+    q = get_model("qwen3-30b-a3b")
+    qpar = ParallelConfig(dp=8, ep=8, micro_batch_size=1, zero_stage=1)
+    fp8 = TrainingJob(global_batch_size=512, seq_length=4096, precision="fp8")
+    assert estimate_step(q, H100, fp8, qpar).step_s == estimate_step(q, H100, fp8, qpar, fp8_recipe="mx").step_s

@@ -45,7 +45,7 @@ def launch_fields(model: ModelSpec, job: TrainingJob, par: ParallelConfig, gpus_
             out[key] = None
             unsupported[framework] = str(e)
 
-    attempt("megatron", "megatron", lambda: megatron_args(model, job, par))
+    attempt("megatron", "megatron", lambda: megatron_args(model, job, par, cluster))
     attempt("deepspeed", "deepspeed", lambda: deepspeed_config(job, par, model))
     attempt("megatron_deepspeed", "megatron_deepspeed", lambda: megatron_deepspeed_args(model, job, par))
     attempt("torchtitan_toml", "torchtitan", lambda: torchtitan_toml(model, job, par))

@@ -38,15 +38,18 @@ Choices (each the framework's documented behaviour):
 * Pipeline schedule: 1F1B, interleaved 1F1B (``vpp`` > 1) or, for ``combined-1f1b``,
   ``--overlap-moe-expert-parallel-comm --delay-wgrad-compute`` (``combined_1f1b.py``); other schedules (GPipe,
   ZB-H1, ZB-V, DualPipe, DualPipeV) are refused: Megatron-LM does not run them (``check_megatron``).
-* FP8: ``--fp8-format hybrid`` (E4M3 forward, E5M2 backward) with ``--fp8-recipe delayed``, ``--fp8-amax-
-  history-len 1024 --fp8-amax-compute-algo max`` (the values of NVIDIA's Megatron-LM
-  ``examples/llama/train_llama3_8b_h100_fp8.sh``).
+* FP8: the recipe the cost model assumed (``fp8_args``): ``--fp8-recipe mxfp8`` on Blackwell and ``blockwise``
+  for MoE models on Hopper with ``--fp8-format e4m3`` (Megatron-LM ``examples/moe_recipes``), else
+  ``--fp8-format hybrid`` (E4M3 forward, E5M2 backward) with ``--fp8-recipe delayed``, ``--fp8-amax-history-len
+  1024 --fp8-amax-compute-algo max`` (NVIDIA's Megatron-LM ``examples/llama/train_llama3_8b_h100_fp8.sh``).
 """
 from __future__ import annotations
 
 import shlex
 
+from cluster_specs.spec import ClusterSpec
 from cost_models.config import ParallelConfig, TrainingJob
+from cost_models.fp8_recipe import default_fp8_recipe
 from model_zoo.spec import ModelSpec
 
 #: Defaults of the runnable script's data and training arguments (mock data, no dataset needed). Users replace
@@ -293,7 +296,31 @@ def check_megatron(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> N
         raise EmitError(f"fp8_param_gather with precision {job.precision}: --fp8-param-gather needs FP8 training")
 
 
-def parallel_args(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> list[str]:
+def fp8_args(model: ModelSpec, par: ParallelConfig, cluster: ClusterSpec | None = None) -> list[str]:
+    """``--fp8-format`` / ``--fp8-recipe`` of an FP8 run: the recipe the cost model assumed
+    (``cost_models.fp8_recipe.default_fp8_recipe``; without a cluster, the per-tensor recipes).
+
+    - ``mxfp8`` / ``blockwise``: ``--fp8-format e4m3`` (the Megatron-LM MoE recipes' values, ``examples/moe_recipes``).
+    - ``tensorwise``: megatron-core ``TransformerConfig``: "Delayed scaling does not support moe_act and layernorm
+      recompute for fp8" -> per-tensor current scaling (Transformer Engine >= 2.6), ``--fp8-format hybrid``.
+    - ``delayed``: ``--fp8-format hybrid --fp8-amax-history-len 1024 --fp8-amax-compute-algo max``
+      (``examples/llama/train_llama3_8b_h100_fp8.sh``).
+    """
+    if cluster is not None:
+        recipe = default_fp8_recipe(cluster, model, par)
+    else:
+        modules = set(getattr(par, "recompute_modules", None) or ())
+        recipe = "tensorwise" if par.recompute == "selective" and {"moe_act", "layernorm"} & modules else "delayed"
+    if recipe in ("mxfp8", "blockwise"):
+        return ["--fp8-format", "e4m3", "--fp8-recipe", recipe]
+    if recipe == "tensorwise":
+        return ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"]
+    return ["--fp8-format", "hybrid", "--fp8-recipe", "delayed", "--fp8-amax-history-len", "1024",
+            "--fp8-amax-compute-algo", "max"]
+
+
+def parallel_args(model: ModelSpec, job: TrainingJob, par: ParallelConfig,
+                  cluster: ClusterSpec | None = None) -> list[str]:
     """Parallelism, batch, recompute, optimizer-sharding and precision arguments.
 
     Raises:
@@ -402,14 +429,7 @@ def parallel_args(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> li
     elif job.precision != "fp32":  # fp32 is Megatron's default (no --bf16/--fp16): fp32 params, FP32Optimizer
         a.append("--bf16")
     if job.precision == "fp8":
-        modules = getattr(par, "recompute_modules", None) or ()
-        if par.recompute == "selective" and {"moe_act", "layernorm"} & set(modules):
-            # megatron-core TransformerConfig: "Delayed scaling does not support moe_act and layernorm recompute
-            # for fp8" -> per-tensor current scaling (needs Transformer Engine >= 2.6)
-            add(["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"])
-        else:
-            add(["--fp8-format", "hybrid", "--fp8-recipe", "delayed", "--fp8-amax-history-len", "1024",
-                 "--fp8-amax-compute-algo", "max"])
+        add(fp8_args(model, par, cluster))
         if getattr(par, "fp8_param_gather", False):
             a.append("--fp8-param-gather")
     if getattr(job, "cross_entropy_fusion_impl", "native") == "te":
@@ -419,9 +439,11 @@ def parallel_args(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> li
     return a
 
 
-def megatron_args(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> list[str]:
-    """The argument list (flags and values as separate strings) for ``pretrain_gpt.py``."""
-    return model_args(model, job) + parallel_args(model, job, par)
+def megatron_args(model: ModelSpec, job: TrainingJob, par: ParallelConfig,
+                  cluster: ClusterSpec | None = None) -> list[str]:
+    """The argument list (flags and values as separate strings) for ``pretrain_gpt.py``; ``cluster`` picks the FP8
+    recipe of an FP8 run (``fp8_args``)."""
+    return model_args(model, job) + parallel_args(model, job, par, cluster)
 
 
 def pair_args(args: list[str]) -> list[str]:

@@ -1,0 +1,59 @@
+"""The FP8 scaling recipe a run uses by default, and the per-expert host-cost class it falls in.
+
+Recipes are Megatron-LM's ``--fp8-recipe`` choices (``megatron/training/arguments.py``):
+
+- ``mxfp8``: MXFP8, 1 x 32 blocks with E8M0 scales, on GPUs whose tensor cores take block-scaled operands
+  (Blackwell; a cluster spec with an ``fp4`` peak). Megatron-LM's MoE recipes on B200 / GB200 / GB300
+  (``examples/moe_recipes/*/{b200,gb200,gb300}/mxfp8_*.yaml``: ``fp8_recipe: mxfp8``).
+- ``blockwise``: DeepSeek-V3's scaling (1 x 128 activation tiles, 128 x 128 weight blocks; DeepSeek-AI 2024,
+  arXiv:2412.19437 Sec. 3.3.1) on Hopper. Megatron-LM's MoE recipes on H100 (``examples/moe_recipes/qwen3_30b/h100/
+  fp8_32GPU_TP1PP1EP8.yaml``, ``deepseek_v3/h100/fp8_1024GPU_TP2PP8EP64.yaml``: ``fp8_recipe: blockwise``).
+- ``delayed``: per-tensor scaling from an amax history (Transformer Engine's default; Megatron-LM
+  ``examples/llama/train_llama3_8b_h100_fp8.sh``), the dense default on Hopper.
+- ``tensorwise``: per-tensor current scaling; megatron-core's ``TransformerConfig`` refuses delayed scaling with
+  ``moe_act`` / ``layernorm`` recompute under FP8, so those runs take it instead.
+
+Host-cost class (``moe_overhead.HOST_QUANTIZE_S``): Transformer Engine's ``split_quantize`` bulk-allocates the
+per-expert outputs of the block-scaled recipes (``bulk_allocate_mxfp8_tensors``,
+``bulk_allocate_fp8_blockwise_tensors`` in ``transformer_engine/pytorch/csrc/extensions/cast.cpp``, TE 2.8-2.14):
+class ``mx``; the per-tensor recipes build one ``Float8Tensor`` per expert: class ``cs``.
+"""
+from __future__ import annotations
+
+from cluster_specs.spec import ClusterSpec
+from model_zoo.spec import ModelSpec
+
+from .config import ParallelConfig
+
+#: Megatron-LM ``--fp8-recipe`` value -> per-expert host-cost class of ``moe_overhead.HOST_QUANTIZE_S``.
+HOST_COST_CLASS = {"mxfp8": "mx", "blockwise": "mx", "delayed": "cs", "tensorwise": "cs"}
+
+
+def default_fp8_recipe(cluster: ClusterSpec, model: ModelSpec, par: ParallelConfig) -> str:
+    """The Megatron-LM ``--fp8-recipe`` plan3d assumes (and emits) for an FP8 run of ``model`` on ``cluster``:
+    ``mxfp8`` on block-scaled tensor cores (an ``fp4`` peak), else ``blockwise`` for a MoE model, else
+    ``tensorwise`` under ``moe_act`` / ``layernorm`` selective recompute, else ``delayed`` (module docstring)."""
+    if "fp4" in cluster.gpu.peak_flops:
+        return "mxfp8"
+    if model.moe is not None:
+        return "blockwise"
+    modules = set(getattr(par, "recompute_modules", None) or ())
+    if par.recompute == "selective" and {"moe_act", "layernorm"} & modules:
+        return "tensorwise"
+    return "delayed"
+
+
+def host_cost_class(recipe: str) -> str:
+    """``mx`` or ``cs``: the per-expert host-cost class of a Megatron-LM ``--fp8-recipe`` (``HOST_COST_CLASS``).
+
+    Raises:
+        ValueError: ``recipe`` is not one of ``HOST_COST_CLASS``.
+    """
+    if recipe not in HOST_COST_CLASS:
+        raise ValueError(f"fp8 recipe {recipe!r}: allowed {', '.join(HOST_COST_CLASS)}")
+    return HOST_COST_CLASS[recipe]
+
+
+def default_host_cost_class(cluster: ClusterSpec, model: ModelSpec, par: ParallelConfig) -> str:
+    """The host-cost class (``mx`` / ``cs``) of ``default_fp8_recipe``."""
+    return host_cost_class(default_fp8_recipe(cluster, model, par))
