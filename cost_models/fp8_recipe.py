@@ -37,10 +37,14 @@ def default_fp8_recipe(cluster: ClusterSpec, model: ModelSpec, par: ParallelConf
         return "mxfp8"
     if model.moe is not None:
         return "blockwise"
+    return per_tensor_fp8_recipe(par)
+
+
+def per_tensor_fp8_recipe(par: ParallelConfig) -> str:
+    """``tensorwise`` under ``moe_act`` / ``layernorm`` selective recompute (megatron-core's ``TransformerConfig``:
+    "Delayed scaling does not support moe_act and layernorm recompute for fp8"), else ``delayed``."""
     modules = set(getattr(par, "recompute_modules", None) or ())
-    if par.recompute == "selective" and {"moe_act", "layernorm"} & modules:
-        return "tensorwise"
-    return "delayed"
+    return "tensorwise" if par.recompute == "selective" and {"moe_act", "layernorm"} & modules else "delayed"
 
 
 def host_cost_class(recipe: str) -> str:

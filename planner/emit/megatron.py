@@ -49,7 +49,7 @@ import shlex
 
 from cluster_specs.spec import ClusterSpec
 from cost_models.config import ParallelConfig, TrainingJob
-from cost_models.fp8_recipe import default_fp8_recipe
+from cost_models.fp8_recipe import default_fp8_recipe, per_tensor_fp8_recipe
 from model_zoo.spec import ModelSpec
 
 #: Defaults of the runnable script's data and training arguments (mock data, no dataset needed). Users replace
@@ -306,11 +306,7 @@ def fp8_args(model: ModelSpec, par: ParallelConfig, cluster: ClusterSpec | None 
     - ``delayed``: ``--fp8-format hybrid --fp8-amax-history-len 1024 --fp8-amax-compute-algo max``
       (``examples/llama/train_llama3_8b_h100_fp8.sh``).
     """
-    if cluster is not None:
-        recipe = default_fp8_recipe(cluster, model, par)
-    else:
-        modules = set(getattr(par, "recompute_modules", None) or ())
-        recipe = "tensorwise" if par.recompute == "selective" and {"moe_act", "layernorm"} & modules else "delayed"
+    recipe = default_fp8_recipe(cluster, model, par) if cluster is not None else per_tensor_fp8_recipe(par)
     if recipe in ("mxfp8", "blockwise"):
         return ["--fp8-format", "e4m3", "--fp8-recipe", recipe]
     if recipe == "tensorwise":
