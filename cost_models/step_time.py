@@ -78,8 +78,8 @@ from .config import BYTES_16BIT, BYTES_FP32, FlopsConvention, ParallelConfig, Tr
 from .data_parallel import (FSDP_REDUCE_EVERY_MICROBATCH, OVERLAP_COMPUTE_SLOWDOWN,  # noqa: F401 (re-exported)
                             dp_exposed_s, dp_sync_s, fsdp_exposed_s)
 from .elementwise import CE_PASSES, ELEMENTWISE_PASSES, cross_entropy_s, embedding_s  # noqa: F401 (re-exported)
-from .fp8_recipe import default_host_cost_class
 from .flops import recomputed_layers, step_hardware_flops, step_model_flops
+from .fp8_recipe import default_host_cost_class
 from .gemm import (KAPPA, gemm_rate, gemm_time, hbm_rate, peak_dtype,  # noqa: F401 (re-exported)
                    logits_gemm_s, mtp_projection_s)
 from .layer_cost import (OP_SAC_TP_SHARE, LayerCost, layer_cost, recompute_breakdown_s, selective_recompute_s,

@@ -19,8 +19,8 @@ from cluster_specs.spec import ClusterSpec
 from cost_models import memory as mm
 from cost_models import step_time as stm
 from cost_models.comm import collective_time as comm_time
-from cost_models.fp8_recipe import default_host_cost_class
 from cost_models.config import BYTES_16BIT, BYTES_FP32, ParallelConfig, TrainingJob
+from cost_models.fp8_recipe import default_host_cost_class
 from cost_models.layout import GroupPlacement, group_placement, stage_layer_ranges
 from cost_models.pipeline import PAIRING_SCHEDULES
 from cost_models.memory import (activation_bytes_per_layer, in_flight_microbatches, layer_input_bytes,

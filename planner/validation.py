@@ -38,6 +38,7 @@ from cluster_specs import ClusterSpecError, get_cluster, load_cluster
 from cluster_specs.spec import ClusterSpec
 from cost_models.config import ParallelConfig, TrainingJob
 from cost_models.flops import model_flops_per_token_variant
+from cost_models.fp8_recipe import host_cost_class
 from cost_models.layout import parse_pipeline_layout, uneven_split
 from cost_models.step_time import StepEstimate, estimate_step
 from model_zoo import get_model
@@ -616,14 +617,16 @@ def build_inputs(row: dict[str, Any]) -> tuple[ModelSpec, ClusterSpec, TrainingJ
 
 
 def fp8_recipe(row: dict[str, Any]) -> str:
-    """FP8 scaling recipe named by a row's precision or its feature list: ``mx`` for the block-scaled recipes
-    (MXFP8 / FP8-MX, and DeepSeek-style FP8 blockwise / sub-channel scaling: Transformer Engine's ``split_quantize``
-    bulk-allocates both, ``bulk_allocate_mxfp8_tensors`` / ``bulk_allocate_fp8_blockwise_tensors`` in
-    ``csrc/extensions/cast.cpp``, so they share the per-expert host cost), ``cs`` otherwise (per-tensor: FP8-CS
-    current scaling, or plain "fp8" = Transformer Engine's default per-tensor delayed scaling)."""
+    """Host-cost class (``cost_models.fp8_recipe.host_cost_class``: ``mx`` / ``cs``) of the FP8 scaling recipe a
+    row's precision or feature list names: MXFP8 (FP8-MX), DeepSeek-style blockwise / sub-channel scaling, else
+    per-tensor (FP8-CS current scaling, or plain "fp8" = Transformer Engine's default delayed scaling)."""
     p = row.get("parallel") or {}
     s = f"{p.get('precision') or ''} {(p.get('other') or {}).get('features') or ''}".lower()
-    return "mx" if any(k in s for k in ("mx", "blockwise", "subchannel", "sub-channel")) else "cs"
+    if "mx" in s:
+        return host_cost_class("mxfp8")
+    if any(k in s for k in ("blockwise", "subchannel", "sub-channel")):
+        return host_cost_class("blockwise")
+    return host_cost_class("tensorwise")
 
 
 def row_flops_per_token(model: ModelSpec, job: TrainingJob, par: ParallelConfig, convention: str) -> float:
