@@ -91,7 +91,8 @@ def ep_layer_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: Pa
                groups: dict[str, GroupPlacement]) -> float:
     """Forward seconds of one MoE layer's EP all-to-alls: dispatch (FP8 when the GEMMs are FP8: DeepEP /
     HybridEP) + combine (16-bit) of each token's routed copies; a token routed to several experts of one NVLink
-    domain crosses the network once (DeepEP's node-level dedup, ``ep_domain_copies``). Backward: the same."""
+    domain crosses the network once (DeepEP's node-level dedup, ``ep_domain_copies``); under drop-and-pad routing
+    every expert's padded capacity is sent (``TrainingJob.routed_token_factor``). Backward: the same."""
     if par.ep <= 1 or model.moe is None or not model.is_moe_layer(layer):
         return 0.0
     tok = par.micro_batch_size * job.seq_length / par.cp
@@ -100,7 +101,8 @@ def ep_layer_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: Pa
                               model.moe.n_group, model.moe.topk_group)
     ab = compute_bytes(job.precision)
     disp = (1.0 if job.precision == "fp8" else ab) + ab
-    return collective_time("all_to_all", disp * tok * copies * model.hidden_size / par.tp, g, cluster)
+    return collective_time("all_to_all", disp * tok * copies * job.routed_token_factor * model.hidden_size / par.tp,
+                           g, cluster)
 
 
 def pipeline_p2p_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,

@@ -47,6 +47,8 @@ GLOBAL_BATCH = Plausible(1, 100 * 16384, "one to 100x a 16,384-sequence batch; D
 #: micro-batch), bounded by 100x the 256 routed experts of DeepSeek-V3 (arXiv:2412.19437 Sec. 4.2) over top-1.
 EXPERT_LOAD_IMBALANCE = Plausible(1.0, 100 * 256, "1 = balanced, at most num_experts / top_k; 100x the 256 experts "
                                                   "of DeepSeek-V3 over top-1")
+CAPACITY_FACTOR = Plausible(1.0, 256.0, "Megatron-LM --moe-expert-capacity-factor: >= 1 keeps every token of balanced "
+                                        "routing; at most num_experts (every expert holds all tokens)")
 
 
 class TrainingJob(BaseModel):
@@ -82,10 +84,22 @@ class TrainingJob(BaseModel):
                                   "micro-batch (1.0 = balanced, as with Megatron --moe-router-force-load-balancing); "
                                   "None = cost_models/moe_imbalance.py's sourced default (2.21 for 256 experts, 1.61 "
                                   "for 8). Sets how far the busiest expert-parallel rank exceeds the balanced share")
+    moe_expert_capacity_factor: Annotated[float | None, CAPACITY_FACTOR] = Field(
+        None, description="MoE drop-and-pad routing (Megatron-LM --moe-expert-capacity-factor with "
+                          "--moe-pad-expert-input-to-capacity): every expert's input is cut or padded to this "
+                          "multiple of the balanced share, so the expert GEMMs and the EP all-to-all carry that many "
+                          "token copies and no host synchronisation waits for the token counts; None = dropless")
     cross_entropy_fusion_impl: Literal["native", "te"] = Field(
         "native", description="Megatron --cross-entropy-fusion-impl: 'native' (Megatron's fused vocab-parallel "
                               "cross entropy, bf16 logits + fp32 copy kept) or 'te' (Transformer Engine "
                               "parallel_cross_entropy: gradient written in place into the bf16 logits)")
+
+    @property
+    def routed_token_factor(self) -> float:
+        """Routed token copies each expert computes and exchanges over the balanced share: the capacity factor
+        under drop-and-pad routing (padded slots are computed and sent: Megatron-LM ``MoEAlltoAllTokenDispatcher``
+        with ``drop_and_pad``), 1 when dropless (balanced routing)."""
+        return self.moe_expert_capacity_factor or 1.0
 
     @property
     def tokens_per_step(self) -> int:

@@ -113,7 +113,8 @@ def gemm_time(m: float, k: float, n: float, rate: float, hbm: float, bytes_per_e
 def _local_gemms(model: ModelSpec, par: ParallelConfig, job: TrainingJob, layer: int) -> list[tuple[float, ...]]:
     """Decoder layer ``layer``'s weight GEMMs on one GPU, in ``flops.layer_gemm_shapes`` order: ``(m, k, n, count)``
     after TP / EP sharding. TP splits the attention and dense MLP GEMMs; routed experts (``etp``) are ``E/ep`` local
-    GEMMs, each receiving ``top_k/E`` of the tokens of all ``ep`` ranks (balanced routing)."""
+    GEMMs, each receiving ``top_k/E`` of the tokens of all ``ep`` ranks (balanced routing; times the capacity
+    factor under drop-and-pad routing, ``TrainingJob.routed_token_factor``)."""
     tok = par.micro_batch_size * job.seq_length / par.cp  # tokens through this rank's layer (sequence split by CP)
     etp = par.expert_tp
     out = []
@@ -121,7 +122,7 @@ def _local_gemms(model: ModelSpec, par: ParallelConfig, job: TrainingJob, layer:
         if shard == "tp":
             out.append((tok, k, n / par.tp, count))
         elif shard == "etp":
-            out.append((tok * share * par.ep * etp / par.tp, k, n / etp, count / par.ep))
+            out.append((tok * share * job.routed_token_factor * par.ep * etp / par.tp, k, n / etp, count / par.ep))
         else:
             out.append((tok, k, n, count))
     return out
@@ -179,15 +180,15 @@ def op_sac_recomputed_gemms_s(model: ModelSpec, cluster: ClusterSpec, job: Train
 def expert_gemms_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
                    framework: str) -> tuple[float, float]:
     """Forward seconds of one local expert's fc1 and fc2 GEMMs for one micro-batch (balanced routing: each expert
-    receives ``top_k / E`` of the tokens of the ``ep`` ranks), as ``layer_gemms_s`` charges them; (0, 0) for a
-    dense model."""
+    receives ``top_k / E`` of the tokens of the ``ep`` ranks, times the capacity factor under drop-and-pad), as
+    ``layer_gemms_s`` charges them; (0, 0) for a dense model."""
     if model.moe is None:
         return 0.0, 0.0
     rate = gemm_rate(cluster, job.precision)
     hbm, el = hbm_rate(cluster), operand_bytes(job.precision)
     tok = par.micro_batch_size * job.seq_length / par.cp
     moe, etp, h = model.moe, par.expert_tp, model.hidden_size
-    m = tok * moe.top_k / moe.num_experts * par.ep * etp / par.tp
+    m = tok * moe.top_k / moe.num_experts * job.routed_token_factor * par.ep * etp / par.tp
     up = 2 if model.gated_mlp else 1
     return (gemm_time(m, h, up * moe.expert_ffn_hidden_size / etp, rate, hbm, el),
             gemm_time(m, moe.expert_ffn_hidden_size, h / etp, rate, hbm, el))

@@ -453,7 +453,9 @@ def expert_buffer_factor(model: ModelSpec, job: TrainingJob, par: ParallelConfig
     """Routed token copies held by the busiest expert-parallel rank over the balanced share (dimensionless): the
     capacity factor when one pads the expert buffers (``--moe-expert-capacity-factor`` with
     ``--moe-pad-expert-input-to-capacity``: every expert holds exactly that many), else dropless routing's
-    imbalance ``moe_imbalance.rank_load_ratio`` for ``job.expert_load_imbalance`` (1 at ep 1, growing with ep)."""
+    imbalance ``moe_imbalance.rank_load_ratio`` for ``job.expert_load_imbalance`` (1 at ep 1, growing with ep).
+    ``capacity_factor`` None: the job's (``TrainingJob.moe_expert_capacity_factor``)."""
+    capacity_factor = capacity_factor or getattr(job, "moe_expert_capacity_factor", None)
     if capacity_factor:
         return capacity_factor
     if model.moe is None:

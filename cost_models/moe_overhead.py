@@ -20,6 +20,15 @@ object and the launches of one expert's slice, whose cast is microseconds of HBM
 grows with the local experts only as far as the source issues per-expert quantizations (TE 2.8; later TE versions
 quantize all experts in one ``group_quantize`` call). A
 full-iteration CUDA graph replays the launches without the host.
+
+Drop-and-pad routing has no such sync: with ``--moe-pad-expert-input-to-capacity`` every expert's token count is the
+capacity, known on the host, and ``_maybe_dtoh_and_synchronize`` returns without waiting (``token_dispatcher.py``
+at the same commit: ``if not self.drop_and_pad``). The host then runs ahead of the GPU, and a layer's per-expert
+host work is exposed only where it outlasts the GPU work of the layer it is issued during: ``max(0, host - GPU)``
+for the whole block. The Megatron-Bridge archive (``docs/performance-summary-archive.md``) shows both sides: the
+25.09 token-drop runs of Qwen3-30B-A3B are 1.9-2x faster than the 25.11 dropless runs of the same layouts at
+micro-batch 1-2 (8 B200, 16 H100), and no faster at micro-batch 4 (8 GB200), where the GPU work per layer
+already covers the host's.
 """
 from __future__ import annotations
 
@@ -89,15 +98,22 @@ def moe_routing_s(model: ModelSpec, job: TrainingJob, par: ParallelConfig, layer
 
 
 def moe_host_exposed_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, layer: int,
-                       framework: str, fp8_recipe: str, full_cuda_graph: bool) -> tuple[float, float]:
+                       framework: str, fp8_recipe: str, full_cuda_graph: bool,
+                       gpu_s: tuple[float, float] = (0.0, 0.0)) -> tuple[float, float]:
     """(forward, backward) seconds one MoE layer's host-issued per-expert operations add to its GPU time for one
-    micro-batch (module docstring): per local expert, ``max(0, HOST_GEMM_S - GEMM time)`` for each expert GEMM
-    (fc1 and fc2 forward; their dgrad and wgrad backward, each as long as the forward GEMM) and
-    ``quantize_host_s`` for each quantized tensor. (0, 0) for dense layers and under a full CUDA graph."""
+    micro-batch (module docstring). Dropless routing (host sync before the experts): per local expert,
+    ``max(0, HOST_GEMM_S - GEMM time)`` for each expert GEMM (fc1 and fc2 forward; their dgrad and wgrad backward,
+    each as long as the forward GEMM) and ``quantize_host_s`` for each quantized tensor. Drop-and-pad routing
+    (``job.moe_expert_capacity_factor`` set; no sync): the block's whole host time less ``gpu_s``, the layer's
+    (forward, backward) GPU seconds it runs ahead during, floored at 0. (0, 0) for dense layers and under a full
+    CUDA graph."""
     if model.moe is None or not model.is_moe_layer(layer) or full_cuda_graph:
         return 0.0, 0.0
-    g1, g2 = expert_gemms_s(model, cluster, job, par, framework)
     quant = QUANTIZED_TENSORS_PER_EXPERT * quantize_host_s(job, fp8_recipe)
-    gemm = max(0.0, HOST_GEMM_S - g1) + max(0.0, HOST_GEMM_S - g2)
     local = model.moe.num_experts / par.ep
+    if job.moe_expert_capacity_factor is not None:
+        return (max(0.0, local * (2 * HOST_GEMM_S + quant) - gpu_s[0]),
+                max(0.0, local * (4 * HOST_GEMM_S + quant) - gpu_s[1]))
+    g1, g2 = expert_gemms_s(model, cluster, job, par, framework)
+    gemm = max(0.0, HOST_GEMM_S - g1) + max(0.0, HOST_GEMM_S - g2)
     return local * (gemm + quant), local * (2 * gemm + quant)

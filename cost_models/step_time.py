@@ -239,7 +239,8 @@ def layer_pass_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: 
     and what recompute re-runs before the backward: the whole forward under full recompute of the layer, else
     selective recompute's modules (with the TP all-gathers of torchtitan's per-op policy)."""
     routing = moe_routing_s(model, job, par, layer)
-    host_f, host_b = moe_host_exposed_s(model, cluster, job, par, layer, framework, fp8_recipe, full_cuda_graph)
+    host_f, host_b = moe_host_exposed_s(model, cluster, job, par, layer, framework, fp8_recipe, full_cuda_graph,
+                                        (x.compute_forward_s(), x.compute_backward_s()))
     fwd = x.compute_forward_s() + routing / 3 + host_f + x.comm_forward_s(tp_exp, ep_exp)
     bwd = x.compute_backward_s() + 2 * routing / 3 + host_b + x.comm_backward_s(tp_exp, ep_exp)
     if full_recompute:

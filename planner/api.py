@@ -84,6 +84,7 @@ class JobOptions(TypedDict, total=False):
     full_model_init: bool
     flops_convention: Literal["megatron", "palm"]
     expert_load_imbalance: float | None
+    capacity_factor: float | None
 
 
 class LayoutOptions(JobOptions, total=False):
@@ -113,12 +114,6 @@ class LayoutOptions(JobOptions, total=False):
     exp_avg_sq_dtype: Literal["fp32", "fp16", "bf16", "fp8"]
     main_params_dtype: Literal["fp32", "fp16", "bf16"]
     pipeline_schedule: str | None
-
-
-class MemoryOptions(LayoutOptions, total=False):
-    """``memory`` also takes the MoE capacity factor (pads the expert buffers; default dropless)."""
-
-    capacity_factor: float | None
 
 
 class CostOptions(TypedDict, total=False):
@@ -219,12 +214,14 @@ def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = No
                 nodes: int | None = None, global_batch_size: int = 1024, seq_length: int = 4096,
                 precision: str = "bf16", flash_attention: bool = True, dropout: bool = False,
                 framework: str | None = None, full_model_init: bool = False,
-                expert_load_imbalance: float | None = None) -> Inputs:
+                expert_load_imbalance: float | None = None, capacity_factor: float | None = None) -> Inputs:
     """Resolve the model (default ``llama3.1-8b``), the cluster (default ``dgx-h100``), the GPU count (``gpus`` or
     ``nodes``; default the cluster's default node count: a multiple of the node size, or a divisor of it for a job
     on part of one node) and the job (``full_model_init``: every rank first materializes its whole 16-bit model,
     DeepSpeed without ``zero.Init``; checked as the init phase; ``expert_load_imbalance``: dropless MoE routing's
-    busiest expert over the mean in one micro-batch, None = ``cost_models/moe_imbalance.py``'s default).
+    busiest expert over the mean in one micro-batch, None = ``cost_models/moe_imbalance.py``'s default;
+    ``capacity_factor``: drop-and-pad MoE routing to that capacity, Megatron-LM ``--moe-expert-capacity-factor`` with
+    ``--moe-pad-expert-input-to-capacity``, None = dropless).
 
     Raises ``ModelSpecError`` / ``ClusterSpecError`` (unreadable or invalid files, unknown names, a GPU count that
     is not whole nodes) and ``PlanInputError`` (an option outside its allowed values).
@@ -266,23 +263,31 @@ def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = No
                                               or not isinstance(expert_load_imbalance, (int, float))):
         raise PlanInputError(f"--expert-load-imbalance {expert_load_imbalance!r}: must be a number >= 1 (the busiest "
                              f"expert's routed tokens over the mean; 1 = balanced)")
+    if capacity_factor is not None:
+        if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, (int, float)):
+            raise PlanInputError(f"--capacity-factor {capacity_factor!r}: must be a number >= 1 (each expert's "
+                                 f"capacity over the balanced share)")
+        if m.moe is None:
+            raise PlanInputError(f"--capacity-factor applies to MoE models; {m.name} has no experts")
     from pydantic import ValidationError
     try:
         job = TrainingJob(global_batch_size=global_batch_size, seq_length=seq_length, precision=precision,
                           flash_attention=bool(flash_attention), dropout=bool(dropout), framework=fw,
                           full_model_init=bool(full_model_init),
-                          expert_load_imbalance=None if expert_load_imbalance is None else float(expert_load_imbalance))
+                          expert_load_imbalance=None if expert_load_imbalance is None else float(expert_load_imbalance),
+                          moe_expert_capacity_factor=None if capacity_factor is None else float(capacity_factor))
     except ValidationError as e:  # a plausible range (cost_models/config.py): "--seq-length V is outside [lo, hi]"
         from .errors import option_error
         raise option_error(e, {"global_batch_size": "--global-batch-size", "seq_length": "--seq-length",
-                               "expert_load_imbalance": "--expert-load-imbalance"}) from None
+                               "expert_load_imbalance": "--expert-load-imbalance",
+                               "moe_expert_capacity_factor": "--capacity-factor"}) from None
     return Inputs(m, c, n, job)
 
 
 def _job_kwargs(options: dict[str, Any]) -> dict[str, Any]:
     return {k: options[k] for k in ("gpus", "nodes", "global_batch_size", "seq_length", "precision",
                                     "flash_attention", "dropout", "framework", "full_model_init",
-                                    "expert_load_imbalance") if k in options}
+                                    "expert_load_imbalance", "capacity_factor") if k in options}
 
 
 def _fraction(field: str, value: float | None, default: float) -> float:
@@ -690,32 +695,19 @@ class MemoryReport:
 
 
 def memory(model: ModelLike | None = None, cluster: ClusterLike | None = None,
-           **options: Unpack[MemoryOptions]) -> MemoryReport:
-    """Per-stage memory breakdown of one given configuration (options as ``evaluate``, plus ``capacity_factor``
-    for MoE models). Does not raise for a layout that does not fit: ``status`` says ``OOM`` and ``raise_if_oom``
-    raises. Raises ``PlanInputError`` when the layout has no memory estimate (it breaks a structural rule) or a
-    capacity factor is given for a dense model."""
+           **options: Unpack[LayoutOptions]) -> MemoryReport:
+    """Per-stage memory breakdown of one given configuration (options as ``evaluate``; ``capacity_factor`` pads a
+    MoE model's expert buffers). Does not raise for a layout that does not fit: ``status`` says ``OOM`` and
+    ``raise_if_oom`` raises. Raises ``PlanInputError`` when the layout has no memory estimate (it breaks a
+    structural rule)."""
     from .document import build_document
     from .memory_report import status
     o = dict(options)
-    cf = o.pop("capacity_factor", None)
     inputs, par, headroom, fw, conv = _layout_problem(model, cluster, o, "memory")
     margin = _at_risk_margin(o.get("at_risk_margin"))
     ev = _evaluation(inputs, par, headroom, fw, conv)
     if ev.memory is None:
         raise PlanInputError("; ".join(v.message for v in ev.violations) or "no memory estimate for this layout")
-    if cf is not None:
-        if inputs.model.moe is None:
-            raise PlanInputError(f"--capacity-factor applies to MoE models; {inputs.model.name} has no experts")
-        if isinstance(cf, bool) or not isinstance(cf, (int, float)) or cf < 1.0:
-            raise PlanInputError(f"--capacity-factor {cf!r}: must be a number >= 1.0")
-        from cost_models.memory import estimate_memory
-
-        from .checks import check_config
-        m, c, job = inputs.model, inputs.cluster, inputs.job
-        ev.memory = estimate_memory(m, c, job, par, capacity_factor=cf)
-        ev.violations = check_config(m, c, job, par, inputs.num_gpus, memory=ev.memory, memory_headroom=headroom,
-                                     framework=fw)
     doc = build_document(inputs.model, inputs.cluster, inputs.job, inputs.num_gpus, [ev], margin)
     return MemoryReport(inputs, par, ev.memory, status(ev.memory, headroom, margin), doc, headroom, margin)
 

@@ -443,6 +443,7 @@ def plan(
     pin_schedule: ScheduleOptT = None,
     flops_convention: FlopsOpt = None, at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT,
     expert_load_imbalance: ImbalanceOpt = None,
+    capacity_factor: CapacityOpt = None,
     train_tokens: TrainTokensOpt = None, gpu_hour_price: PriceOpt = None, async_checkpoint: AsyncCkptOpt = False,
     interruption_rate: RateOpt = None, restart_s: RestartOpt = None, pue: PueOpt = None,
     deadline_days: Annotated[Optional[float], typer.Option(
@@ -523,7 +524,7 @@ def plan(
                 train_tokens=train_tokens, gpu_hour_price=gpu_hour_price, async_checkpoint=async_checkpoint,
                 interruption_rate=interruption_rate, restart_s=restart_s, pue=pue, deadline_days=deadline_days,
                 at_risk_margin=at_risk_margin, expert_load_imbalance=expert_load_imbalance,
-                time_budget_s=time_budget)
+                capacity_factor=capacity_factor, time_budget_s=time_budget)
     if choice.kind != "single":
         if emit is not None:
             raise PlanInputError("--emit writes one plan: give one --cluster")
@@ -652,6 +653,11 @@ RecomputeMethodOpt = Annotated[str, typer.Option(
     "--recompute-method", help="with --recompute-num-layers N: block (the first N layers of each chunk recomputed) or "
                                "uniform (groups of N layers checkpointed, every layer recomputed)")]
 MomentDtypeOpt = Annotated[str, typer.Option(help="Adam moment dtype (precision-aware optimizer): fp32, fp16, bf16, fp8")]
+CapacityOpt = Annotated[Optional[float], typer.Option(
+    "--capacity-factor", min=1.0,
+    help="MoE drop-and-pad routing (Megatron --moe-expert-capacity-factor with --moe-pad-expert-input-to-capacity): "
+         "each expert's input padded to this multiple of the balanced share; no host sync on the token counts "
+         "(default: dropless)")]
 MasterDtypeOpt = Annotated[str, typer.Option(
     "--main-params-dtype", help="master-weight dtype: fp32, fp16 (Megatron --main-params-dtype), bf16 "
                                 "(Megatron-FSDP --megatron-fsdp-main-params-dtype)")]
@@ -661,7 +667,7 @@ def _layout(model, cluster, gpus, nodes, global_batch_size, seq_length, precisio
             framework, memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute,
             recompute_num_layers, sequence_parallel, first_stage_layers, last_stage_layers,
             flops_convention=None, at_risk_margin=AT_RISK_DEFAULT, full_model_init=False,
-            expert_load_imbalance=None, **knobs) -> dict:
+            expert_load_imbalance=None, capacity_factor=None, **knobs) -> dict:
     """The options of a one-layout command as the API's keyword arguments (``planner.api.LayoutOptions``)."""
     return dict(model=model, cluster=cluster, gpus=gpus, nodes=nodes, global_batch_size=global_batch_size,
                 seq_length=seq_length, precision=precision.value, flash_attention=flash_attention, dropout=dropout,
@@ -670,7 +676,8 @@ def _layout(model, cluster, gpus, nodes, global_batch_size, seq_length, precisio
                 recompute_num_layers=recompute_num_layers, sequence_parallel=sequence_parallel,
                 first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
                 flops_convention=_value(flops_convention), at_risk_margin=at_risk_margin,
-                full_model_init=full_model_init, expert_load_imbalance=expert_load_imbalance, **_knobs(**knobs))
+                full_model_init=full_model_init, expert_load_imbalance=expert_load_imbalance,
+                capacity_factor=capacity_factor, **_knobs(**knobs))
 
 
 def _knobs(pipeline_layout=None, recompute_modules=None, recompute_method="block", optimizer_cpu_offload=0.0,
@@ -714,6 +721,7 @@ def evaluate(
     optimizer_cpu_offload: OffloadOpt = 0.0, param_cpu_offload: ParamOffloadOpt = False,
     exp_avg_dtype: MomentDtypeOpt = "fp32", exp_avg_sq_dtype: MomentDtypeOpt = "fp32",
     main_params_dtype: MasterDtypeOpt = "fp32", expert_load_imbalance: ImbalanceOpt = None,
+    capacity_factor: CapacityOpt = None,
     train_tokens: TrainTokensOpt = None, gpu_hour_price: PriceOpt = None, async_checkpoint: AsyncCkptOpt = False,
     interruption_rate: RateOpt = None, restart_s: RestartOpt = None, pue: PueOpt = None,
 ) -> None:
@@ -732,7 +740,7 @@ def evaluate(
         offload_modules=offload_modules,
         optimizer_cpu_offload=optimizer_cpu_offload, param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype,
         exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype, pipeline_schedule=pipeline_schedule,
-        expert_load_imbalance=expert_load_imbalance),
+        expert_load_imbalance=expert_load_imbalance, capacity_factor=capacity_factor),
         train_tokens=train_tokens, gpu_hour_price=gpu_hour_price, async_checkpoint=async_checkpoint,
         interruption_rate=interruption_rate, restart_s=restart_s, pue=pue)
     i = doc.input
@@ -754,8 +762,7 @@ def memory(
     memory_headroom: HeadroomOpt = HEADROOM_DEFAULT, framework: FrameworkOpt = Framework.megatron,
     fmt: FmtOpt = Fmt.table, output: OutOpt = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="draw the per-stage breakdown to FILE.png|svg")] = None,
-    capacity_factor: Annotated[Optional[float], typer.Option(
-        "--capacity-factor", min=1.0, help="MoE expert capacity factor (pads expert buffers; default: dropless)")] = None,
+    capacity_factor: CapacityOpt = None,
     at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT, full_model_init: FullInitOpt = False,
     pipeline_layout: LayoutStrOpt = None, recompute_modules: RecomputeModulesOpt = None,
     offload_modules: OffloadModulesOpt = None,
@@ -773,14 +780,14 @@ def memory(
     from .api import memory as api_memory
     from .document import to_json
     from .memory_report import memory_table, plot_memory
-    rep = api_memory(capacity_factor=capacity_factor, **_layout(
+    rep = api_memory(**_layout(
         model, cluster, gpus, nodes, global_batch_size, seq_length, precision, flash_attention, dropout, framework,
         memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute, recompute_num_layers,
         sequence_parallel, first_stage_layers, last_stage_layers, None, at_risk_margin, full_model_init, pipeline_layout=pipeline_layout, recompute_modules=recompute_modules, recompute_method=recompute_method,
         offload_modules=offload_modules,
         optimizer_cpu_offload=optimizer_cpu_offload, param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype,
         exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype, pipeline_schedule=pipeline_schedule,
-        expert_load_imbalance=expert_load_imbalance))
+        expert_load_imbalance=expert_load_imbalance, capacity_factor=capacity_factor))
     if plot is not None:
         plot_memory(rep.estimate, plot, rep.title, at_risk_margin)
     if fmt == Fmt.json:
@@ -822,6 +829,7 @@ def explain(
     optimizer_cpu_offload: OffloadOpt = 0.0, param_cpu_offload: ParamOffloadOpt = False,
     exp_avg_dtype: MomentDtypeOpt = "fp32", exp_avg_sq_dtype: MomentDtypeOpt = "fp32",
     main_params_dtype: MasterDtypeOpt = "fp32", expert_load_imbalance: ImbalanceOpt = None,
+    capacity_factor: CapacityOpt = None,
 ) -> None:
     """List every constraint of one given configuration with its slack (same options as ``evaluate``).
 
@@ -836,7 +844,7 @@ def explain(
         offload_modules=offload_modules,
         optimizer_cpu_offload=optimizer_cpu_offload, param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype,
         exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype, pipeline_schedule=pipeline_schedule,
-        expert_load_imbalance=expert_load_imbalance))
+        expert_load_imbalance=expert_load_imbalance, capacity_factor=capacity_factor))
     ex, par, i = rep.explanation, rep.parallel, rep.inputs
     where = f"{i.model.name} on {i.num_gpus} x {i.cluster.gpu.name} ({i.cluster.name})"
     if timeline is not None:

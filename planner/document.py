@@ -32,7 +32,9 @@ from .uncertainty import step_class, step_interval
 #:     input.job.expert_load_imbalance (--expert-load-imbalance: the dropless MoE busiest-expert ratio the plans were
 #:     sized for, cost_models/moe_imbalance.py; null = the sourced default); input.job.requested_global_batch_size
 #:     (plan --global-batch-size-tolerance)
-SCHEMA_VERSION = "1.4"
+#: 1.5 (additive): input.job.moe_expert_capacity_factor (--capacity-factor: drop-and-pad MoE routing; null =
+#:     dropless)
+SCHEMA_VERSION = "1.5"
 
 
 def _r(x: float) -> float:
@@ -81,6 +83,8 @@ class JobInfo(_Strict):
     expert_load_imbalance: float | None = Field(
         None, description="dropless MoE: busiest expert's routed tokens over the mean (--expert-load-imbalance); null: "
                           "cost_models/moe_imbalance.py's sourced default")
+    moe_expert_capacity_factor: float | None = Field(
+        None, description="drop-and-pad MoE routing to this capacity factor (--capacity-factor); null: dropless")
     requested_global_batch_size: int | None = Field(
         None, description="plan --global-batch-size-tolerance: the global batch asked for (global_batch_size is the "
                           "one planned, within the tolerance of it); null without a tolerance")
@@ -276,6 +280,7 @@ def input_info(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpu
                     optimizer=job.optimizer, tokens_per_step=job.tokens_per_step, framework=job.framework,
                     flash_attention=job.flash_attention, dropout=job.dropout,
                     expert_load_imbalance=job.expert_load_imbalance,
+                    moe_expert_capacity_factor=job.moe_expert_capacity_factor,
                     requested_global_batch_size=requested_global_batch_size))
 
 

@@ -174,8 +174,10 @@ def fallback(model: Any = None, cluster: Any = None, *, plan: Any = None, max_lo
         c = load_cluster(os.fspath(cluster)) if cluster is not None else load_cluster(i.cluster.name)
         job_kw = dict(nodes=i.cluster.num_nodes, global_batch_size=i.job.global_batch_size,
                       seq_length=i.job.seq_length, precision=i.job.precision)
-        for k in ("flash_attention", "dropout", "framework", "expert_load_imbalance"):  # the option, else the doc's
-            v = o[k] if o.get(k) is not None else getattr(i.job, k)
+        for k, doc_k in (("flash_attention", "flash_attention"), ("dropout", "dropout"), ("framework", "framework"),
+                         ("expert_load_imbalance", "expert_load_imbalance"),
+                         ("capacity_factor", "moe_expert_capacity_factor")):  # the option, else the doc's
+            v = o[k] if o.get(k) is not None else getattr(i.job, doc_k)
             if v is not None:
                 job_kw[k] = v
         if o.get("flops_convention") is None:
@@ -188,7 +190,7 @@ def fallback(model: Any = None, cluster: Any = None, *, plan: Any = None, max_lo
             raise PlanInputError("--rank selects a plan of --plan's document; without --plan the best plan is used")
         first = api_plan(model, cluster, **{**o, "top_k": 1})
         keys = ("gpus", "nodes", "global_batch_size", "seq_length", "precision", "flash_attention", "dropout",
-                "framework", "expert_load_imbalance")
+                "framework", "expert_load_imbalance", "capacity_factor")
         inputs = load_inputs(model, cluster, **{k: o[k] for k in keys if o.get(k) is not None})
         par = _parallel_of(first.plans[0])
     m, c, job = inputs.model, inputs.cluster, inputs.job

@@ -5,7 +5,7 @@ published-runs dataset. The published columns leave out things the model needs: 
 defaults), how the source counts TFLOP/s, the machine when the GPU name alone does not say it (a power cap, a slow
 network), whether the run had fused attention, and recipe settings (selective-recompute modules, 16-bit gradient
 reduction, FP8 primary weights, precision-aware optimizer states, Transformer Engine cross entropy, pipeline layouts,
-EP overlap, CUDA graphs, forced balanced MoE routing). A row states them as data, each with its source, in a ``setup`` block (the header of
+EP overlap, CUDA graphs, forced balanced MoE routing, drop-and-pad MoE routing). A row states them as data, each with its source, in a ``setup`` block (the header of
 ``planner/data/published_runs_dev.yaml`` lists the keys); nothing here is keyed on a source's name, so every dataset
 is held to the same physics. A published ``parallel.*`` value wins over ``setup``.
 
@@ -56,6 +56,7 @@ class RowSetup(BaseModel):
     ep_overlap: bool | None = None
     full_cuda_graph: bool | None = None
     moe_router_force_load_balancing: bool | None = None
+    moe_expert_capacity_factor: float | None = Field(None, ge=1.0)
     sources: dict[str, str] = Field(default_factory=dict)
 
 
@@ -154,6 +155,11 @@ def row_options(row: dict[str, Any], framework: str = "megatron") -> RowOptions:
         # expert gets the mean (cost_models/moe_imbalance.py)
         out.job["expert_load_imbalance"] = 1.0
         out.notes.append(f"MoE routing forced to balance ({setup_source(s, 'moe_router_force_load_balancing')})")
+    if s.moe_expert_capacity_factor is not None:
+        # --moe-expert-capacity-factor with --moe-pad-expert-input-to-capacity: drop-and-pad routing, no host sync
+        out.job["moe_expert_capacity_factor"] = s.moe_expert_capacity_factor
+        out.notes.append(f"MoE drop-and-pad routing, capacity factor {s.moe_expert_capacity_factor:g} "
+                         f"({setup_source(s, 'moe_expert_capacity_factor')})")
     if s.cross_entropy_fusion_impl is not None:
         out.job["cross_entropy_fusion_impl"] = s.cross_entropy_fusion_impl
         out.notes.append(f"cross entropy {s.cross_entropy_fusion_impl} ({setup_source(s, 'cross_entropy_fusion_impl')})")

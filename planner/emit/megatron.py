@@ -34,7 +34,8 @@ Choices (each the framework's documented behaviour):
   ``--moe-router-enable-expert-bias``, ``--moe-router-num-groups/--moe-router-group-topk`` (node-limited
   routing), ``--moe-router-topk-scaling-factor`` and ``--moe-router-pre-softmax`` for a softmax router whose
   top-k weights are not renormalised (HF ``norm_topk_prob`` false; megatron-core ``topk_routing_with_score_
-  function`` renormalises sigmoid top-k scores, so sigmoid without renormalisation is refused).
+  function`` renormalises sigmoid top-k scores, so sigmoid without renormalisation is refused); drop-and-pad routing
+  (``--capacity-factor``) as ``--moe-expert-capacity-factor F --moe-pad-expert-input-to-capacity``.
 * Pipeline schedule: 1F1B, interleaved 1F1B (``vpp`` > 1) or, for ``combined-1f1b``,
   ``--overlap-moe-expert-parallel-comm --delay-wgrad-compute`` (``combined_1f1b.py``); other schedules (GPipe,
   ZB-H1, ZB-V, DualPipe, DualPipeV) are refused: Megatron-LM does not run them (``check_megatron``).
@@ -237,6 +238,10 @@ def model_args(model: ModelSpec, job: TrainingJob) -> list[str]:
         add(["--num-experts", str(moe.num_experts), "--moe-router-topk", str(moe.top_k),
              "--moe-ffn-hidden-size", str(moe.expert_ffn_hidden_size), "--moe-grouped-gemm",
              "--moe-token-dispatcher-type", "alltoall"])
+        if job.moe_expert_capacity_factor is not None:
+            # drop-and-pad routing, as costed (TrainingJob.moe_expert_capacity_factor)
+            add(["--moe-expert-capacity-factor", _num(job.moe_expert_capacity_factor),
+                 "--moe-pad-expert-input-to-capacity"])
         if moe.shared_expert_ffn_hidden_size:
             add(["--moe-shared-expert-intermediate-size", str(moe.shared_expert_ffn_hidden_size)])
         if moe.shared_expert_gate:
@@ -253,7 +258,7 @@ def model_args(model: ModelSpec, job: TrainingJob) -> list[str]:
 def recipe_knobs_set(job: TrainingJob, par: ParallelConfig, expressed: tuple[str, ...] = ()) -> list[str]:
     """The Megatron-LM recipe knobs ``par`` / ``job`` set away from their defaults (bf16 gradient reduction, FP8
     weights, low-precision Adam moments or master weights, optimizer offload, Transformer Engine's cross entropy,
-    fine-grained activation offloading),
+    fine-grained activation offloading, drop-and-pad MoE routing),
     each as the knob with its value, less those in ``expressed`` (the caller's framework has a setting for them):
     the other frameworks have no setting that runs them as plan3d evaluates them."""
     return [knob for name, knob, on in (
@@ -267,6 +272,8 @@ def recipe_knobs_set(job: TrainingJob, par: ParallelConfig, expressed: tuple[str
         ("cross_entropy_fusion_impl", "cross_entropy_fusion_impl te",
          getattr(job, "cross_entropy_fusion_impl", "native") == "te"),
         ("offload_modules", f"offload_modules {','.join(par.offload_modules or ())}", bool(par.offload_modules)),
+        ("moe_expert_capacity_factor", f"moe_expert_capacity_factor {job.moe_expert_capacity_factor or 0:g} with "
+         "moe_pad_expert_input_to_capacity", job.moe_expert_capacity_factor is not None),
     ) if on and name not in expressed]
 
 
