@@ -47,8 +47,9 @@ GLOBAL_BATCH = Plausible(1, 100 * 16384, "one to 100x a 16,384-sequence batch; D
 #: micro-batch), bounded by 100x the 256 routed experts of DeepSeek-V3 (arXiv:2412.19437 Sec. 4.2) over top-1.
 EXPERT_LOAD_IMBALANCE = Plausible(1.0, 100 * 256, "1 = balanced, at most num_experts / top_k; 100x the 256 experts "
                                                   "of DeepSeek-V3 over top-1")
-CAPACITY_FACTOR = Plausible(1.0, 256.0, "Megatron-LM --moe-expert-capacity-factor: >= 1 keeps every token of balanced "
-                                        "routing; at most num_experts (every expert holds all tokens)")
+#: Megatron-LM ``--moe-expert-capacity-factor``: >= 1 keeps every token of balanced routing; at most num_experts /
+#: top_k, when every expert holds every token (per model: ``planner.api``), here 256 experts over top-1.
+CAPACITY_FACTOR = Plausible(1.0, 256.0, ">= 1 keeps every token of balanced routing; at most num_experts / top_k")
 
 
 class TrainingJob(BaseModel):

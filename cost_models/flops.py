@@ -118,10 +118,24 @@ def step_model_flops(model: ModelSpec, job: TrainingJob, convention: FlopsConven
     return model_flops_per_token(model, job.seq_length, convention) * job.tokens_per_step
 
 
+def padded_expert_flops_per_token(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> float:
+    """Training FLOPs per token the routed experts spend on padded slots under drop-and-pad routing (hardware, not
+    model FLOPs): the experts' forward GEMMs (``lp.expert_active``: the ``top_k`` routed copies) times
+    ``capacity_factor - 1``, 3 passes (4 in layers full recompute re-runs); 0 when dropless."""
+    cf = job.moe_expert_capacity_factor
+    if not cf or model.moe is None:
+        return 0.0
+    def fwd(i: int) -> float:
+        return 2.0 * model.layer_params(i).expert_active * (cf - 1.0)
+    return (3 * sum(n * fwd(i) for i, n in model.layer_kinds())
+            + sum(n * fwd(i) for i, n in model.layer_kinds(recomputed_layers(model, par))))
+
+
 def step_hardware_flops(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> float:
-    """Hardware FLOPs of one step (Megatron counting plus recompute)."""
+    """Hardware FLOPs of one step (Megatron counting plus recompute and drop-and-pad's padded expert slots)."""
     return (model_flops_per_token(model, job.seq_length, "megatron")
-            + recompute_flops_per_token(model, job.seq_length, par)) * job.tokens_per_step
+            + recompute_flops_per_token(model, job.seq_length, par)
+            + padded_expert_flops_per_token(model, job, par)) * job.tokens_per_step
 
 
 #: FLOP conventions a published number may use (``model_flops_per_token_variant``).

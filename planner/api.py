@@ -22,6 +22,8 @@ exit 1). Each message is one line naming the field and the allowed values, or th
 """
 from __future__ import annotations
 
+import math
+import numbers
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Literal, TypedDict
@@ -259,29 +261,60 @@ def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = No
         raise PlanInputError(f"--precision fp32 with --framework {fw}: fused attention has no fp32 kernel (Transformer "
                              f"Engine runs its unfused attention); add --no-flash-attention, or use --framework "
                              f"torchtitan (PyTorch SDPA's memory-efficient kernel takes fp32)")
-    if expert_load_imbalance is not None and (isinstance(expert_load_imbalance, bool)
-                                              or not isinstance(expert_load_imbalance, (int, float))):
-        raise PlanInputError(f"--expert-load-imbalance {expert_load_imbalance!r}: must be a number >= 1 (the busiest "
-                             f"expert's routed tokens over the mean; 1 = balanced)")
+    expert_load_imbalance = _real("expert_load_imbalance", expert_load_imbalance, "a number >= 1 (the busiest "
+                                  "expert's routed tokens over the mean; 1 = balanced)")
+    capacity_factor = _real("capacity_factor", capacity_factor, "a number >= 1 (each expert's capacity over the "
+                            "balanced share)")
     if capacity_factor is not None:
-        if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, (int, float)):
-            raise PlanInputError(f"--capacity-factor {capacity_factor!r}: must be a number >= 1 (each expert's "
-                                 f"capacity over the balanced share)")
-        if m.moe is None:
-            raise PlanInputError(f"--capacity-factor applies to MoE models; {m.name} has no experts")
+        _check_capacity_factor(m, fw, capacity_factor, expert_load_imbalance)
     from pydantic import ValidationError
     try:
         job = TrainingJob(global_batch_size=global_batch_size, seq_length=seq_length, precision=precision,
                           flash_attention=bool(flash_attention), dropout=bool(dropout), framework=fw,
                           full_model_init=bool(full_model_init),
-                          expert_load_imbalance=None if expert_load_imbalance is None else float(expert_load_imbalance),
-                          moe_expert_capacity_factor=None if capacity_factor is None else float(capacity_factor))
+                          expert_load_imbalance=expert_load_imbalance, moe_expert_capacity_factor=capacity_factor)
     except ValidationError as e:  # a plausible range (cost_models/config.py): "--seq-length V is outside [lo, hi]"
         from .errors import option_error
         raise option_error(e, {"global_batch_size": "--global-batch-size", "seq_length": "--seq-length",
                                "expert_load_imbalance": "--expert-load-imbalance",
                                "moe_expert_capacity_factor": "--capacity-factor"}) from None
     return Inputs(m, c, n, job)
+
+
+def _real(field: str, value: Any, allowed: str) -> float | None:
+    """``value`` as a finite float (any real number type: int, float, numpy scalars), None kept; a one-line
+    ``PlanInputError`` naming the option otherwise."""
+    if value is None:
+        return None
+    try:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+            raise TypeError
+        return float(value)
+    except (TypeError, OverflowError, ValueError):
+        text = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise PlanInputError(f"{_flag(field)} {text}: must be {allowed}") from None
+
+
+def _check_capacity_factor(model: Any, framework: str, capacity_factor: float,
+                           expert_load_imbalance: float | None) -> None:
+    """Drop-and-pad routing's own rules (``--capacity-factor``): a MoE model, at most ``num_experts / top_k`` (the
+    capacity at which every expert holds every token: Megatron-LM pads each expert to ``tokens x top_k / E x F``
+    slots and picks them by ``topk`` over the tokens), Megatron-LM (whose ``--moe-expert-capacity-factor`` plan3d
+    costs and emits), and no ``--expert-load-imbalance`` (a dropless setting: padded, every expert holds its
+    capacity). Raises ``PlanInputError``."""
+    if model.moe is None:
+        raise PlanInputError(f"--capacity-factor applies to MoE models; {model.name} has no experts")
+    most = model.moe.num_experts / model.moe.top_k
+    if capacity_factor > most:
+        raise PlanInputError(f"--capacity-factor {capacity_factor:g}: at most num_experts / top_k = {most:g} for "
+                             f"{model.name} (every expert then holds every token)")
+    if framework != "megatron":
+        raise PlanInputError(f"--capacity-factor with --framework {framework}: drop-and-pad routing is costed and "
+                             f"emitted for Megatron-LM (--moe-expert-capacity-factor); drop --capacity-factor or use "
+                             f"--framework megatron")
+    if expert_load_imbalance is not None:
+        raise PlanInputError("--expert-load-imbalance with --capacity-factor: the imbalance is dropless routing's; "
+                             "padded to capacity, every expert holds its capacity; give one of them")
 
 
 def _job_kwargs(options: dict[str, Any]) -> dict[str, Any]:

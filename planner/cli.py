@@ -225,6 +225,9 @@ def _plans_table(doc, title: str, at_risk_margin: float = AT_RISK_DEFAULT):
         kind = "TF32" if thr.mfu_peak_dtype == "tf32" else "16-bit"
         caption += (f"; MFU = model FLOPs ({thr.flops_convention} count) / dense {kind} peak "
                     f"{thr.peak_flops_per_gpu / 1e12:.0f} TFLOP/s per GPU")
+    cf = doc.input.job.moe_expert_capacity_factor
+    if cf is not None:
+        caption += f"; MoE routing: drop-and-pad to capacity factor {cf:g} (no host sync on the token counts)"
     t = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     from .cost_report import money
     costed = any(p.cost is not None for p in doc.plans)
@@ -306,6 +309,9 @@ def _emit(doc, emit: Emit, output: Path | None, rank: int, framework: str | None
         files = emit_files(doc, emit.value, rank, launcher.value)
     except EmitUnsupported as e:  # a valid plan the target framework cannot run: like an infeasible plan
         ok = [p.rank for p in doc.plans if p.feasible and emit.value not in p.launch.unsupported]
+        if doc.input.job.moe_expert_capacity_factor is not None and "moe_expert_capacity_factor" in str(e):
+            # a job option, the same for every plan: no layout can lift it
+            raise NoFeasiblePlan(f"{e}; drop --capacity-factor or emit megatron") from None
         hint = f"; plan #{ok[0]} can run on {emit.value} (--rank {ok[0]})" if ok else (
             f"; none of the top {len(doc.plans)} plans can: raise --top-k, or pin the knob named above "
             f"(--tp --pp --cp --ep --zero-stage --recompute)" if len(doc.plans) > 1 else "")
@@ -483,6 +489,12 @@ def plan(
                                 ("--target-step-s", target_step_s), ("--within", within),
                                 ("--target-tokens-per-day", target_tokens_per_day), ("--train-tokens", train_tokens),
                                 ("--deadline-days", deadline_days), ("--plot", plot)) if v is not None]
+        routing = [f for f, v in (("--expert-load-imbalance", expert_load_imbalance),
+                                  ("--capacity-factor", capacity_factor)) if v is not None]
+        if routing:
+            raise PlanInputError(f"{', '.join(routing)}: not available over pools (--cluster NAME:NODES,...): the pool "
+                                 f"planner costs dropless MoE routing at its default expert imbalance; drop "
+                                 f"{', '.join(routing)} or plan one cluster")
         if given or objective != ObjectiveOpt.throughput or solver != SolverOpt.cpsat:
             what = ', '.join(given) or '--objective/--solver'
             raise PlanInputError(f"{what}: not available over pools (--cluster NAME:NODES,...): a plan over pools "

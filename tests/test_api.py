@@ -121,3 +121,30 @@ def test_flash_attention_and_dropout_reach_every_command(run_cli):
 def test_validate_api():
     rep = planner.validate()
     assert rep.evaluated and rep.mape < 7.0
+
+
+def test_capacity_factor_rules_are_one_line_errors():
+    """Drop-and-pad routing (--capacity-factor): a MoE model, at most num_experts / top_k (every expert then holds
+    every token), Megatron-LM only (its --moe-expert-capacity-factor is what plan3d costs and emits), not with the
+    dropless --expert-load-imbalance; any real number type, never another exception type."""
+    import numpy as np
+
+    from cost_models.config import ParallelConfig
+    from planner.emit import EmitUnsupported
+    from planner.emit.colossalai import check_colossalai
+    kw = dict(model="qwen3-30b-a3b", cluster="dgx-b200", gpus=8, ep=8, zero_stage=1)
+    for extra, msg in ((dict(model="llama3.1-8b", ep=1), "has no experts"),
+                       (dict(capacity_factor=17), "at most num_experts / top_k = 16"),
+                       (dict(framework="torchtitan"), "--framework torchtitan"),
+                       (dict(expert_load_imbalance=2.0), "--expert-load-imbalance with --capacity-factor"),
+                       (dict(capacity_factor=2 ** 2000), "--capacity-factor 1"),
+                       (dict(capacity_factor=float("nan")), "must be a number")):
+        with pytest.raises(planner.PlanInputError, match=msg):
+            planner.evaluate(**{**kw, "capacity_factor": 2, **extra})
+    for v in (np.float32(1.5), np.int64(2)):
+        assert planner.evaluate(**kw, capacity_factor=v).input.job.moe_expert_capacity_factor == float(v)
+    doc = planner.evaluate(**kw, capacity_factor=1.5)
+    assert "colossalai" in doc.plans[0].launch.unsupported
+    job = planner.load_inputs("qwen3-30b-a3b", "dgx-b200", gpus=8, capacity_factor=1.5).job
+    with pytest.raises(EmitUnsupported, match="moe_expert_capacity_factor"):
+        check_colossalai(get_model("qwen3-30b-a3b"), job, ParallelConfig(dp=8, ep=8, zero_stage=1))

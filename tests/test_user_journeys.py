@@ -36,7 +36,8 @@ def test_pools_yaml_to_a_one_cluster_command(run_cli, tmp_path):
     assert "mixed cluster (pools:)" in r.stderr and "required field is missing" not in r.stderr
 
 
-@pytest.mark.parametrize("opt", [("--train-tokens", "1e12"), ("--gpus", "16")])
+@pytest.mark.parametrize("opt", [("--train-tokens", "1e12"), ("--gpus", "16"), ("--capacity-factor", "2"),
+                                 ("--expert-load-imbalance", "2")])
 def test_pools_say_which_option_they_refuse(run_cli, opt):
     """`plan3d plan --cluster dgx-h100:8,dgx-a100-80g:8 --train-tokens 1e12` answered "--train-tokens: a plan over
     pools takes the pools' node counts ..., chooses pp and the layout itself and maximises throughput", which reads

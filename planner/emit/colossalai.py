@@ -121,6 +121,9 @@ def check_colossalai(model: ModelSpec, job: TrainingJob, par: ParallelConfig) ->
         raise _refuse("param_cpu_offload", "HybridParallelPlugin offloads optimizer states only (cpu_offload)")
     if par.optimizer_cpu_offload_fraction:
         raise _refuse("optimizer_cpu_offload_fraction", "cpu_offload moves the whole optimizer, not a fraction")
+    if job.moe_expert_capacity_factor is not None:
+        raise _refuse(f"moe_expert_capacity_factor {job.moe_expert_capacity_factor:g}",
+                      "the plugins have no MoE routing setting; drop-and-pad is the model's router's")
     if job.global_batch_size % (par.micro_batch_size * par.dp):
         raise _refuse(f"global_batch_size {job.global_batch_size}",
                       f"not divisible by micro_batch_size x dp = {par.micro_batch_size} x {par.dp}")
