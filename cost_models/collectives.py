@@ -7,9 +7,9 @@ pipeline's point-to-point sends. Collective costs come from ``comm.collective_ti
   ``TP_OVERLAP_EXPOSED`` of it is exposed.
 * **Context parallel**: ring attention passes K/V ``cp-1`` times forward and K/V + their gradients backward,
   overlapped with the attention of each ring step; only the excess is exposed.
-* **Expert parallel**: dispatch (FP8 when the GEMMs are FP8) + combine all-to-all per MoE layer forward and
-  backward; a token routed to several experts of one NVLink domain crosses the network once. With EP overlap
-  ``EP_OVERLAP_EXPOSED`` of it is exposed.
+* **Expert parallel**: dispatch + combine all-to-all per MoE layer forward and backward, 16-bit both ways (FP8
+  GEMMs included: Megatron-LM quantizes after the dispatch); a token routed to several experts of one NVLink domain
+  crosses the network once. With EP overlap ``EP_OVERLAP_EXPOSED`` of it is exposed.
 * **Pipeline**: one activation send per micro-batch and stage boundary.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ TP_OVERLAP_EXPOSED = {"megatron": 0.0, "nemo": 0.0, "torchtitan": 0.525}
 #: (Megatron-LM ``--overlap-moe-expert-parallel-comm`` / Megatron-Bridge ``moe_a2a_overlap``, DeepSeek-V3
 #: Sec. 3.2.1 "DualPipe"-style overlap). Fitted (benchmarks/fit_step_time.py) on the rows that run it: Megatron MoE
 #: recipes marked "EP overlap" (DeepSeek-V3 B200, Qwen3-235B B200/GB200) and Megatron-Bridge 26.08 DeepSeek-V3 GB200.
-EP_OVERLAP_EXPOSED = 0.42
+EP_OVERLAP_EXPOSED = 1 / 3
 
 #: Plausible ranges of the fitted constants above (``planner/calibration.py`` fits inside them).
 FIT_RANGES = {
@@ -87,20 +87,36 @@ def cp_layer_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: Pa
     return max(0.0, (par.cp - 1) * step - attn_fwd_s * (par.cp - 1) / par.cp)
 
 
+def moe_token_dispatcher(job: TrainingJob, ep_group: GroupPlacement) -> str:
+    """Megatron-LM ``--moe-token-dispatcher-type`` whose traffic ``ep_layer_s`` charges (and the Megatron emitter
+    writes): ``flex`` (DeepEP) for dropless routing over an EP group that spans NVLink domains, where its
+    node-level dedup sends a token once per domain (the Megatron MoE recipes run it); ``alltoall`` for drop-and-pad
+    routing (the dispatcher that pads to capacity: Megatron-LM refuses DeepEP with
+    ``moe_pad_expert_input_to_capacity``) and for an EP group inside one NVLink domain (the same bytes as DeepEP's,
+    without its dependency)."""
+    if job.moe_expert_capacity_factor is None and ep_group.num_domains > 1:
+        return "flex"
+    return "alltoall"
+
+
 def ep_layer_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, layer: int,
                groups: dict[str, GroupPlacement]) -> float:
-    """Forward seconds of one MoE layer's EP all-to-alls: dispatch (FP8 when the GEMMs are FP8: DeepEP /
-    HybridEP) + combine (16-bit) of each token's routed copies; a token routed to several experts of one NVLink
-    domain crosses the network once (DeepEP's node-level dedup, ``ep_domain_copies``); under drop-and-pad routing
-    every expert's padded capacity is sent (``TrainingJob.routed_token_factor``). Backward: the same."""
+    """Forward seconds of one MoE layer's EP all-to-alls: dispatch + combine of each token's routed copies, 16-bit
+    both ways, FP8 runs included (Megatron-LM dispatches the bf16 hidden states and quantizes after: its DeepEP
+    path passes them to ``Buffer.dispatch`` as they are and its HybridEP path asserts ``not fp8_dispatch``,
+    ``megatron/core/transformer/moe/fused_a2a.py`` at 8c1a3f5df0cb and d48bd6be; the ``alltoall`` dispatcher
+    permutes them in the activation dtype). The dispatcher is ``moe_token_dispatcher``'s: DeepEP (``flex``) sends a
+    token routed to several experts of one NVLink domain across the network once (node-level dedup,
+    ``ep_domain_copies``); ``alltoall`` sends every routed copy, and under drop-and-pad every padded slot
+    (``TrainingJob.routed_token_factor``). Backward: the same."""
     if par.ep <= 1 or model.moe is None or not model.is_moe_layer(layer):
         return 0.0
     tok = par.micro_batch_size * job.seq_length / par.cp
     g = groups["ep"]
-    copies = ep_domain_copies(model.moe.num_experts, model.moe.top_k, g.num_domains,
-                              model.moe.n_group, model.moe.topk_group)
-    ab = compute_bytes(job.precision)
-    disp = (1.0 if job.precision == "fp8" else ab) + ab
+    disp = 2.0 * compute_bytes(job.precision)
+    copies = (ep_domain_copies(model.moe.num_experts, model.moe.top_k, g.num_domains, model.moe.n_group,
+                               model.moe.topk_group)
+              if moe_token_dispatcher(job, g) == "flex" else float(model.moe.top_k))
     return collective_time("all_to_all", disp * tok * copies * job.routed_token_factor * model.hidden_size / par.tp,
                            g, cluster)
 

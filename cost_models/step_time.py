@@ -42,9 +42,9 @@ constant (module)                            value     range       mainly constr
 ``UNFUSED_SCORE_PASSES`` (attention)         8         4-10        SC21 (unfused softmax + attention dropout)
 ``ELEMENTWISE_PASSES`` deepspeed             40        8-40        BLOOM rows (edge)
 ``TP_OVERLAP_EXPOSED`` megatron / torchtitan 0 / 0.53  0-0.5/0-0.7 NeMo recipes / torchtitan async TP
-``EP_OVERLAP_EXPOSED`` (collectives)         0.42      0-1         MoE rows with EP overlap
-``HOST_GEMM_S`` (moe_overhead)               16 us     3-20 us     BF16 MoE recipe (Qwen3-30B-A3B H100)
-``HOST_QUANTIZE_S`` mx / cs                  80/300 us 10-120/     FP8 MoE rows; cs on its range's top (one row)
+``EP_OVERLAP_EXPOSED`` (collectives)         0.33      0-1         MoE rows with EP overlap
+``HOST_GEMM_S`` (moe_overhead)               14 us     3-20 us     BF16 MoE recipe (Qwen3-30B-A3B H100)
+``HOST_QUANTIZE_S`` mx / cs                  80/277 us 10-120/     FP8 MoE rows; cs near its range's top (one row)
                                                        20-300 us
 ``MOE_TOKEN_COPY_S`` (moe_overhead)          12.5 ns   0-50 ns     MoE rows (Qwen3, DeepSeek-V3)
 ===========================================  ========  ==========  ==============================================

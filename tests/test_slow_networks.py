@@ -162,7 +162,7 @@ def test_deepseek_v3_is_planned_on_the_h800s_it_used():
 
     model, cluster = get_model("deepseek-v3"), get_cluster("dgx-h800")
     job = TrainingJob(global_batch_size=15360, seq_length=4096, precision="fp8")
-    res = run_search(model, cluster, job, 2048, top_k=3)
+    res = run_search(model, cluster, job, 2048, top_k=5)
     assert res.plans and all(e.feasible for e in res.plans)
     best = res.plans[0]
     assert best.parallel.tp <= 2 and best.parallel.ep >= 8
@@ -171,8 +171,13 @@ def test_deepseek_v3_is_planned_on_the_h800s_it_used():
     # published layout (PP16, EP64, no TP) does not fit the memory model (93.7 vs 75.7 GiB usable). Dropless routing's
     # busiest EP rank (cost_models/moe_imbalance.py: 1.5x the balanced tokens at EP 64, Megatron-Bridge's DeepSeek-V3
     # sizing) makes the best layout recompute fully. With DeepSeek's own blockwise FP8 (plan3d's Hopper MoE default,
-    # cost_models/fp8_recipe.py) the best layouts are the paper's EP64 with ZeRO-1 data parallelism over PP 8 or 16
-    # (its PP16 within 1%), plus TP 2; with per-tensor FP8's per-expert host cost it was pp 1, ZeRO-3, mbs 5.
+    # cost_models/fp8_recipe.py) the best layout is the paper's PP16 with ZeRO-1 data parallelism and no TP; with
+    # per-tensor FP8's per-expert host cost it was pp 1, ZeRO-3, mbs 5. Its EP is 16, not the paper's 64: DeepSeek's
+    # framework dispatches FP8 (Sec. 3.3.3, "Low-Precision Storage and Communication"); Megatron-LM, which plan3d
+    # emits, dispatches bf16 (moe/fused_a2a.py), 4/3 the bytes. The paper's EP64 (with TP 2) follows within 2%,
+    # tied within the prediction interval.
     per_gpu = best.step.tokens_per_s / 2048
-    assert best.parallel.pp in (8, 16) and (best.parallel.ep, best.parallel.zero_stage) == (64, 1)
-    assert per_gpu / (1e12 / 180e3 / 3600) - 1 == pytest.approx(-0.23, abs=0.05)
+    assert (best.parallel.pp, best.parallel.zero_stage) == (16, 1) and best.parallel.ep >= 16
+    ep64 = [e for e in res.plans if e.parallel.ep == 64]
+    assert ep64 and ep64[0].step.step_s / best.step.step_s < 1.03
+    assert per_gpu / (1e12 / 180e3 / 3600) - 1 == pytest.approx(-0.28, abs=0.05)

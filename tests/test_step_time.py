@@ -197,13 +197,38 @@ def test_drop_and_pad_routing_runs_without_the_host_sync():
     # with enough GPU work per layer (micro-batch 8) the host's per-expert work hides entirely
     par8 = par.model_copy(update={"micro_batch_size": 8})
     assert estimate_step(q, B200, drop, par8, fp8_recipe="mx").step_s == pytest.approx(
-        estimate_step(q, B200, dropless, par8, fp8_recipe="mx", full_cuda_graph=True).step_s)
+        estimate_step(q, B200, drop, par8, fp8_recipe="mx", full_cuda_graph=True).step_s)
     # capacity 1.25: the padded slots are computed (more GEMM time), the model FLOPs are not (MFU x step fixed)
     pad = drop.model_copy(update={"moe_expert_capacity_factor": 1.25})
     c = estimate_step(q, B200, pad, par8, fp8_recipe="mx")
     d = estimate_step(q, B200, drop, par8, fp8_recipe="mx")
     assert c.compute_breakdown_s["gemm"] > d.compute_breakdown_s["gemm"]
     assert c.mfu * c.step_s == pytest.approx(d.mfu * d.step_s)
+    # ... and HFU counts them: the experts' forward GEMM FLOPs x 0.25, three passes
+    from cost_models.flops import padded_expert_flops_per_token
+    extra = c.hardware_flops - d.hardware_flops
+    assert extra == pytest.approx(padded_expert_flops_per_token(q, pad, par8) * pad.tokens_per_step)
+    assert extra == pytest.approx(3 * 2 * q.layer_params(0).expert_active * 0.25 * q.num_layers * pad.tokens_per_step)
+    # the all-to-alls carry 16-bit hidden states in FP8 runs too (Megatron-LM quantizes after the dispatch): inside
+    # one NVLink domain the alltoall dispatcher of drop-and-pad sends what dropless sends, x 1.25 with the padding
+    fp8_dropless = estimate_step(q, B200, dropless, par8, fp8_recipe="mx")
+    assert d.exposed_comm_s["ep"] == pytest.approx(fp8_dropless.exposed_comm_s["ep"])
+    assert c.exposed_comm_s["ep"] == pytest.approx(d.exposed_comm_s["ep"] * 1.25, rel=0.02)
+    # across nodes dropless runs DeepEP (flex: one copy per NVLink domain), drop-and-pad the alltoall dispatcher
+    # (every copy): costed and emitted alike
+    from cost_models.collectives import moe_token_dispatcher
+    from cost_models.layout import group_placement
+    par16 = ParallelConfig(dp=16, ep=16, micro_batch_size=1, zero_stage=1)
+    g = group_placement("ep", par16, B200.node.nvlink_domain_size)
+    assert g.num_domains == 2
+    assert moe_token_dispatcher(dropless, g) == "flex" and moe_token_dispatcher(drop, g) == "alltoall"
+    assert moe_token_dispatcher(dropless, group_placement("ep", par8, 8)) == "alltoall"
+    two = megatron_args(q, dropless, par16, B200)
+    assert two[two.index("--moe-token-dispatcher-type") + 1] == "flex" and "deepep" in two
+    two_drop = megatron_args(q, drop, par16, B200)
+    assert two_drop[two_drop.index("--moe-token-dispatcher-type") + 1] == "alltoall"
+    assert estimate_step(q, B200, drop, par16, fp8_recipe="mx").exposed_comm_s["ep"] > \
+        estimate_step(q, B200, dropless, par16, fp8_recipe="mx", full_cuda_graph=True).exposed_comm_s["ep"]
     # emitted as costed
     args = megatron_args(q, pad, par8, B200)
     i = args.index("--moe-expert-capacity-factor")

@@ -49,7 +49,9 @@ from __future__ import annotations
 import shlex
 
 from cluster_specs.spec import ClusterSpec
+from cost_models.collectives import moe_token_dispatcher
 from cost_models.config import ParallelConfig, TrainingJob
+from cost_models.layout import group_placement
 from cost_models.fp8_recipe import default_fp8_recipe, per_tensor_fp8_recipe
 from model_zoo.spec import ModelSpec
 
@@ -236,8 +238,7 @@ def model_args(model: ModelSpec, job: TrainingJob) -> list[str]:
     if model.moe is not None:
         moe = model.moe
         add(["--num-experts", str(moe.num_experts), "--moe-router-topk", str(moe.top_k),
-             "--moe-ffn-hidden-size", str(moe.expert_ffn_hidden_size), "--moe-grouped-gemm",
-             "--moe-token-dispatcher-type", "alltoall"])
+             "--moe-ffn-hidden-size", str(moe.expert_ffn_hidden_size), "--moe-grouped-gemm"])
         if job.moe_expert_capacity_factor is not None:
             # drop-and-pad routing, as costed (TrainingJob.moe_expert_capacity_factor)
             add(["--moe-expert-capacity-factor", _num(job.moe_expert_capacity_factor),
@@ -322,6 +323,19 @@ def fp8_args(model: ModelSpec, par: ParallelConfig, cluster: ClusterSpec | None 
             "--fp8-amax-compute-algo", "max"]
 
 
+def dispatcher_args(job: TrainingJob, par: ParallelConfig, cluster: ClusterSpec | None) -> list[str]:
+    """``--moe-token-dispatcher-type``: the dispatcher whose traffic the step-time model charged
+    (``collectives.moe_token_dispatcher``): ``flex`` with the DeepEP backend for dropless routing over an EP group
+    that spans NVLink domains (DeepEP must be installed, as in Megatron-LM's MoE recipes), else ``alltoall``.
+    Without a cluster the EP group's placement is unknown: ``alltoall``."""
+    kind = "alltoall"
+    if cluster is not None:
+        kind = moe_token_dispatcher(job, group_placement("ep", par, cluster.node.nvlink_domain_size))
+    if kind == "flex":
+        return ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep"]
+    return ["--moe-token-dispatcher-type", "alltoall"]
+
+
 def parallel_args(model: ModelSpec, job: TrainingJob, par: ParallelConfig,
                   cluster: ClusterSpec | None = None) -> list[str]:
     """Parallelism, batch, recompute, optimizer-sharding and precision arguments.
@@ -368,6 +382,7 @@ def parallel_args(model: ModelSpec, job: TrainingJob, par: ParallelConfig,
         add(["--context-parallel-size", str(par.cp)])
     if model.moe is not None:
         add(["--expert-model-parallel-size", str(par.ep), "--expert-tensor-parallel-size", str(par.expert_tp)])
+        add(dispatcher_args(job, par, cluster))
     elif par.ep > 1:
         raise EmitError(f"ep {par.ep}: expert parallelism needs a mixture-of-experts model ({model.name} is dense)")
     if par.sequence_parallel:
