@@ -14,7 +14,7 @@ from model_zoo.spec import ModelSpec
 from .fit_range import FitRange
 from .config import ParallelConfig, TrainingJob, compute_bytes
 from .flops import attention_core_flops_per_token, attention_widths
-from .gemm import clock_fraction, gemm_rate, half_dtype, hbm_rate, peak_dtype
+from .gemm import clock_fraction, gemm_rate, half_dtype, hbm_rate, mamf_rate, peak_dtype
 
 #: Backward / forward time of the fused attention kernel (FlashAttention-2: 5 backward matmuls vs 2 forward,
 #: Dao 2023 Sec. 3.1, i.e. 2.5x the FLOPs at a similar rate).
@@ -61,7 +61,9 @@ def attention_efficiency(cluster: ClusterSpec) -> float:
     dtype), else ``DEFAULT_ATTENTION_EFFICIENCY``, times the sustained clock under the board power limit
     (``gemm.clock_fraction``)."""
     ae = cluster.calibration.attention_efficiency or {}
-    return ae.get(half_dtype(cluster), DEFAULT_ATTENTION_EFFICIENCY) * clock_fraction(cluster)
+    eff = ae.get(half_dtype(cluster), DEFAULT_ATTENTION_EFFICIENCY)
+    half = half_dtype(cluster)
+    return eff * clock_fraction(cluster, eff * cluster.gpu.peak_flops[half] / mamf_rate(cluster, half))
 
 
 def attention_core_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
@@ -88,10 +90,13 @@ def attention_core_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, p
                 if job.precision == "fp32" else 1.0)
         rates = _kernel_tflops(model, cluster, framework, s_key)
         if rates is not None:
-            # the benchmarks ran at the TDP clock; a power-capped GPU runs its kernels at the capped clock
-            share = ATTENTION_TRAINING_SHARE * clock_fraction(cluster)
-            fwd = slow * fl / (rates[0] * 1e12 * share)
-            return fwd, slow * ATTN_BWD_FACTOR * fl / (rates[1] * 1e12 * share)
+            # the benchmarks ran at the TDP clock; under a power cap each kernel runs at the clock its own switching
+            # activity allows (gemm.clock_fraction: its FLOP rate over the GEMM's)
+            gemm = mamf_rate(cluster, half_dtype(cluster))
+            share_f = ATTENTION_TRAINING_SHARE * clock_fraction(cluster, rates[0] * 1e12 / gemm)
+            share_b = ATTENTION_TRAINING_SHARE * clock_fraction(cluster, rates[1] * 1e12 / gemm)
+            fwd = slow * fl / (rates[0] * 1e12 * share_f)
+            return fwd, slow * ATTN_BWD_FACTOR * fl / (rates[1] * 1e12 * share_b)
         eff = attention_efficiency(cluster) * s_key / (s_key + ATTN_HALF_SEQ)
         fwd = fl / (cluster.gpu.peak_flops[peak_dtype(cluster, job.precision)] * eff)  # TF32 peak in fp32
         return fwd, ATTN_BWD_FACTOR * fwd

@@ -29,10 +29,12 @@ UNCORE_POWER_FRACTION = 100.0 / 700.0
 #: Exponent ``n`` of the SM clock in the dynamic power under sustained dense GEMMs, ``P_dyn ~ f^n``: 1 at a fixed
 #: voltage, up to 3 when the voltage tracks the clock (``P ~ C V^2 f``). Sets the sustained clock under a board power
 #: limit below the TDP (``clock_fraction``). Fitted on the power-capped rows (torchtitan on Grand Teton H100s at
-#: 500 W; the H200 rows of the same recipes at 700 W are the uncapped reference). Every framework runs its weight
-#: GEMMs at the same cuBLAS rate: torchtitan's once fitted "framework compute share" went to 1 once its per-op
-#: recompute, its elementwise kernels and the power cap were modelled, and was removed.
-POWER_CLOCK_EXPONENT = 3.0
+#: 500 W; the H200 rows of the same recipes at 700 W are the uncapped reference): 2 since each kernel is throttled
+#: by its own switching activity (attention, below the cap, runs at the full clock); 3, the range's edge, while
+#: attention was throttled like a GEMM. Every framework runs its weight GEMMs at the same cuBLAS rate: torchtitan's
+#: once fitted "framework compute share" went to 1 once its per-op recompute, its elementwise kernels and the power
+#: cap were modelled, and was removed.
+POWER_CLOCK_EXPONENT = 2.0
 
 #: Plausible ranges of the fitted constants above (``planner/calibration.py`` fits inside them).
 FIT_RANGES = {
@@ -59,22 +61,37 @@ def peak_dtype(cluster: ClusterSpec, precision: str) -> str:
     return "tf32" if precision == "fp32" and "tf32" in cluster.gpu.peak_flops else half_dtype(cluster)
 
 
-def clock_fraction(cluster: ClusterSpec) -> float:
+def clock_fraction(cluster: ClusterSpec, activity: float = 1.0) -> float:
     """Sustained tensor-core clock under the cluster's board power limit over the clock at the TDP (at which the
     MAMF GEMM and attention kernel rates were measured); 1 without a power cap.
 
-    The measured ``calibration.power_limit_clock_fraction`` when the cluster YAML has one; else the power law: dense
-    GEMMs run power-bound, the part ``UNCORE_POWER_FRACTION`` of the TDP does not scale, the rest scales as
-    ``f^POWER_CLOCK_EXPONENT``, so ``f = ((r - u) / (1 - u))^(1/n)`` with ``r = power_limit_w / tdp_w``.
+    Dense GEMMs run power-bound: the part ``UNCORE_POWER_FRACTION`` of the TDP does not scale, the rest scales as
+    ``activity x f^POWER_CLOCK_EXPONENT`` (CMOS dynamic power: switching activity x V^2 f, the voltage tracking the
+    clock), so ``f = ((r - u) / ((1 - u) x activity))^(1/n)`` with ``r = power_limit_w / tdp_w``, at most 1.
+    ``activity``: the kernel's switching activity relative to a dense GEMM's, read as its tensor-core FLOP rate over
+    the MAMF GEMM rate at the TDP clock (1 for GEMMs): a kernel that draws less than the cap at the full clock runs
+    at it (FlashAttention-2 at 335 of H100's ~795 TFLOP/s MAMF draws ~0.50 of the TDP, under a 500 W cap's 0.71).
+    A measured ``calibration.power_limit_clock_fraction`` (under GEMMs) stands for ``(r - u) / (1 - u)`` in it.
     """
     measured = cluster.calibration.power_limit_clock_fraction
+    n = POWER_CLOCK_EXPONENT
     if measured is not None:
-        return measured
-    r = cluster.power_limit_ratio
-    if r >= 1.0:
-        return 1.0
-    u = UNCORE_POWER_FRACTION
-    return max(0.0, (r - u) / (1.0 - u)) ** (1.0 / POWER_CLOCK_EXPONENT)
+        headroom = measured ** n
+    else:
+        r = cluster.power_limit_ratio
+        if r >= 1.0:
+            return 1.0
+        u = UNCORE_POWER_FRACTION
+        headroom = max(0.0, (r - u) / (1.0 - u))
+    return min(1.0, (headroom / max(activity, 1e-9)) ** (1.0 / n))
+
+
+def mamf_rate(cluster: ClusterSpec, dtype: str) -> float:
+    """Large-GEMM FLOP/s of a tensor-core dtype at the TDP clock: dense peak x the cluster's MAMF efficiency."""
+    cal = cluster.calibration.gemm_efficiency
+    half = half_dtype(cluster)
+    p = dtype if dtype in cluster.gpu.peak_flops else half
+    return cluster.gpu.peak_flops[p] * cal.get(p, cal.get(half, 0.7))
 
 
 def gemm_rate(cluster: ClusterSpec, precision: str) -> float:

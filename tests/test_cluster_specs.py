@@ -440,6 +440,30 @@ def test_power_capped_h100_is_a_physical_input():
     assert clock_fraction(h100) == 1.0 and h100.gpu.power_limit_w is None and h100.power_limit_ratio == 1.0
 
 
+def test_a_kernel_below_the_power_cap_runs_at_the_full_clock():
+    # dynamic power ~ switching activity x f^n: the cap throttles a kernel only as far as its own draw exceeds it.
+    # FlashAttention-2 (FA3 paper Fig. 5: 335 TFLOP/s at 16k on H100) runs at 0.42 of H100's MAMF GEMM rate (~795
+    # TFLOP/s), so it draws 1/7 + 6/7 x 0.42 = 0.50 of the 700 W TDP at the full clock, under Grand Teton's 500 W (0.71)
+    from cost_models.attention import attention_core_s
+    from cost_models.config import ParallelConfig, TrainingJob
+    from cost_models.gemm import POWER_CLOCK_EXPONENT, UNCORE_POWER_FRACTION, clock_fraction, mamf_rate
+    from model_zoo import get_model
+    gt, h100 = get_cluster("grand-teton-h100"), get_cluster("dgx-h100")
+    n, u = POWER_CLOCK_EXPONENT, UNCORE_POWER_FRACTION
+    dyn = (5 / 7 - u) / (1 - u)
+    assert clock_fraction(gt) == pytest.approx(dyn ** (1 / n))
+    assert clock_fraction(gt, 0.8) == pytest.approx((dyn / 0.8) ** (1 / n))
+    fa2 = 335e12 / mamf_rate(gt, "bf16")
+    assert fa2 == pytest.approx(0.42, abs=0.01) and clock_fraction(gt, fa2) == 1.0
+    # so torchtitan's attention (PyTorch SDPA's FlashAttention-2) takes as long on the capped H100 as uncapped
+    m, job, par = get_model("llama3.1-8b"), TrainingJob(global_batch_size=8, seq_length=32768), ParallelConfig(dp=8)
+    assert attention_core_s(m, gt, job, par, "torchtitan") == pytest.approx(attention_core_s(m, h100, job, par,
+                                                                                              "torchtitan"))
+    # while Megatron's cuDNN kernel (539 TFLOP/s) is throttled, less than a GEMM
+    cap, full = attention_core_s(m, gt, job, par, "megatron"), attention_core_s(m, h100, job, par, "megatron")
+    assert full[0] < cap[0] < full[0] / clock_fraction(gt)
+
+
 def test_clock_fraction_needs_the_power_limit_it_belongs_to(tmp_path):
     from cost_models.gemm import clock_fraction
     d = _h100_dict()
@@ -451,8 +475,9 @@ def test_clock_fraction_needs_the_power_limit_it_belongs_to(tmp_path):
     with pytest.raises(ClusterSpecError, match="needs gpu.tdp_w"):
         load_cluster(str(_write(tmp_path, d, "capped.yaml")))
     d["gpu"]["tdp_w"] = 700
-    # a measured clock fraction wins over the power law
-    assert clock_fraction(load_cluster(str(_write(tmp_path, d, "capped.yaml")))) == 0.8
+    # a measured clock fraction wins over the power law (under GEMMs; a lighter kernel is throttled less)
+    capped = load_cluster(str(_write(tmp_path, d, "capped.yaml")))
+    assert clock_fraction(capped) == pytest.approx(0.8) and 0.8 < clock_fraction(capped, 0.7) <= 1.0
 
 
 def test_jean_zay_network_is_the_measured_omni_path_figure():

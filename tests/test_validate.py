@@ -36,8 +36,9 @@ def test_packaged_rows_are_the_shared_dev_rows_with_sources():
 #: HOST_QUANTIZE_S cs 300 -> 277 us): MoE recipes 5.8 -> 4.8%, Bridge 5.9 -> 7.1% (its cross-node DeepSeek-V3 H100
 #: row -12.8 -> -17.1%, GB200 Qwen3 -13.5 -> -16.4%), while LOGO improves 7.46 -> 7.25% (test below).
 #: 5.42 -> 5.25% with that DeepSeek-V3 H100 row's EP overlap (setup.ep_overlap, from the 25.09 run script; its
-#: source had been a 2026 preset): -17.1 -> -1.6%, Bridge 7.1 -> 5.8%.
-ACHIEVED_MAX_MAPE = 5.3
+#: source had been a 2026 preset): -17.1 -> -1.6%, Bridge 7.1 -> 5.8%. 5.25 -> 5.31% with each kernel throttled
+#: by its own activity under a power cap (gemm.clock_fraction): torchtitan 4.9 -> 5.0% in-sample, 7.2 -> 5.4% LOGO.
+ACHIEVED_MAX_MAPE = 5.35
 ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 4.8, "nemo_bridge_perf_summary": 5.8, "nemo_2407_perf_summary": 5.9,
                        "megatron_h100_weak_scaling": 7.9}
 
@@ -214,7 +215,9 @@ def test_duplicate_row_ids_are_refused(run_cli, tmp_path):
 #: 7.46 -> 7.25 with the EP all-to-alls in 16 bits (Megatron-LM does not dispatch FP8): NeMo-Bridge 12.9 -> 11.8,
 #: MoE recipes 10.0 -> 8.7. 7.25 -> 7.21 with the Bridge DeepSeek-V3 H100 row's EP overlap: NeMo-Bridge 11.8 -> 11.1,
 #: MoE recipes 8.7 -> 9.6 (held out, EP_OVERLAP_EXPOSED is now set by that row, and their Qwen3-235B B200 row moves).
-ACHIEVED_LOGO_MAPE = 7.25
+#: 7.21 -> 6.63 with attention below the power cap unthrottled (gemm.clock_fraction's activity) and the refit
+#: (POWER_CLOCK_EXPONENT 3 -> 2, off its range's edge): torchtitan 7.24 -> 5.37.
+ACHIEVED_LOGO_MAPE = 6.7
 ACHIEVED_LOGO_GROUP_MAPE = {"nemo_bridge_perf_summary": 11.2}
 
 
