@@ -99,14 +99,9 @@ def gemm_rate(cluster: ClusterSpec, precision: str) -> float:
     sustained clock under the board power limit (``clock_fraction``, 1 without a power cap). fp32 training runs its
     GEMMs at the TF32 peak with the 16-bit MAMF efficiency (same tensor cores; no TF32 MAMF measurement in
     hardware.yaml)."""
-    cal = cluster.calibration.gemm_efficiency
-    half = half_dtype(cluster)
-    if precision == "fp8" and "fp8" in cluster.gpu.peak_flops:
-        return cluster.gpu.peak_flops["fp8"] * cal.get("fp8", cal.get(half, 0.7)) * clock_fraction(cluster)
     if precision == "fp32":
         precision = peak_dtype(cluster, precision)
-    p = precision if precision in cluster.gpu.peak_flops else half
-    return cluster.gpu.peak_flops[p] * cal.get(p, cal.get(half, 0.7)) * clock_fraction(cluster)
+    return mamf_rate(cluster, precision) * clock_fraction(cluster)
 
 
 def hbm_rate(cluster: ClusterSpec) -> float:
