@@ -371,16 +371,15 @@ def _attention_widths(model: ModelSpec) -> tuple[float, float, float, float]:
 
 
 def activation_bytes_per_layer(model: ModelSpec, job: TrainingJob, par: ParallelConfig, layer: int,
-                               framework: str = "megatron", capacity_factor: float | None = None) -> float:
+                               framework: str = "megatron") -> float:
     """Stored activation bytes of one decoder layer for one micro-batch on one GPU under ``par.recompute``
     ``none`` or ``selective`` (K22 Sec. 4.1, generalised as described in the module docstring): the sum of
     ``activation_terms_per_layer``."""
-    return sum(activation_terms_per_layer(model, job, par, layer, framework, capacity_factor).values())
+    return sum(activation_terms_per_layer(model, job, par, layer, framework).values())
 
 
 def activation_terms_per_layer(model: ModelSpec, job: TrainingJob, par: ParallelConfig, layer: int,
-                               framework: str = "megatron",
-                               capacity_factor: float | None = None) -> dict[str, float]:
+                               framework: str = "megatron") -> dict[str, float]:
     """``activation_bytes_per_layer`` split by the tensor that holds the bytes (one micro-batch, one GPU):
     ``attn_norm_in`` / ``mlp_norm_in`` (the two norm inputs), ``qkv_in`` / ``fc1_in`` (the QKV and fc1 GEMM inputs:
     the norm outputs), ``dropout_masks``, ``qkv`` (Q, K, V), ``attn_out`` (the attention output, also the output
@@ -397,7 +396,7 @@ def activation_terms_per_layer(model: ModelSpec, job: TrainingJob, par: Parallel
     gemm_in = 1 if job.precision == "fp8" else ab  # TE keeps FP8 GEMM inputs (1 byte)
     mult = 2 if model.gated_mlp else 1
     is_moe = model.moe is not None and model.is_moe_layer(layer)
-    capacity_factor = expert_buffer_factor(model, job, par, capacity_factor) if is_moe else capacity_factor
+    capacity_factor = expert_buffer_factor(model, job, par) if is_moe else None
     f = (model.moe.dense_ffn_hidden_size if model.moe and model.moe.dense_ffn_hidden_size else model.ffn_hidden_size)
 
     if framework == "torchtitan" and par.recompute == "selective":
@@ -448,14 +447,13 @@ def activation_terms_per_layer(model: ModelSpec, job: TrainingJob, par: Parallel
     return out
 
 
-def expert_buffer_factor(model: ModelSpec, job: TrainingJob, par: ParallelConfig,
-                         capacity_factor: float | None = None) -> float:
+def expert_buffer_factor(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> float:
     """Routed token copies held by the busiest expert-parallel rank over the balanced share (dimensionless): the
-    capacity factor when one pads the expert buffers (``--moe-expert-capacity-factor`` with
-    ``--moe-pad-expert-input-to-capacity``: every expert holds exactly that many), else dropless routing's
-    imbalance ``moe_imbalance.rank_load_ratio`` for ``job.expert_load_imbalance`` (1 at ep 1, growing with ep).
-    ``capacity_factor`` None: the job's (``TrainingJob.moe_expert_capacity_factor``)."""
-    capacity_factor = capacity_factor or getattr(job, "moe_expert_capacity_factor", None)
+    job's capacity factor when it pads the expert buffers (``TrainingJob.moe_expert_capacity_factor``:
+    ``--moe-expert-capacity-factor`` with ``--moe-pad-expert-input-to-capacity``, every expert holds exactly that
+    many), else dropless routing's imbalance ``moe_imbalance.rank_load_ratio`` for ``job.expert_load_imbalance`` (1
+    at ep 1, growing with ep)."""
+    capacity_factor = getattr(job, "moe_expert_capacity_factor", None)
     if capacity_factor:
         return capacity_factor
     if model.moe is None:
@@ -537,13 +535,12 @@ def _kind_representatives(model: ModelSpec) -> list[int]:
 
 
 def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, *,
-                    framework: str | None = None, capacity_factor: float | None = None,
-                    reserve_bytes: float | None = None) -> MemoryEstimate:
+                    framework: str | None = None, reserve_bytes: float | None = None) -> MemoryEstimate:
     """Per-stage, per-phase memory of ``par`` (bytes). ``capacity_bytes`` is the GPU's memory (nvidia-smi).
 
     ``framework`` (megatron | deepspeed | torchtitan; default ``job.framework``) selects the model-state bytes,
-    the logits/loss implementation and the transient buffers; ``capacity_factor`` pads MoE expert buffers;
-    ``reserve_bytes`` overrides the cluster's calibrated reserve.
+    the logits/loss implementation and the transient buffers (a MoE job's ``moe_expert_capacity_factor`` pads the
+    expert buffers); ``reserve_bytes`` overrides the cluster's calibrated reserve.
 
     Raises:
         LayoutError: the layer split is impossible for this ``pp``.
@@ -567,7 +564,7 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
     reserve = float(cluster.calibration.memory_reserve_bytes if reserve_bytes is None else reserve_bytes)
     tokens = job.seq_length / par.cp * par.micro_batch_size
     # activations depend on the layer only through is_moe_layer (dense or MoE MLP)
-    terms_by_kind = {model.is_moe_layer(i): activation_terms_per_layer(model, job, par, i, fw, capacity_factor)
+    terms_by_kind = {model.is_moe_layer(i): activation_terms_per_layer(model, job, par, i, fw)
                      for i in _kind_representatives(model)}
     act_by_kind = {k: sum(v.values()) for k, v in terms_by_kind.items()}
     # bytes activation offloading moves to the host per layer (cost_models/activation_offload.py)
@@ -577,7 +574,7 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
     moe_copies = 0.0
     if model.moe is not None:
         local = tokens / (par.tp if par.sequence_parallel else 1)
-        moe_copies = local * model.moe.top_k * expert_buffer_factor(model, job, par, capacity_factor)
+        moe_copies = local * model.moe.top_k * expert_buffer_factor(model, job, par)
     out: list[StageMemory] = []
     for stage, layers in enumerate(ranges):
         sp = stage_params(model, par, stage, layers, vocab)

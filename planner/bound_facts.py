@@ -57,7 +57,7 @@ def layer_lb(model, cluster, job, par, layer, groups, exposed_comm: bool = False
         # the FP8 recipe estimate_step assumes when the evaluation gives none
         recipe = default_host_cost_class(cluster, model, par)
         host_f, host_b = stm.moe_host_exposed_s(model, cluster, job, par, layer, "megatron", recipe, False,
-                                                (x.gemm + x.attn_f + x.mem, 2 * x.gemm + x.attn_b + 2 * x.mem))
+                                                (x.compute_forward_s(), x.compute_backward_s()))
     except Exception:  # pragma: no cover - depends on another module's private API
         return 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
     comp_f = x.gemm + x.attn_f + x.mem + routing / 3 + host_f

@@ -51,8 +51,7 @@ def test_expert_buffers_are_the_busiest_ranks_and_a_capacity_factor_pads_them():
     for ep in (1, 2, 4, 8):
         par = ParallelConfig(dp=64, ep=ep, zero_stage=1)
         assert expert_buffer_factor(m, job, par) == rank_load_ratio(8, ep)
-        assert expert_buffer_factor(m, job, par, capacity_factor=1.25) == 1.25  # padded to capacity: exactly that
-        # the job's drop-and-pad capacity (plan / evaluate / memory --capacity-factor) pads the same
+        # the job's drop-and-pad capacity (plan / evaluate / memory --capacity-factor): padded to it, exactly that
         padded = job.model_copy(update={"moe_expert_capacity_factor": 1.25})
         assert expert_buffer_factor(m, padded, par) == 1.25
     with pytest.raises(ValueError):
