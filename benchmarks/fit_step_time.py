@@ -15,7 +15,7 @@ import argparse
 import sys
 import time
 
-from planner.calibration import RowErrors, cross_validate, fit, parameters
+from planner.calibration import RowErrors, cross_validate, fit, parameters, start_at_midpoints
 from planner.validation import load_rows
 
 
@@ -30,10 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     params = parameters()
     t0 = time.perf_counter()
 
-    # (1) refit on all rows, from the shipped values
+    # (1) refit on all rows, from the middle of every range (as each LOGO fold is fitted)
     shipped = {p.name: p.get() for p in params}
     data = RowErrors.of(rows)
     data.find_dependencies(params)
+    start_at_midpoints(params)
+    data.predict(range(len(data.rows)))
     refit = fit(data, range(len(data.rows)), params)
     for p in params:
         p.set(shipped[p.name])

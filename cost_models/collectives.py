@@ -27,8 +27,8 @@ from .layout import GroupPlacement
 
 #: Share of TP communication left exposed when TP communication overlap is on (Megatron ``--tp-comm-overlap``,
 #: torchtitan async TP): Transformer Engine's userbuffers pipeline the collectives with the GEMM chunks; the fit
-#: finds them fully hidden in NeMo/Megatron and 58% exposed with torchtitan's async TP.
-TP_OVERLAP_EXPOSED = {"megatron": 0.0, "nemo": 0.0, "torchtitan": 0.5833}
+#: finds them fully hidden in NeMo/Megatron and 64% exposed with torchtitan's async TP.
+TP_OVERLAP_EXPOSED = {"megatron": 0.0, "nemo": 0.0, "torchtitan": 0.641666}
 #: Share of EP all-to-all left exposed when the framework overlaps it with another micro-batch's compute
 #: (Megatron-LM ``--overlap-moe-expert-parallel-comm`` / Megatron-Bridge ``moe_a2a_overlap``, DeepSeek-V3
 #: Sec. 3.2.1 "DualPipe"-style overlap). Fitted (benchmarks/fit_step_time.py) on the rows that run it: Megatron MoE
@@ -47,6 +47,41 @@ FIT_RANGES = {
     "EP_OVERLAP_EXPOSED": FitRange(0.0, 1.0, "share of EP all-to-all exposed",
                                    "0: fully hidden under the other micro-batch's compute; 1: no overlap"),
 }
+
+
+#: Frameworks whose tensor-parallel linears run the backward's TP collectives of each column-parallel linear (QKV,
+#: fc1) asynchronously under that linear's own backward GEMMs: the input-gradient all-reduce (reduce-scatter with
+#: sequence parallelism) under the weight-gradient GEMM, and with sequence parallelism the re-gather of the saved
+#: input shard under the input-gradient GEMM. Megatron-LM's ``LinearWithGradAccumulationAndAsyncCommunication``
+#: (``--async-tensor-model-parallel-allreduce``, on by default from 2021-09, commit 16c90445; ``megatron/core/
+#: tensor_parallel/layers.py`` today) and Transformer Engine's ``Linear`` backward ("Overlap dgrad-RS/AR with wgrad"),
+#: which NeMo runs. Not Megatron-DeepSpeed's BLOOM-era fork (``copy_to_tensor_model_parallel_region``: a blocking
+#: all-reduce) nor PyTorch DTensor TP (torchtitan without async TP).
+ASYNC_TP_BACKWARD_FRAMEWORKS = ("megatron", "nemo")
+#: The column-parallel linears' backward GEMMs that hide those collectives, over the layer's forward GEMM time: their
+#: weight-gradient GEMMs alone are 7/12 of GPT-3's layer GEMM FLOPs (QKV 3h^2 + fc1 4h^2 of 12h^2) and 8.5/13 of
+#: Llama 3 8B's; 0.5 is below both (counted, not fitted).
+TP_BACKWARD_OVERLAP_WINDOW = 0.5
+
+
+def tp_backward_shares(fw_base: str, tp_comm_overlap: bool, sequence_parallel: bool,
+                       async_backward: bool | None = None) -> tuple[float, float]:
+    """(exposed, overlapped) shares of a layer's forward TP seconds (``tp_layer_s``) that its backward runs.
+
+    With TP communication overlap (``tp_comm_overlap``): ``tp_exposed_share``, as forward. Otherwise, where the
+    framework runs the column-parallel linears' collectives asynchronously (``async_backward``; None =
+    ``fw_base in ASYNC_TP_BACKWARD_FRAMEWORKS``): without sequence parallelism the backward's two all-reduces (one per
+    attention / MLP block, at the column-parallel inputs) are overlapped (0, 1); with it, each block's all-gather of
+    the output gradient before the row-parallel linear is on the critical path (half the forward's collectives), its
+    reduce-scatter and input re-gather are overlapped (0.5, 1) (Korthikanti et al. 2022 Sec. 4.2.2, Fig. 6: g and
+    g-bar). Blocking collectives: (1, 0)."""
+    if tp_comm_overlap:
+        return tp_exposed_share(fw_base, True), 0.0
+    if async_backward is None:
+        async_backward = fw_base in ASYNC_TP_BACKWARD_FRAMEWORKS
+    if not async_backward:
+        return 1.0, 0.0
+    return (0.5 if sequence_parallel else 0.0), 1.0
 
 
 def tp_exposed_share(fw_base: str, tp_comm_overlap: bool) -> float:

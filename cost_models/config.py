@@ -94,6 +94,11 @@ class TrainingJob(BaseModel):
         "native", description="Megatron --cross-entropy-fusion-impl: 'native' (Megatron's fused vocab-parallel "
                               "cross entropy, bf16 logits + fp32 copy kept) or 'te' (Transformer Engine "
                               "parallel_cross_entropy: gradient written in place into the bf16 logits)")
+    cross_entropy_loss_fusion: bool | None = Field(
+        None, description="fused cross-entropy loss: Megatron --cross-entropy-loss-fusion (jit-fused vocab-parallel "
+                          "loss), torchtitan's torch.compile'd loss; None = the framework's default (Megatron-LM, "
+                          "Megatron-DeepSpeed: unfused; NeMo 2.0: fused; torchtitan: compiled when the model is). HBM "
+                          "bytes per logit: cost_models/elementwise.py CE_BYTES_PER_LOGIT")
 
     @property
     def routed_token_factor(self) -> float:

@@ -4,8 +4,8 @@ Norms, residual adds, activation functions, rotary, dropout, MoE permutation: ``
 hidden state (divided by TP only under sequence parallelism, else replicated on every TP rank) and x the local
 attention heads' width (rotary, head layout copies), plus the MLP
 activation over the TP-sharded FFN width, plus FP8 casts of GEMM inputs and weights; backward = 2 x forward (the
-caller applies it). Output layer: the fused cross-entropy's passes over the ``V/tp`` logits; input: the
-embedding gather.
+caller applies it). Output layer: the cross-entropy's HBM bytes over the ``V/tp`` logits, by implementation
+(``CE_BYTES_PER_LOGIT``); input: the embedding gather.
 """
 from __future__ import annotations
 
@@ -94,8 +94,31 @@ def layer_passes(model: ModelSpec, framework: str) -> Passes:
 MOE_PERMUTE_PASSES = 4.0
 #: HBM bytes per element of one FP8 cast (read 16-bit, write 8-bit).
 FP8_CAST_BYTES = 3.0
-#: Bytes per element of the fp32 cross-entropy logits, and passes over them (softmax read/write, grad write).
-CE_PASSES = 3 * BYTES_FP32
+#: HBM bytes per logit of one micro-batch's cross-entropy (forward, backward) by implementation
+#: (``cross_entropy_impl``), counted kernel by kernel from each source; the logits GEMM writes 16-bit logits.
+#:
+#: * ``unfused``: Megatron-LM ``tensor_parallel.vocab_parallel_cross_entropy`` (``megatron/core/tensor_parallel/
+#:   cross_entropy.py`` at f2e5db40, 2024-07; the same ops in Megatron-DeepSpeed and the 2021 SC21 code):
+#:   forward ``.float()`` (read 2, write 4), ``max`` (4), in-place ``-= max`` (4 + 4), in-place ``exp`` (4 + 4),
+#:   ``sum`` (4), in-place ``div_`` (4 + 4) = 38; backward in-place ``mul_`` (4 + 4) and the ``.float()``'s
+#:   backward cast to 16 bits (4 + 2) = 14.
+#: * ``native``: the same functions under ``jit_fuser`` (``--cross-entropy-loss-fusion``,
+#:   ``megatron/core/fusions/fused_cross_entropy.py``; ``torch.compile`` from PyTorch 2.2): the cast fused with the
+#:   max (2 + 4), subtract / exp / sum in one kernel (4 + 4), ``div_`` (4 + 4) = 22; backward ``mul_`` written back
+#:   into the saved softmax and cast (4 + 4 + 2) = 10.
+#: * ``te``: Transformer Engine's Triton ``parallel_cross_entropy`` (``transformer_engine/pytorch/triton/
+#:   cross_entropy.py``, v2.8): ``online_softmax_kernel`` reads the 16-bit logits (2), ``cross_entropy_kernel``
+#:   reads them again and writes the gradient in place (2 + 2) = 6; backward ``element_mul_kernel`` scales it in
+#:   place by the per-token loss gradient (2 + 2) = 4.
+#: * ``eager``: PyTorch ``F.cross_entropy(pred.float(), labels)`` (torchtitan ``train.py`` at ba246978, 2024-12):
+#:   ``.float()`` (2 + 4), ``log_softmax`` over rows too long for shared memory (``cunn_SoftMaxForward``: max,
+#:   sum-exp and write passes, 4 + 4 + 4 + 4) = 22; backward ``nll_loss`` zero-filled gradient (4),
+#:   ``log_softmax_backward`` (sum pass 4, then 4 + 4 + 4) and the cast (4 + 2) = 26.
+#: * ``compiled``: the same under ``torch.compile`` (torchtitan ``components/loss.py`` ``build_cross_entropy_loss``,
+#:   2025): Inductor reads the 16-bit logits for the max and the sum-exp (2 + 2) and saves only the row statistics;
+#:   backward recomputes the softmax from the logits and writes the 16-bit gradient (2 + 2).
+CE_BYTES_PER_LOGIT: dict[str, tuple[float, float]] = {
+    "unfused": (38.0, 14.0), "native": (22.0, 10.0), "te": (6.0, 4.0), "eager": (22.0, 26.0), "compiled": (4.0, 4.0)}
 
 
 def layer_memory_bound_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, layer: int,
@@ -146,11 +169,36 @@ def fp8_cast_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: Pa
     return cast / hbm_rate(cluster)
 
 
-def cross_entropy_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig) -> float:
-    """Fused cross-entropy over the ``V/tp`` fp32 logits of one micro-batch (``CE_PASSES`` bytes per logit),
-    seconds; the same in forward and backward."""
-    tok = par.micro_batch_size * job.seq_length / par.cp
-    return CE_PASSES * tok * model.padded_vocab_size(par.tp) / par.tp / hbm_rate(cluster)
+def cross_entropy_impl(job: TrainingJob, framework: str) -> str:
+    """The cross-entropy implementation (a ``CE_BYTES_PER_LOGIT`` key) the framework runs for ``job``:
+    Transformer Engine's where the job asks for it (``TrainingJob.cross_entropy_fusion_impl`` 'te', which the
+    Megatron launch passes with ``--cross-entropy-loss-fusion``); else by ``TrainingJob.cross_entropy_loss_fusion``,
+    None meaning the framework's default: Megatron-LM and Megatron-DeepSpeed run the unfused vocab-parallel loss
+    (``--cross-entropy-loss-fusion`` is off by default, ``megatron/training/arguments.py``); NeMo 2.0 fuses it
+    (``GPTConfig.cross_entropy_loss_fusion = True`` since NeMo PR 10209, 2024-09); torchtitan compiles the loss with
+    the model (``framework`` ``torchtitan_compile``; ``components/loss.py``) and runs it eagerly otherwise."""
+    if job.cross_entropy_fusion_impl == "te":
+        return "te"
+    fused = job.cross_entropy_loss_fusion
+    if framework.startswith("torchtitan"):
+        return "compiled" if (framework == "torchtitan_compile" if fused is None else fused) else "eager"
+    return "native" if (framework == "nemo" if fused is None else fused) else "unfused"
+
+
+def cross_entropy_bytes(job: TrainingJob, framework: str) -> tuple[float, float]:
+    """(forward, backward) HBM bytes per logit of the framework's cross-entropy for ``job`` (``CE_BYTES_PER_LOGIT``
+    of ``cross_entropy_impl``)."""
+    return CE_BYTES_PER_LOGIT[cross_entropy_impl(job, framework)]
+
+
+def cross_entropy_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
+                    framework: str) -> tuple[float, float]:
+    """(forward, backward) seconds of the cross-entropy over the ``V/tp`` logits of one micro-batch:
+    ``cross_entropy_bytes`` at the HBM bandwidth."""
+    logits = par.micro_batch_size * job.seq_length / par.cp * model.padded_vocab_size(par.tp) / par.tp
+    fwd_b, bwd_b = cross_entropy_bytes(job, framework)
+    hbm = hbm_rate(cluster)
+    return fwd_b * logits / hbm, bwd_b * logits / hbm
 
 
 def embedding_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig) -> float:

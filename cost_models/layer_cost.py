@@ -11,8 +11,9 @@ from cluster_specs.spec import ClusterSpec
 from model_zoo.spec import ModelSpec
 
 from .attention import attention_core_s
-from .collectives import cp_layer_s, ep_layer_s, tp_layer_s
+from .collectives import TP_BACKWARD_OVERLAP_WINDOW, cp_layer_s, ep_layer_s, tp_layer_s
 from .config import ParallelConfig, TrainingJob
+from .data_parallel import overlapped_exposed_s
 from .elementwise import layer_memory_bound_s
 from .gemm import layer_gemms_s, op_sac_recomputed_gemms_s
 from .layout import GroupPlacement
@@ -48,9 +49,17 @@ class LayerCost:
         """Exposed TP, CP and EP communication, forward (``tp_exposed`` / ``ep_exposed``: shares not overlapped)."""
         return self.tp * tp_exposed + self.cp + self.ep * ep_exposed
 
-    def comm_backward_s(self, tp_exposed: float, ep_exposed: float) -> float:
-        """Exposed TP, CP (K/V and their gradients: 2x) and EP communication, backward."""
-        return self.tp * tp_exposed + 2 * self.cp + self.ep * ep_exposed
+    def tp_backward_s(self, tp_shares: tuple[float, float]) -> float:
+        """Exposed TP seconds of the backward: the ``(exposed, overlapped)`` shares of ``tp``
+        (``collectives.tp_backward_shares``), the overlapped part charged what it takes beyond the column-parallel
+        linears' backward GEMMs (``TP_BACKWARD_OVERLAP_WINDOW`` x ``gemm``) and the slowdown of the GEMMs under it
+        (``data_parallel.overlapped_exposed_s``)."""
+        exposed, overlapped = tp_shares
+        return self.tp * exposed + overlapped_exposed_s(self.tp * overlapped, TP_BACKWARD_OVERLAP_WINDOW * self.gemm)
+
+    def comm_backward_s(self, tp_shares: tuple[float, float], ep_exposed: float) -> float:
+        """Exposed TP (``tp_backward_s``), CP (K/V and their gradients: 2x) and EP communication, backward."""
+        return self.tp_backward_s(tp_shares) + 2 * self.cp + self.ep * ep_exposed
 
 
 def layer_cost(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, layer: int,

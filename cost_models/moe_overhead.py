@@ -43,17 +43,17 @@ from .gemm import expert_gemms_s
 #: the two output gradients backward (``tex.split_quantize``); none in 16-bit.
 QUANTIZED_TENSORS_PER_EXPERT = 2
 #: Host seconds per expert GEMM call (``general_grouped_gemm``'s C++ loop: one cublasLtMatmul per expert). Fitted.
-HOST_GEMM_S = 14.33e-6
+HOST_GEMM_S = 20e-6
 #: Host seconds per quantized expert tensor, by FP8 recipe (``split_quantize`` in TE 2.8, ``csrc/extensions/
 #: cast.cpp``). ``mx`` (MXFP8 / blockwise): the outputs of all experts are bulk-allocated at once and each split
 #: gets a light ``*TensorStorage`` object and one cast launch (the block scales come out of the cast kernel).
 #: ``cs`` (per-tensor current scaling): each expert's output is allocated on its own (data, transpose, scale) as a
 #: ``Float8Tensor`` (a ``torch.Tensor`` subclass) and quantized by three launches: amax, scale, cast. Fitted; ``cs``
 #: sits near the top of its range, held there by one row (Bridge H100 Qwen3-30B-A3B FP8-CS, pp 2 x vpp 24).
-HOST_QUANTIZE_S = {"mx": 80e-6, "cs": 276.7e-6}
+HOST_QUANTIZE_S = {"mx": 65e-6, "cs": 276.7e-6}
 #: Seconds per routed token copy per MoE layer (forward + backward) of routing bookkeeping that is neither GEMM
 #: nor HBM-bandwidth bound (top-k, sort by expert, index computation, scatter). Fitted on the dev rows.
-MOE_TOKEN_COPY_S = 1.25e-8
+MOE_TOKEN_COPY_S = 2.083e-8
 
 #: Plausible ranges of the fitted constants above (``planner/calibration.py`` fits inside them).
 FIT_RANGES = {

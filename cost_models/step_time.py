@@ -27,8 +27,10 @@ Calibration. Data, with their sources: per GPU in the cluster YAMLs (``gemm_effi
 NCCL bus efficiencies and per-hop latencies; HBM bandwidth), and per operation in
 ``cluster_specs/data/efficiency/`` (``attention.yaml``: fused-attention kernel TFLOP/s against sequence length).
 Counted from the frameworks' source, not fitted: the elementwise passes of Megatron / NeMo (10, + 2 with rotary
-embeddings) and of torchtitan (eager and compiled, kernel by kernel), the per-expert host operations of TE 2.8's
-grouped GEMMs, the recompute (torchtitan's per-op policy included), ZeRO and pipeline schedules.
+embeddings) and of torchtitan (eager and compiled, kernel by kernel), the cross-entropy's bytes per logit of each
+implementation (``elementwise.CE_BYTES_PER_LOGIT``), which backward TP collectives run under the column-parallel
+GEMMs (``collectives.tp_backward_shares``), the per-expert host operations of TE 2.8's grouped GEMMs, the recompute
+(torchtitan's per-op policy included), ZeRO and pipeline schedules.
 Fitted: the constants listed in each module's ``FIT_RANGES`` (a physical quantity, its plausible range and why),
 inside those ranges, by ``planner/calibration.py`` on the dev rows of ``planner/data/published_runs_dev.yaml``
 (``benchmarks/fit_step_time.py`` prints them with their ranges and the leave-one-source-group-out errors):
@@ -37,16 +39,16 @@ inside those ranges, by ``planner/calibration.py`` on the dev rows of ``planner/
 constant (module)                            value     range       mainly constrained by
 ===========================================  ========  ==========  ==============================================
 ``KAPPA`` (gemm)                             2.25      0.5-4       small GEMMs: SC21 1.7-18B, H100 weak scaling
-``POWER_CLOCK_EXPONENT`` (gemm)              2.0       1-3         torchtitan on 500 W H100s vs 700 W H200s
+``POWER_CLOCK_EXPONENT`` (gemm)              2.17      1-3         torchtitan on 500 W H100s vs 700 W H200s
 ``ATTENTION_TRAINING_SHARE`` (attention)     0.6       0.4-1       long-sequence CP rows, 8k Llama rows
 ``UNFUSED_SCORE_PASSES`` (attention)         8         4-10        SC21 (unfused softmax + attention dropout)
 ``ELEMENTWISE_PASSES`` deepspeed             40        8-40        BLOOM rows (edge)
-``TP_OVERLAP_EXPOSED`` megatron / torchtitan 0 / 0.58  0-0.5/0-0.7 NeMo recipes / torchtitan async TP
+``TP_OVERLAP_EXPOSED`` megatron / torchtitan 0 / 0.64  0-0.5/0-0.7 NeMo recipes / torchtitan async TP
 ``EP_OVERLAP_EXPOSED`` (collectives)         0.33      0-1         MoE rows with EP overlap
-``HOST_GEMM_S`` (moe_overhead)               14 us     3-20 us     BF16 MoE recipe (Qwen3-30B-A3B H100)
-``HOST_QUANTIZE_S`` mx / cs                  80/277 us 10-120/     FP8 MoE rows; cs near its range's top (one row)
+``HOST_GEMM_S`` (moe_overhead)               20 us     3-20 us     BF16 MoE recipe (Qwen3-30B-A3B H100); range top
+``HOST_QUANTIZE_S`` mx / cs                  65/277 us 10-120/     FP8 MoE rows; cs near its range's top (one row)
                                                        20-300 us
-``MOE_TOKEN_COPY_S`` (moe_overhead)          12.5 ns   0-50 ns     MoE rows (Qwen3, DeepSeek-V3)
+``MOE_TOKEN_COPY_S`` (moe_overhead)          20.8 ns   0-50 ns     MoE rows (Qwen3, DeepSeek-V3)
 ===========================================  ========  ==========  ==============================================
 
 ``OVERLAP_COMPUTE_SLOWDOWN`` (0.189) is not fitted: Lee et al. 2025 (arXiv 2507.03114) average measured slowdown of
@@ -58,9 +60,10 @@ power cap (``gemm.UNCORE_POWER_FRACTION``). Read from the rows' recipes (each ro
 ``planner/row_options.py``): DeepSeek-V3 node-limited routing in the EP all-to-all (``ep_domain_copies``), Megatron
 pipeline layouts and the Megatron-Bridge DeepSeek-V3 presets (EP overlap, full-iteration CUDA graph).
 
-Result on the dev rows (``plan3d validate --cross-validate``, 91 evaluated rows): MAPE 5.32% in-sample, 7.46%
-leave-one-source-group-out (Megatron-Bridge 12.9%, the only group of >= 3 rows above 10%); Korthikanti et al. 2022
-Table 5 (held out, ``tests/test_korthikanti_table5.py``): 2.74% mean, 5.92% max.
+Result on the dev rows (``plan3d validate --cross-validate``, 91 evaluated rows): MAPE 5.26% in-sample, 6.66%
+leave-one-source-group-out, each fold fitted from the middle of the ranges (the Megatron-LM MoE recipes 13.5%, the
+only group of >= 3 rows above 10%: held out, their host-time constants come from Transformer Engine 2.8 rows);
+Korthikanti et al. 2022 Table 5 (held out, ``tests/test_korthikanti_table5.py``): 1.95% mean, 4.42% max.
 """
 from __future__ import annotations
 
@@ -72,12 +75,13 @@ from model_zoo.spec import ModelSpec
 from .attention import (ATTN_BWD_FACTOR, ATTN_HALF_SEQ, DEFAULT_ATTENTION_EFFICIENCY,  # noqa: F401 (re-exported)
                         UNFUSED_SCORE_PASSES, attention_efficiency)
 from .collectives import (EP_OVERLAP_EXPOSED, TP_OVERLAP_EXPOSED, ep_domain_copies,  # noqa: F401 (re-exported)
-                          ep_exposed_share, pipeline_p2p_s, tp_exposed_share)
+                          ep_exposed_share, pipeline_p2p_s, tp_backward_shares, tp_exposed_share)
 from .activation_offload import offloaded_bytes, transfer_exposed_s
 from .config import BYTES_16BIT, BYTES_FP32, FlopsConvention, ParallelConfig, TrainingJob
 from .data_parallel import (FSDP_REDUCE_EVERY_MICROBATCH, OVERLAP_COMPUTE_SLOWDOWN,  # noqa: F401 (re-exported)
                             dp_exposed_s, dp_sync_s, fsdp_exposed_s)
-from .elementwise import CE_PASSES, ELEMENTWISE_PASSES, cross_entropy_s, embedding_s  # noqa: F401 (re-exported)
+from .elementwise import (CE_BYTES_PER_LOGIT, ELEMENTWISE_PASSES, cross_entropy_bytes,  # noqa: F401 (re-exported)
+                          cross_entropy_s, embedding_s)
 from .flops import recomputed_layers, step_hardware_flops, step_model_flops
 from .fp8_recipe import default_host_cost_class
 from .gemm import (KAPPA, gemm_rate, gemm_time, hbm_rate, peak_dtype,  # noqa: F401 (re-exported)
@@ -170,8 +174,8 @@ class _Stages:
 
 
 def _stage_times(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, framework: str,
-                 chunks: list[list[list[int]]], lc, tp_exp: float, ep_exp: float, ep_hide: float, fp8_recipe: str,
-                 full_cuda_graph: bool) -> _Stages:
+                 chunks: list[list[list[int]]], lc, tp_exp: float, tp_b: tuple[float, float], ep_exp: float,
+                 ep_hide: float, fp8_recipe: str, full_cuda_graph: bool) -> _Stages:
     """Sum the layer costs over each model chunk: forward, backward (+ recompute), the output layer and MTP
     modules on the last virtual stage, the embedding on the first. ``ep_hide``: share of each layer's EP all-to-all
     a paired forward/backward hides behind the partner's compute (DualPipe, DualPipeV, combined 1F1B)."""
@@ -198,12 +202,12 @@ def _stage_times(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: 
                 x = lc(i)
                 full_i = i in rc_layers
                 fwd_i, bwd_i = layer_pass_s(model, cluster, job, par, i, x, framework, tp_exp, ep_exp, fp8_recipe,
-                                            full_cuda_graph, full_i)
+                                            full_cuda_graph, full_i, tp_b)
                 off = 0.0 if full_i else off_kind.get(model.moe is not None and model.is_moe_layer(i), 0.0)
                 if off:
                     # the copy runs under the layer's forward compute (D2H) and its backward (H2D reload)
                     off = transfer_exposed_s(off, x.compute_forward_s(), link) + \
-                        transfer_exposed_s(off, bwd_i - x.comm_backward_s(tp_exp, ep_exp), link)
+                        transfer_exposed_s(off, bwd_i - x.comm_backward_s(tp_b, ep_exp), link)
                     out.exposed["host"][r] += off
                     bwd_i += off
                 # TP share that recompute re-runs (``layer_pass_s``)
@@ -213,11 +217,11 @@ def _stage_times(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: 
                 out.wgt[k] += x.gemm  # the weight-gradient GEMMs: one of the backward's two per forward GEMM
                 out.hide_f[k] += ep_hide * x.ep
                 out.hide_b[k] += ep_hide * x.ep
-                out.exposed["tp"][r] += (2 + rc_tp) * x.tp * tp_exp
+                out.exposed["tp"][r] += (1 + rc_tp) * x.tp * tp_exp + x.tp_backward_s(tp_b)
                 out.exposed["cp"][r] += 3 * x.cp
                 out.exposed["ep"][r] += ep_exp * (2 * x.ep + (x.ep if full_i else 0))
             if k == n - 1:
-                lf, lb, lw = output_layer_s(model, cluster, job, par, framework, lc, tp_exp, ep_exp)
+                lf, lb, lw = output_layer_s(model, cluster, job, par, framework, lc, tp_exp, ep_exp, tp_b)
                 f += lf
                 bw += lb
                 out.wgt[k] += lw
@@ -232,17 +236,18 @@ def _stage_times(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: 
 
 def layer_pass_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, layer: int,
                  x: LayerCost, framework: str, tp_exp: float, ep_exp: float, fp8_recipe: str, full_cuda_graph: bool,
-                 full_recompute: bool) -> tuple[float, float]:
+                 full_recompute: bool, tp_b: tuple[float, float] | None = None) -> tuple[float, float]:
     """(forward, backward + recompute) seconds of decoder layer ``layer`` (costs ``x``, ``layer_cost.layer_cost``)
     for one micro-batch on one GPU: compute, the exposed TP / CP / EP communication (``tp_exp`` / ``ep_exp``: the
-    shares not overlapped), MoE routing bookkeeping and the host time of the per-expert work the GPU cannot hide,
+    forward shares not overlapped; ``tp_b``: the backward's TP shares, ``collectives.tp_backward_shares``, None =
+    ``(tp_exp, 0)``), MoE routing bookkeeping and the host time of the per-expert work the GPU cannot hide,
     and what recompute re-runs before the backward: the whole forward under full recompute of the layer, else
     selective recompute's modules (with the TP all-gathers of torchtitan's per-op policy)."""
     routing = moe_routing_s(model, job, par, layer)
     host_f, host_b = moe_host_exposed_s(model, cluster, job, par, layer, framework, fp8_recipe, full_cuda_graph,
                                         (x.compute_forward_s(), x.compute_backward_s()))
     fwd = x.compute_forward_s() + routing / 3 + host_f + x.comm_forward_s(tp_exp, ep_exp)
-    bwd = x.compute_backward_s() + 2 * routing / 3 + host_b + x.comm_backward_s(tp_exp, ep_exp)
+    bwd = x.compute_backward_s() + 2 * routing / 3 + host_b + x.comm_backward_s(tp_b or (tp_exp, 0.0), ep_exp)
     if full_recompute:
         return fwd, bwd + fwd
     if par.recompute != "selective":
@@ -252,21 +257,22 @@ def layer_pass_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: 
 
 
 def output_layer_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, framework: str,
-                   lc, tp_exp: float, ep_exp: float) -> tuple[float, float, float]:
+                   lc, tp_exp: float, ep_exp: float,
+                   tp_b: tuple[float, float] | None = None) -> tuple[float, float, float]:
     """(forward, backward, the backward's logits weight-gradient GEMMs) seconds of the output layer (logits GEMM +
-    fused cross-entropy over ``V/tp`` fp32 logits) and of each multi-token-prediction module (DeepSeek-V3 Sec. 2.2:
-    projection 2h -> h, one more decoder layer, its own logits), which run on the last stage (Megatron-LM
-    ``mtp_num_layers``)."""
+    cross-entropy over the ``V/tp`` logits, ``elementwise.cross_entropy_s``) and of each multi-token-prediction
+    module (DeepSeek-V3 Sec. 2.2: projection 2h -> h, one more decoder layer, its own logits), which run on the last
+    stage (Megatron-LM ``mtp_num_layers``). ``tp_b``: as in ``layer_pass_s``."""
     lg = logits_gemm_s(model, cluster, job, par, framework)
-    ce = cross_entropy_s(model, cluster, job, par)
+    ce_f, ce_b = cross_entropy_s(model, cluster, job, par, framework)
     n_heads = 1 + model.num_mtp_layers
-    f = n_heads * (lg + ce)
-    bw = n_heads * (2 * lg + ce)
+    f = n_heads * (lg + ce_f)
+    bw = n_heads * (2 * lg + ce_b)
     for _ in range(model.num_mtp_layers):
         x = lc(model.num_layers - 1)
         proj = mtp_projection_s(model, cluster, job, par, framework)
         f += x.gemm + x.attn_f + x.mem + proj + x.tp * tp_exp + x.ep * ep_exp
-        bw += 2 * (x.gemm + x.mem + proj) + x.attn_b + x.tp * tp_exp + x.ep * ep_exp
+        bw += 2 * (x.gemm + x.mem + proj) + x.attn_b + x.tp_backward_s(tp_b or (tp_exp, 0.0)) + x.ep * ep_exp
     return f, bw, n_heads * lg
 
 
@@ -289,7 +295,8 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
                   convention: FlopsConvention = "megatron", framework: str | None = None,
                   tp_comm_overlap: bool | None = None, overlap_dp: bool | None = None,
                   ep_overlap: bool = False, full_cuda_graph: bool = False,
-                  fp8_recipe: str | None = None, stages: frozenset[int] | None = None) -> StepEstimate:
+                  fp8_recipe: str | None = None, stages: frozenset[int] | None = None,
+                  async_tp_backward: bool | None = None) -> StepEstimate:
     """Step time of ``par`` on ``cluster`` (see module docstring). Raises ``LayoutError`` on an impossible split.
 
     ``framework`` selects the kernel set (``elementwise.layer_passes``: megatron, nemo, deepspeed, torchtitan,
@@ -306,7 +313,9 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     ``par.pipeline_layout`` (Megatron ``--pipeline-model-parallel-layout``) places the layers per model chunk instead
     of the even / first-last split; the embedding sits on the first chunk, the output layer and MTP on the last.
     ``stages``: the pipeline ranks whose per-rank terms are reported (busiest rank, exposed TP/CP/EP, data-parallel
-    reduction of the largest stage, optimizer step); None = all. A pipeline whose stages sit on pools of different
+    reduction of the largest stage, optimizer step); None = all. ``async_tp_backward``: the column-parallel linears'
+    backward TP collectives run under their backward GEMMs (``collectives.tp_backward_shares``); None = the
+    framework's default (Megatron-LM since 2021-09 and NeMo: yes). A pipeline whose stages sit on pools of different
     GPUs and networks (``cost_models.pools``) times each pool's ranks on that pool's cluster.
     """
     framework = framework or getattr(job, "framework", None) or "megatron"
@@ -324,13 +333,14 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
         return cache[key]
 
     tp_exp, ep_exp = tp_exposed_share(fw_base, tp_comm_overlap), ep_exposed_share(ep_overlap)
+    tp_b = tp_backward_shares(fw_base, tp_comm_overlap, par.sequence_parallel, async_tp_backward)
     # schedules that pair a forward with another micro-batch's backward hide the EP all-to-all of each behind the
     # other's compute, leaving EP_OVERLAP_EXPOSED of it (``pipeline_ops.fb_seconds``); not twice with ``ep_overlap``
     ep_hide = 0.0 if ep_overlap or par.pipeline_schedule not in PAIRING_SCHEDULES else 1.0 - EP_OVERLAP_EXPOSED
     v = chunks_per_rank(par.pipeline_schedule, par.vpp)
     ranges, chunks = rank_chunks(model.num_layers, par, v)
-    st_times = _stage_times(model, cluster, job, par, framework, chunks, lc, tp_exp, ep_exp, ep_hide, fp8_recipe,
-                            full_cuda_graph)
+    st_times = _stage_times(model, cluster, job, par, framework, chunks, lc, tp_exp, tp_b, ep_exp, ep_hide,
+                            fp8_recipe, full_cuda_graph)
     fwd_v, bwd_v = st_times.fwd, st_times.bwd
     own = (lambda r: True) if stages is None else stages.__contains__  # the ranks whose terms are reported
 

@@ -46,12 +46,16 @@ def layer_lb(model, cluster, job, par, layer, groups, exposed_comm: bool = False
     (``step_time.layer_pass_s``: ``moe_overhead.moe_routing_s`` and ``moe_host_exposed_s`` with the FP8 recipe the
     step model defaults to; the step model drops the host time only under a full-iteration CUDA graph, which the
     search never sets). ``exposed_comm``: TP
-    and EP communication fully exposed (the step model's defaults for Megatron-LM, DeepSpeed and torchtitan: TP
-    overlap only for NeMo, EP overlap only on request); otherwise at their smallest exposed share. Falls back to
+    and EP communication exposed as without overlap (the step model's defaults for Megatron-LM, DeepSpeed and
+    torchtitan: TP overlap only for NeMo, EP overlap only on request), the backward's TP at its blocking share under
+    Megatron's asynchronous schedule; otherwise at their smallest exposed share. Falls back to
     zeros (a trivially valid bound) if the step model's internals change."""
     try:
         x = stm._layer_cost(model, cluster, job, par, layer, "megatron", groups)
-        tp_exp = 1.0 if exposed_comm else min(1.0, float(getattr(stm, "TP_OVERLAP_EXPOSED", 0.0)))
+        tp_exp = 1.0 if exposed_comm else min(1.0, *stm.TP_OVERLAP_EXPOSED.values())
+        # the backward's TP on the critical path: at least the blocking share of the asynchronous schedule
+        # (``collectives.tp_backward_shares``; the overlapped share adds only a non-negative slowdown)
+        tp_exp_b = min(tp_exp, stm.tp_backward_shares("megatron", False, par.sequence_parallel)[0])
         ep_exp = 1.0 if exposed_comm else min(1.0, float(getattr(stm, "EP_OVERLAP_EXPOSED", 0.0)))
         routing = stm.moe_routing_s(model, job, par, layer)
         # the FP8 recipe estimate_step assumes when the evaluation gives none
@@ -63,7 +67,7 @@ def layer_lb(model, cluster, job, par, layer, groups, exposed_comm: bool = False
     comp_f = x.gemm + x.attn_f + x.mem + routing / 3 + host_f
     comp_b = 2 * x.gemm + x.attn_b + 2 * x.mem + 2 * routing / 3 + host_b
     comm_f = x.tp * tp_exp + x.ep * ep_exp
-    comm_b = x.tp * tp_exp + x.ep * ep_exp
+    comm_b = x.tp * tp_exp_b + x.ep * ep_exp
     return (comp_f + comm_f + x.cp, comp_b + comm_b + 2 * x.cp, x.attn_f, comp_f + comm_f + x.cp,
             x.gemm + x.attn_f + x.mem + comm_f, 2 * (x.gemm + x.mem) + x.attn_b + comm_b, x.ep)
 
@@ -85,7 +89,7 @@ class BoundContext:
     rate: float
     hbm: float
     el: float
-    ce_passes: float
+    ce_bytes: tuple[float, float]  # cross-entropy HBM bytes per logit (forward, backward)
     logit_bpe: float
     adam: float
     partial_rc: bool
@@ -130,7 +134,7 @@ def context(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, space: Sea
                if memory_headroom is not None else None)
     return BoundContext(model, cluster, job, framework, space, mem_lim, rep, prefix, fws,
                 float(cluster.calibration.memory_reserve_bytes), rate, hbm,
-                1.0 if job.precision == "fp8" else float(BYTES_16BIT), float(getattr(stm, "CE_PASSES", 0.0)),
+                1.0 if job.precision == "fp8" else float(BYTES_16BIT), stm.cross_entropy_bytes(job, framework),
                 logit_bpe, float(getattr(stm, "ADAM_HBM_BYTES_PER_PARAM", 0.0)),
                 framework.split("_")[0] in PARTIAL_RECOMPUTE_FRAMEWORKS, tuple(space.recompute),
                 model.num_mtp_layers, 1 if model.is_moe_layer(model.num_layers - 1) else 0)
@@ -412,7 +416,7 @@ class MicroBatchFacts:
     m: int
     tok: float
     lg: float          # output-layer GEMM forward seconds
-    ce: float          # cross-entropy seconds
+    ce: tuple[float, float]  # cross-entropy seconds (forward, backward)
     emb: float         # embedding seconds
     logits_b: float    # logits bytes
     lay: dict[bool, dict[int, tuple]]                        # sp -> type -> (f, b, rc_sel, rc_full) seconds
@@ -522,7 +526,7 @@ def _new_microbatch_facts(ctx: BoundContext, sf: StructureFacts, mbs: int) -> Mi
     h, vocab, tp = model.hidden_size, sf.vocab, st.tp
     lg = ctx.memo(("lg", tp, tok), lambda: stm.gemm_time(tok, h, vocab / tp, ctx.rate, ctx.hbm, ctx.el)
                   if hasattr(stm, "gemm_time") else 0.0)
-    ce = ctx.ce_passes * tok * vocab / tp / ctx.hbm
+    ce = ce_seconds(ctx, tok * vocab / tp)
     emb = 2 * BYTES_16BIT * tok * h / ctx.hbm
     logits_b = tok * vocab / tp * ctx.logit_bpe
     lay = {}
@@ -531,12 +535,18 @@ def _new_microbatch_facts(ctx: BoundContext, sf: StructureFacts, mbs: int) -> Mi
     return MicroBatchFacts(mbs, m, tok, lg, ce, emb, logits_b, lay)
 
 
-def end_extras(ctx: BoundContext, lt: dict[int, tuple], lg: float, ce: float) -> tuple[float, float]:
+def ce_seconds(ctx: BoundContext, logits: float) -> tuple[float, float]:
+    """(forward, backward) cross-entropy seconds over ``logits`` logits per micro-batch (``step_time``'s
+    ``cross_entropy_s``)."""
+    return ctx.ce_bytes[0] * logits / ctx.hbm, ctx.ce_bytes[1] * logits / ctx.hbm
+
+
+def end_extras(ctx: BoundContext, lt: dict[int, tuple], lg: float, ce: tuple[float, float]) -> tuple[float, float]:
     """Forward and backward seconds per micro-batch the last stage adds: the output layer (logits GEMM ``lg`` and
     the cross-entropy ``ce``) and each MTP module (its own logits, and one decoder layer without the CP ring:
     DeepSeek-V3 Sec. 2.2, ``step_time``)."""
     heads = 1 + ctx.n_mtp
-    f, b = heads * (lg + ce), heads * (2 * lg + ce)
+    f, b = heads * (lg + ce[0]), heads * (2 * lg + ce[1])
     if ctx.n_mtp and ctx.last_type in lt:
         f += ctx.n_mtp * lt[ctx.last_type][4]
         b += ctx.n_mtp * lt[ctx.last_type][5]

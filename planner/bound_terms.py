@@ -10,8 +10,8 @@ from cost_models.config import BYTES_16BIT
 from cost_models.memory import TOKEN_ID_BYTES
 from cost_models.pipeline import PAIRING_SCHEDULES
 
-from .bound_facts import (ZEROS, BoundContext, MicroBatchFacts, StructureFacts, decoder_sync_facts, end_extras,
-                          in_flight, layer_costs, microbatch_facts, p2p_seconds, rank_runs, round_trips, stm,
+from .bound_facts import (ZEROS, BoundContext, MicroBatchFacts, StructureFacts, ce_seconds, decoder_sync_facts,
+                          end_extras, in_flight, layer_costs, microbatch_facts, p2p_seconds, rank_runs, round_trips, stm,
                           with_comm, with_memory_facts)
 from .space import schedule_options, vpp_options
 
@@ -199,7 +199,7 @@ def busiest_rank_bounds(ctx: BoundContext, sf: StructureFacts, mbss, only_v1) ->
         lg = cache.get(("lg", tp, tok))
         if lg is None:
             lg = cache[("lg", tp, tok)] = stm.gemm_time(tok, h, vocab / tp, ctx.rate, ctx.hbm, ctx.el)
-        ce = ctx.ce_passes * tok * vocab / tp / ctx.hbm
+        ce = ce_seconds(ctx, tok * vocab / tp)
         emb = 2 * BYTES_16BIT * tok * h / ctx.hbm
         best = math.inf
         cells = _merge_cells(other_schedule_cells(ctx, sf, m, _vpps(ctx, st, m))) if sf.other_schedules else {}

@@ -83,16 +83,19 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: P
     dom = cluster.node.nvlink_domain_size
     groups = {d: group_placement(d, par, dom) for d in ("tp", "cp", "ep", "dp", "pp")}
     fp8_recipe = default_host_cost_class(cluster, model, par)
+    # the framework's TP schedule without TP communication overlap, as estimate_step defaults it
+    tp_b = stm.tp_backward_shares(framework.split("_")[0], False, par.sequence_parallel)
     per_kind, fwd = [0.0, 0.0], [0.0, 0.0]
     lc: dict[int, stm.LayerCost] = {}
     for kind, i in representatives(kinds).items():
         x = stm.layer_cost(model, cluster, job, par, i, framework, groups)
         lc[kind] = x
         f, b = stm.layer_pass_s(model, cluster, job, par, i, x, framework, 1.0, 1.0, fp8_recipe, False,
-                                par.recompute == "full")
+                                par.recompute == "full", tp_b)
         per_kind[kind] = f + b
         fwd[kind] = f
-    last_f, last_b, _ = stm.output_layer_s(model, cluster, job, par, framework, lambda i: lc[kinds[i]], 1.0, 1.0)
+    last_f, last_b, _ = stm.output_layer_s(model, cluster, job, par, framework, lambda i: lc[kinds[i]], 1.0, 1.0,
+                                           tp_b)
     last = last_f + last_b
     emb = stm.embedding_s(model, cluster, job, par)
     first = 3 * emb

@@ -4,7 +4,7 @@
 published-runs dataset. The published columns leave out things the model needs: the framework (kernel set and overlap
 defaults), how the source counts TFLOP/s, the machine when the GPU name alone does not say it (a power cap, a slow
 network), whether the run had fused attention, and recipe settings (selective-recompute modules, 16-bit gradient
-reduction, FP8 primary weights, precision-aware optimizer states, Transformer Engine cross entropy, pipeline layouts,
+reduction, FP8 primary weights, precision-aware optimizer states, the cross-entropy implementation, pipeline layouts,
 EP overlap, CUDA graphs, forced balanced MoE routing, drop-and-pad MoE routing). A row states them as data, each with its source, in a ``setup`` block (the header of
 ``planner/data/published_runs_dev.yaml`` lists the keys); nothing here is keyed on a source's name, so every dataset
 is held to the same physics. A published ``parallel.*`` value wins over ``setup``.
@@ -53,6 +53,9 @@ class RowSetup(BaseModel):
     exp_avg_dtype: Literal["fp32", "bf16"] | None = None
     exp_avg_sq_dtype: Literal["fp32", "bf16"] | None = None
     cross_entropy_fusion_impl: Literal["native", "te"] | None = None
+    cross_entropy_loss_fusion: bool | None = None
+    async_tp_backward: bool | None = None
+    overlap_grad_reduce: bool | None = None
     ep_overlap: bool | None = None
     full_cuda_graph: bool | None = None
     moe_router_force_load_balancing: bool | None = None
@@ -163,6 +166,10 @@ def row_options(row: dict[str, Any], framework: str = "megatron") -> RowOptions:
     if s.cross_entropy_fusion_impl is not None:
         out.job["cross_entropy_fusion_impl"] = s.cross_entropy_fusion_impl
         out.notes.append(f"cross entropy {s.cross_entropy_fusion_impl} ({setup_source(s, 'cross_entropy_fusion_impl')})")
+    if s.cross_entropy_loss_fusion is not None:
+        out.job["cross_entropy_loss_fusion"] = s.cross_entropy_loss_fusion
+        out.notes.append(f"cross-entropy loss {'fused' if s.cross_entropy_loss_fusion else 'not fused'} "
+                         f"({setup_source(s, 'cross_entropy_loss_fusion')})")
     return out
 
 

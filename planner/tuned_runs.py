@@ -77,8 +77,8 @@ def tuned_run_inputs(row: dict[str, Any], notes: list[str]) -> TunedInputs | str
         return built
     model, cluster, seq = built
     setup = row_setup(row)
-    job_extra = {"cross_entropy_fusion_impl": setup.cross_entropy_fusion_impl} if setup.cross_entropy_fusion_impl \
-        else {}
+    job_extra = {k: getattr(setup, k) for k in ("cross_entropy_fusion_impl", "cross_entropy_loss_fusion")
+                 if getattr(setup, k) is not None}
     job = TrainingJob(global_batch_size=int(p["global_batch_size"]), seq_length=int(seq),
                       precision=_precision(p.get("precision"), notes),
                       flash_attention=setup.flash_attention is not False, **job_extra)

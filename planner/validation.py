@@ -645,8 +645,9 @@ def implied_flops_per_token(row: dict[str, Any]) -> float | None:
 def row_step_options(row: dict[str, Any], fw: str, notes: list[str] | None = None) -> tuple[str, dict[str, Any]]:
     """The kernel set and ``estimate_step`` options of a row: torch.compile (``parallel.other.torch_compile``), TP
     communication overlap (``other.comm_overlap`` "tp-comm-overlap", ``other.async_tp``), overlapped gradient
-    reduction ("overlap-grad-reduce"), EP all-to-all overlap and full-iteration CUDA graphs (``other.features``, or
-    ``setup.ep_overlap`` / ``setup.full_cuda_graph``) and the FP8 scaling recipe (``fp8_recipe``). Returns the
+    reduction ("overlap-grad-reduce", or ``setup.overlap_grad_reduce``), EP all-to-all overlap and full-iteration
+    CUDA graphs (``other.features``, or ``setup.ep_overlap`` / ``setup.full_cuda_graph``), the backward TP schedule (``setup.async_tp_backward``) and the
+    FP8 scaling recipe (``fp8_recipe``). Returns the
     framework (``torchtitan_compile`` for compiled torchtitan) and the keyword options."""
     other = (row.get("parallel") or {}).get("other") or {}
     if fw == "torchtitan" and other.get("torch_compile"):
@@ -655,6 +656,8 @@ def row_step_options(row: dict[str, Any], fw: str, notes: list[str] | None = Non
     overlap_dp = True if "overlap-grad-reduce" in str(other.get("comm_overlap", "")) else None
     features = str(other.get("features", "")).lower()
     s = row_setup(row)
+    if s.overlap_grad_reduce is not None:
+        overlap_dp = s.overlap_grad_reduce
     ep_overlap = "ep overlap" in features or bool(s.ep_overlap)
     full_cg = "full cuda graph" in features or bool(s.full_cuda_graph)
     if notes is not None:
@@ -662,8 +665,14 @@ def row_step_options(row: dict[str, Any], fw: str, notes: list[str] | None = Non
                               ("full_cuda_graph", s.full_cuda_graph, "full-iteration CUDA graph")):
             if on:
                 notes.append(f"{what} ({setup_source(s, key)})")
+    if notes is not None and s.overlap_grad_reduce is not None:
+        notes.append(f"gradient reduction {'overlapped' if s.overlap_grad_reduce else 'not overlapped'} "
+                     f"({setup_source(s, 'overlap_grad_reduce')})")
+    if notes is not None and s.async_tp_backward is not None:
+        notes.append(f"TP backward collectives {'asynchronous' if s.async_tp_backward else 'blocking'} "
+                     f"({setup_source(s, 'async_tp_backward')})")
     return fw, {"tp_comm_overlap": tp_overlap, "overlap_dp": overlap_dp, "ep_overlap": ep_overlap,
-                "full_cuda_graph": full_cg, "fp8_recipe": fp8_recipe(row)}
+                "full_cuda_graph": full_cg, "fp8_recipe": fp8_recipe(row), "async_tp_backward": s.async_tp_backward}
 
 
 def validate_row(row: dict[str, Any], check_feasibility: bool = True) -> RowResult:

@@ -11,8 +11,8 @@ def _fractions(doc):
 
 def test_min_gpus_ranks_at_risk_plans_last():
     # Llama-3.1-8B, step <= 50 s: one DGX H100 node meets it. Without a margin wider than the headroom, a plan at
-    # 94.9% of capacity comes second; with the default 10% it only fills ranks the plans below 90% leave
-    kw = dict(gpus=16, objective="min-gpus", target_step_s=50.0, top_k=3)
+    # 94.9% of capacity comes fourth; with the default 10% it only fills ranks the plans below 90% leave
+    kw = dict(gpus=16, objective="min-gpus", target_step_s=50.0, top_k=5)
     loose = _fractions(planner.plan("llama3.1-8b", "dgx-h100", at_risk_margin=0.05, **kw))
     safe = _fractions(planner.plan("llama3.1-8b", "dgx-h100", **kw))
     assert any(f > 0.90 for f in loose)

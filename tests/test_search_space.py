@@ -24,26 +24,26 @@ def test_mtnlg_530b_on_5128_a100s_finds_micro_batch_3():
     res = solve(m, c, job, 5128, top_k=5)
     best = res.plans[0]
     p = best.parallel
-    # TP4 CP2 (24.22 s) edges out the TP8 layout the issue evaluated (24.27 s), which is in the top 5
+    # TP4 CP2 (24.22 s) edges out the TP8 layout the issue evaluated (24.25 s), which is in the top 5
     assert (p.tp, p.cp, p.pp, p.dp, p.micro_batch_size, p.zero_stage) == (4, 2, 1, 641, 3, 3)
     assert best.step.step_s == pytest.approx(24.22, abs=0.02)
     ev = evaluate(m, c, job, ParallelConfig(tp=8, pp=1, dp=641, micro_batch_size=3, zero_stage=3,
                                             sequence_parallel=True), 5128)
-    assert ev.step.step_s == pytest.approx(24.27, abs=0.02)
+    assert ev.step.step_s == pytest.approx(24.25, abs=0.02)
     assert ev.parallel in [e.parallel for e in res.plans]
 
 
 def test_llama_405b_on_131072_h100s_finds_cp_8():
     # GBS 2048 x 8192 tokens: CP 8 leaves 1,024 tokens per rank, below the old 2,048-token prune; plan returned
     # 2.15 s (TP8 PP64 CP4) while evaluate predicted 1.37 s for TP8 PP16 CP8. Now TP8 PP32 CP8 VPP4 (1.33 s under
-    # the per-term step model) is first and TP8 PP16 CP8 VPP8 is in the top 5 at evaluate's 1.39 s
+    # the per-term step model) is first and TP8 PP16 CP8 VPP8 is in the top 5 at evaluate's 1.38 s
     job = TrainingJob(global_batch_size=2048, seq_length=8192)
     res = solve(get_model("llama3.1-405b"), H100, job, 131072, top_k=5)
     best = res.plans[0]
     assert (best.parallel.tp, best.parallel.cp) == (8, 8)
     assert best.step.step_s == pytest.approx(1.330, abs=0.01)
     pp16 = [e for e in res.plans if (e.parallel.tp, e.parallel.pp, e.parallel.cp) == (8, 16, 8)]
-    assert pp16 and pp16[0].step.step_s == pytest.approx(1.387, abs=0.01)
+    assert pp16 and pp16[0].step.step_s == pytest.approx(1.377, abs=0.01)
 
 
 def test_doubling_the_gpus_does_not_slow_llama_405b():

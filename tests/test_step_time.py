@@ -139,7 +139,9 @@ def test_pipeline_layout_moves_layers_between_virtual_stages():
     # Megatron-Bridge DeepSeek-V3 H100 preset pp_layout "Et|(tt|)*30mL": 1 layer with the embedding, 30 x 2, the
     # last virtual stage only MTP + loss (pp 8 x vpp 4 = 32 virtual stages)
     ds = get_model("deepseek-v3")
-    job = TrainingJob(global_batch_size=8192, seq_length=4096, precision="fp8")
+    # with the preset's Transformer Engine cross entropy (Megatron-Bridge recipes: cross_entropy_fusion_impl 'te');
+    # Megatron-LM's unfused default would cost the last stage's two heads 3.8x as much
+    job = TrainingJob(global_batch_size=8192, seq_length=4096, precision="fp8", cross_entropy_fusion_impl="te")
     base = dict(tp=2, pp=8, dp=64, ep=64, vpp=4, micro_batch_size=1, sequence_parallel=True, zero_stage=1)
     # that preset ran per-tensor FP8 (the 25.09 row's "FP8": test_validate), not plan3d's Hopper MoE default
     st = estimate_step(ds, H100, job, ParallelConfig(**base, pipeline_layout="Et|(tt|)*30mL"), fp8_recipe="cs")
@@ -265,3 +267,67 @@ def test_default_fp8_recipe_follows_the_framework_recipes_and_the_emitted_flags(
     qpar = ParallelConfig(dp=8, ep=8, micro_batch_size=1, zero_stage=1)
     fp8 = TrainingJob(global_batch_size=512, seq_length=4096, precision="fp8")
     assert estimate_step(q, H100, fp8, qpar).step_s == estimate_step(q, H100, fp8, qpar, fp8_recipe="mx").step_s
+
+
+def test_cross_entropy_costs_the_bytes_each_implementation_moves():
+    """HBM bytes per logit counted from each framework's source (``elementwise.CE_BYTES_PER_LOGIT``): Megatron-LM's
+    unfused vocab-parallel loss 38 + 14 (its default), its jit-fused one 22 + 10 (NeMo 2.0's default), Transformer
+    Engine's Triton kernel 6 + 4,
+    PyTorch's eager ``F.cross_entropy(x.float())`` 22 + 26, compiled 4 + 4; the time is those bytes over the logits
+    at the HBM bandwidth, so the unfused loss costs 52 / 10 of TE's."""
+    from cost_models.elementwise import cross_entropy_bytes, cross_entropy_impl, cross_entropy_s
+    from cost_models.gemm import hbm_rate
+
+    def impl(framework, **job):
+        return cross_entropy_impl(TrainingJob(**job), framework)
+
+    assert impl("megatron") == impl("deepspeed") == "unfused"  # --cross-entropy-loss-fusion off by default
+    assert impl("nemo") == impl("megatron", cross_entropy_loss_fusion=True) == "native"  # NeMo 2.0 GPTConfig
+    assert impl("nemo", cross_entropy_loss_fusion=False) == "unfused"
+    assert impl("megatron", cross_entropy_fusion_impl="te") == "te"
+    assert impl("torchtitan") == impl("torchtitan_compile", cross_entropy_loss_fusion=False) == "eager"
+    assert impl("torchtitan_compile") == "compiled"
+    assert cross_entropy_bytes(TrainingJob(), "megatron") == (38.0, 14.0)
+    assert cross_entropy_bytes(TrainingJob(cross_entropy_fusion_impl="te"), "megatron") == (6.0, 4.0)
+    job = TrainingJob(global_batch_size=128, seq_length=8192)
+    par = ParallelConfig(tp=2, micro_batch_size=1)
+    fwd, bwd = cross_entropy_s(L8, H100, job, par, "megatron")
+    logits = 8192 * L8.padded_vocab_size(2) / 2
+    assert fwd == pytest.approx(38 * logits / hbm_rate(H100))
+    assert bwd == pytest.approx(14 * logits / hbm_rate(H100))
+    te = cross_entropy_s(L8, H100, job.model_copy(update={"cross_entropy_fusion_impl": "te"}), par, "megatron")
+    assert (fwd + bwd) / sum(te) == pytest.approx(5.2)
+    # the whole step: the output layer is the only difference
+    slow = estimate_step(L8, H100, job, par)
+    fast = estimate_step(L8, H100, job.model_copy(update={"cross_entropy_fusion_impl": "te"}), par)
+    assert slow.step_s - fast.step_s == pytest.approx(job.global_batch_size * (fwd + bwd - sum(te)), rel=1e-6)
+
+
+def test_megatron_overlaps_the_backward_tp_collectives_of_column_parallel_linears():
+    """Megatron-LM (``--async-tensor-model-parallel-allreduce``, 2021-09 on) and Transformer Engine run each
+    column-parallel linear's input-gradient collective under its weight-gradient GEMM: without sequence parallelism
+    no backward all-reduce is left on the critical path, with it the output-gradient all-gathers before the
+    row-parallel linears are (half the forward's collectives); Megatron-DeepSpeed's BLOOM-era fork and DTensor TP
+    block on all of them (``collectives.tp_backward_shares``)."""
+    from cost_models.collectives import tp_backward_shares
+    from cost_models.data_parallel import OVERLAP_COMPUTE_SLOWDOWN
+
+    assert tp_backward_shares("megatron", False, False) == (0.0, 1.0)
+    assert tp_backward_shares("nemo", False, True) == (0.5, 1.0)
+    assert tp_backward_shares("deepspeed", False, False) == tp_backward_shares("torchtitan", False, True) == (1, 0)
+    assert tp_backward_shares("megatron", False, False, async_backward=False) == (1.0, 0.0)
+    assert tp_backward_shares("megatron", True, True) == (0.0, 0.0)  # userbuffers overlap both passes
+    job = TrainingJob(global_batch_size=8, seq_length=8192, precision="bf16")
+    for tp in (2, 8):
+        par = ParallelConfig(tp=tp, dp=8 // tp, micro_batch_size=1, zero_stage=1)
+        blocking = estimate_step(L8, H100, job, par, async_tp_backward=False)
+        overlapped = estimate_step(L8, H100, job, par)
+        # forward + backward all-reduces exposed vs the forward's, the slowdown of the GEMMs under the backward's
+        # and, at TP 8, the share of the backward's that outlasts the column-parallel GEMMs (``tp_backward_s``)
+        fwd_tp = blocking.exposed_comm_s["tp"] / 2
+        assert blocking.step_s - overlapped.step_s == pytest.approx(
+            blocking.exposed_comm_s["tp"] - overlapped.exposed_comm_s["tp"], rel=1e-6)
+        if tp == 2:
+            assert overlapped.exposed_comm_s["tp"] == pytest.approx(fwd_tp * (1 + OVERLAP_COMPUTE_SLOWDOWN), rel=1e-6)
+        else:
+            assert fwd_tp * (1 + OVERLAP_COMPUTE_SLOWDOWN) < overlapped.exposed_comm_s["tp"] < 2 * fwd_tp

@@ -38,9 +38,15 @@ def test_packaged_rows_are_the_shared_dev_rows_with_sources():
 #: 5.42 -> 5.25% with that DeepSeek-V3 H100 row's EP overlap (setup.ep_overlap, from the 25.09 run script; its
 #: source had been a 2026 preset): -17.1 -> -1.6%, Bridge 7.1 -> 5.8%. 5.25 -> 5.31% with each kernel throttled
 #: by its own activity under a power cap (gemm.clock_fraction): torchtitan 4.9 -> 5.0% in-sample, 7.2 -> 5.4% LOGO.
-ACHIEVED_MAX_MAPE = 5.35
-ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 4.8, "nemo_bridge_perf_summary": 5.8, "nemo_2407_perf_summary": 5.9,
-                       "megatron_h100_weak_scaling": 7.9}
+#: 5.31 -> 5.26% with the cross-entropy costed by implementation (elementwise.CE_BYTES_PER_LOGIT: Megatron-LM's
+#: unfused loss, NeMo's fused one, Transformer Engine's, torchtitan eager / compiled), Megatron's asynchronous
+#: backward TP collectives (collectives.tp_backward_shares) and the MoE recipes' overlapped gradient reduction
+#: (setup.overlap_grad_reduce), refitted from the middle of every range: NeMo 24.07 5.9 -> 5.6%, H100 weak scaling
+#: 7.9 -> 7.3%; the MoE recipes 4.8 -> 5.1% and Bridge 5.8 -> 6.0% (Transformer Engine's cross entropy is the cheapest,
+#: and their Llama 3 8B FP8 rows on B200 / GB200 were already fast).
+ACHIEVED_MAX_MAPE = 5.3
+ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 5.2, "nemo_bridge_perf_summary": 6.0, "nemo_2407_perf_summary": 5.6,
+                       "megatron_h100_weak_scaling": 7.4}
 
 
 def test_mape_does_not_regress(report):
@@ -217,8 +223,12 @@ def test_duplicate_row_ids_are_refused(run_cli, tmp_path):
 #: MoE recipes 8.7 -> 9.6 (held out, EP_OVERLAP_EXPOSED is now set by that row, and their Qwen3-235B B200 row moves).
 #: 7.21 -> 6.63 with attention below the power cap unthrottled (gemm.clock_fraction's activity) and the refit
 #: (POWER_CLOCK_EXPONENT 3 -> 2, off its range's edge): torchtitan 7.24 -> 5.37.
+#: LOGO folds start from the middle of every range (planner/calibration.py), not from the shipped constants the
+#: held-out group helped fit: the previous model scores 6.68% that way (MoE recipes 12.6%, Bridge 9.5%) where the
+#: shipped-value start had reported 6.63% (9.6%, 11.1%). Now 6.66%, MoE recipes 13.5%: held out, their host-time
+#: constants come from the Bridge 25.11 rows (Transformer Engine 2.8), while the recipes ran Transformer Engine 2.14.
 ACHIEVED_LOGO_MAPE = 6.7
-ACHIEVED_LOGO_GROUP_MAPE = {"nemo_bridge_perf_summary": 11.2}
+ACHIEVED_LOGO_GROUP_MAPE = {"megatron_moe_recipes": 13.6}
 
 
 @pytest.fixture(scope="module")
