@@ -30,6 +30,12 @@ ELEMENTWISE_PASSES = {"megatron": 10.0, "nemo": 10.0, "deepspeed": 40.0}
 #: Extra passes of rotary position embeddings (read + write of q and k, about the hidden width) in models that use
 #: them (``ModelSpec.position_embedding == "rope"``; GPT-3-style learned positions are added once at the input).
 ROTARY_PASSES = 2.0
+#: Extra forward passes over the local FFN width of activations Megatron-LM / NeMo / Megatron-DeepSpeed run unfused,
+#: beyond the fused read-1-write-1: megatron-core's ``MLP.forward`` fuses only GeLU and SwiGLU
+#: (``bias_activation_fusion``: "Only support fusion of gelu and swiglu", ``transformer/mlp.py`` at f2e5db40), so
+#: squared ReLU (``relu2``, Nemotron; ``torch.pow(F.relu(x), 2)``: two kernels, each reading and writing the FFN
+#: width) costs 2 more.
+UNFUSED_ACTIVATION_PASSES = {"relu2": 2.0}
 
 #: Plausible ranges of the fitted constants above (``planner/calibration.py`` fits inside them), against the fused
 #: count of 10 passes (Megatron-LM / NeMo above).
@@ -82,12 +88,13 @@ def torchtitan_passes(model: ModelSpec, compiled: bool) -> Passes:
 
 def layer_passes(model: ModelSpec, framework: str) -> Passes:
     """The forward memory-bound passes of one decoder layer under ``framework`` (``ELEMENTWISE_PASSES`` +
-    ``ROTARY_PASSES`` for Megatron-LM, NeMo and DeepSpeed; ``torchtitan_passes`` for torchtitan, eager or
-    ``torchtitan_compile``)."""
+    ``ROTARY_PASSES`` and ``UNFUSED_ACTIVATION_PASSES`` for Megatron-LM, NeMo and DeepSpeed; ``torchtitan_passes``
+    for torchtitan, eager or ``torchtitan_compile``)."""
     if framework.split("_")[0] == "torchtitan":
         return torchtitan_passes(model, compiled=framework == "torchtitan_compile")
     base = ELEMENTWISE_PASSES.get(framework, ELEMENTWISE_PASSES["megatron"])
-    return Passes(hidden=base, heads=ROTARY_PASSES if model.position_embedding == "rope" else 0.0)
+    return Passes(hidden=base, heads=ROTARY_PASSES if model.position_embedding == "rope" else 0.0,
+                  ffn=UNFUSED_ACTIVATION_PASSES.get(model.activation, 0.0))
 
 
 #: Passes over the top_k token copies in MoE permute/unpermute (write + read at dispatch and at combine).

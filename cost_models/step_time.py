@@ -27,7 +27,7 @@ Calibration. Data, with their sources: per GPU in the cluster YAMLs (``gemm_effi
 NCCL bus efficiencies and per-hop latencies; HBM bandwidth), and per operation in
 ``cluster_specs/data/efficiency/`` (``attention.yaml``: fused-attention kernel TFLOP/s against sequence length).
 Counted from the frameworks' source, not fitted: the elementwise passes of Megatron / NeMo (10, + 2 with rotary
-embeddings) and of torchtitan (eager and compiled, kernel by kernel), the cross-entropy's bytes per logit of each
+embeddings, + 2 over the FFN width for an activation megatron-core does not fuse) and of torchtitan (eager and compiled, kernel by kernel), the cross-entropy's bytes per logit of each
 implementation (``elementwise.CE_BYTES_PER_LOGIT``), which backward TP collectives run under the column-parallel
 GEMMs (``collectives.tp_backward_shares``), the per-expert host operations of TE 2.8's grouped GEMMs, the recompute
 (torchtitan's per-op policy included), ZeRO and pipeline schedules.
@@ -60,7 +60,7 @@ power cap (``gemm.UNCORE_POWER_FRACTION``). Read from the rows' recipes (each ro
 ``planner/row_options.py``): DeepSeek-V3 node-limited routing in the EP all-to-all (``ep_domain_copies``), Megatron
 pipeline layouts and the Megatron-Bridge DeepSeek-V3 presets (EP overlap, full-iteration CUDA graph).
 
-Result on the dev rows (``plan3d validate --cross-validate``, 91 evaluated rows): MAPE 5.26% in-sample, 6.66%
+Result on the dev rows (``plan3d validate --cross-validate``, 91 evaluated rows): MAPE 5.20% in-sample, 6.59%
 leave-one-source-group-out, each fold fitted from the middle of the ranges (the Megatron-LM MoE recipes 13.5%, the
 only group of >= 3 rows above 10%: held out, their host-time constants come from Transformer Engine 2.8 rows);
 Korthikanti et al. 2022 Table 5 (held out, ``tests/test_korthikanti_table5.py``): 1.95% mean, 4.42% max.

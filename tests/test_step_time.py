@@ -331,3 +331,19 @@ def test_megatron_overlaps_the_backward_tp_collectives_of_column_parallel_linear
             assert overlapped.exposed_comm_s["tp"] == pytest.approx(fwd_tp * (1 + OVERLAP_COMPUTE_SLOWDOWN), rel=1e-6)
         else:
             assert fwd_tp * (1 + OVERLAP_COMPUTE_SLOWDOWN) < overlapped.exposed_comm_s["tp"] < 2 * fwd_tp
+
+
+def test_squared_relu_runs_unfused_in_megatron():
+    """megatron-core fuses only GeLU and SwiGLU (``MLP.forward``: "Only support fusion of gelu and swiglu"), so a
+    squared-ReLU MLP (Nemotron, ``relu2``) runs ``torch.pow(F.relu(x), 2)``: two more 16-bit passes over the FFN width
+    per forward than a fused activation (``elementwise.UNFUSED_ACTIVATION_PASSES``)."""
+    from cost_models.elementwise import layer_memory_bound_s
+    from cost_models.gemm import hbm_rate
+
+    relu2 = get_model("nemotron-4-340b")
+    gelu = relu2.model_copy(update={"activation": "gelu"})
+    job = TrainingJob(global_batch_size=8, seq_length=4096, precision="bf16")
+    par = ParallelConfig(tp=8, micro_batch_size=1, sequence_parallel=True)
+    extra = layer_memory_bound_s(relu2, H100, job, par, 0, "megatron")[0] - \
+        layer_memory_bound_s(gelu, H100, job, par, 0, "megatron")[0]
+    assert extra == pytest.approx(2 * 2 * 4096 * relu2.ffn_hidden_size / 8 / hbm_rate(H100))
