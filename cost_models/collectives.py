@@ -98,7 +98,8 @@ def tp_layer_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: Pa
                groups: dict[str, GroupPlacement]) -> float:
     """Forward seconds of one layer's TP collectives: 2 all-reduces of the 16-bit ``b·s/cp x h`` hidden state
     (or their all-gather + reduce-scatter halves under sequence parallelism: the same bytes; Korthikanti et al.
-    2022 Sec. 4.2.2). The backward runs the same."""
+    2022 Sec. 4.2.2). The backward runs the same collectives; how much of them is exposed is
+    ``tp_backward_shares``."""
     if par.tp <= 1:
         return 0.0
     tok = par.micro_batch_size * job.seq_length / par.cp

@@ -97,8 +97,8 @@ class TrainingJob(BaseModel):
     cross_entropy_loss_fusion: bool | None = Field(
         None, description="fused cross-entropy loss: Megatron --cross-entropy-loss-fusion (jit-fused vocab-parallel "
                           "loss), torchtitan's torch.compile'd loss; None = the framework's default (Megatron-LM, "
-                          "Megatron-DeepSpeed: unfused; NeMo 2.0: fused; torchtitan: compiled when the model is). HBM "
-                          "bytes per logit: cost_models/elementwise.py CE_BYTES_PER_LOGIT")
+                          "Megatron-DeepSpeed: unfused; NeMo 2.0: fused; torchtitan: compiled, as plan3d's launch "
+                          "compiles it). HBM bytes per logit: cost_models/elementwise.py CE_BYTES_PER_LOGIT")
 
     @property
     def routed_token_factor(self) -> float:

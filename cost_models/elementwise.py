@@ -177,19 +177,27 @@ def fp8_cast_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: Pa
 
 
 def cross_entropy_impl(job: TrainingJob, framework: str) -> str:
-    """The cross-entropy implementation (a ``CE_BYTES_PER_LOGIT`` key) the framework runs for ``job``:
-    Transformer Engine's where the job asks for it (``TrainingJob.cross_entropy_fusion_impl`` 'te', which the
-    Megatron launch passes with ``--cross-entropy-loss-fusion``); else by ``TrainingJob.cross_entropy_loss_fusion``,
-    None meaning the framework's default: Megatron-LM and Megatron-DeepSpeed run the unfused vocab-parallel loss
-    (``--cross-entropy-loss-fusion`` is off by default, ``megatron/training/arguments.py``); NeMo 2.0 fuses it
-    (``GPTConfig.cross_entropy_loss_fusion = True`` since NeMo PR 10209, 2024-09); torchtitan compiles the loss with
-    the model (``framework`` ``torchtitan_compile``; ``components/loss.py``) and runs it eagerly otherwise."""
-    if job.cross_entropy_fusion_impl == "te":
-        return "te"
+    """The cross-entropy implementation (a ``CE_BYTES_PER_LOGIT`` key) the framework runs for ``job``, by
+    ``TrainingJob.cross_entropy_loss_fusion``, None meaning the framework's default:
+
+    * Megatron-LM / NeMo: Transformer Engine's where the job asks for it (``cross_entropy_fusion_impl`` 'te', which
+      Megatron-LM uses only with the fusion on, and the Megatron launch passes with ``--cross-entropy-loss-fusion``),
+      else the jit-fused loss when fused, else the unfused vocab-parallel loss. Megatron-LM leaves the fusion off
+      (``--cross-entropy-loss-fusion``, ``megatron/training/arguments.py``); NeMo 2.0 turns it on
+      (``GPTConfig.cross_entropy_loss_fusion = True`` since NeMo PR 10209, 2024-09).
+    * Megatron-DeepSpeed: unfused (its 2021-era vocab-parallel loss; no fusion option).
+    * torchtitan: compiled (``components/loss.py`` ``build_cross_entropy_loss`` compiles it whenever
+      ``training.compile`` is on, which plan3d's torchtitan launch always sets, ``planner/emit/torchtitan.py``); eager
+      with the fusion off (runs without ``torch.compile``, or torchtitan before 2025)."""
     fused = job.cross_entropy_loss_fusion
-    if framework.startswith("torchtitan"):
-        return "compiled" if (framework == "torchtitan_compile" if fused is None else fused) else "eager"
-    return "native" if (framework == "nemo" if fused is None else fused) else "unfused"
+    fw_base = framework.split("_")[0]
+    if fw_base == "torchtitan":
+        return "eager" if fused is False else "compiled"
+    if fw_base == "deepspeed":
+        return "native" if fused else "unfused"
+    if fused is not False and job.cross_entropy_fusion_impl == "te":
+        return "te"
+    return "native" if (fw_base == "nemo" if fused is None else fused) else "unfused"
 
 
 def cross_entropy_bytes(job: TrainingJob, framework: str) -> tuple[float, float]:

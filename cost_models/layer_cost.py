@@ -35,6 +35,7 @@ class LayerCost:
     tp: float = 0.0
     cp: float = 0.0
     ep: float = 0.0
+    moe: bool = False  # a MoE layer: its MLP block's TP collectives belong to the token dispatcher
 
     def compute_forward_s(self) -> float:
         """GEMMs + attention + memory-bound work, forward."""
@@ -52,9 +53,15 @@ class LayerCost:
     def tp_backward_s(self, tp_shares: tuple[float, float]) -> float:
         """Exposed TP seconds of the backward: the ``(exposed, overlapped)`` shares of ``tp``
         (``collectives.tp_backward_shares``), the overlapped part charged what it takes beyond the column-parallel
-        linears' backward GEMMs (``TP_BACKWARD_OVERLAP_WINDOW`` x ``gemm``) and the slowdown of the GEMMs under it
-        (``data_parallel.overlapped_exposed_s``)."""
+        linears' backward GEMMs (``TP_BACKWARD_OVERLAP_WINDOW`` x their block's GEMMs) and the slowdown of the GEMMs
+        under it (``data_parallel.overlapped_exposed_s``). In a MoE layer only the attention block's half runs
+        through column-parallel linears; the MoE block's half (the token dispatcher's gather and scatter over the TP
+        ranks, plain autograd collectives) blocks."""
         exposed, overlapped = tp_shares
+        if self.moe and overlapped:
+            half = self.tp / 2
+            return half + half * exposed + overlapped_exposed_s(
+                half * overlapped, TP_BACKWARD_OVERLAP_WINDOW * (self.gemm - self.gemm_mlp))
         return self.tp * exposed + overlapped_exposed_s(self.tp * overlapped, TP_BACKWARD_OVERLAP_WINDOW * self.gemm)
 
     def comm_backward_s(self, tp_shares: tuple[float, float], ep_exposed: float) -> float:
@@ -66,7 +73,7 @@ def layer_cost(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: Pa
                framework: str, groups: dict[str, GroupPlacement]) -> LayerCost:
     """Forward costs of decoder layer ``layer`` for one micro-batch on one GPU (seconds), ``groups`` the rank
     placement of each parallel dimension (``layout.group_placement``)."""
-    c = LayerCost()
+    c = LayerCost(moe=model.moe is not None and model.is_moe_layer(layer))
     c.gemm, c.gemm_mlp, c.gemm_up = layer_gemms_s(model, cluster, job, par, layer, framework)
     if uses_op_sac(framework):
         c.gemm_sac = op_sac_recomputed_gemms_s(model, cluster, job, par, layer, framework)

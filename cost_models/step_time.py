@@ -61,7 +61,7 @@ power cap (``gemm.UNCORE_POWER_FRACTION``). Read from the rows' recipes (each ro
 pipeline layouts and the Megatron-Bridge DeepSeek-V3 presets (EP overlap, full-iteration CUDA graph).
 
 Result on the dev rows (``plan3d validate --cross-validate``, 91 evaluated rows): MAPE 5.20% in-sample, 6.59%
-leave-one-source-group-out, each fold fitted from the middle of the ranges (the Megatron-LM MoE recipes 13.5%, the
+leave-one-source-group-out, each fold fitted from the middle of the ranges (the Megatron-LM MoE recipes 13.4%, the
 only group of >= 3 rows above 10%: held out, their host-time constants come from Transformer Engine 2.8 rows);
 Korthikanti et al. 2022 Table 5 (held out, ``tests/test_korthikanti_table5.py``): 1.95% mean, 4.42% max.
 """
@@ -236,18 +236,18 @@ def _stage_times(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: 
 
 def layer_pass_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, layer: int,
                  x: LayerCost, framework: str, tp_exp: float, ep_exp: float, fp8_recipe: str, full_cuda_graph: bool,
-                 full_recompute: bool, tp_b: tuple[float, float] | None = None) -> tuple[float, float]:
+                 full_recompute: bool, tp_b: tuple[float, float]) -> tuple[float, float]:
     """(forward, backward + recompute) seconds of decoder layer ``layer`` (costs ``x``, ``layer_cost.layer_cost``)
     for one micro-batch on one GPU: compute, the exposed TP / CP / EP communication (``tp_exp`` / ``ep_exp``: the
-    forward shares not overlapped; ``tp_b``: the backward's TP shares, ``collectives.tp_backward_shares``, None =
-    ``(tp_exp, 0)``), MoE routing bookkeeping and the host time of the per-expert work the GPU cannot hide,
-    and what recompute re-runs before the backward: the whole forward under full recompute of the layer, else
-    selective recompute's modules (with the TP all-gathers of torchtitan's per-op policy)."""
+    forward shares not overlapped; ``tp_b``: the backward's TP shares, ``collectives.tp_backward_shares``), MoE
+    routing bookkeeping and the host time of the per-expert work the GPU cannot hide, and what recompute re-runs
+    before the backward: the whole forward under full recompute of the layer, else selective recompute's modules
+    (with the TP all-gathers of torchtitan's per-op policy)."""
     routing = moe_routing_s(model, job, par, layer)
     host_f, host_b = moe_host_exposed_s(model, cluster, job, par, layer, framework, fp8_recipe, full_cuda_graph,
                                         (x.compute_forward_s(), x.compute_backward_s()))
     fwd = x.compute_forward_s() + routing / 3 + host_f + x.comm_forward_s(tp_exp, ep_exp)
-    bwd = x.compute_backward_s() + 2 * routing / 3 + host_b + x.comm_backward_s(tp_b or (tp_exp, 0.0), ep_exp)
+    bwd = x.compute_backward_s() + 2 * routing / 3 + host_b + x.comm_backward_s(tp_b, ep_exp)
     if full_recompute:
         return fwd, bwd + fwd
     if par.recompute != "selective":
@@ -257,8 +257,7 @@ def layer_pass_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: 
 
 
 def output_layer_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, framework: str,
-                   lc, tp_exp: float, ep_exp: float,
-                   tp_b: tuple[float, float] | None = None) -> tuple[float, float, float]:
+                   lc, tp_exp: float, ep_exp: float, tp_b: tuple[float, float]) -> tuple[float, float, float]:
     """(forward, backward, the backward's logits weight-gradient GEMMs) seconds of the output layer (logits GEMM +
     cross-entropy over the ``V/tp`` logits, ``elementwise.cross_entropy_s``) and of each multi-token-prediction
     module (DeepSeek-V3 Sec. 2.2: projection 2h -> h, one more decoder layer, its own logits), which run on the last
@@ -272,7 +271,7 @@ def output_layer_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par
         x = lc(model.num_layers - 1)
         proj = mtp_projection_s(model, cluster, job, par, framework)
         f += x.gemm + x.attn_f + x.mem + proj + x.tp * tp_exp + x.ep * ep_exp
-        bw += 2 * (x.gemm + x.mem + proj) + x.attn_b + x.tp_backward_s(tp_b or (tp_exp, 0.0)) + x.ep * ep_exp
+        bw += 2 * (x.gemm + x.mem + proj) + x.attn_b + x.tp_backward_s(tp_b) + x.ep * ep_exp
     return f, bw, n_heads * lg
 
 

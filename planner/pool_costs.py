@@ -6,7 +6,8 @@ micro-batch, sequence parallel, recompute):
 
 * **time** (``layer_times``): a decoder layer's forward + backward seconds on the pool's cluster, from
   ``cost_models.step_time.layer_pass_s`` / ``output_layer_s`` (the functions ``estimate_step`` composes), for
-  Megatron-LM's defaults (no TP or EP overlap, no CUDA graph, the GPU's default FP8 recipe): compute, exposed TP/CP/EP communication, MoE routing
+  Megatron-LM's defaults (no TP communication overlap beyond its asynchronous backward collectives, no EP overlap,
+  no CUDA graph, the GPU's default FP8 recipe): compute, exposed TP/CP/EP communication, MoE routing
   and host time, selective or full recompute; the first stage's embedding and the last stage's output layer, loss
   and MTP modules as fixed seconds. ``tests/test_pools.py`` checks these against ``estimate_step``'s per-stage times,
   so a change of the step model that is not mirrored here fails a test;

@@ -656,7 +656,7 @@ def row_step_options(row: dict[str, Any], fw: str, notes: list[str] | None = Non
     overlap_dp = True if "overlap-grad-reduce" in str(other.get("comm_overlap", "")) else None
     features = str(other.get("features", "")).lower()
     s = row_setup(row)
-    if s.overlap_grad_reduce is not None:
+    if overlap_dp is None and s.overlap_grad_reduce is not None:  # a published comm_overlap wins over setup
         overlap_dp = s.overlap_grad_reduce
     ep_overlap = "ep overlap" in features or bool(s.ep_overlap)
     full_cg = "full cuda graph" in features or bool(s.full_cuda_graph)

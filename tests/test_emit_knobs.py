@@ -209,3 +209,32 @@ def test_off_space_knobs_are_expressed_or_refused_by_name(framework, knob, par_k
         assert any(n in why for n in names) or "pipeline schedule" in why, (knob, why)
     else:
         assert_expressed(framework, m, job, par, lf)
+
+
+def test_the_launches_run_the_cross_entropy_the_step_time_charged():
+    """``elementwise.cross_entropy_impl`` decides what the step time charges; the launches must run that loss:
+    Megatron-LM's fused loss (``--cross-entropy-loss-fusion``) or Transformer Engine's; torchtitan compiles its
+    loss; Megatron-DeepSpeed has no fused loss to ask for."""
+    from planner.emit.megatron import EmitError
+    from planner.emit.torchtitan import torchtitan_settings
+
+    m = get_model("llama3.1-8b")
+    par = ParallelConfig(dp=8, micro_batch_size=1, zero_stage=1)
+
+    def job(**kw):
+        return TrainingJob(global_batch_size=64, seq_length=4096, **kw)
+
+    assert "--cross-entropy-loss-fusion" not in megatron_args(m, job(), par)  # Megatron-LM's default: unfused
+    fused = megatron_args(m, job(cross_entropy_loss_fusion=True), par)
+    assert "--cross-entropy-loss-fusion" in fused and "--cross-entropy-fusion-impl" not in fused
+    te = megatron_args(m, job(cross_entropy_fusion_impl="te"), par)
+    assert te[te.index("--cross-entropy-fusion-impl") + 1] == "te" and "--cross-entropy-loss-fusion" in te
+    # TE's loss needs the fusion on in Megatron-LM: with it off the run (and the step time) is unfused
+    assert "--cross-entropy-loss-fusion" not in megatron_args(
+        m, job(cross_entropy_fusion_impl="te", cross_entropy_loss_fusion=False), par)
+    fsdp = ParallelConfig(dp=8, micro_batch_size=1, zero_stage=3)
+    assert torchtitan_settings(m, job(cross_entropy_loss_fusion=True), fsdp)["compile"]["components"][-1] == "loss"
+    with pytest.raises(EmitError, match="cross_entropy_loss_fusion false"):
+        torchtitan_settings(m, job(cross_entropy_loss_fusion=False), fsdp)
+    with pytest.raises(EmitError, match="cross_entropy_loss_fusion"):
+        megatron_deepspeed_args(m, job(cross_entropy_loss_fusion=True), par)

@@ -230,7 +230,7 @@ def test_duplicate_row_ids_are_refused(run_cli, tmp_path):
 #: constants come from the Bridge 25.11 rows (Transformer Engine 2.8), while the recipes ran Transformer Engine 2.14.
 #: 6.59% with Nemotron's unfused squared ReLU.
 ACHIEVED_LOGO_MAPE = 6.6
-ACHIEVED_LOGO_GROUP_MAPE = {"megatron_moe_recipes": 13.6}
+ACHIEVED_LOGO_GROUP_MAPE = {"megatron_moe_recipes": 13.5}
 
 
 @pytest.fixture(scope="module")

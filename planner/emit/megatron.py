@@ -51,6 +51,7 @@ import shlex
 from cluster_specs.spec import ClusterSpec
 from cost_models.collectives import moe_token_dispatcher
 from cost_models.config import ParallelConfig, TrainingJob
+from cost_models.elementwise import cross_entropy_impl
 from cost_models.layout import group_placement
 from cost_models.fp8_recipe import default_fp8_recipe, per_tensor_fp8_recipe
 from model_zoo.spec import ModelSpec
@@ -258,7 +259,8 @@ def model_args(model: ModelSpec, job: TrainingJob) -> list[str]:
 
 def recipe_knobs_set(job: TrainingJob, par: ParallelConfig, expressed: tuple[str, ...] = ()) -> list[str]:
     """The Megatron-LM recipe knobs ``par`` / ``job`` set away from their defaults (bf16 gradient reduction, FP8
-    weights, low-precision Adam moments or master weights, optimizer offload, Transformer Engine's cross entropy,
+    weights, low-precision Adam moments or master weights, optimizer offload, a fused or Transformer Engine cross
+    entropy,
     fine-grained activation offloading, drop-and-pad MoE routing),
     each as the knob with its value, less those in ``expressed`` (the caller's framework has a setting for them):
     the other frameworks have no setting that runs them as plan3d evaluates them."""
@@ -270,8 +272,8 @@ def recipe_knobs_set(job: TrainingJob, par: ParallelConfig, expressed: tuple[str
         ("main_params_dtype", f"main_params_dtype {par.main_params_dtype}", par.main_params_dtype != "fp32"),
         ("optimizer_cpu_offload_fraction", f"optimizer_cpu_offload_fraction {par.optimizer_cpu_offload_fraction:g}",
          par.optimizer_cpu_offload_fraction > 0),
-        ("cross_entropy_fusion_impl", "cross_entropy_fusion_impl te",
-         getattr(job, "cross_entropy_fusion_impl", "native") == "te"),
+        ("cross_entropy_fusion_impl", "cross_entropy_fusion_impl te", cross_entropy_impl(job, "megatron") == "te"),
+        ("cross_entropy_loss_fusion", "cross_entropy_loss_fusion", cross_entropy_impl(job, "megatron") == "native"),
         ("offload_modules", f"offload_modules {','.join(par.offload_modules or ())}", bool(par.offload_modules)),
         ("moe_expert_capacity_factor", f"moe_expert_capacity_factor {job.moe_expert_capacity_factor or 0:g} with "
          "moe_pad_expert_input_to_capacity", job.moe_expert_capacity_factor is not None),
@@ -450,8 +452,11 @@ def parallel_args(model: ModelSpec, job: TrainingJob, par: ParallelConfig,
         add(fp8_args(model, par, cluster))
         if getattr(par, "fp8_param_gather", False):
             a.append("--fp8-param-gather")
-    if getattr(job, "cross_entropy_fusion_impl", "native") == "te":
+    ce = cross_entropy_impl(job, "megatron")  # the loss the step time charged
+    if ce == "te":
         add(["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te"])
+    elif ce == "native":
+        add(["--cross-entropy-loss-fusion"])
     if not job.flash_attention:
         add(["--attention-backend", "unfused"])
     return a

@@ -97,8 +97,10 @@ def check_torchtitan(model: ModelSpec, job: TrainingJob, par: ParallelConfig) ->
                         f"torchtitan's selective mode is its per-op policy")
     job_knobs = [k for k, on in (("param_cpu_offload", par.param_cpu_offload),
                                  ("precision fp8", job.precision == "fp8"),
-                                 ("unfused attention", not job.flash_attention), ("dropout", job.dropout)) if on]
-    for knob in (recipe_knobs_set(job, par) + job_knobs)[:1]:
+                                 ("unfused attention", not job.flash_attention), ("dropout", job.dropout),
+                                 # the launch compiles the loss (compile.components below)
+                                 ("cross_entropy_loss_fusion false", job.cross_entropy_loss_fusion is False)) if on]
+    for knob in (recipe_knobs_set(job, par, expressed=("cross_entropy_loss_fusion",)) + job_knobs)[:1]:
         raise EmitError(f"{knob}: torchtitan has no setting that runs it as plan3d evaluated it "
                         f"(planner/emit/torchtitan.py)")
 _DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16", "fp32": "float32"}
