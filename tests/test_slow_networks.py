@@ -174,10 +174,11 @@ def test_deepseek_v3_is_planned_on_the_h800s_it_used():
     # cost_models/fp8_recipe.py) the best layout is the paper's PP16 with ZeRO-1 data parallelism and no TP; with
     # per-tensor FP8's per-expert host cost it was pp 1, ZeRO-3, mbs 5. Its EP is 16, not the paper's 64: DeepSeek's
     # framework dispatches FP8 (Sec. 3.3.3, "Low-Precision Storage and Communication"); Megatron-LM, which plan3d
-    # emits, dispatches bf16 (moe/fused_a2a.py), 4/3 the bytes. The paper's EP64 (with TP 2) follows within 2%,
-    # tied within the prediction interval.
+    # emits, dispatches bf16 (moe/fused_a2a.py), 4/3 the bytes. The paper's EP64 (with TP 2) follows within 4%
+    # (3.1%: its MoE blocks' TP gather / scatter block in backward, collectives.tp_backward_shares), tied within the
+    # prediction interval.
     per_gpu = best.step.tokens_per_s / 2048
     assert (best.parallel.pp, best.parallel.zero_stage) == (16, 1) and best.parallel.ep >= 16
     ep64 = [e for e in res.plans if e.parallel.ep == 64]
-    assert ep64 and ep64[0].step.step_s / best.step.step_s < 1.03
+    assert ep64 and ep64[0].step.step_s / best.step.step_s < 1.04
     assert per_gpu / (1e12 / 180e3 / 3600) - 1 == pytest.approx(-0.28, abs=0.05)
