@@ -225,6 +225,10 @@ def _stage_times(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: 
                 f += lf
                 bw += lb
                 out.wgt[k] += lw
+                if model.num_mtp_layers:  # the MTP layers' TP / EP communication that ``output_layer_s`` charged
+                    xm = lc(model.num_layers - 1)
+                    out.exposed["tp"][r] += model.num_mtp_layers * (xm.tp * tp_exp + xm.tp_backward_s(tp_b))
+                    out.exposed["ep"][r] += model.num_mtp_layers * 2 * ep_exp * xm.ep
             if k == 0:
                 emb = embedding_s(model, cluster, job, par)
                 f += emb

@@ -350,3 +350,19 @@ def test_squared_relu_runs_unfused_in_megatron():
     extra = layer_memory_bound_s(relu2, H100, job, par, 0, "megatron")[0] - \
         layer_memory_bound_s(gelu, H100, job, par, 0, "megatron")[0]
     assert extra == pytest.approx(2 * 2 * 4096 * relu2.ffn_hidden_size / 8 / hbm_rate(H100))
+
+
+def test_mtp_layers_communication_is_reported_with_the_rest():
+    """The multi-token-prediction layers on the last stage (``output_layer_s``) carry TP and EP communication like
+    any decoder layer; the breakdown reports it as exposed communication, not as compute."""
+    ds = get_model("deepseek-v3")
+    job = TrainingJob(global_batch_size=64, seq_length=4096, precision="bf16", cross_entropy_fusion_impl="te")
+    par = ParallelConfig(tp=2, pp=1, dp=4, ep=8, micro_batch_size=1, sequence_parallel=True, zero_stage=1)
+    with_mtp = estimate_step(ds, H100, job, par)
+    without = estimate_step(ds.model_copy(update={"num_mtp_layers": 0}), H100, job, par)
+    assert ds.num_mtp_layers == 1
+    for k in ("tp", "ep"):
+        assert with_mtp.exposed_comm_s[k] > without.exposed_comm_s[k]
+    parts = with_mtp.compute_s + with_mtp.bubble_s + with_mtp.optimizer_s + sum(
+        v for k, v in with_mtp.exposed_comm_s.items() if k in ("tp", "cp", "ep", "dp"))
+    assert parts == pytest.approx(with_mtp.step_s, rel=1e-6)
