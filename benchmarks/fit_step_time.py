@@ -15,7 +15,7 @@ import argparse
 import sys
 import time
 
-from planner.calibration import RowErrors, cross_validate, fit, parameters, start_at_midpoints
+from planner.calibration import RowErrors, cross_validate, fit, parameters
 from planner.validation import load_rows
 
 
@@ -34,8 +34,6 @@ def main(argv: list[str] | None = None) -> int:
     shipped = {p.name: p.get() for p in params}
     data = RowErrors.of(rows)
     data.find_dependencies(params)
-    start_at_midpoints(params)
-    data.predict(range(len(data.rows)))
     refit = fit(data, range(len(data.rows)), params)
     for p in params:
         p.set(shipped[p.name])

@@ -201,8 +201,9 @@ def objective(groups: Sequence[str], errors: Sequence[float]) -> float:
 
 def fit(data: RowErrors, train: Sequence[int], params: Sequence[Parameter], rounds: int = ROUNDS,
         progress: Callable[[str], None] | None = None) -> dict[str, float]:
-    """Coordinate descent of ``params`` (bounded grids) on the rows ``train`` of ``data``; leaves the constants set
-    to the best values found and ``data.errors`` current for them. Returns the fitted values."""
+    """Coordinate descent of ``params`` (bounded grids) on the rows ``train`` of ``data``, from the middle of every
+    range (``start_at_midpoints``); leaves the constants set to the best values found and ``data.errors`` current for
+    them. Returns the fitted values."""
     train = list(train)
     tset = set(train)
     groups = [data.groups[i] for i in train]
@@ -210,7 +211,7 @@ def fit(data: RowErrors, train: Sequence[int], params: Sequence[Parameter], roun
     def score() -> float:
         return objective(groups, [data.errors[i] for i in train])
 
-    best = score()
+    start_at_midpoints(params)
     for rnd in range(rounds):
         # every training row at the current constants: a dependency found by probing the range ends can miss a
         # row that moves only at other points (a max(0, .) term), whose error would otherwise go stale
@@ -322,9 +323,7 @@ def cross_validate(rows: Sequence[dict[str, Any]], rounds: int = ROUNDS,
                 fold_progress(g, k, len(names))
             train = [i for i, x in enumerate(data.groups) if x != g]
             test = [i for i, x in enumerate(data.groups) if x == g]
-            # from the middle of every range: the shipped values carry the held-out group's evidence
-            start_at_midpoints(params)
-            data.predict(train)
+            # ``fit`` starts from the middle of every range: the shipped values carry the held-out group's evidence
             folds[g] = fit(data, train, params, rounds)
             data.predict(test)
             for i in test:

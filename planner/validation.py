@@ -646,9 +646,9 @@ def row_step_options(row: dict[str, Any], fw: str, notes: list[str] | None = Non
     """The kernel set and ``estimate_step`` options of a row: torch.compile (``parallel.other.torch_compile``), TP
     communication overlap (``other.comm_overlap`` "tp-comm-overlap", ``other.async_tp``), overlapped gradient
     reduction ("overlap-grad-reduce", or ``setup.overlap_grad_reduce``), EP all-to-all overlap and full-iteration
-    CUDA graphs (``other.features``, or ``setup.ep_overlap`` / ``setup.full_cuda_graph``), the backward TP schedule (``setup.async_tp_backward``) and the
-    FP8 scaling recipe (``fp8_recipe``). Returns the
-    framework (``torchtitan_compile`` for compiled torchtitan) and the keyword options."""
+    CUDA graphs (``other.features``, or ``setup.ep_overlap`` / ``setup.full_cuda_graph``), the backward TP schedule
+    (``setup.async_tp_backward``) and the FP8 scaling recipe (``fp8_recipe``). Returns the framework
+    (``torchtitan_compile`` for compiled torchtitan) and the keyword options."""
     other = (row.get("parallel") or {}).get("other") or {}
     if fw == "torchtitan" and other.get("torch_compile"):
         fw = "torchtitan_compile"
@@ -661,16 +661,17 @@ def row_step_options(row: dict[str, Any], fw: str, notes: list[str] | None = Non
     ep_overlap = "ep overlap" in features or bool(s.ep_overlap)
     full_cg = "full cuda graph" in features or bool(s.full_cuda_graph)
     if notes is not None:
-        for key, on, what in (("ep_overlap", s.ep_overlap, "EP all-to-all overlap"),
-                              ("full_cuda_graph", s.full_cuda_graph, "full-iteration CUDA graph")):
-            if on:
+        # (setup key, note when true, note when false; None: no note)
+        for key, yes, no in (("ep_overlap", "EP all-to-all overlap", None),
+                             ("full_cuda_graph", "full-iteration CUDA graph", None),
+                             ("overlap_grad_reduce", "gradient reduction overlapped",
+                              "gradient reduction not overlapped"),
+                             ("async_tp_backward", "TP backward collectives asynchronous",
+                              "TP backward collectives blocking")):
+            value = getattr(s, key)
+            what = None if value is None else yes if value else no
+            if what:
                 notes.append(f"{what} ({setup_source(s, key)})")
-    if notes is not None and s.overlap_grad_reduce is not None:
-        notes.append(f"gradient reduction {'overlapped' if s.overlap_grad_reduce else 'not overlapped'} "
-                     f"({setup_source(s, 'overlap_grad_reduce')})")
-    if notes is not None and s.async_tp_backward is not None:
-        notes.append(f"TP backward collectives {'asynchronous' if s.async_tp_backward else 'blocking'} "
-                     f"({setup_source(s, 'async_tp_backward')})")
     return fw, {"tp_comm_overlap": tp_overlap, "overlap_dp": overlap_dp, "ep_overlap": ep_overlap,
                 "full_cuda_graph": full_cg, "fp8_recipe": fp8_recipe(row), "async_tp_backward": s.async_tp_backward}
 

@@ -272,9 +272,8 @@ def test_default_fp8_recipe_follows_the_framework_recipes_and_the_emitted_flags(
 def test_cross_entropy_costs_the_bytes_each_implementation_moves():
     """HBM bytes per logit counted from each framework's source (``elementwise.CE_BYTES_PER_LOGIT``): Megatron-LM's
     unfused vocab-parallel loss 38 + 14 (its default), its jit-fused one 22 + 10 (NeMo 2.0's default), Transformer
-    Engine's Triton kernel 6 + 4,
-    PyTorch's eager ``F.cross_entropy(x.float())`` 22 + 26, compiled 4 + 4; the time is those bytes over the logits
-    at the HBM bandwidth, so the unfused loss costs 52 / 10 of TE's."""
+    Engine's Triton kernel 6 + 4, PyTorch's eager ``F.cross_entropy(x.float())`` 22 + 26, compiled 4 + 4; the time
+    is those bytes over the logits at the HBM bandwidth, so the unfused loss costs 52 / 10 of TE's."""
     from cost_models.elementwise import cross_entropy_bytes, cross_entropy_impl, cross_entropy_s
     from cost_models.gemm import hbm_rate
 
