@@ -85,9 +85,11 @@ def check_stage_pool(stage_pool: Sequence[int], pp: int, num_pools: int) -> None
 
 
 def estimate_pools(model: ModelSpec, mixed: MixedCluster, job: TrainingJob, par: ParallelConfig,
-                   stage_pool: Sequence[int], convention: FlopsConvention = "megatron") -> PoolsEstimate:
+                   stage_pool: Sequence[int], convention: FlopsConvention = "megatron",
+                   overlap_dp: bool | None = None) -> PoolsEstimate:
     """Step time and per-stage memory of ``par`` with stage ``r`` on pool ``stage_pool[r]`` of ``mixed`` (module
     docstring). ``par.pipeline_layout`` (or an even / first-last split) gives the layers of every stage.
+    ``overlap_dp``: the data-parallel reduction overlapped (``estimate_step``'s; None = the framework default).
 
     Raises:
         LayoutError: an impossible split, interleaving (vpp > 1), or a bad ``stage_pool``.
@@ -98,13 +100,13 @@ def estimate_pools(model: ModelSpec, mixed: MixedCluster, job: TrainingJob, par:
     if len(used) == 1:  # one pool: the homogeneous model, any schedule
         i = used[0]
         c = mixed.pools[i].cluster
-        est = estimate_step(model, c, job, par, convention)
+        est = estimate_step(model, c, job, par, convention, overlap_dp=overlap_dp)
         return PoolsEstimate(est, estimate_memory(model, c, job, par).stages, [c.gpu.memory_bytes] * pp,
                              list(stage_pool), [est.p2p_s] * (pp - 1), {i: est})
     if par.vpp > 1 or par.pipeline_schedule != "1f1b":
         raise LayoutError(f"pools: only the 1F1B schedule (vpp 1) is modelled across pools (vpp {par.vpp}, "
                           f"schedule {par.pipeline_schedule})")
-    ests = {i: estimate_step(model, mixed.pools[i].cluster, job, par, convention,
+    ests = {i: estimate_step(model, mixed.pools[i].cluster, job, par, convention, overlap_dp=overlap_dp,
                              stages=frozenset(r for r in range(pp) if stage_pool[r] == i)) for i in used}
     fwd = [ests[stage_pool[r]].stage_forward_s[r] for r in range(pp)]
     bwd = [ests[stage_pool[r]].stage_backward_s[r] for r in range(pp)]

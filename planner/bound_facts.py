@@ -27,6 +27,7 @@ from cost_models.memory import (activation_bytes_per_layer, in_flight_microbatch
                                 model_state_terms, stage_params)
 from model_zoo.spec import ModelSpec
 
+from .launch_options import launched_overlap_dp
 from .recompute import PARTIAL_RECOMPUTE_FRAMEWORKS
 from .space import SEARCH_SCHEDULES, SearchSpace, Structure, sp_options, to_parallel, vpp_options, zero_options
 
@@ -216,6 +217,9 @@ class StructureFacts:
     rs3: float = 0.0
     ag3: float = 0.0
     dp_full: bool = True
+    #: ZeRO-2 reduce-scatters in every micro-batch's backward (Megatron-FSDP ``optim_grads``): its reduction is in
+    #: ``o_coef``'s per-micro-batch term and ``Z`` bounds only the weight gather (``bound_terms.z_bound``)
+    rs_every_microbatch: bool = False
     o_coef: dict[int, tuple[float, float]] = field(default_factory=dict)   # z -> (a, c): O[z] = a + m c seconds
     n_hi: int = 1                               # most decoder layers on one rank
     dpg: GroupPlacement | None = None           # placement of the dp x cp shard group (``with_comm``)
@@ -331,13 +335,15 @@ def with_comm(ctx: BoundContext, sf: StructureFacts) -> None:
     got = ctx.cache.get(key)
     if got is None:
         sf.opt, sf.rs_t, sf.ag_t, sf.rs3, sf.ag3 = _new_comm(ctx, sf, dpg)
-        # exposed in full without overlap (Megatron-LM's default; DeepSpeed's pipeline engine); otherwise only
-        # what the busiest rank's backward / forward cannot hide (bounded with the compute upper bounds)
-        sf.dp_full = ctx.framework == "megatron" or (ctx.framework == "deepspeed" and st.pp > 1)
+        # exposed in full where the launch does not overlap it (launch_options: DeepSpeed's pipeline engine;
+        # Megatron without a dp x cp group, where only expert gradients reduce); otherwise only what the busiest
+        # rank's backward / forward cannot hide (bounded with the compute upper bounds)
+        sf.dp_full = not launched_overlap_dp(ctx.framework, st.dp, st.cp, st.pp)
+        sf.rs_every_microbatch = ctx.framework == "megatron"
         sf.o_coef = _o_coefficients(ctx, sf)
-        ctx.cache[key] = (sf.opt, sf.rs_t, sf.ag_t, sf.rs3, sf.ag3, sf.dp_full, sf.o_coef)
+        ctx.cache[key] = (sf.opt, sf.rs_t, sf.ag_t, sf.rs3, sf.ag3, sf.dp_full, sf.rs_every_microbatch, sf.o_coef)
     else:
-        sf.opt, sf.rs_t, sf.ag_t, sf.rs3, sf.ag3, sf.dp_full, sf.o_coef = got
+        sf.opt, sf.rs_t, sf.ag_t, sf.rs3, sf.ag3, sf.dp_full, sf.rs_every_microbatch, sf.o_coef = got
     sf.has_comm = True
 
 
@@ -576,10 +582,11 @@ def _o_coefficients(ctx: BoundContext, sf: StructureFacts) -> dict[int, tuple[fl
     out = {}
     for z in sf.zs:
         zc = 1 if z else 0
-        if z == 2 and ctx.framework == "megatron":
+        if z == 2 and sf.rs_every_microbatch:
             n_hi = max(1, max(len(r) for r in sf.lay.ranges))
             n_lo = max(1, min(len(r) for r in sf.lay.ranges))
-            out[z] = (sf.opt[zc] + sf.ag_t[zc],
+            # the weight gather: in full without overlap, else in ``Z`` (``bound_terms.z_bound``)
+            out[z] = (sf.opt[zc] + (sf.ag_t[zc] if sf.dp_full else 0.0),
                       sf.rs_t[zc] * (1 / n_hi + (1 - 1 / n_lo) * stm.OVERLAP_COMPUTE_SLOWDOWN))
         else:
             out[z] = (sf.opt[zc] + (sf.rs_t[zc] + sf.ag_t[zc] if z < 3 and sf.dp_full else 0.0), 0.0)

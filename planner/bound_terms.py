@@ -18,23 +18,71 @@ from .space import schedule_options, vpp_options
 
 def z_bound(sf: StructureFacts, m: int, z: int, f0: float, b0: float) -> float:
     """The ``Z`` table's value: the DP / ZeRO-3 terms that the smallest per-rank forward f0 and backward b0
-    (seconds per micro-batch) cannot hide (``dp_table``)."""
+    (seconds per micro-batch) cannot hide (``dp_table``). An overlapped collective of ``x`` seconds under a pass of
+    ``c`` takes c + ``data_parallel.overlapped_exposed_s(x, c)`` = max(c, x) + OVERLAP_COMPUTE_SLOWDOWN min(c, x),
+    non-decreasing in c, so its value at f0 / b0 bounds the pass + its exposure (``_under``). Megatron-FSDP ZeRO-2
+    (``sf.rs_every_microbatch``) reduces in every micro-batch (``o_bound``'s per-micro-batch term) and overlaps only
+    the weight gather with the first forward: step >= m (f + b) + overlapped_exposed_s(ag, f)."""
     zc = 1 if z else 0
     if z < 3 and not sf.dp_full and sf.shard * sf.edp > 1:
-        return (m - 1) * (f0 + b0) + max(f0, sf.ag_t[zc]) + max(b0, sf.rs_t[zc])
+        if z == 2 and sf.rs_every_microbatch:
+            return (m - 1) * (f0 + b0) + b0 + _under(sf.ag_t[zc], f0)
+        return (m - 1) * (f0 + b0) + _under(sf.ag_t[zc], f0) + _under(sf.rs_t[zc], b0)
     if z >= 3 and (sf.shard > 1 or sf.edp > 1):
         return m * (max(f0, sf.ag3) + max(b0, sf.ag3 + sf.rs3))
     return 0.0
 
 
+def _under(comm_s: float, compute_s: float) -> float:
+    """Seconds of a pass of ``compute_s`` with a collective of ``comm_s`` overlapped under it
+    (``compute_s + data_parallel.overlapped_exposed_s(comm_s, compute_s)``)."""
+    if comm_s <= 0:
+        return compute_s
+    return max(compute_s, comm_s) + stm.OVERLAP_COMPUTE_SLOWDOWN * min(compute_s, comm_s)
+
+
 def d_bound(sf: StructureFacts, m: int, z: int) -> float:
-    """The ``D`` table's value: ZeRO-3 / FSDP time the step model adds to the pipeline in any case. Every forward
-    and backward pass of every micro-batch exposes at least its first layer's all-gather, and the last backward its
-    last layer's reduce-scatter (``step_time.fsdp_exposed_s`` >= (gather + reduce) / layers, with at most
-    ``n_hi`` layers on the busiest rank): (2 m ag + rs) / n_hi."""
-    if z < 3 or sf.shard == 1:
+    """The ``D`` table's value: DP / ZeRO-3 time the step model adds to the pipeline in any case (seconds).
+
+    * ZeRO-3 / FSDP: every forward and backward pass of every micro-batch exposes at least its first layer's
+      all-gather, and the last backward its last layer's reduce-scatter (``step_time.fsdp_exposed_s`` >= (gather +
+      reduce) / layers, with at most ``n_hi`` layers on the busiest rank): (2 m ag + rs) / n_hi.
+    * An overlapped reduction / gather (ZeRO 0-2, ``overlapped_dp_s``) exposes
+      ``data_parallel.overlapped_exposed_s(x, c)`` = max(0, x - c) + OVERLAP_COMPUTE_SLOWDOWN min(x, c) >=
+      OVERLAP_COMPUTE_SLOWDOWN x for any compute c (the slowdown is below 1)."""
+    if z < 3:
+        return stm.OVERLAP_COMPUTE_SLOWDOWN * overlapped_dp_s(sf, z)
+    if sf.shard == 1:
         return 0.0
     return (2 * m * sf.ag3 + sf.rs3) / sf.n_hi
+
+
+def overlapped_dp_s(sf: StructureFacts, z: int) -> float:
+    """Seconds of the ZeRO 0-2 reduction and gather that the launch overlaps with the compute (0 where they are
+    fully exposed, in ``o_bound``, or absent); Megatron-FSDP ZeRO-2's per-micro-batch reduction is in ``o_bound``,
+    so only its gather."""
+    if z >= 3 or sf.dp_full or sf.shard * sf.edp == 1:
+        return 0.0
+    zc = 1 if z else 0
+    return sf.ag_t[zc] + (0.0 if z == 2 and sf.rs_every_microbatch else sf.rs_t[zc])
+
+
+def makespan_share(m: int) -> float:
+    """kappa(m) = 1 - (1 - OVERLAP_COMPUTE_SLOWDOWN) / m: the step is at least kappa x the makespan + the
+    overlapped DP collectives (``overlapped_dp_s``) + ``o_bound``. An overlapped collective of x seconds under the
+    busiest rank's pass of c exposes ``overlapped_exposed_s(x, c)`` >= x - (1 - OVERLAP_COMPUTE_SLOWDOWN) c, and
+    that rank's forward + backward of one micro-batch (the c of the gather and of the reduction) is at most the
+    makespan / m, since the rank runs all m of them one after the other in the default schedules (1F1B,
+    interleaved). This keeps the bound tight where the pipeline's sends and bubble, not the compute under the
+    collectives, make the step long (``Z`` bounds compute + exposure, which then falls far short)."""
+    return 1.0 - (1.0 - stm.OVERLAP_COMPUTE_SLOWDOWN) / max(1, m)
+
+
+def default_schedule_bound(sf: StructureFacts, m: int, z: int, p: float, f0: float, b0: float) -> float:
+    """The default schedule's ``max(P + D, Z, kappa P + F)`` (seconds, before ``O``): ``p`` a lower bound of the
+    pipeline makespan, f0 / b0 of every rank's forward / backward per micro-batch (``d_bound``, ``z_bound``,
+    ``makespan_share``, ``overlapped_dp_s``)."""
+    return max(p + d_bound(sf, m, z), z_bound(sf, m, z, f0, b0), makespan_share(m) * p + overlapped_dp_s(sf, z))
 
 
 def o_bound(ctx: BoundContext, sf: StructureFacts, m: int, z: int) -> float:
@@ -230,7 +278,7 @@ def busiest_rank_bounds(ctx: BoundContext, sf: StructureFacts, mbss, only_v1) ->
             else:
                 p = m * busy
             for z, (a, c) in sf.o_coef.items():
-                best = min(best, max(p + d_bound(sf, m, z), z_bound(sf, m, z, f0, b0)) + a + m * c)
+                best = min(best, default_schedule_bound(sf, m, z, p, f0, b0) + a + m * c)
             if cells:
                 best = min(best, paired_bound(ctx, sf, m, lambda nd, nm: (
                     (nd * d[0] if nd and d is not None else 0.0) + (nm * e[0] if nm and e is not None else 0.0),
@@ -334,8 +382,9 @@ def paired_bound(ctx: BoundContext, sf: StructureFacts, m: int, fb, ep_s: float,
             busy = max(busy, m * (f + b) - h + sends_around(stage) * p2p)
             f0, b0, hid = min(f0, f), min(b0, b), max(hid, h)
         for z in zs:
-            zt = paired_dp_bound(dp_facts(ctx, sf, sched), m, z, f0, b0, hid)
-            out = min(out, max(busy + d_bound(sf, m, z), zt) + o_bound(ctx, sf, m, z))
+            dsf = dp_facts(ctx, sf, sched)
+            zt = paired_dp_bound(dsf, m, z, f0, b0, hid)
+            out = min(out, max(busy + d_bound(dsf, m, z), zt) + o_bound(ctx, sf, m, z))
     return out
 
 
@@ -398,8 +447,7 @@ def group_bound(ctx: BoundContext, sf: StructureFacts, mbs: int, mem_limit: floa
                 f0, b0 = min(f0, f), min(b0, b)
             p = pipeline_bound(ctx, sf, mb, fb, 1) if only_v1 else mb.m * busy
             for z in ok:
-                best = min(best, max(p + d_bound(sf, mb.m, z), z_bound(sf, mb.m, z, f0, b0))
-                           + o_bound(ctx, sf, mb.m, z))
+                best = min(best, default_schedule_bound(sf, mb.m, z, p, f0, b0) + o_bound(ctx, sf, mb.m, z))
     cells = other_schedule_cells(ctx, sf, mb.m, mb.vpps) if sf.other_schedules else {}
     if cells:
         # the other schedules' rows: no memory filter (a V schedule moves the embedding and the output layer), the

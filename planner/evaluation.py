@@ -11,6 +11,7 @@ from cost_models.step_time import StepEstimate, estimate_step
 from model_zoo.spec import ModelSpec
 
 from .checks import DEFAULT_MEMORY_HEADROOM, Violation, check_config
+from .launch_options import launched_overlap_dp
 
 
 @dataclass
@@ -51,7 +52,9 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: Para
                                   framework=framework)
         if violations and not time_infeasible:
             return Evaluation(par, mem, None, violations)
-        step = estimate_step(model, cluster, job, par, convention)
+        # costed as the plan is launched: the data-parallel overlap the emitter switches on (launch_options)
+        step = estimate_step(model, cluster, job, par, convention,
+                             overlap_dp=launched_overlap_dp(framework, par.dp, par.cp, par.pp))
     except LayoutError as e:  # pragma: no cover - check_config reports it first
         return Evaluation(par, None, None, structural + [Violation("layers_pp", str(e))])
     return Evaluation(par, mem, step, violations)

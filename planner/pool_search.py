@@ -49,6 +49,7 @@ from cost_models.pools import PoolsEstimate, estimate_pools
 from model_zoo.spec import ModelSpec
 
 from .checks import DEFAULT_MEMORY_HEADROOM, check_config
+from .launch_options import megatron_overlaps_dp
 from .pool_costs import LayerTimes, StageMemoryFacts, layer_kinds, layer_times, stage_memory
 from .pool_split import Split, StageArrays, best_split, lower_bound_1f1b, memory_fits
 from .space import SearchSpace, Structure, micro_batch_options, sp_options, structures
@@ -406,7 +407,8 @@ def search_pools(model: ModelSpec, mixed: MixedCluster, job: TrainingJob, top_k:
             m = job.global_batch_size // (c.mbs * c.st.dp)
             par = _config(model, c, split)
             n_eval += 1
-            est = estimate_pools(model, mixed, job, par, c.arr.stage_pool(), convention)
+            est = estimate_pools(model, mixed, job, par, c.arr.stage_pool(), convention,
+                                 megatron_overlaps_dp(par.dp, par.cp))
             if not est.fits(memory_headroom):
                 # a term the tables leave out binds: cap the overfull stages below their layer count, split again
                 caps = dict(c.caps)
@@ -486,6 +488,6 @@ def _homogeneous(model: ModelSpec, mixed: MixedCluster, job: TrainingJob, idx: i
     if not res.plans:
         return None
     par = res.plans[0].parallel
-    est = estimate_pools(model, mixed, job, par, [idx] * par.pp, convention)
+    est = estimate_pools(model, mixed, job, par, [idx] * par.pp, convention, megatron_overlaps_dp(par.dp, par.cp))
     return PoolPlan(par, [idx] * par.pp, est, _violations(model, mixed, job, par, [idx] * par.pp, est, headroom),
                     source="homogeneous search")

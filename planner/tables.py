@@ -10,11 +10,11 @@ combined 1F1B / ZB-V / DualPipeV, get rows of their own, weaker for the V schedu
   forward and backward of the first micro-batch through the ranks before it (no schedule can start rank r earlier
   or let rank 0 finish sooner), from ``cost_models.step_time``'s per-layer costs (``bound_facts.layer_lb``), the
   last stage with the output layer, the loss and the MTP modules;
-* ``dp_table`` -> ``Z[k, sp, zero]``, ``O[k, zero]``, ``D[k, zero]`` (seconds): the data-parallel reduction and
-  ZeRO-3 gathers that an upper bound of the compute cannot hide (``Z``), the optimizer step and the fully exposed
-  DP terms (``O``), the ZeRO-3 time always added to the pipeline (``D``); the per-cell bound is
-  ``max(P + D, Z) + O`` (``Tables.tight``), and ``E`` is its additive relaxation (step >= ``P + E``, CP-SAT's
-  objective);
+* ``dp_table`` -> ``Z[k, sp, zero]``, ``O[k, zero]``, ``D[k, zero]``, ``F[k, zero]`` (seconds): the data-parallel
+  reduction and ZeRO-3 gathers that an upper bound of the compute cannot hide (``Z``), the optimizer step and the
+  fully exposed DP terms (``O``), the DP / ZeRO-3 time always added to the pipeline (``D``), the overlapped DP
+  collectives (``F``, against ``K[k]`` x the pipeline); the per-cell bound is ``max(P + D, Z, K P + F) + O``
+  (``Tables.tight``), and ``E`` is its additive relaxation (step >= ``P + E``, CP-SAT's objective);
 * ``memory_table`` -> ``W[k, slot, zero] + X[k, slot, sp, vpp]`` (bytes): model states
   (``memory.model_state_terms``), reserve and logits, plus stored activations (MTP layers on the last stage) x
   in-flight micro-batches and the running layer's working set (``memory.activation_bytes_per_layer``,
@@ -52,8 +52,9 @@ from model_zoo.spec import ModelSpec
 from .bound_facts import (INVALID, ZEROS, BoundContext, MicroBatchFacts, StructureFacts, context, end_extras,
                           microbatch_facts, model_state_bytes, p2p_seconds, structure_facts, with_comm,
                           with_memory_facts)
-from .bound_terms import (d_bound, dp_facts, min_recomputed_layers, o_bound, paired_dp_bound, paired_hidden,
-                          pipeline_bound, rank_fb, sends_around, stored_bytes, working_bytes, z_bound)
+from .bound_terms import (d_bound, dp_facts, makespan_share, min_recomputed_layers, o_bound, overlapped_dp_s,
+                          paired_dp_bound, paired_hidden, pipeline_bound, rank_fb, sends_around, stored_bytes,
+                          working_bytes, z_bound)
 from .space import MAX_VPP, SearchSpace, Structure, micro_batch_options, schedule_options, to_parallel
 
 V = MAX_VPP
@@ -74,11 +75,14 @@ class Tables:
     Z: list = field(default_factory=list)  # [k][sp][z] bound on pipeline + hidden-DP/ZeRO-3 terms (s), 0 if none
     O: list = field(default_factory=list)  # [k][z] optimizer + fully exposed DP (s)
     D: list = field(default_factory=list)  # [k][z] DP / ZeRO-3 time always added to the pipeline (s)
+    F: list = field(default_factory=list)  # [k][z] overlapped DP collectives (s): step >= K P + F + O
+    K: list = field(default_factory=list)  # [k] makespan share K (``bound_terms.makespan_share``; 1 with F 0: none)
     slots: int = 1
 
-    def add(self, key, A, P, E, W, X, Z, O, D) -> None:
+    def add(self, key, A, P, E, W, X, Z, O, D, F=(0.0,) * 4, K=1.0) -> None:
         self.keys.append(key)
-        for name, val in (("A", A), ("P", P), ("E", E), ("W", W), ("X", X), ("Z", Z), ("O", O), ("D", D)):
+        for name, val in (("A", A), ("P", P), ("E", E), ("W", W), ("X", X), ("Z", Z), ("O", O), ("D", D),
+                          ("F", list(F)), ("K", K)):
             getattr(self, name).append(val)
         self.slots = max(self.slots, len(W))
 
@@ -98,14 +102,19 @@ class Tables:
         return A, P, E, W, X
 
     def tight(self, A, P):
-        """Per-cell step bound ``A + max(P + D, Z) + O`` over (k, sp, v, z): tighter than the additive
-        ``A + P + E`` that CP-SAT minimises (it keeps the max of the pipeline and the DP/ZeRO-3 bounds per cell)."""
+        """Per-cell step bound ``A + max(P + D, Z, K P + F) + O`` over (k, sp, v, z): tighter than the additive
+        ``A + P + E`` that CP-SAT minimises (it keeps the max of the pipeline and the DP/ZeRO-3 bounds per cell;
+        ``bound_terms.default_schedule_bound``)."""
         n = len(self.keys)
         Z = np.array(self.Z, dtype=float).reshape(n, 2, 4)
         O = np.array(self.O, dtype=float).reshape(n, 4)
         D = np.array(self.D, dtype=float).reshape(n, 4)
-        return A[:, None, :, None] + np.maximum(P[:, :, :, None] + D[:, None, None, :],
-                                                Z[:, :, None, :]) + O[:, None, None, :]
+        F = np.array(self.F, dtype=float).reshape(n, 4)
+        K = np.array(self.K, dtype=float).reshape(n)
+        Pz = P[:, :, :, None]
+        return A[:, None, :, None] + np.maximum(np.maximum(Pz + D[:, None, None, :], Z[:, :, None, :]),
+                                                K[:, None, None, None] * Pz + F[:, None, None, :]) \
+            + O[:, None, None, :]
 
 
 def pipeline_table(ctx: BoundContext, sf: StructureFacts, mb: MicroBatchFacts, rc: str):
@@ -135,22 +144,27 @@ def dp_table(ctx: BoundContext, sf: StructureFacts, mb: MicroBatchFacts, P, fb_m
     * overlapped DP: max(0, rs - b_B) + max(0, ag - f_B)  =>  step >= (m-1)(f_B + b_B) + max(f_B, ag) + max(b_B, rs)
 
     with f_B, b_B >= the smallest per-rank lower bounds (``bound_terms.z_bound``), plus the optimizer step and the
-    exposed DP terms (``o_bound``); ``D`` (``d_bound``) is added to the pipeline bound (step >= P + D + O). E adds
-    max(D, what Z exceeds the largest P of this k by), so P + E stays below the step time for every (sp, vpp).
+    exposed DP terms (``o_bound``); ``D`` (``d_bound``) is added to the pipeline bound (step >= P + D + O), and the
+    overlapped collectives ``F`` to K x the pipeline bound (``bound_terms.makespan_share``). E adds max(D, what Z
+    exceeds the largest P of this k by, F - (1 - K) x that P), so P + E stays below the step time for every (sp,
+    vpp).
     """
     with_comm(ctx, sf)
     pmax = max((x for row in P for x in row if x != INVALID), default=0.0)
     E = [INVALID] * 4
     O = [INVALID] * 4
     D = [INVALID] * 4
+    F = [0.0] * 4
+    K = makespan_share(mb.m)
     Zk = [[0.0] * 4 for _ in range(2)]
     for z in sf.zs:
         O[z] = o_bound(ctx, sf, mb.m, z)
         D[z] = d_bound(sf, mb.m, z)
+        F[z] = overlapped_dp_s(sf, z)
         for sp in sf.sps:
             Zk[int(sp)][z] = z_bound(sf, mb.m, z, *fb_min[sp])
-        E[z] = O[z] + max(D[z], min(Zk[int(sp)][z] for sp in sf.sps) - pmax)
-    return E, Zk, O, D
+        E[z] = O[z] + max(D[z], min(Zk[int(sp)][z] for sp in sf.sps) - pmax, F[z] - (1 - K) * pmax)
+    return E, Zk, O, D, F, K
 
 
 def memory_table(ctx: BoundContext, sf: StructureFacts, mb: MicroBatchFacts, rc: str):
@@ -178,14 +192,14 @@ def add_group_tables(ctx: BoundContext, T: Tables, sf: StructureFacts, mbs: int)
     st = sf.st
     for rc in ctx.space.recompute:
         A, P, fb_min = pipeline_table(ctx, sf, mb, rc)
-        E, Z, O, D = dp_table(ctx, sf, mb, P, fb_min)
+        E, Z, O, D, F, K = dp_table(ctx, sf, mb, P, fb_min)
         W, X = memory_table(ctx, sf, mb, rc)
         # a --pipeline-schedule pin may exclude the default schedule (1f1b / interleaved) at some vpp
         for v in mb.vpps:
             if None not in schedule_options(ctx.model, st, mb.m, v, sf.zs[0], rc, ctx.framework, ctx.space):
                 A[v - 1] = INVALID
         if any(a != INVALID for a in A):
-            T.add((st, mbs, rc, None), A, P, E, W, X, Z, O, D)
+            T.add((st, mbs, rc, None), A, P, E, W, X, Z, O, D, F, K)
         if sf.other_schedules:
             schedule_rows(ctx, T, sf, mb, rc, O)
 
@@ -250,7 +264,7 @@ def schedule_rows(ctx: BoundContext, T: Tables, sf: StructureFacts, mb: MicroBat
             # every schedule adds the same DP / ZeRO-3 exposure to its makespan (bound_terms.paired_dp_bound)
             Zk[int(sp)] = [paired_dp_bound(dp_facts(ctx, sf, sched), m, z, f0, b0, hid) if z in zz else 0.0
                            for z in ZEROS]
-        D = [d_bound(sf, m, z) for z in ZEROS]
+        D = [d_bound(dp_facts(ctx, sf, sched), m, z) for z in ZEROS]
         pmax = max((x for row in P for x in row if x != INVALID), default=0.0)
         E = [O[z] + max(D[z], min(Zk[int(sp)][z] for sp in sf.sps) - pmax) if z in zz else INVALID
              for z in ZEROS]

@@ -14,9 +14,11 @@ pre-training tokens (Llama 3 paper, Sec. 3.4). Assumptions, each from the paper 
   (Sec. 3.3.2; Megatron --account-for-embedding/loss-in-pipeline-split), micro-batch 1, sequence parallel;
 * gradients reduced once per step with the optimizer states sharded over DP (Megatron's distributed optimizer,
   ZeRO-1). Meta's FSDP also shards the gradients (ZeRO-2 memory, Sec. 3.3.2); plan3d's ZeRO-2 reduce-scatters them
-  in every micro-batch, exposed (2.2 s of an 8.0 s step), which gives 322 TFLOP/s per GPU where Meta measured 400
-  (Table 4) and 37.5M GPU-hours (+22%). With ZeRO-1 the 8K step gives 415 TFLOP/s, within 4% of the measured 400,
-  and that is the step the GPU-hours below use (``test_llama31_405b_step_matches_meta_tflops``);
+  in every micro-batch, exposed (2.2 s of an 8.0 s step), which gives 325 TFLOP/s per GPU where Meta measured 400
+  (Table 4) and 37.0M GPU-hours (+20%). With ZeRO-1 the 8K step gives 434 TFLOP/s, 8.5% above the measured 400
+  (415 while the planner costed Megatron's DP reduction exposed; plan3d's launch overlaps it,
+  ``planner/launch_options.py``), and that is the step the GPU-hours below use
+  (``test_llama31_405b_step_matches_meta_tflops``);
 * failures: Meta's 419 interruptions in 54 days (1.97e-5 per GPU-hour), 6.47-min restarts, synchronous checkpoints
   to Tectonic (2 TB/s) at the Young/Daly interval (the cluster spec's defaults).
 
@@ -53,8 +55,9 @@ def test_llama31_405b_gpu_hours_within_20pct(llama_stages):
     predicted = short.cost.gpu_hours + long.cost.gpu_hours
     error = predicted / LLAMA_PUBLISHED_GPU_HOURS - 1
     assert abs(error) <= 0.20, f"predicted {predicted / 1e6:.2f}M GPU-hours, {error:+.1%}"
-    # the numbers the report quotes: 29.6M GPU-hours (-4.0%), 75.3 days on 16,384 GPUs
-    assert predicted == pytest.approx(29.61e6, rel=0.02)
+    # the numbers the report quotes: 28.2M GPU-hours (-8.6%), 71.7 days on 16,384 GPUs (29.6M, -4.0%, with the DP
+    # reduction costed exposed; plan3d's Megatron launch overlaps it)
+    assert predicted == pytest.approx(28.19e6, rel=0.02)
     days = short.cost.effective_days + long.cost.effective_days
     assert 60 < days < 90
 

@@ -398,3 +398,24 @@ def test_v_schedules_are_torchtitans_and_refused_by_megatron(schedule, name):
     assert lf["unsupported"]["megatron"].startswith(f"pipeline schedule {schedule}: Megatron-LM runs")
     dual = launch_fields(get_model("llama3.1-8b"), JOB, par.model_copy(update={"schedule": "dualpipe", "vpp": 1}), 8)
     assert {"megatron", "deepspeed", "torchtitan"} <= set(dual["unsupported"])  # DualPipe runs in none of them
+
+
+@pytest.mark.parametrize("dp,cp,zero", [(8, 1, 1), (4, 2, 0), (1, 1, 1)])
+def test_megatron_plan_costs_the_dp_overlap_its_launch_runs(dp, cp, zero):
+    # the Megatron launch passes --overlap-grad-reduce (and --overlap-param-gather under the distributed optimizer)
+    # whenever dp x cp > 1; Megatron-LM's own default is off. The planner's step time must charge what the launch
+    # runs (planner/launch_options.py), not the framework default.
+    from cluster_specs import get_cluster
+    from cost_models.step_time import estimate_step
+    from planner.evaluation import evaluate
+    model, cluster = get_model("llama3.1-8b"), get_cluster("dgx-h100")
+    job = TrainingJob(global_batch_size=256, seq_length=4096)
+    par = ParallelConfig(tp=1, pp=1, dp=dp, cp=cp, micro_batch_size=1, zero_stage=zero)
+    names = megatron_args(model, job, par)
+    overlapped = dp * cp > 1
+    assert ("--overlap-grad-reduce" in names) == overlapped
+    assert ("--overlap-param-gather" in names) == (overlapped and zero >= 1)
+    ev = evaluate(model, cluster, job, par, par.world_size)
+    assert ev.step.step_s == estimate_step(model, cluster, job, par, overlap_dp=overlapped).step_s
+    if overlapped:  # the exposed reduction is slower: the overlap is what the ranking saw
+        assert estimate_step(model, cluster, job, par, overlap_dp=False).step_s > ev.step.step_s

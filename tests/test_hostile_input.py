@@ -319,7 +319,9 @@ def test_slow_network_between_stages_is_bounded_in_the_search(tmp_path):
     # combined 1F1B / DualPipeV rows, whose bounds charge the sends around each rank but no in-flight limit yet,
     # 891 more (1,985, 8.2 s CPU). With the group bounds charging combined 1F1B only where it runs
     # (bound_terms.other_schedule_cells) and its rows' start-up / drain and DP tightening: 1,753 (1,019 default,
-    # 734 combined 1F1B at pp 8 / 16).
+    # 734 combined 1F1B at pp 8 / 16). With Megatron's DP reduction overlapped (as plan3d's launch runs it), the
+    # bound max(P, Z) fell short where the sends and the bubble make the step long (2,820); with the overlapped
+    # collectives charged against kappa x the pipeline (bound_terms.makespan_share): 1,800.
     import numpy as np
 
     from cluster_specs import load_cluster

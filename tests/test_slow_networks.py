@@ -162,7 +162,7 @@ def test_deepseek_v3_is_planned_on_the_h800s_it_used():
 
     model, cluster = get_model("deepseek-v3"), get_cluster("dgx-h800")
     job = TrainingJob(global_batch_size=15360, seq_length=4096, precision="fp8")
-    res = run_search(model, cluster, job, 2048, top_k=5)
+    res = run_search(model, cluster, job, 2048, top_k=8)
     assert res.plans and all(e.feasible for e in res.plans)
     best = res.plans[0]
     assert best.parallel.tp <= 2 and best.parallel.ep >= 8
@@ -175,10 +175,11 @@ def test_deepseek_v3_is_planned_on_the_h800s_it_used():
     # per-tensor FP8's per-expert host cost it was pp 1, ZeRO-3, mbs 5. Its EP is 16, not the paper's 64: DeepSeek's
     # framework dispatches FP8 (Sec. 3.3.3, "Low-Precision Storage and Communication"); Megatron-LM, which plan3d
     # emits, dispatches bf16 (moe/fused_a2a.py), 4/3 the bytes. The paper's EP64 (with TP 2) follows within 4%
-    # (3.1%: its MoE blocks' TP gather / scatter block in backward, collectives.tp_backward_shares), tied within the
-    # prediction interval.
+    # (3.3%, 6th, at PP 8: its MoE blocks' TP gather / scatter block in backward, collectives.tp_backward_shares;
+    # with Megatron's DP reduction overlapped, as plan3d's launch runs it, the layouts with more data parallelism
+    # gained), tied within the prediction interval.
     per_gpu = best.step.tokens_per_s / 2048
     assert (best.parallel.pp, best.parallel.zero_stage) == (16, 1) and best.parallel.ep >= 16
     ep64 = [e for e in res.plans if e.parallel.ep == 64]
     assert ep64 and ep64[0].step.step_s / best.step.step_s < 1.04
-    assert per_gpu / (1e12 / 180e3 / 3600) - 1 == pytest.approx(-0.28, abs=0.05)
+    assert per_gpu / (1e12 / 180e3 / 3600) - 1 == pytest.approx(-0.26, abs=0.05)

@@ -56,6 +56,8 @@ from cost_models.layout import group_placement
 from cost_models.fp8_recipe import default_fp8_recipe, per_tensor_fp8_recipe
 from model_zoo.spec import ModelSpec
 
+from ..launch_options import megatron_overlaps_dp
+
 #: Defaults of the runnable script's data and training arguments (mock data, no dataset needed). Users replace
 #: them with DATA_ARGS / TRAIN_ARGS in the environment. Values are placeholders, not tuned hyper-parameters.
 SCRIPT_DATA_ARGS = ["--mock-data", "--tokenizer-type", "NullTokenizer"]
@@ -401,7 +403,7 @@ def parallel_args(model: ModelSpec, job: TrainingJob, par: ParallelConfig,
         else:
             add(["--recompute-granularity", "full", "--recompute-method", getattr(par, "recompute_method", "block"),
                  "--recompute-num-layers", str(par.recompute_num_layers)])
-    sharded_dp = par.dp * par.cp > 1
+    sharded_dp = megatron_overlaps_dp(par.dp, par.cp)
     if par.zero_stage >= 1:
         a.append("--use-distributed-optimizer")
     if par.zero_stage >= 2:
