@@ -55,7 +55,9 @@ Logits on the last stage, bytes per element of ``s*b*V/tp``: Megatron's fused vo
 the bf16 output-layer result and its fp32 copy (2 + 4 = 6; ``megatron/core/tensor_parallel/cross_entropy.py``
 computes the gradient in place). Eager ``F.cross_entropy(logits.float())`` (torchtitan, HF/DeepSpeed) holds in
 backward the saved fp32 log-softmax, its fp32 gradient and the fp32 input gradient (4 + 4 + 4 = 12; derived
-from PyTorch's ``log_softmax_backward``).
+from PyTorch's ``log_softmax_backward``); compiled (torchtitan's launch compiles its loss) only the bf16 logits and
+their bf16 gradient (2 + 2 = 4, measured: ``COMPILED_CROSS_ENTROPY_BYTES_PER_ELEMENT``); Transformer Engine's loss
+2 (``logits_bytes_per_element``).
 
 Transients (derived; each named in the phase breakdown):
 
@@ -84,6 +86,7 @@ from model_zoo.spec import ModelSpec
 
 from .activation_offload import OFFLOAD_RESIDENT_LAYERS, offloaded_bytes
 from .config import BYTES_16BIT, BYTES_FP32, ParallelConfig, TrainingJob, compute_bytes
+from .elementwise import cross_entropy_impl
 from .layout import chunk_layer_counts, holds_embedding, holds_output, rank_layers
 from .memory_buffers import BufferInputs, backend_buffers, merge, moe_dispatch_buffers, pipeline_p2p_buffers
 from .moe_imbalance import rank_load_ratio
@@ -112,8 +115,16 @@ DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 TOKEN_ID_BYTES = 8
 #: DeepSpeed ZeRO-3 ``sub_group_size`` default, elements: the optimizer steps one sub-group at a time.
 DEEPSPEED_SUB_GROUP_ELEMENTS = 1_000_000_000
-#: Logits bytes per element of ``s*b*V/tp`` at the loss, by framework (module docstring).
+#: Logits bytes per element of ``s*b*V/tp`` at the loss, by framework (module docstring), for the framework's
+#: default loss; ``logits_bytes_per_element`` refines it by the loss the job runs.
 LOGITS_BYTES_PER_ELEMENT = {"megatron": 6, "deepspeed": 12, "torchtitan": 12}
+
+#: torch.compile'd ``F.cross_entropy(logits.float())`` (torchtitan ``components/loss.py`` under ``training.compile``):
+#: the compiled forward saves only the bf16 logits and per-row fp32 statistics, and the generated backward allocates
+#: one buffer of the logits' size, the bf16 input gradient; the fp32 copy, log-softmax and their gradients are fused
+#: away. Measured with torch 2.13 (inductor, CPU; saved-tensor hooks and the generated code,
+#: ``benchmarks/compiled_loss_memory.py``): 2 bytes saved per logit + 2 for the gradient = 4.
+COMPILED_CROSS_ENTROPY_BYTES_PER_ELEMENT = 2 * BYTES_16BIT
 
 #: Transformer Engine ``parallel_cross_entropy`` (Megatron ``--cross-entropy-fusion-impl te``): saves only its bf16
 #: input and per-row statistics, and its backward writes the gradient into that input in place
@@ -123,6 +134,24 @@ TE_CROSS_ENTROPY_BYTES_PER_ELEMENT = BYTES_16BIT
 
 #: Phases of a step, in order; ``init`` is the moment before the first step (model built, states allocated).
 PHASES = ("init", "forward", "backward", "optimizer")
+
+
+def logits_bytes_per_element(job: TrainingJob, framework: str) -> float:
+    """Bytes per element of the ``s*b*V/tp`` logits that the loss holds at its peak, by the loss the framework runs
+    for ``job`` (``elementwise.cross_entropy_impl``): Megatron-LM's vocab-parallel losses 6 (``fp32`` training 4:
+    the output layer already yields fp32 logits and both losses write the gradient in place), Transformer Engine's
+    2 (``TE_CROSS_ENTROPY_BYTES_PER_ELEMENT``); torchtitan eager 12, compiled 4
+    (``COMPILED_CROSS_ENTROPY_BYTES_PER_ELEMENT``); DeepSpeed 12 (``LOGITS_BYTES_PER_ELEMENT``: an eager
+    ``F.cross_entropy(logits.float())``)."""
+    fw = framework.split("_")[0]
+    impl = cross_entropy_impl(job, fw)
+    if fw == "megatron":
+        if job.precision == "fp32":
+            return BYTES_FP32
+        return TE_CROSS_ENTROPY_BYTES_PER_ELEMENT if impl == "te" else LOGITS_BYTES_PER_ELEMENT[fw]
+    if fw == "torchtitan" and impl == "compiled":
+        return COMPILED_CROSS_ENTROPY_BYTES_PER_ELEMENT
+    return LOGITS_BYTES_PER_ELEMENT.get(fw, LOGITS_BYTES_PER_ELEMENT["deepspeed"])
 
 
 @dataclass(frozen=True)
@@ -624,14 +653,7 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
         acts = stored * n_inflight + OFFLOAD_RESIDENT_LAYERS * offloaded
         logits = 0.0
         if holds_output(par, stage):
-            per_el = LOGITS_BYTES_PER_ELEMENT[fw]
-            if fw == "megatron" and getattr(job, "cross_entropy_fusion_impl", "native") == "te":
-                per_el = TE_CROSS_ENTROPY_BYTES_PER_ELEMENT
-            if fw == "megatron" and job.precision == "fp32":
-                # the output layer already yields fp32 logits: no separate fp32 copy (``.float()`` returns them), and
-                # both fused losses write the gradient in place
-                per_el = BYTES_FP32
-            logits = tokens * vocab / par.tp * per_el
+            logits = tokens * vocab / par.tp * logits_bytes_per_element(job, fw)
         fwd_transient = 0.0
         if not job.flash_attention and par.recompute != "full":
             # fp32 QK^T scores of the running layer (F07)

@@ -127,10 +127,7 @@ def context(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, space: Sea
     # the evaluation passes it: the bound takes the smaller of the two
     known = set(getattr(mm, "FRAMEWORKS", ("megatron",)))
     fws = sorted({getattr(job, "framework", None) or "megatron", framework} & known) or ["megatron"]
-    lbpe = getattr(mm, "LOGITS_BYTES_PER_ELEMENT", {})
-    logit_bpe = min([lbpe.get(fw, 0) for fw in getattr(mm, "FRAMEWORKS", ("megatron",)) if fw in fws] or [0])
-    if job.precision == "fp32":  # 4-byte Megatron logits (memory.logits_bytes under fp32)
-        logit_bpe = min(logit_bpe, 4)
+    logit_bpe = min(mm.logits_bytes_per_element(job, fw) for fw in fws)
     mem_lim = (cluster.gpu.memory_bytes * (1 - memory_headroom) * (1 + MEM_MARGIN)
                if memory_headroom is not None else None)
     return BoundContext(model, cluster, job, framework, space, mem_lim, rep, prefix, fws,

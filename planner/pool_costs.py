@@ -29,8 +29,8 @@ from cost_models import step_time as stm
 from cost_models.config import ParallelConfig, TrainingJob, compute_bytes
 from cost_models.fp8_recipe import default_host_cost_class
 from cost_models.layout import group_placement
-from cost_models.memory import (LOGITS_BYTES_PER_ELEMENT, TOKEN_ID_BYTES, activation_bytes_per_layer,
-                                expert_buffer_factor, layer_input_bytes, model_state_terms, stage_params,
+from cost_models.memory import (TOKEN_ID_BYTES, activation_bytes_per_layer, expert_buffer_factor,
+                                layer_input_bytes, logits_bytes_per_element, model_state_terms, stage_params,
                                 state_options_of)
 from cost_models.memory_buffers import moe_dispatch_buffers, pipeline_p2p_buffers
 from model_zoo.spec import ModelSpec
@@ -182,6 +182,6 @@ def stage_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: 
         layer_states=(layer_states[0], layer_states[1]), layer_act=(layer_act[0], layer_act[1]), working=working,
         first_states=states(stage_params(model, par, 0, range(0), vocab)), first_act=tok_ids,
         last_states=states(stage_params(model, par, par.pp - 1, range(0), vocab)), last_act=mtp_act,
-        logits=tokens * vocab / par.tp * LOGITS_BYTES_PER_ELEMENT[framework],
+        logits=tokens * vocab / par.tp * logits_bytes_per_element(job, framework),
         reserve=float(cluster.calibration.memory_reserve_bytes), p2p_recv=sum(p2p.values()), ep_buffers=ep)
 
