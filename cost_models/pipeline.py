@@ -472,7 +472,9 @@ def simulate(schedule: Schedule, pp: int, m: int, fwd_s: list[float], bwd_s: lis
     m0 = max(2 * pp, m0 - m0 % pp)
     a = _simulate_once(schedule, pp, m0, v, fwd_s, bwd_s, p2p_s, False, w_fraction)
     b = _simulate_once(schedule, pp, m0 + pp, v, fwd_s, bwd_s, p2p_s, False, w_fraction)
-    slope = (b.makespan - a.makespan) / pp
     busy_slope = [(y - x) / pp for x, y in zip(a.busy, b.busy)]
+    # the makespan grows at least as fast as the busiest rank works (a short run still in its transient can add
+    # less per group: extrapolated from it, the makespan fell below that rank's busy time)
+    slope = max((b.makespan - a.makespan) / pp, max(busy_slope))
     return Simulation(a.makespan + slope * (m - m0), [x + s * (m - m0) for x, s in zip(a.busy, busy_slope)],
                       extrapolated=True)
