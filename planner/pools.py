@@ -166,6 +166,7 @@ def _plan_info(rank: int, p: PoolPlan, model: ModelSpec, mixed: MixedCluster, jo
     from cost_models.memory import MemoryEstimate
 
     from .checks import Violation
+    from .emit.env import launch_env
     from .evaluation import Evaluation
     est, par = p.estimate, p.parallel
     first = mixed.pools[p.stage_pool[0]].cluster
@@ -173,6 +174,12 @@ def _plan_info(rank: int, p: PoolPlan, model: ModelSpec, mixed: MixedCluster, jo
     s, cap = est.stages[b], est.capacity_bytes[b]
     ev = Evaluation(par, MemoryEstimate(est.stages, cap), est.step, [Violation("pools", v) for v in p.violations])
     base = plan_info(rank, ev, model, first, job, margin)
+    # one launch runs on every pool's nodes: keep only the variables every pool's launch sets (NCCL_NVLS_ENABLE=1
+    # makes NCCL fail on GPUs without NVLink SHARP; unset, NCCL's default uses NVLS where the device has it)
+    used_pools = [mixed.pools[i].cluster for i in dict.fromkeys(p.stage_pool)]
+    base.launch.env = {fw: {k: v for k, v in env.items()
+                            if all(launch_env(fw, par, c, job).get(k) == v for c in used_pools)}
+                       for fw, env in base.launch.env.items()}
     # the stage with the least headroom at its own pool's capacity (the pools' capacities differ)
     base.memory = memory_info(MemoryEstimate(est.stages, cap), margin).model_copy(update=dict(
         peak_bytes=round(s.total), capacity_bytes=cap, headroom_bytes=round(cap - s.total), peak_stage=b,

@@ -196,6 +196,20 @@ def test_emitted_layout_passes_megatron_checks():
         cfg.pipeline_model_parallel_layout.validate_layer_layout(num_layers=80, mtp_num_layers=None)
 
 
+def test_pools_launch_env_holds_on_every_pool():
+    # one launch script runs on the H100 and the A100 nodes alike: NCCL_NVLS_ENABLE=1 (which the H100 pool's TP
+    # all-reduces would want) makes NCCL fail at start-up on the A100s, which have no NVLink SHARP; it is set only
+    # where every pool's launch sets it, whichever pool holds the first stage
+    doc = planner.plan_pools("llama3.1-70b", "dgx-h100:4,dgx-a100-80g:4", global_batch_size=256, seq_length=8192,
+                             top_k=5)
+    assert any(p.parallel.tp > 2 for p in doc.plans)
+    for p in doc.plans:
+        assert "NCCL_NVLS_ENABLE" not in p.launch.env["megatron"]
+        assert p.launch.env["megatron"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "1" or p.parallel.tp == 1
+    alone = planner.plan_pools("llama3.1-70b", "dgx-h100:4", global_batch_size=256, seq_length=8192, top_k=1)
+    assert alone.plans[0].parallel.tp <= 2 or alone.plans[0].launch.env["megatron"]["NCCL_NVLS_ENABLE"] == "1"
+
+
 def test_pools_cli_tables_json_emit_and_timeline(run_cli, tmp_path):
     base = ["plan", "-m", "llama3.1-8b", "-c", "dgx-h100:1,dgx-a100-80g:1", "--global-batch-size", "128",
             "--seq-length", "4096", "--top-k", "2"]
