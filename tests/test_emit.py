@@ -419,3 +419,21 @@ def test_megatron_plan_costs_the_dp_overlap_its_launch_runs(dp, cp, zero):
     assert ev.step.step_s == estimate_step(model, cluster, job, par, overlap_dp=overlapped).step_s
     if overlapped:  # the exposed reduction is slower: the overlap is what the ranking saw
         assert estimate_step(model, cluster, job, par, overlap_dp=False).step_s > ev.step.step_s
+
+
+def test_torchtitan_launch_never_stands_in_another_model():
+    # a model torchtitan has no built-in flavor / registered config for keeps its own name in the TOML and the
+    # 0.3.x overrides, so that torchtitan refuses to start until it is registered; it once fell back to
+    # llama3 / llama3_debugmodel, which trains the debug model (and a dense llama3 under expert parallelism)
+    from planner.emit import torchtitan_overrides
+    for name, par in (("qwen3-30b-a3b", ParallelConfig(dp=2, ep=2, zero_stage=3)),
+                      ("qwen2.5-7b", ParallelConfig(dp=2, zero_stage=3))):
+        model = get_model(name)
+        job = TrainingJob(global_batch_size=8, seq_length=4096, framework="torchtitan")
+        toml = tomllib.loads(torchtitan_toml(model, job, par))
+        assert toml["model"]["name"] == name and toml["model"]["flavor"] == name
+        over = torchtitan_overrides(model, job, par)
+        assert over[:4] == ["--module", name, "--config", name]
+    llama = torchtitan_overrides(get_model("llama3.1-8b"), TrainingJob(global_batch_size=8, framework="torchtitan"),
+                                 ParallelConfig(dp=2, zero_stage=3))
+    assert llama[:4] == ["--module", "llama3", "--config", "llama3_8b"]

@@ -130,7 +130,9 @@ def torchtitan_settings(model: ModelSpec, job: TrainingJob, par: ParallelConfig)
         raise EmitError(f"{feature}: no torchtitan 0.2 flavor of plan3d's carries it")
     if par.ep > 1 and par.expert_tp not in (1, par.tp):
         raise EmitError(f"etp {par.expert_tp}: torchtitan allows expert tensor parallel 1 or = tp ({par.tp})")
-    name, flavor = TORCHTITAN_MODELS.get(model.name, ("llama3", model.name))
+    # a model torchtitan has no built-in flavor for keeps its own name: the launch fails until the user registers it
+    # (``torchtitan_toml``'s header says so), rather than training another architecture
+    name, flavor = TORCHTITAN_MODELS.get(model.name, (model.name, model.name))
     shard, replicate = par.dp, 1
     if par.zero_stage == 0 and (par.tp, par.pp, par.cp, par.ep) == (1, 1, 1, 1):
         # pure data parallelism without sharding: torchtitan's DDP (data_parallel_replicate_degree = dp), the
@@ -254,7 +256,9 @@ def torchtitan_overrides(model: ModelSpec, job: TrainingJob, par: ParallelConfig
     ``activation-checkpoint:none|selective|full`` (last); PP needs ``--training.disable_cuda_graphs`` ("CUDA
     graphs do not support pipeline parallelism yet"). Checked with torchtitan 0.3.0's ``ConfigManager``."""
     s = torchtitan_settings(model, job, par)
-    module, config = TORCHTITAN_REGISTRY.get(model.name, ("llama3", "llama3_debugmodel"))
+    # no registered config: name the model itself, so that torchtitan refuses to start until one is registered
+    # (never a stand-in such as llama3_debugmodel, which would train another model)
+    module, config = TORCHTITAN_REGISTRY.get(model.name, (model.name, model.name))
     a = ["--module", module, "--config", config]
     pl = dict(s["parallelism"])
     pl.pop("expert_tensor_parallel_degree", None)  # 0.3.x: expert TP follows tp
