@@ -116,3 +116,27 @@ def test_deepspeed_without_megatron_deepspeed_refused():
     assert "rope_scaling" in doc.plans[0].launch.unsupported["megatron_deepspeed"]  # Llama 3.1's RoPE scaling
     with pytest.raises(EmitUnsupported, match="--launcher k8s"):
         emit_files(doc, "deepspeed", launcher="k8s")
+
+
+def test_command_and_env_values_are_quoted_strings():
+    # kubectl's YAML 1.2 parser (go-yaml) reads a bare 1e-05 (Megatron's --norm-epsilon value) as a float, which
+    # PyYAML (YAML 1.1) writes unquoted: every item of the container's command and every env value is quoted
+    doc = planner.plan("llama3.1-70b", "dgx-h100", gpus=64, global_batch_size=512, seq_length=4096, top_k=1)
+    text = emit_files(doc, "megatron", 1, launcher="k8s")["pytorchjob.yaml"]
+    assert "- '1e-05'" in text
+    for node in yaml.compose_all(text):
+        if node is None or not any(k.value == "kind" and v.value == "PyTorchJob" for k, v in node.value):
+            continue
+        stack, seen = [node], 0
+        while stack:
+            n = stack.pop()
+            if isinstance(n, yaml.MappingNode):
+                for k, v in n.value:
+                    if k.value in ("command", "value") and isinstance(v, (yaml.SequenceNode, yaml.ScalarNode)):
+                        items = v.value if isinstance(v, yaml.SequenceNode) else [v]
+                        assert all(i.style in ("'", '"') for i in items), [i.value for i in items if not i.style]
+                        seen += len(items)
+                    stack.append(v)
+            elif isinstance(n, yaml.SequenceNode):
+                stack.extend(n.value)
+        assert seen > 20

@@ -34,6 +34,12 @@ def job_name(model_name: str, rank: int) -> str:
     return f"plan3d-{base}"[:54].rstrip("-") + f"-rank{rank}"
 
 
+class _Quoted(str):
+    """A string the manifest always quotes: Kubernetes' YAML 1.2 parser (go-yaml, which kubectl uses) reads an
+    unquoted ``1e-05`` as a float, which YAML 1.1's PyYAML writes bare, and the container's ``command`` and ``env``
+    values must be strings."""
+
+
 def pytorchjob_manifest(name: str, nodes: int, gpus_per_node: int, command: list[str], env: dict[str, str],
                         config_files: dict[str, str], header: str, image: str = DEFAULT_IMAGE) -> str:
     """The YAML of a ``ConfigMap`` (``config_files``, mounted at ``CONFIG_DIR``; omitted when empty) and a
@@ -46,8 +52,9 @@ def pytorchjob_manifest(name: str, nodes: int, gpus_per_node: int, command: list
                      "data": dict(config_files)})
         mounts.append({"name": "plan3d-config", "mountPath": CONFIG_DIR, "readOnly": True})
         volumes.append({"name": "plan3d-config", "configMap": {"name": f"{name}-config"}})
-    container = {"name": "pytorch", "image": image, "imagePullPolicy": "IfNotPresent", "command": command,
-                 "env": [{"name": k, "value": v} for k, v in {**env, "CONFIG_DIR": CONFIG_DIR}.items()],
+    container = {"name": "pytorch", "image": image, "imagePullPolicy": "IfNotPresent",
+                 "command": [_Quoted(a) for a in command],
+                 "env": [{"name": k, "value": _Quoted(v)} for k, v in {**env, "CONFIG_DIR": CONFIG_DIR}.items()],
                  "resources": {"limits": {"nvidia.com/gpu": gpus_per_node}},
                  "volumeMounts": mounts}
     template = {"spec": {"containers": [container], "volumes": volumes}}
@@ -58,5 +65,6 @@ def pytorchjob_manifest(name: str, nodes: int, gpus_per_node: int, command: list
                  "spec": {"nprocPerNode": str(gpus_per_node), "runPolicy": {"cleanPodPolicy": "Running"},
                           "pytorchReplicaSpecs": replicas}})
     dumper = type("_NoAliases", (yaml.SafeDumper,), {"ignore_aliases": lambda self, data: True})
+    dumper.add_representer(_Quoted, lambda d, v: d.represent_scalar("tag:yaml.org,2002:str", str(v), style="'"))
     body = "---\n".join(yaml.dump(d, Dumper=dumper, sort_keys=False, width=120) for d in docs)
     return f"# {header}\n# kubectl apply -f pytorchjob.yaml (Kubeflow Training Operator v1)\n---\n{body}"
