@@ -44,7 +44,8 @@ def compute_bytes(precision: str) -> int:
 GLOBAL_BATCH = Plausible(1, 100 * 16384, "one to 100x a 16,384-sequence batch; DeepSeek-V3 used 15,360")
 
 #: Busiest expert's routed tokens over the mean: 1 (balanced) up to num_experts / top_k (it takes every token of the
-#: micro-batch), bounded by 100x the 256 routed experts of DeepSeek-V3 (arXiv:2412.19437 Sec. 4.2) over top-1.
+#: micro-batch; per model: ``planner.api``), bounded by 100x the 256 routed experts of DeepSeek-V3
+#: (arXiv:2412.19437 Sec. 4.2) over top-1.
 EXPERT_LOAD_IMBALANCE = Plausible(1.0, 100 * 256, "1 = balanced, at most num_experts / top_k; 100x the 256 experts "
                                                   "of DeepSeek-V3 over top-1")
 #: Megatron-LM ``--moe-expert-capacity-factor``: >= 1 keeps every token of balanced routing; at most num_experts /

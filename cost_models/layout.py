@@ -117,8 +117,22 @@ def chunk_layer_counts(num_layers: int, par: ParallelConfig, vpp: int | None = N
                     f"first + last stage layers ({first}+{last}) must equal num_layers {num_layers} when pp=2")
             per_stage = [first, last]
         else:
-            if rest <= 0 or rest % n_mid:
-                raise LayoutError(f"remaining {rest} layers are not divisible by the {n_mid} middle pipeline stages")
+            # Megatron-LM splits the rest evenly over the stages without a given count (get_num_layers_to_build);
+            # its arguments.py asserts that split is even, and a stage with no decoder layer is not a layout
+            ends = [(k, n) for k, n in (("first", first), ("last", last)) if n is not None]
+            given = f"{' + '.join(k for k, _ in ends)} stage layers ({' + '.join(str(n) for _, n in ends)}" + (
+                f" = {num_layers - rest})" if len(ends) > 1 else ")")
+            others = f"{n_mid} {'middle' if len(ends) > 1 else 'other'} pipeline stage{'s' if n_mid > 1 else ''}"
+            if rest < 0:
+                raise LayoutError(f"{given} exceed the model's {num_layers} layers")
+            if rest == 0:
+                raise LayoutError(f"{given} take all {num_layers} layers: the {others} would be empty (each stage "
+                                  f"needs at least one layer)")
+            if rest < n_mid:
+                raise LayoutError(f"{given} leave {rest} of the {num_layers} layers for the {others}: each stage "
+                                  f"needs at least one layer")
+            if rest % n_mid:
+                raise LayoutError(f"the {rest} layers left after the {given} are not divisible by the {others}")
             per_stage = [rest // n_mid] * pp
             if first is not None:
                 per_stage[0] = first

@@ -40,6 +40,7 @@ if TYPE_CHECKING:  # heavy imports stay lazy: the CLI's start-up only pays for w
 
     from .comparison import ComparisonDocument
     from .cost_search import SweepPoint
+    from .checks import Violation
     from .document import PlanDocument
     from .explanation import Explanation
     from .validation import ValidationReport
@@ -265,6 +266,9 @@ def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = No
                                   "expert's routed tokens over the mean; 1 = balanced)")
     capacity_factor = _real("capacity_factor", capacity_factor, "a number >= 1 (each expert's capacity over the "
                             "balanced share)")
+    if expert_load_imbalance is not None:
+        _check_routing_ratio("--expert-load-imbalance", m, expert_load_imbalance,
+                             "the busiest expert then receives every token")
     if capacity_factor is not None:
         _check_capacity_factor(m, fw, capacity_factor, expert_load_imbalance)
     from pydantic import ValidationError
@@ -295,6 +299,21 @@ def _real(field: str, value: Any, allowed: str) -> float | None:
         raise PlanInputError(f"{_flag(field)} {text}: must be {allowed}") from None
 
 
+def _check_routing_ratio(flag: str, model: Any, value: float, at_most: str) -> None:
+    """Rules common to the MoE routing ratios over the balanced share (``--capacity-factor``,
+    ``--expert-load-imbalance``): the model has routed experts, and the ratio is at most ``num_experts / top_k``.
+    Each token picks ``top_k`` distinct experts, so an expert receives at most every token of the micro-batch, while
+    the balanced share (the mean) is ``tokens x top_k / num_experts`` (Megatron-LM ``TopKRouter``; the same bound
+    Megatron's capacity ``tokens x top_k / E x F`` reaches when every expert holds every token). ``at_most`` says
+    what the bound means for ``flag``. Raises ``PlanInputError``."""
+    if model.moe is None:
+        raise PlanInputError(f"{flag} applies to MoE models; {model.name} has no experts")
+    most = model.moe.num_experts / model.moe.top_k
+    if value > most:
+        raise PlanInputError(f"{flag} {value:g}: at most num_experts / top_k = {most:g} for {model.name} "
+                             f"({at_most})")
+
+
 def _check_capacity_factor(model: Any, framework: str, capacity_factor: float,
                            expert_load_imbalance: float | None) -> None:
     """Drop-and-pad routing's own rules (``--capacity-factor``): a MoE model, at most ``num_experts / top_k`` (the
@@ -302,12 +321,7 @@ def _check_capacity_factor(model: Any, framework: str, capacity_factor: float,
     slots and picks them by ``topk`` over the tokens), Megatron-LM (whose ``--moe-expert-capacity-factor`` plan3d
     costs and emits), and no ``--expert-load-imbalance`` (a dropless setting: padded, every expert holds its
     capacity). Raises ``PlanInputError``."""
-    if model.moe is None:
-        raise PlanInputError(f"--capacity-factor applies to MoE models; {model.name} has no experts")
-    most = model.moe.num_experts / model.moe.top_k
-    if capacity_factor > most:
-        raise PlanInputError(f"--capacity-factor {capacity_factor:g}: at most num_experts / top_k = {most:g} for "
-                             f"{model.name} (every expert then holds every token)")
+    _check_routing_ratio("--capacity-factor", model, capacity_factor, "every expert then holds every token")
     if framework != "megatron":
         raise PlanInputError(f"--capacity-factor with --framework {framework}: drop-and-pad routing is costed and "
                              f"emitted for Megatron-LM (--moe-expert-capacity-factor); drop --capacity-factor or use "
@@ -423,6 +437,24 @@ def _cost_options(options: dict[str, Any]):
                         restart_s=options.get("restart_s"), pue=options.get("pue"))
 
 
+def _check_price_names(cost, clusters: list[str]) -> None:
+    """``--gpu-hour-price NAME=USD`` names only the clusters being planned (``planner.cost.check_price_names``)."""
+    from .cost import check_price_names
+    check_price_names(None if cost is None else cost.gpu_hour_price, clusters)
+
+
+def _per_cluster_options(options: dict[str, Any], specs: list) -> list[dict[str, Any]]:
+    """``options`` for each cluster of ``specs`` (``compare``, ``cost_sweep``): ``--gpu-hour-price``'s NAME=USD
+    entries checked against all of them, then each cluster planned with its own entry only (so each one-cluster
+    plan's own check holds)."""
+    from .cost import check_price_names, parse_price
+    price = parse_price(options.get("gpu_hour_price"))
+    if not isinstance(price, dict):
+        return [options] * len(specs)
+    check_price_names(price, [c.name for c in specs])
+    return [{**options, "gpu_hour_price": {k: v for k, v in price.items() if k == c.name}} for c in specs]
+
+
 def _layout_problem(model, cluster, options: dict[str, Any], where: str):
     """Resolve the options of a one-layout function into (inputs, par, headroom, framework, convention)."""
     _check_keys(options, _JOB_KEYS | _LAYOUT_KEYS, where)
@@ -503,6 +535,7 @@ def _plan_setup(model, cluster, options: dict[str, Any]) -> _PlanSetup:
         raise PlanInputError(f"--top-k {top_k!r}: must be an integer from 1 to {MAX_TOP_K} (each listed plan is timed "
                              "in full; a wider look at the space is plan3d sweep's job)")
     inputs = load_inputs(model, cluster, **_job_kwargs(o))
+    _check_price_names(cost, [inputs.cluster.name])
     headroom = _headroom(o.get("memory_headroom"))
     if o.get("recompute") is not None:
         _choice("recompute", o["recompute"], RECOMPUTE_CHOICES)
@@ -632,9 +665,9 @@ def compare(model: ModelLike | None = None, clusters: str | list[ClusterLike] | 
     specs = _resolve_clusters(clusters)
     m = model if isinstance(model, ModelSpec) else load_model(os.fspath(model) if model is not None else DEFAULT_MODEL)
     results, input_errors = [], []
-    for c in specs:
+    for c, opts in zip(specs, _per_cluster_options(options, specs)):
         try:
-            results.append((c.name, plan(m, c, **options), None))
+            results.append((c.name, plan(m, c, **opts), None))
         except (PlanInputError, ClusterSpecError) as e:
             input_errors.append(e)
             results.append((c.name, None, str(e)))
@@ -658,8 +691,9 @@ def cost_sweep(model: ModelLike | None = None, clusters: ClusterLike | list[Clus
                                                                  "target_step_s", "target_tokens_per_day")}
     from .cost_search import cost_sweep as sweep
     points: list[SweepPoint] = []
-    for c in _resolve_clusters(clusters):
-        st = _plan_setup(model, c, sweep_opts)
+    specs = _resolve_clusters(clusters)
+    for c, opts in zip(specs, _per_cluster_options(sweep_opts, specs)):
+        st = _plan_setup(model, c, opts)
         points += sweep(st.problem(), st.inputs.num_gpus)
     return points
 
@@ -684,6 +718,7 @@ def evaluate(model: ModelLike | None = None, cluster: ClusterLike | None = None,
     cost = _cost_options(o)
     inputs, par, headroom, fw, conv = _layout_problem(
         model, cluster, {k: v for k, v in o.items() if k not in _COST_KEYS}, "evaluate")
+    _check_price_names(cost, [inputs.cluster.name])
     ev = _evaluation(inputs, par, headroom, fw, conv)
     doc = build_document(inputs.model, inputs.cluster, inputs.job, inputs.num_gpus, [ev],
                          _at_risk_margin(o.get("at_risk_margin")))
@@ -692,9 +727,11 @@ def evaluate(model: ModelLike | None = None, cluster: ClusterLike | None = None,
 
 @dataclass(frozen=True)
 class MemoryReport:
-    """``memory``'s answer: the per-stage estimate (bytes), its verdict (``fits`` / ``at risk`` / ``over headroom``
-    / ``OOM``: ``planner.checks.memory_verdict``, the verdict ``evaluate`` and ``explain`` give too), and the plan
-    document (``plan3d memory --format json``) whose ``plans[0].memory.stages`` carry the breakdown."""
+    """``memory``'s answer: the per-stage estimate (bytes), its memory verdict (``status``: ``fits`` / ``at risk`` /
+    ``over headroom`` / ``OOM``: ``planner.checks.memory_verdict``, the verdict ``evaluate`` and ``explain`` give
+    too), the layout's other broken rules (``violations``: ``planner.checks.check_config``'s, as ``evaluate``
+    reports them, e.g. ``heads_tp``), and the plan document (``plan3d memory --format json``) whose
+    ``plans[0].memory.stages`` carry the breakdown and ``plans[0].violations`` every broken rule."""
 
     inputs: Inputs
     parallel: ParallelConfig
@@ -703,6 +740,13 @@ class MemoryReport:
     document: PlanDocument
     memory_headroom: float = DEFAULT_HEADROOM
     at_risk_margin: float = DEFAULT_AT_RISK_MARGIN
+    violations: tuple[Violation, ...] = ()
+
+    @property
+    def verdict(self) -> str:
+        """The line ``plan3d memory`` prints: ``invalid layout: NAME (why); ...`` when the layout breaks a rule
+        other than memory (it cannot run, whatever its memory), else the memory verdict ``status``."""
+        return f"invalid layout: {_rules_broken(self.violations)}" if self.violations else self.status
 
     @property
     def title(self) -> str:
@@ -711,6 +755,13 @@ class MemoryReport:
         return (f"plan3d memory: {m.name} on {n} x {c.gpu.name} ({c.name}), {job.framework}, tp {par.tp} pp {par.pp} "
                 f"dp {par.dp} cp {par.cp} ep {par.ep} vpp {par.vpp}, mbs {par.micro_batch_size}, zero "
                 f"{par.zero_stage}, recompute {par.recompute}, seq {job.seq_length}")
+
+    def raise_if_infeasible(self) -> None:
+        """Raise ``NoFeasiblePlan`` when the layout breaks a rule (naming each, as ``explain`` exits 1 for it) or
+        does not fit the headroom (``raise_if_oom``): ``plan3d memory``'s exit 1."""
+        if self.violations:
+            raise NoFeasiblePlan(f"configuration infeasible: {_rules_broken(self.violations)}")
+        self.raise_if_oom()
 
     def raise_if_oom(self) -> None:
         """Raise ``NoFeasiblePlan`` naming the peak stage when the estimate does not fit the headroom (verdict
@@ -730,19 +781,26 @@ class MemoryReport:
 def memory(model: ModelLike | None = None, cluster: ClusterLike | None = None,
            **options: Unpack[LayoutOptions]) -> MemoryReport:
     """Per-stage memory breakdown of one given configuration (options as ``evaluate``; ``capacity_factor`` pads a
-    MoE model's expert buffers). Does not raise for a layout that does not fit: ``status`` says ``OOM`` and
-    ``raise_if_oom`` raises. Raises ``PlanInputError`` when the layout has no memory estimate (it breaks a
-    structural rule)."""
+    MoE model's expert buffers). Does not raise for a layout that does not fit or breaks a rule: ``status`` says
+    ``OOM``, ``violations`` lists the rules and ``raise_if_infeasible`` raises. Raises ``NoFeasiblePlan`` naming
+    the broken rules when the layout has no memory estimate at all (a rule the cost models need, e.g. the layer
+    split ``layers_pp``), and the input errors of ``evaluate``."""
     from .document import build_document
     from .memory_report import status
     o = dict(options)
     inputs, par, headroom, fw, conv = _layout_problem(model, cluster, o, "memory")
     margin = _at_risk_margin(o.get("at_risk_margin"))
     ev = _evaluation(inputs, par, headroom, fw, conv)
+    rules = tuple(v for v in ev.violations if v.name != "memory")  # memory's own rule is the verdict (status)
     if ev.memory is None:
-        raise PlanInputError("; ".join(v.message for v in ev.violations) or "no memory estimate for this layout")
+        raise NoFeasiblePlan(f"configuration infeasible: {_rules_broken(rules) or 'no memory estimate'}")
     doc = build_document(inputs.model, inputs.cluster, inputs.job, inputs.num_gpus, [ev], margin)
-    return MemoryReport(inputs, par, ev.memory, status(ev.memory, headroom, margin), doc, headroom, margin)
+    return MemoryReport(inputs, par, ev.memory, status(ev.memory, headroom, margin), doc, headroom, margin, rules)
+
+
+def _rules_broken(violations) -> str:
+    """``NAME (message); ...`` of broken rules (``planner.checks.Violation``), as one line."""
+    return "; ".join(f"{v.name} ({v.message})" for v in violations)
 
 
 @dataclass(frozen=True)
@@ -813,9 +871,9 @@ def validate(dataset: str | os.PathLike[str] | None = None, cross_validate: bool
     """Run the step-time model over published, measured training runs (default: the packaged dev rows) and
     return the per-row and per-group errors (``ValidationReport.mape``, ``group_mape()``, ``failures(...)``).
     ``cross_validate``: also refit the model's constants without each source group and predict the group with them
-    (``ValidationReport.cross_validation``, ``planner.calibration.cross_validate``; about 20 s on one core), ``progress``
-    called with each fold's name. Raises ``PlanInputError`` for an unreadable dataset or one with no evaluable
-    row."""
+    (``ValidationReport.cross_validation``, ``planner.calibration.cross_validate``; one process, about 70 s on a
+    2-core machine), ``progress`` called with each fold's name. Raises ``PlanInputError`` for an unreadable dataset
+    or one with no evaluable row."""
     from .validation import load_rows, run_validation
     rep = run_validation(dataset)
     if not rep.evaluated:

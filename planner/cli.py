@@ -503,6 +503,10 @@ def plan(
         if framework is not None and framework != Framework.megatron or emit not in (None, Emit.megatron):
             raise PlanInputError("--framework/--emit: a plan over pools is a Megatron-LM --pipeline-model-parallel-"
                                  "layout; use megatron")
+        if timeline is not None:  # before the pools search: a wrong suffix or no matplotlib fails at once
+            from .plotting import picture_path, require_matplotlib
+            picture_path("--timeline", timeline)
+            require_matplotlib("--timeline")
         _plan_pools(model, cluster, dict(
             global_batch_size=global_batch_size, seq_length=seq_length, precision=precision.value,
             flash_attention=flash_attention, dropout=dropout, memory_headroom=memory_headroom,
@@ -520,9 +524,11 @@ def plan(
     if launcher != Launcher.scripts and emit is None:
         raise PlanInputError(f"--launcher {launcher.value} applies to --emit: give --emit "
                              f"{'|'.join(e.value for e in Emit)}")
-    if plot is not None:  # checked before the search: a wrong suffix or no token count fails at once
+    if plot is not None:  # checked before the search: a wrong suffix, no matplotlib or no token count fails at once
         from .cost_plot import check_plot_path
+        from .plotting import require_matplotlib
         check_plot_path(plot)
+        require_matplotlib("--plot")
         if train_tokens is None:
             raise PlanInputError("--plot draws cost against days: give --train-tokens")
     opts = dict(gpus=gpus, nodes=nodes, global_batch_size=global_batch_size,
@@ -786,8 +792,9 @@ def memory(
     """Per-stage memory breakdown of one configuration (largest terms first, the total of each phase: init,
     forward, backward, optimizer; the backend buffers named).
 
-    Same options as evaluate, and the same verdict: exit 1 when the peak stage is over the headroom (infeasible, as
-    in evaluate and explain), exit 0 when it fits or is at risk; the report is printed either way.
+    Same options as evaluate, and the same verdict: exit 1 when the peak stage is over the headroom or the layout
+    breaks a rule (infeasible, as in evaluate and explain; the verdict line names the rule), exit 0 when it fits or
+    is at risk; the report is printed either way.
     """
     from .api import memory as api_memory
     from .document import to_json
@@ -811,13 +818,13 @@ def memory(
                 con = Console(file=fh, width=200)
                 con.print(rep.title, highlight=False)
                 con.print(memory_table(rep.estimate, "", rep.memory_headroom, rep.at_risk_margin))
-                con.print(f"verdict: {rep.status}", highlight=False)
+                con.print(f"verdict: {rep.verdict}", highlight=False)
         else:
             con = Console(width=max(240, Console().width))
             con.print(rep.title, highlight=False)
             con.print(memory_table(rep.estimate, "", rep.memory_headroom, rep.at_risk_margin))
-            con.print(f"verdict: {rep.status}", highlight=False)
-    rep.raise_if_oom()
+            con.print(f"verdict: {rep.verdict}", highlight=False)
+    rep.raise_if_infeasible()
 
 
 @app.command()
@@ -902,7 +909,8 @@ def validate(
         "--max-group-mape", min=0.0, help="MAPE threshold per source group with >= 3 rows, percent")] = 10.0,
     cross_validate: Annotated[bool, typer.Option(
         "--cross-validate", help="also report leave-one-source-group-out MAPE (constants refitted without each "
-                                 "group, ~20 s); the thresholds then apply to it too")] = False,
+                                 "group; one process, ~70 s on a 2-core machine); the thresholds then apply to it "
+                                 "too")] = False,
     fmt: FmtOpt = Fmt.table, output: OutOpt = None,
 ) -> None:
     """Run the step-time model over published training runs; exit 1 when a MAPE threshold is exceeded."""
@@ -987,6 +995,10 @@ def fallback(
     layout (with its resharding path), the throughput each retains and the GPUs it leaves idle."""
     from .fallback_plans import fallback as api_fallback
     from .errors import PlanInputError
+    if plot is not None:  # before the fallback searches: a wrong suffix or no matplotlib fails at once
+        from .plotting import picture_path, require_matplotlib
+        picture_path("--plot", plot)
+        require_matplotlib("--plot")
     job = {k: v for k, v in dict(gpus=gpus, nodes=nodes, global_batch_size=global_batch_size, seq_length=seq_length,
                                  precision=_value(precision), flash_attention=flash_attention, dropout=dropout,
                                  framework=_value(framework)).items() if v is not None}
@@ -1032,6 +1044,9 @@ def sweep(
     from .sweep import load_grid, plot_sweep, sweep as api_sweep, to_csv, to_jsonl
     if plot and output is None:
         raise PlanInputError("--plot writes sweep.png next to the tables: give --output DIR")
+    if plot:  # before the scenarios are planned: no matplotlib fails at once
+        from .plotting import require_matplotlib
+        require_matplotlib("--plot")
     g = load_grid(grid)
     if sys.stderr.isatty():
         from rich.progress import Progress

@@ -85,6 +85,19 @@ def parse_price(text: str | float | dict | None) -> float | dict[str, float] | N
     return out
 
 
+def check_price_names(price: float | dict[str, float] | None, clusters: list[str]) -> None:
+    """``--gpu-hour-price NAME=USD`` prices the clusters being planned (``clusters``, their spec names): an entry
+    naming another cluster would be ignored (a typo, or a price for a cluster left out, silently costed at the
+    cluster's own price), so it is refused, naming the clusters. One number prices every cluster."""
+    if not isinstance(price, dict):
+        return
+    unknown = [k for k in price if k not in clusters]
+    if unknown:
+        bad = ",".join(f"{k}={price[k]:g}" for k in unknown)
+        raise PlanInputError(f"--gpu-hour-price {bad}: not a cluster being planned; NAME is one of "
+                             f"{', '.join(clusters)} (or give one USD for every cluster)")
+
+
 def _number(text: str, hint: str, shown: str | None = None) -> float:
     try:
         return float(text)

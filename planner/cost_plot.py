@@ -36,10 +36,9 @@ def plot_cost_sweep(points: list[SweepPoint], path: str | Path, title: str = "")
     p = check_plot_path(path)
     if not points:
         raise NoFeasiblePlan(f"--plot {p}: no GPU count up to --gpus has a plan that fits, nothing to draw")
-    try:
-        import matplotlib
-    except ImportError:
-        raise PlanInputError("--plot needs matplotlib: pip install 'plan3d[plot]'") from None
+    from .plotting import require_matplotlib
+    require_matplotlib("--plot")
+    import matplotlib
     matplotlib.use("Agg")
     matplotlib.rcParams["svg.hashsalt"] = "plan3d"  # deterministic SVG ids: same input, same bytes
     import matplotlib.pyplot as plt

@@ -71,10 +71,9 @@ def plot_memory(est: MemoryEstimate, path: Path, title: str,
     """
     if path.suffix.lower() not in PLOT_SUFFIXES:
         raise PlanInputError(f"--plot {path}: the file must end in {' or '.join(PLOT_SUFFIXES)}")
-    try:
-        import matplotlib
-    except ImportError:
-        raise PlanInputError("--plot needs matplotlib: pip install 'plan3d[plot]'") from None
+    from .plotting import require_matplotlib
+    require_matplotlib("--plot")
+    import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     plt.rcParams["svg.hashsalt"] = "plan3d"  # deterministic SVG ids

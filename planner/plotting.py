@@ -16,12 +16,20 @@ def picture_path(option: str, path: str | Path) -> tuple[Path, str]:
     return p, fmt
 
 
+def require_matplotlib(option: str) -> None:
+    """The one check that the ``plot`` extra (matplotlib) is installed: a one-line ``PlanInputError`` naming
+    ``option`` otherwise. The commands call it before their work (a sweep, a search), so a missing extra fails at
+    once rather than after minutes of planning; every drawing function calls it too."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise PlanInputError(f"{option} needs matplotlib: pip install 'plan3d[plot]'") from None
+
+
 def pyplot(option: str):
     """``matplotlib.pyplot`` on the Agg backend with deterministic SVG element ids (same input, same bytes)."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise PlanInputError(f"{option}: needs matplotlib (pip install 'plan3d[plot]')") from None
+    require_matplotlib(option)
+    import matplotlib
     matplotlib.use("Agg")
     matplotlib.rcParams["svg.hashsalt"] = "plan3d"
     import matplotlib.pyplot as plt

@@ -278,12 +278,11 @@ def plot_sweep(rows: list[SweepRow], path: str | os.PathLike[str]) -> None:
     """Tokens/s and GPU-hours per 1e9 tokens against GPUs to PNG/SVG/PDF (matplotlib, the ``plot`` extra): one
     line per scenario series, colour = model, line style = cluster, marker = the other varied settings (batch,
     sequence length, objective). Infeasible and invalid scenarios are left out (the title counts them)."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise PlanInputError("--plot needs matplotlib: pip install 'plan3d[plot]'") from None
+    from .plotting import require_matplotlib
+    require_matplotlib("--plot")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     ok = [r for r in rows if r.status == "ok"]
     models = list(dict.fromkeys(r.model for r in rows))
     clusters = list(dict.fromkeys(r.cluster for r in rows))
