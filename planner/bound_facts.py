@@ -21,6 +21,7 @@ from cost_models import step_time as stm
 from cost_models.comm import collective_time as comm_time
 from cost_models.config import BYTES_16BIT, BYTES_FP32, ParallelConfig, TrainingJob
 from cost_models.fp8_recipe import default_host_cost_class
+from cost_models.layer_cost import OP_SAC_FRAMEWORKS
 from cost_models.layout import GroupPlacement, group_placement, stage_layer_ranges
 from cost_models.pipeline import PAIRING_SCHEDULES
 from cost_models.memory import (activation_bytes_per_layer, in_flight_microbatches, layer_input_bytes,
@@ -38,7 +39,7 @@ MEM_MARGIN = 1e-6
 INVALID = float("inf")
 
 
-def layer_lb(model, cluster, job, par, layer, groups, exposed_comm: bool = False):
+def layer_lb(model, cluster, job, par, layer, groups, exposed_comm: bool = False, framework: str = "megatron"):
     """Lower bounds of one layer's seconds per micro-batch from ``cost_models.step_time``'s per-layer costs
     (``_layer_cost``) with the framework with the fewest elementwise passes (Megatron) and no host-time floor:
     (forward, backward without recompute, selective recompute, full recompute, forward and backward without the
@@ -50,7 +51,9 @@ def layer_lb(model, cluster, job, par, layer, groups, exposed_comm: bool = False
     and EP communication exposed as without overlap (the step model's defaults for Megatron-LM, DeepSpeed and
     torchtitan: TP overlap only for NeMo, EP overlap only on request), the backward's TP at its blocking share under
     Megatron's asynchronous schedule; otherwise at their smallest exposed share. Falls back to
-    zeros (a trivially valid bound) if the step model's internals change."""
+    zeros (a trivially valid bound) if the step model's internals change. The selective recompute is Megatron's
+    ``core_attn`` (the attention forward again); ``framework``'s per-op checkpointing (torchtitan,
+    ``layer_cost.OP_SAC_FRAMEWORKS``) re-runs matmul outputs and elementwise work instead, bounded here by 0."""
     try:
         x = stm._layer_cost(model, cluster, job, par, layer, "megatron", groups)
         tp_exp = 1.0 if exposed_comm else min(1.0, *stm.TP_OVERLAP_EXPOSED.values())
@@ -69,7 +72,8 @@ def layer_lb(model, cluster, job, par, layer, groups, exposed_comm: bool = False
     comp_b = 2 * x.gemm + x.attn_b + 2 * x.mem + 2 * routing / 3 + host_b
     comm_f = x.tp * tp_exp + x.ep * ep_exp
     comm_b = x.tp * tp_exp_b + x.ep * ep_exp
-    return (comp_f + comm_f + x.cp, comp_b + comm_b + 2 * x.cp, x.attn_f, comp_f + comm_f + x.cp,
+    selective = 0.0 if framework.split("_")[0] in OP_SAC_FRAMEWORKS else x.attn_f
+    return (comp_f + comm_f + x.cp, comp_b + comm_b + 2 * x.cp, selective, comp_f + comm_f + x.cp,
             x.gemm + x.attn_f + x.mem + comm_f, 2 * (x.gemm + x.mem) + x.attn_b + comm_b, x.ep)
 
 
@@ -402,6 +406,10 @@ def _new_comm(ctx: BoundContext, sf: StructureFacts, dpg: GroupPlacement, params
                 rs_t[zc] = collective_time("all_reduce", BYTES_FP32 * smax.dense, dpg)
             else:
                 rs_t[zc] = collective_time("reduce_scatter", BYTES_FP32 * smax.dense, dpg)
+                if ctx.framework == "deepspeed":
+                    # DeepSpeed ZeRO-1 all-reduces the gradients in 16 bits (data_parallel.dp_sync_s), faster than
+                    # the fp32 reduce-scatter of its ZeRO-2 on NVLS or across two domains: the class bounds both
+                    rs_t[zc] = min(rs_t[zc], collective_time("all_reduce", BYTES_16BIT * smax.dense, dpg))
                 ag_t[zc] = collective_time("all_gather", BYTES_16BIT * smax.dense, dpg)
         if edp > 1 and smax.expert > 0:
             rs_t[zc] += collective_time("reduce_scatter" if zc else "all_reduce", BYTES_FP32 * smax.expert, eg)
@@ -442,7 +450,8 @@ def layer_costs(ctx: BoundContext, st: Structure, mbs: int, sp: bool) -> dict[in
             if val is None:
                 groups = dict(group_placements(ctx, st), dp=GroupPlacement(1, 1), pp=GroupPlacement(1, 1))
                 pr = to_parallel(st, mbs, 1, 0, sp, "none")
-                val = ctx.cache[tkey] = layer_lb(ctx.model, ctx.cluster, ctx.job, pr, i, groups, True)
+                val = ctx.cache[tkey] = layer_lb(ctx.model, ctx.cluster, ctx.job, pr, i, groups, True,
+                                                 ctx.framework)
             got[t] = val
         ctx.cache[key] = got
     return got

@@ -321,7 +321,9 @@ def test_slow_network_between_stages_is_bounded_in_the_search(tmp_path):
     # (bound_terms.other_schedule_cells) and its rows' start-up / drain and DP tightening: 1,753 (1,019 default,
     # 734 combined 1F1B at pp 8 / 16). With Megatron's DP reduction overlapped (as plan3d's launch runs it), the
     # bound max(P, Z) fell short where the sends and the bubble make the step long (2,820); with the overlapped
-    # collectives charged against kappa x the pipeline (bound_terms.makespan_share): 1,800.
+    # collectives charged against kappa x the pipeline (bound_terms.makespan_share): 1,800. With the scalar model
+    # simulating in full the send-bound interleaved orders it used to under-extrapolate (pipeline.simulate: up to 7%
+    # short, below the bounds): 2,209 (9.6 s).
     import numpy as np
 
     from cluster_specs import load_cluster
@@ -340,7 +342,7 @@ def test_slow_network_between_stages_is_bounded_in_the_search(tmp_path):
         st, mbs, rc, schedule = T.keys[ki]
         ev = evaluate(m, c, job, to_parallel(st, mbs, int(vi) + 1, int(zi), bool(spi), rc, schedule), 128)
         assert ev.step is None or tight[ki, spi, vi, zi] <= ev.step.step_s * (1 + 1e-9)
-    assert solve(m, c, job, 128).num_rescored < 2000
+    assert solve(m, c, job, 128).num_rescored < 2300
 
 
 def test_per_layer_sums_run_per_kind():
