@@ -88,3 +88,17 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.write_line(f"{n:5d}  {reason}")
     for mod, extra, what in _missing():
         terminalreporter.write_line(f"missing {mod} [extra: {extra}]: {what}")
+
+
+@pytest.fixture
+def no_matplotlib(monkeypatch):
+    """``import matplotlib`` fails, as on an install without the ``plot`` extra."""
+    import builtins
+    real_import = builtins.__import__
+
+    def no_mpl(name, *args, **kwargs):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_mpl)

@@ -1,7 +1,6 @@
 """``plan3d memory``: table, JSON (``memory.stages``), picture, errors, exit codes."""
 from __future__ import annotations
 
-import builtins
 
 import pytest
 
@@ -77,17 +76,10 @@ def test_svg_is_deterministic(run_cli, tmp_path):
     assert a.read_bytes() == b.read_bytes()
 
 
-def test_plot_bad_suffix_and_missing_matplotlib(run_cli, tmp_path, monkeypatch):
+def test_plot_bad_suffix_and_missing_matplotlib(run_cli, tmp_path, request):
     r = run_cli(*F06_DP4_PP2, "--plot", str(tmp_path / "m.pdf"))
     assert r.exit_code == 2 and "must end in .png or .svg" in r.stderr
-    real_import = builtins.__import__
-
-    def no_mpl(name, *args, **kwargs):
-        if name == "matplotlib" or name.startswith("matplotlib."):
-            raise ImportError(name)
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_mpl)
+    request.getfixturevalue("no_matplotlib")
     r = run_cli(*F06_DP4_PP2, "--plot", str(tmp_path / "m.png"))
     assert r.exit_code == 2
     assert r.stderr == "plan3d: error: --plot needs matplotlib: pip install 'plan3d[plot]'\n"

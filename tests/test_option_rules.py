@@ -2,7 +2,6 @@
 the plot extra checked before the work, the pipeline split messages."""
 from __future__ import annotations
 
-import builtins
 
 import pytest
 
@@ -107,18 +106,6 @@ def test_one_layout_commands_exit_codes_agree_with_the_readme(run_cli):
 
 
 # --- the plot extra is checked before the work -------------------------------------------------------------------
-
-@pytest.fixture
-def no_matplotlib(monkeypatch):
-    real_import = builtins.__import__
-
-    def no_mpl(name, *args, **kwargs):
-        if name == "matplotlib" or name.startswith("matplotlib."):
-            raise ImportError(name)
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_mpl)
-
 
 def _never_called(monkeypatch, module, name, calls):
     monkeypatch.setattr(module, name, lambda *a, **k: calls.append(name))
