@@ -227,12 +227,12 @@ def _vpps(ctx: BoundContext, st, m: int) -> list[int]:
 
 
 def busiest_rank_bounds(ctx: BoundContext, sf: StructureFacts, mbss, only_v1) -> list[float]:
-    """For each micro-batch of ``mbss``: a lower bound (seconds) of the tight bound ``A + max(P, Z) + O`` of every
-    candidate of (structure, micro-batch), cheap enough for the whole space: ``P`` by the busiest rank's
+    """For each micro-batch of ``mbss``: a lower bound (seconds) of the tight bound ``A + max(P + D, Z, K P + F) + O``
+    of every candidate of (structure, micro-batch), cheap enough for the whole space: ``P`` by the busiest rank's
     m x (forward + backward) per micro-batch, or the vpp-1 pipeline bound when vpp 1 is the only choice
     (``only_v1``, one flag per micro-batch), and ``Z`` with the smallest per-rank forward / backward, all at no
-    recompute (recompute only adds) and the smaller sp setting; the smallest ``max(P, Z[z]) + O[z]`` over the ZeRO
-    stages. Per-layer costs and the DP / optimizer terms are cached (``bound_facts.layer_costs``,
+    recompute (recompute only adds) and the smaller sp setting; the smallest ``default_schedule_bound + O[z]`` over
+    the ZeRO stages. Per-layer costs and the DP / optimizer terms are cached (``bound_facts.layer_costs``,
     ``bound_facts.with_comm``). Where the framework's other pipeline schedules run (``other_schedule_cells``), the
     smaller of that and ``paired_bound``'s."""
     with_comm(ctx, sf)
@@ -400,15 +400,16 @@ def _merge_cells(cells: dict, rc: str | None = None) -> dict[str, tuple]:
 
 
 def group_bound(ctx: BoundContext, sf: StructureFacts, mbs: int, mem_limit: float) -> tuple[float, int]:
-    """A lower bound (seconds) of the tight bound ``A + max(P, Z) + O`` of every candidate of (structure, ``mbs``)
-    whose memory bound fits ``mem_limit`` (bytes), and how many candidates may fit (an upper bound).
+    """A lower bound (seconds) of the tight bound ``A + max(P + D, Z, K P + F) + O`` of every candidate of (structure,
+    ``mbs``) whose memory bound fits ``mem_limit`` (bytes), and how many candidates may fit (an upper bound).
 
     Over (recompute, sp, zero) of the default schedule: skipped when the memory bound at vpp 1 exceeds the limit
     (interleaving never holds fewer micro-batches in flight, ``memory.in_flight_microbatches``, so no vpp fits
     either); else
-    ``max(P', Z[sp][z]) + O[z]`` with ``P'`` the vpp-1 pipeline bound when vpp 1 is the only choice, else the
-    busiest rank's m x (forward + backward), the recompute charged at vpp 1 (the fewest recomputed layers per
-    chunk N_lb only grows with the in-flight micro-batches, and interleaving recomputes N_lb per chunk), and ``Z``
+    ``default_schedule_bound`` (``max(P' + D, Z[sp][z], K P' + F)``) + ``O[z]`` with ``P'`` the vpp-1 pipeline
+    bound when vpp 1 is the only choice, else the busiest rank's m x (forward + backward), the recompute charged at
+    vpp 1 (the fewest recomputed layers per chunk N_lb only grows with the in-flight micro-batches, and interleaving
+    recomputes N_lb per chunk), and ``Z``
     with the smallest per-rank forward/backward at vpp 1 (``Z`` is non-decreasing in them). inf when nothing fits.
     Where the framework's other pipeline schedules run (``other_schedule_cells``), the smaller of that and
     ``paired_bound`` over their recompute settings and every sp setting (their memory is not filtered here).
