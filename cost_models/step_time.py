@@ -155,8 +155,17 @@ def _default_framework_options(framework: str, model: ModelSpec, cluster: Cluste
     if tp_comm_overlap is None:
         tp_comm_overlap = fw_base in ("nemo",)
     if overlap_dp is None:
-        overlap_dp = fw_base in ("nemo", "torchtitan") or (fw_base == "deepspeed" and par.pp == 1)
+        overlap_dp = default_overlap_dp(framework, par.pp)
     return fp8_recipe, tp_comm_overlap, overlap_dp
+
+
+def default_overlap_dp(framework: str, pp: int) -> bool:
+    """Whether ``framework`` overlaps the data-parallel reduction with the backward by default (``estimate_step``'s
+    ``overlap_dp`` None): Megatron-LM no (``--overlap-grad-reduce`` is opt-in); NeMo and torchtitan yes; DeepSpeed
+    without pipeline parallelism (``overlap_comm``), not with it (its ``PipelineEngine`` reduces after the whole
+    schedule, ``runtime/pipe/schedule.py`` ``ReduceGrads``)."""
+    fw_base = framework.split("_")[0]
+    return fw_base in ("nemo", "torchtitan") or (fw_base == "deepspeed" and pp == 1)
 
 
 @dataclass

@@ -12,6 +12,8 @@ The data-parallel reduction overlap (``overlap_dp`` of ``cost_models.step_time.e
 """
 from __future__ import annotations
 
+from cost_models.step_time import default_overlap_dp
+
 
 def megatron_overlaps_dp(dp: int, cp: int) -> bool:
     """Whether plan3d's Megatron launch passes ``--overlap-grad-reduce`` (and ``--overlap-param-gather`` with the
@@ -20,12 +22,9 @@ def megatron_overlaps_dp(dp: int, cp: int) -> bool:
 
 
 def launched_overlap_dp(framework: str, dp: int, cp: int, pp: int) -> bool:
-    """``overlap_dp`` of the plan's launch (module docstring) for ``framework`` (megatron, deepspeed, torchtitan;
-    any other name: the framework default, i.e. off) at data-parallel size ``dp``, context-parallel size ``cp``
-    and pipeline size ``pp``."""
-    base = framework.split("_")[0]
-    if base == "megatron":
+    """``overlap_dp`` of the plan's launch (module docstring) for ``framework`` at data-parallel size ``dp``,
+    context-parallel size ``cp`` and pipeline size ``pp``: Megatron's as its launch sets it, every other framework's
+    its own default (``cost_models.step_time.default_overlap_dp``), which its launch keeps."""
+    if framework.split("_")[0] == "megatron":
         return megatron_overlaps_dp(dp, cp)
-    if base == "deepspeed":
-        return pp == 1
-    return base in ("torchtitan", "nemo")
+    return default_overlap_dp(framework, pp)

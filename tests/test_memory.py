@@ -3,6 +3,8 @@ the estimators of DeepSpeed and Megatron-LM. Every expected number names its sou
 """
 from __future__ import annotations
 
+import functools
+
 import pytest
 import yaml
 
@@ -26,11 +28,15 @@ CASES = yaml.safe_load((DATA / "memory_cases.yaml").read_text())
 TT_ROWS = yaml.safe_load((DATA / "memory_cases_torchtitan.yaml").read_text())
 
 
+@functools.lru_cache(maxsize=1)
+def _dev_rows() -> dict:
+    from planner.validation import default_dataset
+    return {r["id"]: r for r in yaml.safe_load(default_dataset().read_text())}
+
+
 def _dev_setup(row_id: str) -> dict:
     """The ``setup`` facts (each with its source) of the development row of the same id, if any."""
-    from planner.validation import default_dataset
-    rows = {r["id"]: r for r in yaml.safe_load(default_dataset().read_text())}
-    return (rows.get(row_id) or {}).get("setup") or {}
+    return (_dev_rows().get(row_id) or {}).get("setup") or {}
 
 
 def _cluster_with(name: str, memory_bytes: int, gpu_name: str | None = None):
