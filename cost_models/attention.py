@@ -3,7 +3,9 @@
 Fused flash attention: causal FLOPs (the kernel skips the masked half) at ``attention_efficiency`` x the 16-bit
 peak; backward ``ATTN_BWD_FACTOR`` x the forward (FlashAttention-2's backward runs 5 matmuls to the forward's 2,
 Dao 2023 Sec. 3.1). Unfused attention (SC21 / BLOOM era, ``TrainingJob.flash_attention`` False) runs the two
-batched GEMMs at the GEMM rate and streams the ``s x s`` scores ``UNFUSED_SCORE_PASSES`` times through HBM.
+batched GEMMs at the GEMM rate and streams the ``s x s`` scores ``UNFUSED_SCORE_PASSES`` times through HBM, plus
+``DROPOUT_SCORE_PASSES`` with attention dropout (``TrainingJob.dropout``). Fused attention with dropout generates the
+mask inside the kernel: ``FUSED_DROPOUT_SLOWDOWN``.
 """
 from __future__ import annotations
 
@@ -27,10 +29,24 @@ ATTN_HALF_SEQ = 384.0
 #: (A100, MI300X): FlashAttention-2 reaches 50-73% of A100 peak forward and somewhat less backward (Dao 2023,
 #: Sec. 4.1); 0.5 is the low end.
 DEFAULT_ATTENTION_EFFICIENCY = 0.5
-#: HBM passes of the s x s score tensor per unfused attention forward (QK^T write, scale/mask/softmax read + write,
-#: dropout mask write + apply, score x V read), ~4-8 depending on dropout (Korthikanti et al. 2022 Sec. 4.1 counts
-#: 5·a·s² bytes of stored scores per layer with dropout). Fitted (7.5) on the SC21 rows, which ran attention dropout.
-UNFUSED_SCORE_PASSES = 8.0
+#: HBM passes of the s x s score tensor per unfused attention forward without dropout: QK^T written (1), Megatron's
+#: fused scale-mask-softmax reading and writing it (2), the scores x V GEMM reading it (1) = 4 by kernel count (each
+#: kernel streaming it once); fitted on the SC21 / BLOOM rows (which ran attention dropout: ``DROPOUT_SCORE_PASSES``
+#: on top), inside ``FIT_RANGES``.
+UNFUSED_SCORE_PASSES = 5.333
+#: Extra HBM passes of the scores (in 16-bit tensors) with attention dropout, counted: the dropout kernel reads the
+#: softmax output (1) and writes the dropped output (1) and its 1-byte mask (0.5), and the scores x V GEMM reads the
+#: dropped output in place of the softmax output (Megatron-LM ``CoreAttention``: ``attention_dropout`` after
+#: ``FusedScaleMaskSoftmax``, separate kernels; the mask as PyTorch's ``native_dropout`` keeps it, one byte per element;
+#: Korthikanti et al. 2022 Sec. 4.1 count the same tensors: 2 a s^2 softmax output, a s^2 mask, 2 a s^2 dropout output).
+DROPOUT_SCORE_PASSES = 2.5
+#: Time of a fused (flash) attention kernel with attention dropout over the same kernel without: the kernel draws the
+#: Philox mask in registers, no extra HBM traffic. FlashAttention-2 with dropout 0.1: 0.695 -> 0.728 ms (+4.7%) on
+#: GB200 (NVIDIA/TransformerEngine PR 3313, comment of 2026-08-05); xformers' CUTLASS flash kernel, backward at dropout
+#: 0.3 vs 0: +3-7% on A100 (facebookresearch/xformers PR 587). Not covered: cuDNN's packed-sequence (THD) dropout on
+#: Blackwell, 5-7x slower in the same PR 3313 (Transformer Engine then prefers FlashAttention-2), and FlashAttention-4
+#: on GB200, 20-40% (Dao-AILab/flash-attention PR 2597). No H100 cuDNN measurement was found.
+FUSED_DROPOUT_SLOWDOWN = 1.05
 
 #: Fused-attention kernel each framework runs (``cluster_specs/data/efficiency/attention.yaml``): Megatron-LM / NeMo
 #: through Transformer Engine's ``FusedAttention`` (cuDNN), torchtitan and DeepSpeed through PyTorch SDPA's flash
@@ -49,10 +65,11 @@ FIT_RANGES = {
                                          "(~1.4-1.75 GHz under a 700 W cap vs 1.98 GHz boost) times the wave "
                                          "quantisation of a few heads per GPU and the q/k/v layout copies around "
                                          "the call"),
-    "UNFUSED_SCORE_PASSES": FitRange(4.0, 10.0, "HBM passes over the s x s scores",
-                                     "count of the unfused kernels: QK^T write, softmax read + write, dropout mask "
-                                     "write + apply (read + write), scores x V read = 4 without dropout, 7-8 with "
-                                     "(Korthikanti et al. 2022 Sec. 4.1: 5 a s^2 bytes stored per layer with dropout)"),
+    "UNFUSED_SCORE_PASSES": FitRange(4.0, 8.0, "HBM passes over the s x s scores without dropout",
+                                     "count of the unfused kernels: QK^T write, softmax read + write, scores x V "
+                                     "read = 4, each streaming the scores once; <= 8: each pass twice (the batched "
+                                     "GEMMs' K = head_dim is below the ridge point, A100 156 FLOP/byte, so their "
+                                     "operand re-reads and epilogue run at HBM speed too)"),
 }
 
 
@@ -95,16 +112,19 @@ def attention_core_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, p
             gemm = mamf_rate(cluster, half_dtype(cluster))
             share_f = ATTENTION_TRAINING_SHARE * clock_fraction(cluster, rates[0] * 1e12 / gemm)
             share_b = ATTENTION_TRAINING_SHARE * clock_fraction(cluster, rates[1] * 1e12 / gemm)
+            slow *= FUSED_DROPOUT_SLOWDOWN if job.dropout else 1.0
             fwd = slow * fl / (rates[0] * 1e12 * share_f)
             return fwd, slow * ATTN_BWD_FACTOR * fl / (rates[1] * 1e12 * share_b)
         eff = attention_efficiency(cluster) * s_key / (s_key + ATTN_HALF_SEQ)
         fwd = fl / (cluster.gpu.peak_flops[peak_dtype(cluster, job.precision)] * eff)  # TF32 peak in fp32
+        fwd *= FUSED_DROPOUT_SLOWDOWN if job.dropout else 1.0
         return fwd, ATTN_BWD_FACTOR * fwd
     fl = attention_core_flops_per_token(model, s, causal_halved=False) * tok * heads_frac
     ab = compute_bytes(job.precision)  # 4-byte scores in fp32 training
     scores = ab * b * model.num_attention_heads * heads_frac * s * s / par.cp
+    passes = UNFUSED_SCORE_PASSES + (DROPOUT_SCORE_PASSES if job.dropout else 0.0)
     fwd = fl / gemm_rate(cluster, "fp32" if job.precision == "fp32" else half_dtype(cluster)) + \
-        UNFUSED_SCORE_PASSES * scores / hbm_rate(cluster)
+        passes * scores / hbm_rate(cluster)
     return fwd, 2.0 * fwd
 
 

@@ -72,7 +72,8 @@ class TrainingJob(BaseModel):
     precision: Precision = "bf16"
     optimizer: Literal["adam"] = "adam"
     flash_attention: bool = Field(True, description="fused attention: no s x s score tensor is stored")
-    dropout: bool = Field(False, description="dropout layers present (masks stored, K22 Sec. 4.1)")
+    dropout: bool = Field(False, description="dropout layers present: masks stored (K22 Sec. 4.1), written and "
+                                             "read (attention.DROPOUT_SCORE_PASSES, elementwise.DROPOUT_MASK_BYTES)")
     framework: Literal["megatron", "deepspeed", "torchtitan"] = Field(
         "megatron", description="training framework whose model-state bytes, loss and buffers the memory model uses "
                                 "(cost_models/memory.py)")

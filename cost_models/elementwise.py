@@ -36,6 +36,11 @@ ROTARY_PASSES = 2.0
 #: squared ReLU (``relu2``, Nemotron; ``torch.pow(F.relu(x), 2)``: two kernels, each reading and writing the FFN
 #: width) costs 2 more.
 UNFUSED_ACTIVATION_PASSES = {"relu2": 2.0}
+#: HBM bytes per hidden-state element of the hidden-dropout masks a layer forward writes (its backward reads them):
+#: the two fused bias-dropout-adds (after attention and after the MLP, Megatron-LM ``bias_dropout_add_fused_train``)
+#: each keep a 1-byte mask (PyTorch ``native_dropout``'s bool mask; Korthikanti et al. 2022 Sec. 4.1 count the same
+#: ``sbh`` bytes per dropout). torchtitan's models have no dropout layers.
+DROPOUT_MASK_BYTES = 2.0
 
 #: Plausible ranges of the fitted constants above (``planner/calibration.py`` fits inside them), against the fused
 #: count of 10 passes (Megatron-LM / NeMo above).
@@ -148,6 +153,8 @@ def layer_memory_bound_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJo
     act = (3 + passes.ffn if model.gated_mlp else 2 + passes.ffn) * tok * ffn_act
     ab = compute_bytes(job.precision)  # 4 bytes per activation element in fp32 training
     mem = ab * (passes.hidden * hid + passes.heads * tok * h / par.tp + act + extra) / hbm
+    if job.dropout and framework.split("_")[0] != "torchtitan":
+        mem += DROPOUT_MASK_BYTES * hid / hbm
     mlp = ab * (act + extra) / hbm
     if job.precision == "fp8":
         mem += fp8_cast_s(model, cluster, job, par, layer)

@@ -41,7 +41,7 @@ constant (module)                            value     range       mainly constr
 ``KAPPA`` (gemm)                             2.25      0.5-4       small GEMMs: SC21 1.7-18B, H100 weak scaling
 ``POWER_CLOCK_EXPONENT`` (gemm)              2.17      1-3         torchtitan on 500 W H100s vs 700 W H200s
 ``ATTENTION_TRAINING_SHARE`` (attention)     0.6       0.4-1       long-sequence CP rows, 8k Llama rows
-``UNFUSED_SCORE_PASSES`` (attention)         8         4-10        SC21 (unfused softmax + attention dropout)
+``UNFUSED_SCORE_PASSES`` (attention)         5.33      4-8         SC21, BLOOM (unfused softmax; their dropout apart)
 ``ELEMENTWISE_PASSES`` deepspeed             40        8-40        BLOOM rows (edge)
 ``TP_OVERLAP_EXPOSED`` megatron / torchtitan 0 / 0.64  0-0.5/0-0.7 NeMo recipes / torchtitan async TP
 ``EP_OVERLAP_EXPOSED`` (collectives)         0.33      0-1         MoE rows with EP overlap
@@ -54,16 +54,17 @@ constant (module)                            value     range       mainly constr
 ``OVERLAP_COMPUTE_SLOWDOWN`` (0.189) is not fitted: Lee et al. 2025 (arXiv 2507.03114) average measured slowdown of
 compute under overlapped NCCL collectives (FSDP / ZeRO layer-wise traffic and the overlapped gradient reduction and
 parameter gather alike). Measured, not fitted: NCCL over Jean Zay's Omni-Path reaches 0.40 of a 100 Gb/s port
-(cluster YAML jean-zay-a100, BigScience's all-reduce benchmark on that partition). Counted: FSDP2's copy-out of each
+(cluster YAML jean-zay-a100, BigScience's all-reduce benchmark on that partition). Counted: dropout's extra score
+passes and masks (``attention.DROPOUT_SCORE_PASSES``, ``elementwise.DROPOUT_MASK_BYTES``), FSDP2's copy-out of each
 gathered layer (``FSDP2_COPY_OUT_PASSES``), the share of the board power that does not follow the clock under a
 power cap (``gemm.UNCORE_POWER_FRACTION``). Read from the rows' recipes (each row's ``setup`` block,
 ``planner/row_options.py``): DeepSeek-V3 node-limited routing in the EP all-to-all (``ep_domain_copies``), Megatron
 pipeline layouts and the Megatron-Bridge DeepSeek-V3 presets (EP overlap, full-iteration CUDA graph).
 
-Result on the dev rows (``plan3d validate --cross-validate``, 91 evaluated rows): MAPE 5.20% in-sample, 6.59%
+Result on the dev rows (``plan3d validate --cross-validate``, 91 evaluated rows): MAPE 5.19% in-sample, 6.62%
 leave-one-source-group-out, each fold fitted from the middle of the ranges (the Megatron-LM MoE recipes 13.4%, the
 only group of >= 3 rows above 10%: held out, their host-time constants come from Transformer Engine 2.8 rows);
-Korthikanti et al. 2022 Table 5 (held out, ``tests/test_korthikanti_table5.py``): 1.95% mean, 4.42% max.
+Korthikanti et al. 2022 Table 5 (held out, ``tests/test_korthikanti_table5.py``): 2.08% mean, 4.60% max.
 """
 from __future__ import annotations
 

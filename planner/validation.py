@@ -616,10 +616,10 @@ def build_inputs(row: dict[str, Any]) -> tuple[ModelSpec, ClusterSpec, TrainingJ
                          zero_stage=zero, sequence_parallel=bool(sp), recompute=recompute,
                          first_stage_layers=first, last_stage_layers=last,
                          pipeline_layout=layout[0] if layout is not None else None, **account)
-    # fused (flash) attention unless the row's setup says the run predates it
+    # fused (flash) attention unless the row's setup says the run predates it; dropout only where it says so
     flash = setup.flash_attention is not False
     job = TrainingJob(global_batch_size=int(p["global_batch_size"]), seq_length=int(seq), precision=prec,
-                      flash_attention=flash)
+                      flash_attention=flash, dropout=setup.dropout is True)
     cluster, job, par = apply_row_options(row, cluster, job, par, notes, fw)  # recipe settings (row_options.py)
     return model, cluster, job, par, fw, notes
 

@@ -108,6 +108,8 @@ def test_flash_attention_and_dropout_reach_every_command(run_cli):
     unfused = planner.evaluate(**kw, flash_attention=False, dropout=True).plans[0]
     assert unfused.time.step_s > fused.time.step_s
     assert unfused.memory.peak_bytes > fused.memory.peak_bytes
+    no_dropout = planner.evaluate(**kw, flash_attention=False).plans[0]  # fewer score passes, no masks
+    assert no_dropout.time.step_s < unfused.time.step_s and no_dropout.memory.peak_bytes < unfused.memory.peak_bytes
     cli = run_cli("evaluate", "--model", "gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "512",
                   "--global-batch-size", "1536", "--seq-length", "2048", "--tp", "8", "--pp", "8",
                   "--recompute", "selective", "--sequence-parallel", "--no-flash-attention", "--dropout",

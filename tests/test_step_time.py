@@ -9,6 +9,7 @@ from cost_models.step_time import estimate_step, gemm_time
 from model_zoo import get_model
 
 H100 = get_cluster("dgx-h100")
+A100 = get_cluster("dgx-a100-80g")
 L8 = get_model("llama3.1-8b")
 
 
@@ -349,6 +350,35 @@ def test_squared_relu_runs_unfused_in_megatron():
     extra = layer_memory_bound_s(relu2, H100, job, par, 0, "megatron")[0] - \
         layer_memory_bound_s(gelu, H100, job, par, 0, "megatron")[0]
     assert extra == pytest.approx(2 * 2 * 4096 * relu2.ffn_hidden_size / 8 / hbm_rate(H100))
+
+
+def test_dropout_costs_its_mask_traffic():
+    """Dropout (``TrainingJob.dropout``, ``--dropout``) changes the step time by what its kernels move (issue 9,
+    item 3): unfused attention streams the scores ``DROPOUT_SCORE_PASSES`` (2.5: read the softmax output, write the
+    dropped output and its 1-byte mask) more times per forward (backward 2x); the two bias-dropout-adds write a
+    1-byte mask per hidden element each (``DROPOUT_MASK_BYTES``); a fused kernel draws its mask in registers
+    (``FUSED_DROPOUT_SLOWDOWN``, FlashAttention-2 +4.7%); torchtitan's models have no dropout layers."""
+    from cost_models.attention import DROPOUT_SCORE_PASSES, FUSED_DROPOUT_SLOWDOWN, attention_core_s
+    from cost_models.elementwise import DROPOUT_MASK_BYTES, layer_memory_bound_s
+    from cost_models.gemm import hbm_rate
+
+    m = get_model("gpt3-175b")
+    par = ParallelConfig(tp=8, micro_batch_size=1, sequence_parallel=True)
+    for flash in (False, True):
+        job = TrainingJob(global_batch_size=8, seq_length=2048, precision="bf16", flash_attention=flash)
+        drop = job.model_copy(update={"dropout": True})
+        f0, b0 = attention_core_s(m, A100, job, par, "megatron")
+        f1, b1 = attention_core_s(m, A100, drop, par, "megatron")
+        if flash:
+            assert (f1 / f0, b1 / b0) == pytest.approx((FUSED_DROPOUT_SLOWDOWN, FUSED_DROPOUT_SLOWDOWN))
+        else:
+            scores = 2 * m.num_attention_heads / 8 * 2048 ** 2  # one micro-batch's 16-bit scores on one GPU, bytes
+            assert f1 - f0 == pytest.approx(DROPOUT_SCORE_PASSES * scores / hbm_rate(A100))
+            assert b1 - b0 == pytest.approx(2 * (f1 - f0))
+    hid = 2048 * m.hidden_size / 8  # hidden-state elements per GPU under sequence parallelism
+    for fw, extra in (("megatron", DROPOUT_MASK_BYTES * hid / hbm_rate(A100)), ("torchtitan", 0.0)):
+        base = layer_memory_bound_s(m, A100, job, par, 0, fw)[0]
+        assert layer_memory_bound_s(m, A100, drop, par, 0, fw)[0] - base == pytest.approx(extra, abs=1e-12)
 
 
 def test_mtp_layers_communication_is_reported_with_the_rest():

@@ -228,8 +228,10 @@ def test_duplicate_row_ids_are_refused(run_cli, tmp_path):
 #: held-out group helped fit: the previous model scores 6.68% that way (MoE recipes 12.6%, Bridge 9.5%) where the
 #: shipped-value start had reported 6.63% (9.6%, 11.1%). Now 6.66%, MoE recipes 13.5%: held out, their host-time
 #: constants come from the Bridge 25.11 rows (Transformer Engine 2.8), while the recipes ran Transformer Engine 2.14.
-#: 6.59% with Nemotron's unfused squared ReLU.
-ACHIEVED_LOGO_MAPE = 6.6
+#: 6.59% with Nemotron's unfused squared ReLU. 6.59 -> 6.62% with dropout costed (the SC21 / BLOOM rows ran Megatron's
+#: default 0.1: attention.DROPOUT_SCORE_PASSES counted, UNFUSED_SCORE_PASSES refitted without it, 8 -> 5.33, and
+#: elementwise.DROPOUT_MASK_BYTES): SC21 held out 5.08 -> 5.45% (its score passes now come from BLOOM's three rows).
+ACHIEVED_LOGO_MAPE = 6.65
 ACHIEVED_LOGO_GROUP_MAPE = {"megatron_moe_recipes": 13.5}
 
 
