@@ -309,9 +309,6 @@ def _emit(doc, emit: Emit, output: Path | None, rank: int, framework: str | None
         files = emit_files(doc, emit.value, rank, launcher.value)
     except EmitUnsupported as e:  # a valid plan the target framework cannot run: like an infeasible plan
         ok = [p.rank for p in doc.plans if p.feasible and emit.value not in p.launch.unsupported]
-        if doc.input.job.moe_expert_capacity_factor is not None and "moe_expert_capacity_factor" in str(e):
-            # a job option, the same for every plan: no layout can lift it
-            raise NoFeasiblePlan(f"{e}; drop --capacity-factor or emit megatron") from None
         hint = f"; plan #{ok[0]} can run on {emit.value} (--rank {ok[0]})" if ok else (
             f"; none of the top {len(doc.plans)} plans can: raise --top-k, or pin the knob named above "
             f"(--tp --pp --cp --ep --zero-stage --recompute)" if len(doc.plans) > 1 else "")
@@ -557,6 +554,8 @@ def plan(
             raise NoFeasiblePlan(f"no plan on any of the {len(cmp.rows)} clusters (each cluster's reason is in "
                                  f"its row)")
         return
+    if emit is not None:
+        _refuse_unrunnable_job(emit, model, cluster, opts)
     with progress_line("plan3d plan") as progress:  # a status line on stderr while it is a terminal
         doc = api_plan(model, cluster, **opts, global_batch_size_tolerance=gbs_tolerance, progress=progress)
     if plot is not None:
@@ -572,6 +571,27 @@ def plan(
             f"{gbs} x seq {i.job.seq_length}, {i.job.precision}: top {len(doc.plans)} of "
             f"{'' if stats.exact else 'at most '}{stats.num_feasible} feasible ({stats.num_candidates} examined)",
             rank, framework.value, at_risk_margin, launcher)
+
+
+def _refuse_unrunnable_job(emit: Emit, model, cluster, opts: dict) -> None:
+    """``plan --emit X``: before the search, refuse a job X cannot launch whatever the layout (a model feature, or
+    a job option such as ``--precision fp8`` on torchtitan: ``planner.emit.job_refusal``), with the option to change;
+    otherwise every ranked plan would be refused after the search, with advice about layouts that cannot help.
+
+    Raises:
+        NoFeasiblePlan: the job cannot run on X (exit 1, as for a plan X cannot run).
+    """
+    from .api import load_inputs
+    from .emit import job_refusal
+    from .errors import NoFeasiblePlan
+    job_keys = ("gpus", "nodes", "global_batch_size", "seq_length", "precision", "flash_attention", "dropout",
+                "framework", "capacity_factor")
+    inputs = load_inputs(model, cluster, **{k: opts[k] for k in job_keys})
+    why = job_refusal(emit.value, inputs.model, inputs.job)
+    if why is not None:
+        alt = "; change that option, or --emit megatron, which runs it" if emit != Emit.megatron and job_refusal(
+            "megatron", inputs.model, inputs.job) is None else ""
+        raise NoFeasiblePlan(f"--emit {emit.value}: {why}; no parallel layout changes that{alt}")
 
 
 def _plan_pools(model, cluster, opts: dict, fmt: Fmt, output: Path | None, emit: Emit | None, rank: int,

@@ -107,6 +107,23 @@ def test_emit_refusal_says_what_to_do_when_no_listed_plan_can_run(run_cli):
     assert "none of the top 2 plans can: raise --top-k, or pin the knob" in r.stderr
 
 
+def test_emit_refuses_a_job_no_layout_can_run_before_the_search(run_cli):
+    """`plan3d plan --precision fp8 --emit torchtitan` searched, ranked five FP8 plans, then refused each and advised
+    raising --top-k or pinning --tp/--pp: no layout can help, torchtitan has no FP8 setting plan3d costs. The job is
+    now refused before the search, naming the option and the framework that runs it; a job every framework runs
+    passes the check (planner.emit.job_refusal: the one-GPU layout passes every rule about a layout)."""
+    from cost_models.config import TrainingJob
+    from model_zoo import get_model
+    from planner.emit import FRAMEWORKS, job_refusal
+
+    r = run_cli("plan", "--gpus", "8", "--precision", "fp8", "--emit", "torchtitan")
+    assert r.exit_code == 1 and "precision fp8" in r.stderr and "no parallel layout changes that" in r.stderr
+    assert "--emit megatron, which runs it" in r.stderr and "--top-k" not in r.stderr and r.stdout == ""
+    plain = TrainingJob(global_batch_size=1024, seq_length=4096)
+    assert [job_refusal(fw, get_model("llama3.1-8b"), plain) for fw in FRAMEWORKS] == [None] * len(FRAMEWORKS)
+    assert "attention_sinks" in job_refusal("megatron", get_model("gpt-oss-20b"), plain)
+
+
 def test_comparison_where_no_cluster_has_a_plan_exits_1(run_cli):
     """`plan3d plan --model llama3.1-70b --cluster dgx-h100,dgx-b200 --gpus 512 ... --deadline-days 30` printed an
     all-dash table and exited 0, where one cluster with the same answer exits 1 (README: exit 1 = no feasible

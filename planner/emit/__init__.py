@@ -21,7 +21,8 @@ from .megatron import (SCRIPT_DATA_ARGS, SCRIPT_TRAIN_ARGS, EmitError, EmitUnsup
 from .torchtitan import torchtitan_overrides, torchtitan_toml
 
 __all__ = ["megatron_args", "deepspeed_config", "megatron_deepspeed_args", "torchtitan_toml",
-           "torchtitan_overrides", "colossalai_config", "launch_fields", "emit_files", "LAUNCHERS", "EmitError", "EmitUnsupported", "FRAMEWORKS", "check_deepspeed"]
+           "torchtitan_overrides", "colossalai_config", "launch_fields", "emit_files", "LAUNCHERS", "EmitError", "EmitUnsupported", "FRAMEWORKS", "check_deepspeed",
+           "job_refusal"]
 
 #: ``--emit`` targets: the frameworks whose rules plan3d models, and Colossal-AI (emitted only; planned under
 #: Megatron-LM's rules)
@@ -60,6 +61,21 @@ def launch_fields(model: ModelSpec, job: TrainingJob, par: ParallelConfig, gpus_
     out["unsupported"] = unsupported
     out["env"] = {fw: launch_env(fw, par, cluster, job) for fw in FRAMEWORKS if fw not in unsupported}
     return out
+
+
+def job_refusal(framework: str, model: ModelSpec, job: TrainingJob) -> str | None:
+    """Why ``framework``'s launch cannot run ``job`` on ``model`` whatever the layout (None when some layout may):
+    its refusal of the one-GPU layout, which sets no parallel, sharding or recompute knob and so passes every rule
+    about a layout; what is left is the model's features and the job's own knobs (precision, attention, dropout,
+    cross entropy, MoE routing).
+
+    Raises:
+        EmitError: ``framework`` is not an ``--emit`` target.
+    """
+    if framework not in FRAMEWORKS:
+        raise EmitError(f"--emit {framework}: choose one of {', '.join(FRAMEWORKS)}")
+    bare = ParallelConfig(dp=1, micro_batch_size=1)
+    return launch_fields(model, job.model_copy(update={"global_batch_size": 1}), bare, 1)["unsupported"].get(framework)
 
 
 def _header(framework: str, model_name: str, rank: int, launch) -> str:
