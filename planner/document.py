@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+import re
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr
 
 from cluster_specs.spec import ClusterSpec
 from cost_models.config import ParallelConfig, TrainingJob
@@ -35,6 +36,23 @@ from .uncertainty import step_class, step_interval
 #: 1.5 (additive): input.job.moe_expert_capacity_factor (--capacity-factor: drop-and-pad MoE routing; null =
 #:     dropless)
 SCHEMA_VERSION = "1.5"
+
+
+def readable_schema_version(version: str) -> str:
+    """``version`` if this plan3d reads documents of it: the same major version and a minor version up to
+    ``SCHEMA_VERSION``'s (minor versions only add fields, so an older document reads; a newer one may carry fields
+    this plan3d does not know).
+
+    Raises:
+        ValueError: another major version, a newer minor version, or not ``MAJOR.MINOR``.
+    """
+    major, minor = (int(x) for x in SCHEMA_VERSION.split("."))
+    m = re.fullmatch(r"(\d+)\.(\d+)", version)
+    if m is None or int(m[1]) != major or int(m[2]) > minor:
+        newer = m is not None and int(m[1]) == major
+        raise ValueError(f"{version!r}: this plan3d reads {major}.0 to {SCHEMA_VERSION}"
+                         + ("; upgrade plan3d to read it" if newer else ""))
+    return version
 
 
 def _r(x: float) -> float:
@@ -245,7 +263,7 @@ class PlanInfo(_Strict):
 
 
 class PlanDocument(_Strict):
-    schema_version: str = SCHEMA_VERSION
+    schema_version: Annotated[str, AfterValidator(readable_schema_version)] = SCHEMA_VERSION
     input: InputInfo
     plans: list[PlanInfo]
     #: ``planner.api.SearchStats`` of the search that produced the plans (not part of the JSON)

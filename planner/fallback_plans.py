@@ -29,7 +29,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, PrivateAttr
+from pydantic import Field, PrivateAttr, ValidationError
 
 from .document import SCHEMA_VERSION, InputInfo, PlanInfo, _r, _Strict, input_info, plan_info, to_json
 from .errors import PlanInputError
@@ -128,12 +128,14 @@ def _load_plan(plan: Any):
         raise PlanInputError(f"--plan {path}: {e.strerror}") from None
     try:
         return PlanDocument.model_validate_json(text)
-    except ValueError as e:
+    except ValidationError as e:
         if '"pools"' in text and '"subsets"' in text:  # a plan over pools (planner/pools.py PoolsDocument)
             raise PlanInputError(f"--plan {path}: a plan over pools (--cluster NAME:NODES,...), which fallback does "
                                  f"not plan; give a one-cluster plan document (plan3d plan --cluster NAME --format "
                                  f"json)") from None
-        first = str(e).splitlines()[0] if str(e) else "invalid"
+        err = e.errors()[0]  # the first problem, where it is: e.g. plans.0.tp, or the schema_version's own message
+        where = ".".join(str(x) for x in err["loc"])
+        first = f"{where}: {err['msg'].removeprefix('Value error, ')}" if where else err["msg"]
         raise PlanInputError(f"--plan {path}: not a plan document (plan3d plan --format json): {first}") from None
 
 

@@ -119,7 +119,18 @@ def test_fallback_cli(run_cli, plans_json, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
     e = run_cli("fallback", "--plan", str(bad), "--max-lost-nodes", "1")
-    assert e.exit_code == 2 and "not a plan document" in e.stderr
+    assert e.exit_code == 2 and "not a plan document" in e.stderr and "input: Field required" in e.stderr
+    # schema versions: another major, or a newer minor (it may carry fields this plan3d does not know), are refused
+    # by name; an older minor reads (minor versions only add fields: document.py's version notes)
+    doc = json.loads(plans_json.read_text())
+    from planner.document import SCHEMA_VERSION
+    newer = f"1.{int(SCHEMA_VERSION.split('.')[1]) + 1}"
+    for version, msg in (("9.9", f"reads 1.0 to {SCHEMA_VERSION}"), (newer, "upgrade plan3d"), ("v1", "reads 1.0")):
+        bad.write_text(json.dumps({**doc, "schema_version": version}))
+        e = run_cli("fallback", "--plan", str(bad), "--max-lost-nodes", "1")
+        assert e.exit_code == 2 and f"schema_version: '{version}'" in e.stderr and msg in e.stderr, e.stderr
+    bad.write_text(json.dumps({**doc, "schema_version": "1.4"}))
+    assert run_cli("fallback", "--plan", str(bad), "--max-lost-nodes", "1").exit_code == 0
     pytest.importorskip("matplotlib")
     out = tmp_path / "fb.png"
     p = run_cli("fallback", "--plan", str(plans_json), "--max-lost-nodes", "2", "--plot", str(out))
