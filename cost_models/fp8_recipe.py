@@ -35,9 +35,24 @@ def default_fp8_recipe(cluster: ClusterSpec, model: ModelSpec, par: ParallelConf
     ``tensorwise`` under ``moe_act`` / ``layernorm`` selective recompute, else ``delayed`` (module docstring)."""
     if "fp4" in cluster.gpu.peak_flops:
         return "mxfp8"
-    if model.moe is not None:
-        return "blockwise"
-    return per_tensor_fp8_recipe(par)
+    return _hopper_fp8_recipe(model, par)
+
+
+def _hopper_fp8_recipe(model: ModelSpec, par: ParallelConfig) -> str:
+    """``blockwise`` for a MoE model, else the per-tensor recipe (``default_fp8_recipe`` without block-scaled tensor
+    cores)."""
+    return "blockwise" if model.moe is not None else per_tensor_fp8_recipe(par)
+
+
+def shared_fp8_recipe(clusters: list[ClusterSpec], model: ModelSpec, par: ParallelConfig) -> str:
+    """The one ``--fp8-recipe`` of a launch whose ranks run on several clusters (plans over pools): each cluster's
+    ``default_fp8_recipe`` when they agree, else the recipe without block-scaled tensor cores, which every FP8 GPU
+    runs. Transformer Engine (``transformer_engine/pytorch/quantization.py``): MXFP8 needs compute capability 10.x
+    (Blackwell), FP8 block scaling 9.0 or higher with CUDA >= 12.9, per-tensor scaling 8.9 or higher. The host-cost
+    class is unchanged by the fallback (``blockwise`` and ``mxfp8`` are both ``mx``; dense models have no per-expert
+    host cost)."""
+    recipes = {default_fp8_recipe(c, model, par) for c in clusters}
+    return recipes.pop() if len(recipes) == 1 else _hopper_fp8_recipe(model, par)
 
 
 def per_tensor_fp8_recipe(par: ParallelConfig) -> str:

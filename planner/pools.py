@@ -10,7 +10,9 @@
 The search is ``planner.pool_search`` (what it searches and why it is exact); the cost model
 ``cost_models.pools``; the cluster ``cluster_specs.pools`` (``--cluster NAME:NODES,...`` or a YAML with ``pools:``).
 The document is the plan document's format (``planner.document``: each plan a ``PlanInfo`` with its ``launch``
-section, so ``--emit megatron`` writes its ``--pipeline-model-parallel-layout``) plus, per plan, the pools it uses
+section, so ``--emit megatron`` writes its ``--pipeline-model-parallel-layout``; the launch runs on every pool's GPUs,
+so its environment holds only what every pool's launch sets and an FP8 run takes one recipe all of them run,
+``cost_models.fp8_recipe.shared_fp8_recipe``) plus, per plan, the pools it uses
 and every stage's pool, layers, seconds and memory, and the best plan of every subset of pools.
 """
 from __future__ import annotations
@@ -166,6 +168,9 @@ def _plan_info(rank: int, p: PoolPlan, model: ModelSpec, mixed: MixedCluster, jo
     from cost_models.memory import MemoryEstimate
 
     from .checks import Violation
+    from cost_models.fp8_recipe import shared_fp8_recipe
+
+    from .emit import megatron_args
     from .emit.env import launch_env
     from .evaluation import Evaluation
     est, par = p.estimate, p.parallel
@@ -180,6 +185,9 @@ def _plan_info(rank: int, p: PoolPlan, model: ModelSpec, mixed: MixedCluster, jo
     base.launch.env = {fw: {k: v for k, v in env.items()
                             if all(launch_env(fw, par, c, job).get(k) == v for c in used_pools)}
                        for fw, env in base.launch.env.items()}
+    if job.precision == "fp8" and base.launch.megatron is not None:
+        # one --fp8-recipe for every pool's GPUs: MXFP8 only where all have block-scaled tensor cores
+        base.launch.megatron = megatron_args(model, job, par, first, shared_fp8_recipe(used_pools, model, par))
     # the stage with the least headroom at its own pool's capacity (the pools' capacities differ)
     base.memory = memory_info(MemoryEstimate(est.stages, cap), margin).model_copy(update=dict(
         peak_bytes=round(s.total), capacity_bytes=cap, headroom_bytes=round(cap - s.total), peak_stage=b,

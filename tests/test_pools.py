@@ -210,6 +210,26 @@ def test_pools_launch_env_holds_on_every_pool():
     assert alone.plans[0].parallel.tp <= 2 or alone.plans[0].launch.env["megatron"]["NCCL_NVLS_ENABLE"] == "1"
 
 
+def test_pools_launch_fp8_recipe_runs_on_every_pool():
+    """One Megatron launch, one --fp8-recipe: the B200 pool alone would take MXFP8 (block-scaled tensor cores), which
+    Transformer Engine refuses below compute capability 10.0, so a plan with H100 stages launches the recipe the H100
+    runs (delayed per-tensor scaling for a dense model; blockwise for a MoE model, which TE runs on 9.0 and up);
+    B200 with GB200 keeps MXFP8 (cost_models.fp8_recipe.shared_fp8_recipe)."""
+    from cost_models.fp8_recipe import shared_fp8_recipe
+
+    h100, b200, gb200 = get_cluster("dgx-h100"), get_cluster("dgx-b200"), get_cluster("gb200-nvl72")
+    par = ParallelConfig(tp=8, pp=2)
+    assert shared_fp8_recipe([b200, h100], get_model("llama3.1-70b"), par) == "delayed"
+    assert shared_fp8_recipe([b200, h100], get_model("qwen3-30b-a3b"), par) == "blockwise"
+    assert shared_fp8_recipe([b200, gb200], get_model("llama3.1-70b"), par) == "mxfp8"
+    doc = planner.plan_pools("llama3.1-70b", "dgx-b200:2,dgx-h100:2", precision="fp8", global_batch_size=64,
+                             top_k=3)
+    for p in doc.plans:
+        a = p.launch.megatron
+        gpus = {u.gpu for u in p.pools}
+        assert a[a.index("--fp8-recipe") + 1] == ("mxfp8" if gpus == {"B200"} else "delayed"), gpus
+
+
 def test_pools_cli_tables_json_emit_and_timeline(run_cli, tmp_path):
     base = ["plan", "-m", "llama3.1-8b", "-c", "dgx-h100:1,dgx-a100-80g:1", "--global-batch-size", "128",
             "--seq-length", "4096", "--top-k", "2"]

@@ -308,8 +308,9 @@ def check_megatron(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> N
         raise EmitError(f"fp8_param_gather with precision {job.precision}: --fp8-param-gather needs FP8 training")
 
 
-def fp8_args(model: ModelSpec, par: ParallelConfig, cluster: ClusterSpec | None = None) -> list[str]:
-    """``--fp8-format`` / ``--fp8-recipe`` of an FP8 run: the recipe the cost model assumed
+def fp8_args(model: ModelSpec, par: ParallelConfig, cluster: ClusterSpec | None = None,
+             recipe: str | None = None) -> list[str]:
+    """``--fp8-format`` / ``--fp8-recipe`` of an FP8 run: ``recipe``, else the recipe the cost model assumed
     (``cost_models.fp8_recipe.default_fp8_recipe``; without a cluster, the per-tensor recipes).
 
     - ``mxfp8`` / ``blockwise``: ``--fp8-format e4m3`` (the Megatron-LM MoE recipes' values, ``examples/moe_recipes``).
@@ -318,7 +319,8 @@ def fp8_args(model: ModelSpec, par: ParallelConfig, cluster: ClusterSpec | None 
     - ``delayed``: ``--fp8-format hybrid --fp8-amax-history-len 1024 --fp8-amax-compute-algo max``
       (``examples/llama/train_llama3_8b_h100_fp8.sh``).
     """
-    recipe = default_fp8_recipe(cluster, model, par) if cluster is not None else per_tensor_fp8_recipe(par)
+    if recipe is None:
+        recipe = default_fp8_recipe(cluster, model, par) if cluster is not None else per_tensor_fp8_recipe(par)
     if recipe in ("mxfp8", "blockwise"):
         return ["--fp8-format", "e4m3", "--fp8-recipe", recipe]
     if recipe == "tensorwise":
@@ -341,8 +343,8 @@ def dispatcher_args(job: TrainingJob, par: ParallelConfig, cluster: ClusterSpec 
 
 
 def parallel_args(model: ModelSpec, job: TrainingJob, par: ParallelConfig,
-                  cluster: ClusterSpec | None = None) -> list[str]:
-    """Parallelism, batch, recompute, optimizer-sharding and precision arguments.
+                  cluster: ClusterSpec | None = None, fp8_recipe: str | None = None) -> list[str]:
+    """Parallelism, batch, recompute, optimizer-sharding and precision arguments (``fp8_recipe``: as ``fp8_args``).
 
     Raises:
         EmitError: a knob Megatron-LM cannot express (``check_megatron``), or a split it refuses.
@@ -451,7 +453,7 @@ def parallel_args(model: ModelSpec, job: TrainingJob, par: ParallelConfig,
     elif job.precision != "fp32":  # fp32 is Megatron's default (no --bf16/--fp16): fp32 params, FP32Optimizer
         a.append("--bf16")
     if job.precision == "fp8":
-        add(fp8_args(model, par, cluster))
+        add(fp8_args(model, par, cluster, fp8_recipe))
         if getattr(par, "fp8_param_gather", False):
             a.append("--fp8-param-gather")
     ce = cross_entropy_impl(job, "megatron")  # the loss the step time charged
@@ -465,10 +467,10 @@ def parallel_args(model: ModelSpec, job: TrainingJob, par: ParallelConfig,
 
 
 def megatron_args(model: ModelSpec, job: TrainingJob, par: ParallelConfig,
-                  cluster: ClusterSpec | None = None) -> list[str]:
+                  cluster: ClusterSpec | None = None, fp8_recipe: str | None = None) -> list[str]:
     """The argument list (flags and values as separate strings) for ``pretrain_gpt.py``; ``cluster`` picks the FP8
-    recipe of an FP8 run (``fp8_args``)."""
-    return model_args(model, job) + parallel_args(model, job, par, cluster)
+    recipe of an FP8 run unless ``fp8_recipe`` names it (``fp8_args``)."""
+    return model_args(model, job) + parallel_args(model, job, par, cluster, fp8_recipe)
 
 
 def pair_args(args: list[str]) -> list[str]:
