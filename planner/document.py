@@ -211,7 +211,8 @@ class LaunchInfo(_Strict):
     colossalai: dict[str, Any] | None = Field(None, description="Colossal-AI HybridParallelPlugin / "
                                               "MoeHybridParallelPlugin keyword arguments and booster settings "
                                               "(schema 1.2)")
-    unsupported: dict[str, str] = Field(default_factory=dict, description="framework -> why it cannot run the plan")
+    unsupported: dict[str, str] = Field(default_factory=dict, description="framework, or one of its launches "
+                                        "(megatron_deepspeed, torchtitan_overrides) -> why it cannot run the plan")
     env: dict[str, dict[str, str]] = Field(
         default_factory=dict, description="framework (megatron, deepspeed, torchtitan, colossalai) -> environment variables its "
                                           "launch needs (planner/emit/env.py); only frameworks that can run the plan")

@@ -421,6 +421,30 @@ def test_megatron_plan_costs_the_dp_overlap_its_launch_runs(dp, cp, zero):
         assert estimate_step(model, cluster, job, par, overlap_dp=False).step_s > ev.step.step_s
 
 
+def test_torchtitan_03_overrides_run_the_plan_as_costed():
+    """torchtitan 0.3.0's registry configs are not neutral (checked with its ConfigManager): ``llama3_8b`` and
+    ``llama3_70b`` leave torch.compile off, which the costed (compiled) plan assumes on; ``llama3_405b`` turns async TP
+    on and builds Float8 linears (torchao), and its model spec is no command-line field. The overrides now set
+    compile, its components and the dtypes; a bf16 405B plan gets no overrides (the TOML for 0.2.2 still launches it)
+    and its files say why."""
+    from planner.emit import torchtitan_overrides
+    job = TrainingJob(global_batch_size=8, seq_length=4096, framework="torchtitan")
+    over = torchtitan_overrides(get_model("llama3.1-8b"), job, ParallelConfig(dp=2, zero_stage=3))
+    flags = " ".join(over)
+    assert "--compile.enable --compile.components model,loss --compile.no-enable-async-tensor-parallel" in flags
+    assert "--training.mixed_precision_param bfloat16 --training.mixed_precision_reduce float32" in flags
+    par = ParallelConfig(dp=2, tp=8, zero_stage=3, sequence_parallel=True)
+    lf = launch_fields(get_model("llama3.1-405b"), job, par, 8)
+    assert lf["torchtitan_toml"] is not None and lf["torchtitan_overrides"] is None
+    assert "torchtitan" not in lf["unsupported"] and "Float8" in lf["unsupported"]["torchtitan_overrides"]
+    import planner
+    doc = planner.evaluate("llama3.1-405b", "dgx-h100", gpus=16, global_batch_size=8, seq_length=4096,
+                           framework="torchtitan", tp=8, zero_stage=3, sequence_parallel=True)
+    from planner.emit import emit_files
+    files = emit_files(doc, "torchtitan")
+    assert "torchtitan.toml" in files and "Float8" in files["torchtitan_overrides_unsupported.txt"]
+
+
 def test_torchtitan_launch_never_stands_in_another_model():
     # a model torchtitan has no built-in flavor / registered config for keeps its own name in the TOML and the
     # 0.3.x overrides, so that torchtitan refuses to start until it is registered; it once fell back to

@@ -50,7 +50,8 @@ def launch_fields(model: ModelSpec, job: TrainingJob, par: ParallelConfig, gpus_
     attempt("deepspeed", "deepspeed", lambda: deepspeed_config(job, par, model))
     attempt("megatron_deepspeed", "megatron_deepspeed", lambda: megatron_deepspeed_args(model, job, par))
     attempt("torchtitan_toml", "torchtitan", lambda: torchtitan_toml(model, job, par))
-    attempt("torchtitan_overrides", "torchtitan", lambda: torchtitan_overrides(model, job, par))
+    # the 0.3.x overrides apart: the 0.2.2 TOML may launch a plan they cannot (a registry config's converters)
+    attempt("torchtitan_overrides", "torchtitan_overrides", lambda: torchtitan_overrides(model, job, par))
     attempt("colossalai", "colossalai", lambda: colossalai_config(model, job, par))
     if out["deepspeed"] is not None and out["megatron_deepspeed"] is None:
         try:  # without a Megatron-DeepSpeed launch the JSON alone must carry every knob
@@ -107,8 +108,11 @@ def _parts(framework: str, launch, header: str) -> tuple[dict[str, str], str, li
     if framework == "colossalai":
         return ({"colossalai_plugin.json": json.dumps(launch.colossalai, indent=2, allow_nan=False) + "\n",
                  "colossalai_plugin.py": colossalai_script(launch.colossalai, header)}, "train.py", [], env, [], [])
-    return ({"torchtitan.toml": launch.torchtitan_toml,
-             "torchtitan_overrides.txt": "\n".join(pair_args(launch.torchtitan_overrides)) + "\n"},
+    overrides = ({"torchtitan_overrides.txt": "\n".join(pair_args(launch.torchtitan_overrides)) + "\n"}
+                 if launch.torchtitan_overrides is not None else
+                 {"torchtitan_overrides_unsupported.txt": f"# {header}\n# torchtitan 0.3.x overrides not emitted: "
+                                                          f"{launch.unsupported['torchtitan_overrides']}\n"})
+    return ({"torchtitan.toml": launch.torchtitan_toml, **overrides},
             "-m torchtitan.train", ["--job.config_file", "$CONFIG_DIR/torchtitan.toml"], env, [], [])
 
 

@@ -53,12 +53,20 @@ TORCHTITAN_MODELS: dict[str, tuple[str, str]] = {
     "llama3.1-405b": ("llama3", "405B"),
     "deepseek-v3": ("deepseek_v3", "671B"),
 }
-#: 0.3.x config-registry functions of the same models (``--module M --config C``).
+#: 0.3.x config-registry functions of the same models (``--module M --config C``; ``deepseek_v3_671b``, not its
+#: ``_float8`` variant: ``models/deepseek_v3/config_registry.py`` at 0.3.0).
 TORCHTITAN_REGISTRY: dict[str, tuple[str, str]] = {
     "llama3.1-8b": ("llama3", "llama3_8b"),
     "llama3.1-70b": ("llama3", "llama3_70b"),
     "llama3.1-405b": ("llama3", "llama3_405b"),
+    "deepseek-v3": ("deepseek_v3", "deepseek_v3_671b"),
 }
+
+#: 0.3.x registry configs whose model spec carries converters a plan3d plan does not cost: ``llama3_405b`` builds
+#: every linear but ``lm_head`` as a torchao ``Float8Linear`` (``models/llama3/config_registry.py`` at 0.3.0; parsing
+#: it without torchao fails "torchao is not installed"). The model spec is not a command-line field, so the 0.3.x
+#: overrides cannot launch those models as planned (the 0.2.2 TOML can).
+TORCHTITAN_REGISTRY_CONVERTERS: dict[str, str] = {"llama3.1-405b": "Float8 linears (torchao)"}
 
 _SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "gpipe": "GPipe", "zb-v": "ZBVZeroBubble",
               "dualpipev": "DualPipeV"}
@@ -254,11 +262,23 @@ def torchtitan_overrides(model: ModelSpec, job: TrainingJob, par: ParallelConfig
     0.3.0 has no ``expert_tensor_parallel_degree`` or ``selective_ac_option``, so parallelism degrees,
     schedule, batch and sequence length are set as flags and the activation-checkpoint mode as the subcommand
     ``activation-checkpoint:none|selective|full`` (last); PP needs ``--training.disable_cuda_graphs`` ("CUDA
-    graphs do not support pipeline parallelism yet"). Checked with torchtitan 0.3.0's ``ConfigManager``."""
+    graphs do not support pipeline parallelism yet"). The registry configs leave compile off (``llama3_8b``,
+    ``llama3_70b``) or turn async TP on (``llama3_405b``), so the compile settings of the TOML are given too
+    (``--compile.components`` takes a comma-separated list), and the mixed-precision dtypes. Checked with torchtitan
+    0.3.0's ``ConfigManager``.
+
+    Raises:
+        EmitError: as ``torchtitan_settings``, or a registry config whose model carries converters the plan did not
+            cost (``TORCHTITAN_REGISTRY_CONVERTERS``).
+    """
     s = torchtitan_settings(model, job, par)
     # no registered config: name the model itself, so that torchtitan refuses to start until one is registered
     # (never a stand-in such as llama3_debugmodel, which would train another model)
     module, config = TORCHTITAN_REGISTRY.get(model.name, (model.name, model.name))
+    if model.name in TORCHTITAN_REGISTRY_CONVERTERS:
+        raise EmitError(f"--config {config}: torchtitan 0.3's config trains {TORCHTITAN_REGISTRY_CONVERTERS[model.name]}, "
+                        f"which the {job.precision} plan did not cost, and its model is no command-line field; "
+                        f"launch torchtitan 0.2.2 with torchtitan.toml")
     a = ["--module", module, "--config", config]
     pl = dict(s["parallelism"])
     pl.pop("expert_tensor_parallel_degree", None)  # 0.3.x: expert TP follows tp
@@ -266,8 +286,11 @@ def torchtitan_overrides(model: ModelSpec, job: TrainingJob, par: ParallelConfig
     for k, v in pl.items():
         a += [f"--parallelism.{k}", str(v)]
     t = s["training"]
-    for k in ("local_batch_size", "global_batch_size", "seq_len"):
+    for k in ("local_batch_size", "global_batch_size", "seq_len", "mixed_precision_param", "mixed_precision_reduce"):
         a += [f"--training.{k}", str(t[k])]
+    c = s["compile"]
+    a += ["--compile.enable", "--compile.components", ",".join(c["components"]),
+          "--compile.no-enable-async-tensor-parallel"]
     if par.pp > 1:
         a.append("--training.disable_cuda_graphs")
     # activation checkpointing is a tyro subcommand (tagged union) given after the options
