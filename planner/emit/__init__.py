@@ -21,8 +21,8 @@ from .megatron import (SCRIPT_DATA_ARGS, SCRIPT_TRAIN_ARGS, EmitError, EmitUnsup
 from .torchtitan import torchtitan_overrides, torchtitan_toml
 
 __all__ = ["megatron_args", "deepspeed_config", "megatron_deepspeed_args", "torchtitan_toml",
-           "torchtitan_overrides", "colossalai_config", "launch_fields", "emit_files", "LAUNCHERS", "EmitError", "EmitUnsupported", "FRAMEWORKS", "check_deepspeed",
-           "job_refusal"]
+           "torchtitan_overrides", "colossalai_config", "launch_fields", "emit_files", "LAUNCHERS", "EmitError",
+           "EmitUnsupported", "FRAMEWORKS", "check_deepspeed", "job_refusal"]
 
 #: ``--emit`` targets: the frameworks whose rules plan3d models, and Colossal-AI (emitted only; planned under
 #: Megatron-LM's rules)

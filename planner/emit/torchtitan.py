@@ -275,10 +275,11 @@ def torchtitan_overrides(model: ModelSpec, job: TrainingJob, par: ParallelConfig
     # no registered config: name the model itself, so that torchtitan refuses to start until one is registered
     # (never a stand-in such as llama3_debugmodel, which would train another model)
     module, config = TORCHTITAN_REGISTRY.get(model.name, (model.name, model.name))
-    if model.name in TORCHTITAN_REGISTRY_CONVERTERS:
-        raise EmitError(f"--config {config}: torchtitan 0.3's config trains {TORCHTITAN_REGISTRY_CONVERTERS[model.name]}, "
-                        f"which the {job.precision} plan did not cost, and its model is no command-line field; "
-                        f"launch torchtitan 0.2.2 with torchtitan.toml")
+    converters = TORCHTITAN_REGISTRY_CONVERTERS.get(model.name)
+    if converters is not None:
+        raise EmitError(f"--config {config}: torchtitan 0.3's config trains {converters}, which the {job.precision} "
+                        f"plan did not cost, and its model is no command-line field; launch torchtitan 0.2.2 with "
+                        f"torchtitan.toml")
     a = ["--module", module, "--config", config]
     pl = dict(s["parallelism"])
     pl.pop("expert_tensor_parallel_degree", None)  # 0.3.x: expert TP follows tp
