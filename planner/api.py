@@ -262,6 +262,11 @@ def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = No
         raise PlanInputError(f"--precision fp32 with --framework {fw}: fused attention has no fp32 kernel (Transformer "
                              f"Engine runs its unfused attention); add --no-flash-attention, or use --framework "
                              f"torchtitan (PyTorch SDPA's memory-efficient kernel takes fp32)")
+    if dropout and fw == "torchtitan":
+        # the step time and the launch would disagree: torchtitan builds no dropout (its models/llama3 model.py,
+        # models/deepseek_v3 have none), while the memory model would store masks
+        raise PlanInputError("--dropout with --framework torchtitan: torchtitan's models have no dropout layers; "
+                             "drop --dropout, or use --framework megatron")
     expert_load_imbalance = _real("expert_load_imbalance", expert_load_imbalance, "a number >= 1 (the busiest "
                                   "expert's routed tokens over the mean; 1 = balanced)")
     capacity_factor = _real("capacity_factor", capacity_factor, "a number >= 1 (each expert's capacity over the "

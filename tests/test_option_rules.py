@@ -44,6 +44,17 @@ def test_expert_load_imbalance_on_a_dense_model_is_refused(run_cli):
         planner.load_inputs("mixtral-8x7b", capacity_factor=5)
 
 
+def test_dropout_under_torchtitan_rules_is_refused(run_cli):
+    """torchtitan's models have no dropout layers: --dropout with --framework torchtitan would cost masks in memory
+    (cost_models/memory.py) that the run never stores, and --emit torchtitan refuses the launch; an input error
+    (exit 2) on every command, as --capacity-factor with a framework that cannot express it."""
+    for cmd in ("plan", "evaluate", "memory", "explain"):
+        _one_error_line(run_cli(cmd, "--gpus", "8", "--framework", "torchtitan", "--dropout"),
+                        "--dropout with --framework torchtitan: torchtitan's models have no dropout layers")
+    with pytest.raises(planner.PlanInputError, match="no dropout layers"):
+        planner.load_inputs("llama3.1-8b", dropout=True, framework="torchtitan")
+
+
 # --- --gpu-hour-price NAME=USD names the clusters being planned -------------------------------------------------
 
 def test_gpu_hour_price_for_a_cluster_not_planned_is_refused(run_cli):
