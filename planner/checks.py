@@ -150,6 +150,14 @@ def constraint_report(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, 
         out += schedule_constraints(model, par, m, framework)
     if par.cp > 1:
         add(_div("seq_cp", job.seq_length, 2 * par.cp, "seq_length % (2*cp) (load-balanced causal CP)"))
+    if par.cp > 1 and framework != "deepspeed":
+        # Megatron-core's local DotProductAttention asserts context_parallel_size == 1 ("Context parallelism is only
+        # supported by TEDotProductAttention!"), Transformer Engine's get_attention_backend disables
+        # UnfusedDotProductAttention under CP; torch's ring attention (torchtitan, Colossal-AI ring_attn) wraps the
+        # fused SDPA kernels. DeepSpeed-Ulysses scatters heads instead and runs any attention.
+        add(Constraint("cp_fused_attention", job.flash_attention, 0.0 if job.flash_attention else -1.0, "",
+                       f"cp {par.cp} runs ring attention over fused (flash) attention kernels"
+                       + ("" if job.flash_attention else ": not with --no-flash-attention")))
     if par.sequence_parallel:
         add(_div("seq_sp", job.seq_length, par.cp * par.tp, "seq_length % (cp*tp) (sequence parallel)"))
     if model.moe is None:

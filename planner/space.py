@@ -186,6 +186,9 @@ def structures(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpu
                     continue
                 if cp > 1 and s % (2 * cp):
                     continue
+                if cp > 1 and not job.flash_attention and framework != "deepspeed":
+                    # ring attention runs fused kernels (planner.checks: cp_fused_attention)
+                    continue
                 if framework == "deepspeed" and cp > 1 and (model.num_attention_heads // tp) % cp:
                     # Megatron-DeepSpeed runs cp as DeepSpeed-Ulysses, whose all-to-all scatters each tp rank's
                     # attention heads over the cp ranks (planner.checks: deepspeed_ulysses_heads)

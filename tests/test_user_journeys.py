@@ -6,6 +6,8 @@ import pytest
 
 import planner
 from cluster_specs import ClusterSpecError
+from cost_models.config import ParallelConfig, TrainingJob
+from model_zoo import get_model
 
 
 # --- a one-cluster command given what only `plan` reads --------------------------------------------------------
@@ -112,8 +114,6 @@ def test_emit_refuses_a_job_no_layout_can_run_before_the_search(run_cli):
     raising --top-k or pinning --tp/--pp: no layout can help, torchtitan has no FP8 setting plan3d costs. The job is
     now refused before the search, naming the option and the framework that runs it; a job every framework runs
     passes the check (planner.emit.job_refusal: the one-GPU layout passes every rule about a layout)."""
-    from cost_models.config import TrainingJob
-    from model_zoo import get_model
     from planner.emit import FRAMEWORKS, job_refusal
 
     r = run_cli("plan", "--gpus", "8", "--precision", "fp8", "--emit", "torchtitan")
@@ -122,6 +122,30 @@ def test_emit_refuses_a_job_no_layout_can_run_before_the_search(run_cli):
     plain = TrainingJob(global_batch_size=1024, seq_length=4096)
     assert [job_refusal(fw, get_model("llama3.1-8b"), plain) for fw in FRAMEWORKS] == [None] * len(FRAMEWORKS)
     assert "attention_sinks" in job_refusal("megatron", get_model("gpt-oss-20b"), plain)
+
+
+def test_context_parallelism_needs_fused_attention(run_cli):
+    """`plan3d plan --gpus 32 --dropout --no-flash-attention --emit megatron` ranked cp 2 plans and emitted
+    --context-parallel-size 2 with --attention-backend unfused, which cannot start: megatron-core's local
+    DotProductAttention asserts context_parallel_size == 1, Transformer Engine disables its unfused backend under CP.
+    The search now leaves cp > 1 out without fused attention and evaluate names the rule; DeepSpeed-Ulysses (cp as
+    head scattering) runs any attention and keeps it. Colossal-AI's ring_attn once turned flash attention on in the
+    emitted plugin while the plan was costed unfused: refused, as is dropout (no plugin keyword)."""
+    from planner.emit import EmitError
+    from planner.emit.colossalai import check_colossalai
+
+    doc = planner.plan("llama3.1-8b", gpus=32, flash_attention=False, dropout=True, top_k=3)
+    assert all(p.parallel.cp == 1 for p in doc.plans)
+    ev = planner.evaluate(gpus=8, tp=2, cp=2, flash_attention=False).plans[0]
+    assert "cp 2 runs ring attention over fused (flash) attention kernels: not with --no-flash-attention" in \
+        ev.violations
+    ds = planner.evaluate(gpus=8, cp=2, flash_attention=False, framework="deepspeed").plans[0]
+    assert not any("ring attention" in v for v in ds.violations)
+    m = get_model("llama3.1-8b")
+    for job, says in ((TrainingJob(global_batch_size=8, flash_attention=False), "cp 2 with unfused attention"),
+                      (TrainingJob(global_batch_size=8, dropout=True), "dropout")):
+        with pytest.raises(EmitError, match=says):
+            check_colossalai(m, job, ParallelConfig(dp=4, cp=2))
 
 
 def test_comparison_where_no_cluster_has_a_plan_exits_1(run_cli):

@@ -11,7 +11,7 @@ Mapping (plan -> plugin keyword):
 * ``sequence_parallel`` (Megatron-style, activations split over the tp group) -> ``enable_sequence_parallelism``
   with ``sequence_parallelism_mode="split_gather"`` (its Megatron-SP mode; it asserts tp_size > 1).
 * ``cp`` > 1 (ring attention over a context-parallel group) -> ``sp_size=cp`` with mode ``"ring_attn"`` (which
-  turns flash attention on). The plugin takes ONE ``sequence_parallelism_mode``, so cp > 1 together with
+  needs flash attention: with unfused attention refused). The plugin takes ONE ``sequence_parallelism_mode``, so cp > 1 together with
   Megatron-style sequence parallelism cannot be expressed and is refused, as is cp > 1 on the MoE plugin (its
   modes are split_gather, ring and all_to_all).
 * ``zero_stage`` 0/1/2 -> ``zero_stage`` (the plugin asserts ``zero_stage in (0, 1, 2)``, and <= 1 with pp > 1);
@@ -33,7 +33,8 @@ Mapping (plan -> plugin keyword):
 
 Refused with the knob named (``EmitUnsupported``): the above, schedules other than 1F1B / interleaved 1F1B,
 Megatron pipeline layouts, embedding/loss-accounted splits, HSDP, per-module or uniform-method recompute,
-low-precision optimizer states or master weights, and optimizer / parameter CPU offload.
+low-precision optimizer states or master weights, optimizer / parameter CPU offload, and dropout (no plugin
+keyword: the model's own config holds it).
 """
 from __future__ import annotations
 
@@ -121,6 +122,11 @@ def check_colossalai(model: ModelSpec, job: TrainingJob, par: ParallelConfig) ->
         raise _refuse("param_cpu_offload", "HybridParallelPlugin offloads optimizer states only (cpu_offload)")
     if par.optimizer_cpu_offload_fraction:
         raise _refuse("optimizer_cpu_offload_fraction", "cpu_offload moves the whole optimizer, not a fraction")
+    if par.cp > 1 and not job.flash_attention:
+        raise _refuse(f"cp {par.cp} with unfused attention", "ring_attn runs flash attention")
+    if job.dropout:
+        raise _refuse("dropout", "the plugins have no dropout setting (the model's config holds it), so the launch "
+                                 "would not say the run has the dropout plan3d costed")
     if job.moe_expert_capacity_factor is not None:
         raise _refuse(f"moe_expert_capacity_factor {job.moe_expert_capacity_factor:g}",
                       "the plugins have no MoE routing setting; drop-and-pad is the model's router's")
@@ -149,7 +155,7 @@ def colossalai_config(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -
     if job.precision == "fp8":
         kw["use_fp8"] = True
     kw["zero_stage"] = par.zero_stage
-    kw["enable_flash_attention"] = bool(job.flash_attention or par.cp > 1)
+    kw["enable_flash_attention"] = bool(job.flash_attention)
     if moe:
         kw["overlap_communication"] = False  # the MoE plugin forces it off (ZeRO comm overlap hangs on idle experts)
     if par.pp > 1:
