@@ -262,6 +262,11 @@ def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = No
         raise PlanInputError(f"--precision fp32 with --framework {fw}: fused attention has no fp32 kernel (Transformer "
                              f"Engine runs its unfused attention); add --no-flash-attention, or use --framework "
                              f"torchtitan (PyTorch SDPA's memory-efficient kernel takes fp32)")
+    if precision == "fp16" and fw == "torchtitan":
+        # torchtitan's mixed_precision_param is Literal["bfloat16", "float32"] (config/job_config.py at 0.2.2,
+        # config/configs.py at 0.3.0) and it has no loss scaling
+        raise PlanInputError("--precision fp16 with --framework torchtitan: torchtitan trains bf16 or fp32 (no fp16 "
+                             "loss scaling); use --precision bf16, or --framework megatron")
     if dropout and fw == "torchtitan":
         # the step time and the launch would disagree: torchtitan builds no dropout (its models/llama3 model.py,
         # models/deepseek_v3 have none), while the memory model would store masks

@@ -421,6 +421,20 @@ def test_megatron_plan_costs_the_dp_overlap_its_launch_runs(dp, cp, zero):
         assert estimate_step(model, cluster, job, par, overlap_dp=False).step_s > ev.step.step_s
 
 
+def test_ds_config_alone_refuses_what_the_training_script_sets():
+    """Without a Megatron-DeepSpeed launch (a model it cannot express, e.g. Llama 3.1's RoPE scaling) the JSON alone
+    must carry every knob: unfused attention and dropout belong to the script that builds the model, so both are
+    refused by name (dropout was once accepted silently)."""
+    from planner.emit.deepspeed import check_ds_config_alone
+    for job, knob in ((TrainingJob(global_batch_size=8, dropout=True), "dropout"),
+                      (TrainingJob(global_batch_size=8, flash_attention=False), "unfused attention")):
+        with pytest.raises(EmitError, match=f"{knob}: ds_config.json alone does not set it"):
+            check_ds_config_alone(job, ParallelConfig(dp=8))
+    lf = launch_fields(get_model("llama3.1-8b"), TrainingJob(global_batch_size=8, dropout=True), ParallelConfig(dp=8),
+                       8)
+    assert lf["deepspeed"] is None and "dropout" in lf["unsupported"]["deepspeed"]
+
+
 def test_torchtitan_03_overrides_run_the_plan_as_costed():
     """torchtitan 0.3.0's registry configs are not neutral (checked with its ConfigManager): ``llama3_8b`` and
     ``llama3_70b`` leave torch.compile off, which the costed (compiled) plan assumes on; ``llama3_405b`` turns async TP

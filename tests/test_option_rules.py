@@ -55,6 +55,16 @@ def test_dropout_under_torchtitan_rules_is_refused(run_cli):
         planner.load_inputs("llama3.1-8b", dropout=True, framework="torchtitan")
 
 
+def test_fp16_under_torchtitan_rules_is_refused(run_cli):
+    """torchtitan's mixed_precision_param is Literal["bfloat16", "float32"] (0.2.2 job_config.py, 0.3.0 configs.py)
+    and it has no fp16 loss scaling: --precision fp16 under torchtitan rules is an input error, and a plan of other
+    rules emitted for torchtitan is refused before the search (it once wrote mixed_precision_param = "float16")."""
+    _one_error_line(run_cli("plan", "--gpus", "8", "--framework", "torchtitan", "--precision", "fp16"),
+                    "--precision fp16 with --framework torchtitan")
+    r = run_cli("plan", "--gpus", "8", "--framework", "megatron", "--precision", "fp16", "--emit", "torchtitan")
+    assert r.exit_code == 1 and "precision fp16: torchtitan has no setting" in r.stderr
+
+
 # --- --gpu-hour-price NAME=USD names the clusters being planned -------------------------------------------------
 
 def test_gpu_hour_price_for_a_cluster_not_planned_is_refused(run_cli):

@@ -171,6 +171,8 @@ def _model_unsupported(model: ModelSpec) -> str | None:
         return "layernorm_1p"
     if not model.gated_mlp and not model.activation.lower().startswith("gelu"):
         return f"activation {model.activation}"
+    if model.gated_mlp and model.activation.lower() not in ("swiglu", "silu"):  # its gated MLP is --swiglu only
+        return f"activation {model.activation} (gated)"
     moe = model.moe
     if moe is not None:
         if moe.score_function != "softmax" or moe.router_bias:
@@ -259,6 +261,7 @@ def check_ds_config_alone(job: TrainingJob, par: ParallelConfig) -> None:
     sequence parallelism and recompute belong to the training script that builds the model."""
     for knob, on in ((f"tp {par.tp}", par.tp > 1), (f"cp {par.cp}", par.cp > 1), (f"ep {par.ep}", par.ep > 1),
                      ("sequence_parallel", par.sequence_parallel), (f"recompute {par.recompute}", par.recompute != "none"),
-                     ("precision fp8", job.precision == "fp8"), ("unfused attention", not job.flash_attention)):
+                     ("precision fp8", job.precision == "fp8"), ("unfused attention", not job.flash_attention),
+                     ("dropout", job.dropout)):
         if on:
             raise EmitError(f"{knob}: ds_config.json alone does not set it (the training script does)")

@@ -35,8 +35,9 @@ Mapping (each choice documented by torchtitan):
   dimension besides data parallelism (DDP is 1-D only), a partial full recompute (``recompute_num_layers``; full
   activation checkpointing wraps every block), Megatron's ``recompute_modules``, bf16 gradient reduction (0.2.2
   ``mixed_precision_reduce`` is float32 only), FP8 weights / low-precision Adam moments / optimizer offload, FP8
-  GEMMs (torchao converters, not the per-tensor Transformer Engine recipe plan3d times), unfused attention,
-  dropout, and Transformer Engine's cross entropy.
+  GEMMs (torchao converters, not the per-tensor Transformer Engine recipe plan3d times), fp16 training
+  (``mixed_precision_param`` takes bfloat16 or float32; no loss scaling), unfused attention, dropout, and Transformer
+  Engine's cross entropy.
 """
 from __future__ import annotations
 
@@ -105,13 +106,16 @@ def check_torchtitan(model: ModelSpec, job: TrainingJob, par: ParallelConfig) ->
                         f"torchtitan's selective mode is its per-op policy")
     job_knobs = [k for k, on in (("param_cpu_offload", par.param_cpu_offload),
                                  ("precision fp8", job.precision == "fp8"),
+                                 # mixed_precision_param: Literal["bfloat16", "float32"] (0.2.2 and 0.3.0), no
+                                 # loss scaling
+                                 ("precision fp16", job.precision == "fp16"),
                                  ("unfused attention", not job.flash_attention), ("dropout", job.dropout),
                                  # the launch compiles the loss (compile.components below)
                                  ("cross_entropy_loss_fusion false", job.cross_entropy_loss_fusion is False)) if on]
     for knob in (recipe_knobs_set(job, par, expressed=("cross_entropy_loss_fusion",)) + job_knobs)[:1]:
         raise EmitError(f"{knob}: torchtitan has no setting that runs it as plan3d evaluated it "
                         f"(planner/emit/torchtitan.py)")
-_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16", "fp32": "float32"}
+_DTYPE = {"bf16": "bfloat16", "fp8": "bfloat16", "fp32": "float32"}
 
 
 def _stage_layers(model: ModelSpec, par: ParallelConfig) -> tuple[int, int, int]:
