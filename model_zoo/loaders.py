@@ -170,6 +170,22 @@ def _rope_and_norm(c: _Cfg, eps_keys: tuple[str, ...], eps_default: float) -> di
     return out
 
 
+#: HF ``hidden_act`` of a gated MLP (``down(act(gate(x)) * up(x))``: transformers ``LlamaMLP`` and its copies,
+#: ``ACT2FN``) -> plan3d's activation name.
+_GATED_ACTIVATIONS = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu", "gelu_new": "geglu",
+                      "gelu_pytorch_tanh": "geglu", "gelu_fast": "geglu", "relu": "reglu"}
+
+
+def _gated_activation(c: _Cfg) -> str:
+    """The gated MLP's activation from ``hidden_act`` (default ``silu``: LlamaConfig, MistralConfig, Qwen2/3Config,
+    DeepseekV3Config); one-line ``ModelSpecError`` for a value with no entry in ``_GATED_ACTIVATIONS``."""
+    act = c.get("hidden_act", "silu")
+    if not isinstance(act, str) or act.lower() not in _GATED_ACTIVATIONS:
+        raise ModelSpecError(f"{c.where}: field 'hidden_act': {act!r} is not supported; supported: "
+                             f"{', '.join(_GATED_ACTIVATIONS)}")
+    return _GATED_ACTIVATIONS[act.lower()]
+
+
 def _llama_like(c: _Cfg, family: str, *, qkv_bias_default: bool = False, o_bias: bool | None = None,
                 qk_norm: bool = False) -> dict[str, Any]:
     h = c.int_("hidden_size")
@@ -186,7 +202,7 @@ def _llama_like(c: _Cfg, family: str, *, qkv_bias_default: bool = False, o_bias:
         head_dim=d,
         ffn_hidden_size=c.int_("intermediate_size"),
         gated_mlp=True,
-        activation="swiglu",
+        activation=_gated_activation(c),
         normalization="rmsnorm",
         qkv_bias=attn_bias,
         attention_out_bias=attn_bias if o_bias is None else o_bias,
@@ -363,7 +379,7 @@ def _hf_deepseek_v3(c: _Cfg) -> dict[str, Any]:
         head_dim=nope + rope,
         ffn_hidden_size=c.int_("intermediate_size"),
         gated_mlp=True,
-        activation="swiglu",
+        activation=_gated_activation(c),
         normalization="rmsnorm",
         qkv_bias=attn_bias,
         attention_out_bias=attn_bias,

@@ -274,6 +274,27 @@ def test_missing_field(tmp_path):
     assert _one_line(e) == "config.json: field 'num_attention_heads' missing"
 
 
+def test_hidden_act_of_a_gated_mlp_is_read(tmp_path):
+    """HF LlamaMLP computes down(ACT2FN[hidden_act](gate(x)) * up(x)): "gelu" is GeGLU, not SwiGLU. The loader read
+    every Llama-family config as SwiGLU, so Megatron's launch carried --swiglu for another model; the emitters now
+    refuse GeGLU by name (Megatron-LM's gated MLP flag is --swiglu only) and an unknown activation is an input error."""
+    from cost_models.config import ParallelConfig, TrainingJob
+    from planner.emit import EmitError, megatron_args
+
+    assert mz.load_model(str(HF / "llama3.1-8b.json")).activation == "swiglu"
+    cfg = json.loads((HF / "llama3.1-8b.json").read_text())
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({**cfg, "hidden_act": "gelu_pytorch_tanh"}))
+    m = mz.load_model(str(p))
+    assert (m.activation, m.gated_mlp) == ("geglu", True)
+    with pytest.raises(EmitError, match="activation 'geglu'"):
+        megatron_args(m, TrainingJob(global_batch_size=8), ParallelConfig(dp=8))
+    p.write_text(json.dumps({**cfg, "hidden_act": "mish"}))
+    with pytest.raises(ModelSpecError) as e:
+        mz.load_model(str(p))
+    assert _one_line(e).startswith("config.json: field 'hidden_act': 'mish' is not supported; supported: silu")
+
+
 def test_malformed_json(tmp_path):
     p = tmp_path / "config.json"
     p.write_text('{\n  "model_type": "llama",\n  "hidden_size": 4096,,\n}\n')
