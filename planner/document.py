@@ -47,7 +47,7 @@ def readable_schema_version(version: str) -> str:
         ValueError: another major version, a newer minor version, or not ``MAJOR.MINOR``.
     """
     major, minor = (int(x) for x in SCHEMA_VERSION.split("."))
-    m = re.fullmatch(r"(\d+)\.(\d+)", version)
+    m = re.fullmatch(r"(0|[1-9]\d*)\.(0|[1-9]\d*)", version)  # as plan3d writes them: no "01.5", "1.05"
     if m is None or int(m[1]) != major or int(m[2]) > minor:
         newer = m is not None and int(m[1]) == major
         raise ValueError(f"{version!r}: this plan3d reads {major}.0 to {SCHEMA_VERSION}"

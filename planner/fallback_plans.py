@@ -102,10 +102,24 @@ class FallbackDocument(_Strict):
         return super().model_dump_json(**kwargs) if kwargs else to_json(self)
 
 
-def _parallel_of(info) -> Any:
-    """The ``ParallelConfig`` of a plan document's ``parallel`` section."""
+def _parallel_of(info, where: str = "plan") -> Any:
+    """The ``ParallelConfig`` of a plan document's ``parallel`` section.
+
+    Raises:
+        PlanInputError: a value ``ParallelConfig`` refuses (an edited document: tp 0, zero_stage 5, ...), named as
+            ``where.parallel.<field>``.
+    """
     from cost_models.config import ParallelConfig
     p = info.parallel
+    try:
+        return _parallel_config(ParallelConfig, p)
+    except ValidationError as e:
+        err = e.errors()[0]
+        field = ".".join(str(x) for x in err["loc"]).replace("schedule", "pipeline_schedule")  # the document's name
+        raise PlanInputError(f"--plan: {where}.parallel.{field}: {err['msg']} (got {err.get('input')!r})") from None
+
+
+def _parallel_config(ParallelConfig, p) -> Any:
     return ParallelConfig(
         tp=p.tp, pp=p.pp, dp=p.dp, cp=p.cp, ep=p.ep, etp=p.etp if p.etp != p.tp else None, vpp=p.vpp,
         micro_batch_size=p.micro_batch_size, zero_stage=p.zero_stage, sequence_parallel=p.sequence_parallel,
@@ -127,7 +141,12 @@ def _load_plan(plan: Any):
     except OSError as e:
         raise PlanInputError(f"--plan {path}: {e.strerror}") from None
     try:
-        return PlanDocument.model_validate_json(text)
+        # strict: a document plan3d wrote has exact types ("tp": true or "1" is an edit, not a plan)
+        doc = PlanDocument.model_validate_json(text, strict=True)
+        if '"schema_version"' not in text:  # the field's default is for documents plan3d builds, not for reading
+            raise PlanInputError(f"--plan {path}: not a plan document (plan3d plan --format json): schema_version: "
+                                 f"Field required")
+        return doc
     except ValidationError as e:
         if '"pools"' in text and '"subsets"' in text:  # a plan over pools (planner/pools.py PoolsDocument)
             raise PlanInputError(f"--plan {path}: a plan over pools (--cluster NAME:NODES,...), which fallback does "
@@ -169,6 +188,8 @@ def fallback(model: Any = None, cluster: Any = None, *, plan: Any = None, max_lo
     margin = _at_risk_margin(o.get("at_risk_margin"))
     if plan is not None:
         doc = _load_plan(plan)
+        if not doc.plans:
+            raise PlanInputError("--plan: the document has no plans (plan3d plan found none to fall back from)")
         if not 1 <= rank <= len(doc.plans):
             raise PlanInputError(f"--rank {rank}: the document has plans 1..{len(doc.plans)}")
         i = doc.input
@@ -185,7 +206,14 @@ def fallback(model: Any = None, cluster: Any = None, *, plan: Any = None, max_lo
         if o.get("flops_convention") is None:
             conv = doc.plans[rank - 1].throughput.flops_convention if doc.plans[rank - 1].throughput else conv
         inputs = load_inputs(m, c, **job_kw)
-        par = _parallel_of(doc.plans[rank - 1])
+        par = _parallel_of(doc.plans[rank - 1], f"plans.{rank - 1}")
+        gpn_edited = cluster is None and i.cluster.gpus_per_node != inputs.cluster.node.gpus_per_node
+        if par.world_size != i.cluster.num_gpus or par.world_size != inputs.num_gpus or gpn_edited:
+            raise PlanInputError(f"--plan: input.cluster (num_gpus {i.cluster.num_gpus}, num_nodes "
+                                 f"{i.cluster.num_nodes} x gpus_per_node {i.cluster.gpus_per_node}; "
+                                 f"{inputs.cluster.name} has {inputs.cluster.node.gpus_per_node} per node) disagrees "
+                                 f"with plan #{rank}'s tp*pp*dp*cp = {par.tp}*{par.pp}*{par.dp}*{par.cp} = "
+                                 f"{par.world_size}")
     else:
         from .api import plan as api_plan
         if rank != 1:

@@ -131,6 +131,30 @@ def test_fallback_cli(run_cli, plans_json, tmp_path):
         assert e.exit_code == 2 and f"schema_version: '{version}'" in e.stderr and msg in e.stderr, e.stderr
     bad.write_text(json.dumps({**doc, "schema_version": "1.4"}))
     assert run_cli("fallback", "--plan", str(bad), "--max-lost-nodes", "1").exit_code == 0
+    # an edited document is an input error naming the field (once exit 3 from ParallelConfig), read strictly
+    # (a plan3d document has exact types) and checked against its own layout
+    def edited(path: str, value) -> dict:
+        d = json.loads(json.dumps(doc))
+        *keys, last = path.split(".")
+        cur = d
+        for k in keys:
+            cur = cur[int(k)] if isinstance(cur, list) else cur[k]
+        if value is KeyError:
+            del cur[last]
+        else:
+            cur[last] = value
+        return d
+    for path, value, msg in (("plans.0.parallel.tp", 0, "plans.0.parallel.tp: Input should be greater than 0"),
+                             ("plans.0.parallel.zero_stage", 5, "plans.0.parallel.zero_stage"),
+                             ("plans.0.parallel.pipeline_schedule", "zz", "plans.0.parallel.pipeline_schedule"),
+                             ("plans.0.parallel.tp", True, "plans.0.parallel.tp: Input should be a valid integer"),
+                             ("input.cluster.num_gpus", 33, "disagrees with plan #1's tp*pp*dp*cp"),
+                             ("schema_version", KeyError, "schema_version: Field required"),
+                             ("schema_version", "01.5", "schema_version: '01.5'"),
+                             ("plans", [], "the document has no plans")):
+        bad.write_text(json.dumps(edited(path, value)))
+        e = run_cli("fallback", "--plan", str(bad), "--max-lost-nodes", "1")
+        assert e.exit_code == 2 and msg in e.stderr and len(e.stderr.strip().splitlines()) == 1, (path, e.stderr)
     pytest.importorskip("matplotlib")
     out = tmp_path / "fb.png"
     p = run_cli("fallback", "--plan", str(plans_json), "--max-lost-nodes", "2", "--plot", str(out))
