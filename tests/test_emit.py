@@ -459,12 +459,40 @@ def test_torchtitan_03_overrides_run_the_plan_as_costed():
     assert "torchtitan.toml" in files and "Float8" in files["torchtitan_overrides_unsupported.txt"]
 
 
+#: torchtitan v0.2.2 models/qwen3/__init__.py qwen3_configs, transcribed: (n_layers, dim, n_heads, n_kv_heads,
+#: head_dim, hidden_dim or moe_inter_dim, num_experts, top_k, rope_theta)
+TORCHTITAN_QWEN3 = {"8B": (36, 4096, 32, 8, 128, 12288, None, None, 1e6),
+                    "32B": (64, 5120, 64, 8, 128, 25600, None, None, 1e6),
+                    "30B-A3B": (48, 2048, 32, 4, 128, 768, 128, 8, 1e6)}
+
+
+def test_torchtitan_qwen3_flavors_are_the_zoo_models():
+    """The Qwen3 models plan3d maps to torchtitan's built-in flavors have the flavors' dims (a mapped model must be
+    the model plan3d costed); their launches name the torchtitan model and flavor, and the 0.3 registry config."""
+    from planner.emit import torchtitan_overrides
+    from planner.emit.torchtitan import TORCHTITAN_MODELS
+    for name, (module, flavor) in TORCHTITAN_MODELS.items():
+        if module != "qwen3":
+            continue
+        m = get_model(name)
+        moe = m.moe
+        got = (m.num_layers, m.hidden_size, m.num_attention_heads, m.num_kv_heads, m.head_dim,
+               moe.expert_ffn_hidden_size if moe else m.ffn_hidden_size, moe.num_experts if moe else None,
+               moe.top_k if moe else None, m.rope_theta)
+        assert got == TORCHTITAN_QWEN3[flavor] and m.qk_norm and not m.tie_word_embeddings, name
+    job = TrainingJob(global_batch_size=8, seq_length=4096, framework="torchtitan")
+    toml = tomllib.loads(torchtitan_toml(get_model("qwen3-30b-a3b"), job, ParallelConfig(dp=2, ep=2, zero_stage=3)))
+    assert (toml["model"]["name"], toml["model"]["flavor"]) == ("qwen3", "30B-A3B")
+    over = torchtitan_overrides(get_model("qwen3-32b"), job, ParallelConfig(dp=2, zero_stage=3))
+    assert over[:4] == ["--module", "qwen3", "--config", "qwen3_32b"]
+
+
 def test_torchtitan_launch_never_stands_in_another_model():
     # a model torchtitan has no built-in flavor / registered config for keeps its own name in the TOML and the
     # 0.3.x overrides, so that torchtitan refuses to start until it is registered; it once fell back to
     # llama3 / llama3_debugmodel, which trains the debug model (and a dense llama3 under expert parallelism)
     from planner.emit import torchtitan_overrides
-    for name, par in (("qwen3-30b-a3b", ParallelConfig(dp=2, ep=2, zero_stage=3)),
+    for name, par in (("mixtral-8x7b", ParallelConfig(dp=2, ep=2, zero_stage=3)),
                       ("qwen2.5-7b", ParallelConfig(dp=2, zero_stage=3))):
         model = get_model(name)
         job = TrainingJob(global_batch_size=8, seq_length=4096, framework="torchtitan")

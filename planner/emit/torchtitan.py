@@ -53,6 +53,11 @@ TORCHTITAN_MODELS: dict[str, tuple[str, str]] = {
     "llama3.1-70b": ("llama3", "70B"),
     "llama3.1-405b": ("llama3", "405B"),
     "deepseek-v3": ("deepseek_v3", "671B"),
+    # models/qwen3/__init__.py qwen3_configs (SDPA attention, qk_norm, untied embeddings, rope_theta 1e6, the HF
+    # dims); not "235B-A22B", whose rope_theta 5e6 is not Qwen3-235B-A22B's 1e6 (config.json)
+    "qwen3-8b": ("qwen3", "8B"),
+    "qwen3-32b": ("qwen3", "32B"),
+    "qwen3-30b-a3b": ("qwen3", "30B-A3B"),
 }
 #: 0.3.x config-registry functions of the same models (``--module M --config C``; ``deepseek_v3_671b``, not its
 #: ``_float8`` variant: ``models/deepseek_v3/config_registry.py`` at 0.3.0).
@@ -61,6 +66,8 @@ TORCHTITAN_REGISTRY: dict[str, tuple[str, str]] = {
     "llama3.1-70b": ("llama3", "llama3_70b"),
     "llama3.1-405b": ("llama3", "llama3_405b"),
     "deepseek-v3": ("deepseek_v3", "deepseek_v3_671b"),
+    "qwen3-32b": ("qwen3", "qwen3_32b"),          # 0.3.0 has no plain Qwen3-8B config
+    "qwen3-30b-a3b": ("qwen3", "qwen3_30b_a3b"),
 }
 
 #: 0.3.x registry configs whose model spec carries converters a plan3d plan does not cost: ``llama3_405b`` builds
@@ -265,8 +272,8 @@ def torchtitan_overrides(model: ModelSpec, job: TrainingJob, par: ParallelConfig
     """Command-line overrides for torchtitan 0.3.x (``--module M --config C`` then ``--section.field value``).
     0.3.0 has no ``expert_tensor_parallel_degree`` or ``selective_ac_option``, so parallelism degrees,
     schedule, batch and sequence length are set as flags and the activation-checkpoint mode as the subcommand
-    ``activation-checkpoint:none|selective|full`` (last); PP needs ``--training.disable_cuda_graphs`` ("CUDA
-    graphs do not support pipeline parallelism yet"). The registry configs leave compile off (``llama3_8b``,
+    ``activation-checkpoint:none|selective|full`` (last); CUDA graphs off (``--training.disable_cuda_graphs``,
+    which PP and the all-to-all EP dispatcher need anyway). The registry configs leave compile off (``llama3_8b``,
     ``llama3_70b``) or turn async TP on (``llama3_405b``), so the compile settings of the TOML are given too
     (``--compile.components`` takes a comma-separated list), and the mixed-precision dtypes. Checked with torchtitan
     0.3.0's ``ConfigManager``.
@@ -296,8 +303,10 @@ def torchtitan_overrides(model: ModelSpec, job: TrainingJob, par: ParallelConfig
     c = s["compile"]
     a += ["--compile.enable", "--compile.components", ",".join(c["components"]),
           "--compile.no-enable-async-tensor-parallel"]
-    if par.pp > 1:
-        a.append("--training.disable_cuda_graphs")
+    # CUDA graphs off, as costed (cost_models: torchtitan runs eager launches); 0.3.0 refuses them with PP ("CUDA
+    # graphs do not support pipeline parallelism yet") and with the all-to-all EP dispatcher ("CUDA graphs support
+    # only expert parallel token dispatcher configurations without CPU synchronization")
+    a.append("--training.disable_cuda_graphs")
     # activation checkpointing is a tyro subcommand (tagged union) given after the options
     a.append(f"activation-checkpoint:{par.recompute}")
     return a
