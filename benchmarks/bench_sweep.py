@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from planner.sweep import load_grid, sweep, to_jsonl
+from planner.sweeps import load_grid, sweep, to_jsonl
 
 
 def _cpu_s() -> float:

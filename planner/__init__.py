@@ -23,7 +23,7 @@ _EXPORTS = {
     "plan": "api", "evaluate": "api", "memory": "api", "explain": "api", "validate": "api",
     "load_inputs": "api", "parallel_config": "api", "Inputs": "api", "SearchStats": "api",
     "MemoryReport": "api", "ExplainReport": "api", "compare": "api", "cost_sweep": "api",
-    "ComparisonDocument": "comparison", "sweep": "sweep", "Grid": "sweep", "SweepRow": "sweep",
+    "ComparisonDocument": "comparison", "sweep": "sweeps", "Grid": "sweeps", "SweepRow": "sweeps",
     "PlanDocument": "document", "PlanInputError": "errors", "NoFeasiblePlan": "errors",
     "plan_pools": "pools", "PoolsDocument": "pools", "fallback": "fallback_plans", "FallbackDocument": "fallback_plans",
 }

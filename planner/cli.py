@@ -1051,7 +1051,7 @@ def fallback(
 @app.command()
 def sweep(
     grid: Annotated[Path, typer.Argument(help="grid YAML: lists of models, clusters, gpus, global_batch_sizes, "
-                                              "seq_lengths, objectives (planner/sweep.py)")],
+                                              "seq_lengths, objectives (planner/sweeps.py)")],
     output: Annotated[Optional[Path], typer.Option(
         "--output", "-o", help="directory for sweep.jsonl and sweep.csv (default: JSONL on stdout)")] = None,
     plot: Annotated[bool, typer.Option("--plot", help="also draw sweep.png (throughput and cost against GPUs; "
@@ -1061,7 +1061,7 @@ def sweep(
 ) -> None:
     """Plan every scenario of a grid on all local cores; one row per scenario (the top plan, or why none fits)."""
     from .errors import PlanInputError
-    from .sweep import load_grid, plot_sweep, sweep as api_sweep, to_csv, to_jsonl
+    from .sweeps import load_grid, plot_sweep, sweep as api_sweep, to_csv, to_jsonl
     if plot and output is None:
         raise PlanInputError("--plot writes sweep.png next to the tables: give --output DIR")
     if plot:  # before the scenarios are planned: no matplotlib fails at once

@@ -136,10 +136,10 @@ def test_missing_matplotlib_fails_before_the_work(run_cli, tmp_path, monkeypatch
     import planner.api
     import planner.cli
     import planner.fallback_plans
-    import planner.sweep
+    import planner.sweeps
     calls: list[str] = []
-    _never_called(monkeypatch, planner.sweep, "sweep", calls)
-    _never_called(monkeypatch, planner.sweep, "load_grid", calls)
+    _never_called(monkeypatch, planner.sweeps, "sweep", calls)
+    _never_called(monkeypatch, planner.sweeps, "load_grid", calls)
     _never_called(monkeypatch, planner.fallback_plans, "fallback", calls)
     _never_called(monkeypatch, planner.cli, "_plan_pools", calls)
     _never_called(monkeypatch, planner.api, "plan", calls)

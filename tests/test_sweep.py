@@ -10,7 +10,7 @@ import pytest
 
 import planner
 from planner.errors import PlanInputError
-from planner.sweep import COLUMNS, Grid, load_grid, scenarios, sweep, to_csv, to_jsonl
+from planner.sweeps import COLUMNS, Grid, load_grid, scenarios, sweep, to_csv, to_jsonl
 
 GRID = {"models": ["llama3.1-8b", "mixtral-8x7b"], "clusters": ["dgx-h100"], "gpus": [8, 12, 16],
         "global_batch_sizes": [256], "seq_lengths": [4096]}
@@ -129,3 +129,11 @@ def test_cli_jsonl_equals_api(tmp_path, run_cli, rows_serial):
     assert r.exit_code == 0, r.stderr
     assert r.stdout == to_jsonl(rows_serial)
     assert "6 scenarios, 3 planned, 3 infeasible or invalid" in r.stderr
+
+
+def test_planner_sweep_stays_the_function():
+    """``planner.sweep(grid)`` (README) raised "'module' object is not callable" once the submodule of the same name
+    had been imported (by the CLI or a first call): the module is ``planner.sweeps`` now."""
+    import planner
+    import planner.sweeps  # noqa: F401 (what the CLI and a first call import)
+    assert callable(planner.sweep) and planner.sweep is planner.sweeps.sweep
