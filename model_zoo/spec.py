@@ -189,6 +189,9 @@ class ModelSpec(BaseModel):
     # ---- validation ------------------------------------------------------------------------
     @model_validator(mode="after")
     def _check_consistency(self) -> "ModelSpec":
+        if not self.name.strip() or not self.name.isprintable():
+            # the name goes into launch scripts' comments, TOML strings and file headers: one printable line
+            raise ValueError(f"name {self.name!r} must be one line of printable characters")
         a, g = self.num_attention_heads, self.num_kv_heads
         if a % g != 0:
             raise ValueError(

@@ -295,6 +295,19 @@ def test_hidden_act_of_a_gated_mlp_is_read(tmp_path):
     assert _one_line(e).startswith("config.json: field 'hidden_act': 'mish' is not supported; supported: silu")
 
 
+def test_model_name_is_one_printable_line(tmp_path):
+    """A model YAML named "evil\necho INJECTED" reached the launch scripts' header comment unescaped: the second line
+    ran as a command under bash (and broke the k8s manifest). Names are one line of printable characters."""
+    import yaml
+    spec = yaml.safe_load(mz.get_model("llama3.1-8b").model_dump_json())
+    p = tmp_path / "evil.yaml"
+    for bad in ("evil\necho INJECTED", "tab\tname", "   "):
+        p.write_text(yaml.safe_dump({**spec, "name": bad}))
+        with pytest.raises(ModelSpecError) as e:
+            mz.load_model(str(p))
+        assert "must be one line of printable characters" in _one_line(e)
+
+
 def test_malformed_json(tmp_path):
     p = tmp_path / "config.json"
     p.write_text('{\n  "model_type": "llama",\n  "hidden_size": 4096,,\n}\n')

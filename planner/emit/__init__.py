@@ -80,7 +80,9 @@ def job_refusal(framework: str, model: ModelSpec, job: TrainingJob) -> str | Non
 
 
 def _header(framework: str, model_name: str, rank: int, launch) -> str:
-    return (f"plan3d: {framework} launch for {model_name}, plan #{rank}, {launch.nodes} node(s) x "
+    """One comment line (the scripts write it after ``#``): the name's control characters escaped."""
+    name = model_name if model_name.isprintable() else model_name.encode("unicode_escape").decode("ascii")
+    return (f"plan3d: {framework} launch for {name}, plan #{rank}, {launch.nodes} node(s) x "
             f"{launch.gpus_per_node} GPUs")
 
 
