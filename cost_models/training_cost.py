@@ -84,7 +84,11 @@ def goodput_fraction(compute_s: float, blocking_s: float, mtbf_s: float, restart
     synchronous model counts (an asynchronous save's write time). In (0, 1]; 1 only without failures and
     checkpoints."""
     m = mtbf_s
-    return compute_s / (m * math.exp((restart_s + lost_per_failure_s) / m) * math.expm1((compute_s + blocking_s) / m))
+    b = (compute_s + blocking_s) / m
+    # in logs, so that a restart or interval many MTBFs long gives a goodput near 0, not an OverflowError:
+    # log(e^b - 1) = b + log(1 - e^-b)
+    log_g = math.log(compute_s / m) - (restart_s + lost_per_failure_s) / m - (b + math.log(-math.expm1(-b)))
+    return math.exp(log_g)
 
 
 @dataclass(frozen=True)
@@ -162,7 +166,7 @@ def training_cost(*, train_tokens: float, tokens_per_s: float, step_s: float, to
     compute = interval_steps * step_s
     g = goodput_fraction(compute, blocking, mtbf, r, lag)
     failure_free = train_tokens / tokens_per_s
-    effective = failure_free / g
+    effective = failure_free / g if g > 0 else math.inf  # no progress (the caller refuses a goodput that low)
     gpu_hours = effective * num_gpus / SECONDS_PER_HOUR
     power = it_power_w(ops, num_gpus, gpus_per_node)
     energy = None if power is None else power * pue_v * effective / SECONDS_PER_HOUR / 1e6

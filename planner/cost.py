@@ -24,6 +24,12 @@ from .evaluation import Evaluation
 
 #: largest --train-tokens accepted (1e16: 600x Llama 3's 15.6T; a typo such as 15.6e21 is refused)
 MAX_TRAIN_TOKENS = 1e16
+#: largest --gpu-hour-price accepted, USD: 100x the on-demand list prices of 2025-2026 (about 2-12 USD per H100 /
+#: B200 GPU-hour, cluster_specs operations.price); a typo such as 2.5e3 or 1e308 is refused
+MAX_GPU_HOUR_PRICE = 1000.0
+#: smallest goodput (useful share of wall time) a cost is given for: below it the expected run is over 100x its
+#: failure-free time, interrupted faster than it checkpoints and restarts; the plan is refused with the figures
+MIN_GOODPUT = 0.01
 
 
 @dataclass(frozen=True)
@@ -68,20 +74,23 @@ def parse_price(text: str | float | dict | None) -> float | dict[str, float] | N
     """``--gpu-hour-price``: a number (USD per GPU-hour, every cluster) or ``NAME=USD[,NAME=USD...]``. Raises
     ``PlanInputError`` naming the bad entry."""
     if text is None or isinstance(text, dict):
-        return None if text is None else {k: _positive("gpu-hour-price", v) for k, v in text.items()}
+        return None if text is None else {k: _positive("gpu-hour-price", v, MAX_GPU_HOUR_PRICE)
+                                          for k, v in text.items()}
     if isinstance(text, (int, float)) and not isinstance(text, bool):
-        return _positive("gpu-hour-price", text)
+        return _positive("gpu-hour-price", text, MAX_GPU_HOUR_PRICE)
     s = str(text).strip()
     if "=" not in s:
         return _positive("gpu-hour-price", _number(s, "give USD per GPU-hour (2.5) or NAME=USD pairs "
-                                                     "(dgx-h100=2.5,dgx-h200=3.1)"))
+                                                     "(dgx-h100=2.5,dgx-h200=3.1)"), MAX_GPU_HOUR_PRICE)
     out: dict[str, float] = {}
     for item in s.split(","):
         name, _, usd = item.partition("=")
         if not name.strip():
             raise PlanInputError(f"--gpu-hour-price {item!r}: each entry is NAME=USD, e.g. dgx-h100=2.5")
+        if name.strip() in out:
+            raise PlanInputError(f"--gpu-hour-price {item!r}: {name.strip()} is priced twice; give each cluster once")
         out[name.strip()] = _positive("gpu-hour-price", _number(usd, "each entry is NAME=USD, e.g. dgx-h100=2.5",
-                                                                item))
+                                                                item), MAX_GPU_HOUR_PRICE)
     return out
 
 
@@ -144,6 +153,12 @@ def plan_cost(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, ev: Eval
         ckpt_bytes=checkpoint_bytes(model, job.framework, ev.parallel), ops=cluster.operations,
         async_checkpoint=opts.async_checkpoint, interruptions_per_gpu_hour=opts.interruptions_per_gpu_hour,
         restart_s=opts.restart_s, pue=opts.pue, usd_per_gpu_hour=usd)
+    if t.goodput_fraction < MIN_GOODPUT:
+        from .errors import NoFeasiblePlan
+        raise NoFeasiblePlan(f"the run never finishes: a {num_gpus}-GPU job is interrupted every {t.mtbf_s:.3g} s on "
+                             f"average, restarts take {t.restart_s:.3g} s and checkpoints every "
+                             f"{t.checkpoint_interval_s:.3g} s: goodput {t.goodput_fraction:.2g} (< {MIN_GOODPUT:g}); "
+                             f"lower --interruption-rate or --restart-s, or use fewer GPUs")
     return CostInfo(
         train_tokens=_r(t.train_tokens), steps=t.steps, wall_clock_days=_r(t.failure_free_s / SECONDS_PER_DAY),
         effective_days=_r(t.effective_s / SECONDS_PER_DAY), gpu_hours=_r(t.gpu_hours),

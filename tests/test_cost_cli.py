@@ -70,6 +70,8 @@ def test_evaluate_price_option_and_async(run_cli):
     (["plan", "--train-tokens", "1e9", "--gpu-hour-price", "cheap"], "--gpu-hour-price 'cheap'"),
     (["plan", "--train-tokens", "1e9", "--gpu-hour-price", "dgx-h100=-1"], "--gpu-hour-price -1"),
     (["plan", "--train-tokens", "1e9", "--pue", "0.5"], "--pue 0.5: must be >= 1"),
+    (["plan", "--train-tokens", "1e9", "--gpu-hour-price", "1e308"], "--gpu-hour-price 1e+308: must be <= 1000"),
+    (["plan", "--train-tokens", "1e9", "--gpu-hour-price", "dgx-h100=2,dgx-h100=3"], "dgx-h100 is priced twice"),
     (["plan", "--train-tokens", "1e9", "--deadline-days", "5"], "--deadline-days needs --objective cost"),
     (["plan", "--objective", "cost", "--train-tokens", "1e9"], "--objective cost needs --deadline-days"),
     (["plan", "--objective", "min-gpus", "--deadline-days", "5"], "--deadline-days needs --train-tokens"),
@@ -215,3 +217,13 @@ def test_plot_draws_cost_against_days(run_cli, tmp_path):
     text = svg.read_text()
     assert "Pareto frontier" in text and "$6.03/GPU-h (2026-03-17)" in text
     assert plot_cost_sweep(points, tmp_path / "again.svg", "title").read_text() == text  # deterministic
+
+
+def test_a_run_that_never_finishes_is_refused_with_its_figures(run_cli):
+    """--interruption-rate 0.1 --restart-s 86400 (both inside their ranges) on 16,384 GPUs raised OverflowError
+    (exit 3) in the goodput's exponentials; a smaller excess printed goodput 4e-86 and 1e90 days. The goodput is
+    computed in logs and a plan whose goodput is below MIN_GOODPUT is refused (exit 1) with the MTBF, restart and
+    checkpoint interval that make it so."""
+    r = run_cli("plan", "-m", "llama3.1-405b", "--gpus", "16384", "--train-tokens", "1e16", "--interruption-rate",
+                "0.1", "--restart-s", "86400")
+    assert r.exit_code == 1 and "the run never finishes" in r.stderr and "interrupted every 2.2 s" in r.stderr

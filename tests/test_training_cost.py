@@ -173,3 +173,14 @@ def test_cost_never_decreases_as_the_price_rises(p1, p2, tokens):
     kw = dict(train_tokens=tokens, tokens_per_s=2e6, step_s=8.0, tokens_per_step=2048 * 8192, num_gpus=1024,
               gpus_per_node=8, ckpt_bytes=1e12, ops=ops)
     assert training_cost(**kw, usd_per_gpu_hour=lo).usd <= training_cost(**kw, usd_per_gpu_hour=hi).usd
+
+
+def test_goodput_is_finite_far_past_the_mtbf():
+    """Daly's goodput with the restart (or the interval) many MTBFs long: exp() of it overflowed; in logs it is a
+    positive number that underflows to 0, and it still equals the direct formula where that is finite."""
+    import math
+    from cost_models.training_cost import goodput_fraction
+    assert goodput_fraction(600.0, 60.0, 2.2, 86400.0) == 0.0
+    c, d, m, r = 1800.0, 30.0, 7200.0, 600.0
+    direct = c / (m * math.exp(r / m) * math.expm1((c + d) / m))
+    assert goodput_fraction(c, d, m, r) == pytest.approx(direct, rel=1e-12)
