@@ -517,6 +517,17 @@ def _plan_setup(model, cluster, options: dict[str, Any]) -> _PlanSetup:
             raise PlanInputError(f"{_flag(field)} {v:g}: must be a positive number")
     if within is not None and objective != "headroom":
         raise PlanInputError("--within applies to --objective headroom only")
+    if within is not None and (isinstance(within, bool) or not isinstance(within, (int, float))
+                               or not 0.0 <= within <= 1.0):
+        raise PlanInputError(f"--within {within!r}: must be a fraction in [0, 1] (the throughput loss allowed)")
+    # the pins, as the CLI's option ranges check them (the search divides by them)
+    for k in ("tp", "pp", "cp", "ep", "vpp", "micro_batch_size", "first_stage_layers", "last_stage_layers"):
+        v = o.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise PlanInputError(f"{_flag(k)} {v!r}: must be a positive integer")
+    z = o.get("zero_stage")
+    if z is not None and (isinstance(z, bool) or not isinstance(z, int) or not 0 <= z <= 3):
+        raise PlanInputError(f"--zero-stage {z!r}: must be 0, 1, 2 or 3")
     cost = _cost_options(o)
     deadline = o.get("deadline_days")
     if deadline is not None:

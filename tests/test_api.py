@@ -84,6 +84,12 @@ def test_api_errors_are_typed():
     # Llama-3.1-405B cannot fit on one node: the binding constraint and the nearest fit are named
     with pytest.raises(planner.NoFeasiblePlan, match="memory binds by"):
         planner.plan("llama3.1-405b", gpus=8, global_batch_size=64, seq_length=8192)
+    # plan's pins are checked as the CLI's option ranges check them (they raised ZeroDivisionError / IndexError)
+    for kw, says in (({"tp": 0}, "--tp 0: must be a positive integer"), ({"micro_batch_size": 0}, "--micro-batch"),
+                     ({"vpp": 0}, "--vpp 0"), ({"zero_stage": 5}, "--zero-stage 5: must be 0, 1, 2 or 3"),
+                     ({"objective": "headroom", "within": 2}, "--within 2: must be a fraction")):
+        with pytest.raises(planner.PlanInputError, match=says):
+            planner.plan(gpus=8, **kw)
 
 
 def test_infeasible_layouts_are_reported_not_raised():
