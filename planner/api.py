@@ -513,8 +513,8 @@ def _plan_setup(model, cluster, options: dict[str, Any]) -> _PlanSetup:
     conv = _choice("flops_convention", o.get("flops_convention") or "megatron", FLOPS_CONVENTIONS)
     step_t, tok_t, within = o.get("target_step_s"), o.get("target_tokens_per_day"), o.get("within")
     for field, v in (("target_step_s", step_t), ("target_tokens_per_day", tok_t)):
-        if v is not None and not v > 0:
-            raise PlanInputError(f"{_flag(field)} {v:g}: must be a positive number")
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf")):
+            raise PlanInputError(f"{_flag(field)} {v!r}: must be a positive finite number")
     if within is not None and objective != "headroom":
         raise PlanInputError("--within applies to --objective headroom only")
     if within is not None and (isinstance(within, bool) or not isinstance(within, (int, float))

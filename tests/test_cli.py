@@ -124,7 +124,9 @@ def test_models_and_clusters_lists(run_cli):
     (("plan", "--model", ""), "--model: empty"),
     (("plan", "--rank", "2"), "--rank 2 selects the plan --emit writes"),
     (("plan", "--within", "0.1"), "--within applies to --objective headroom only"),
-    (("plan", "--objective", "min-gpus", "--target-step-s", "0"), "--target-step-s 0: must be a positive number"),
+    (("plan", "--objective", "min-gpus", "--target-step-s", "0"), "--target-step-s 0.0: must be a positive"),
+    (("plan", "--objective", "min-gpus", "--target-step-s", "inf"), "--target-step-s inf: must be a positive finite"),
+    (("plan", "--objective", "min-gpus", "--target-tokens-per-day", "inf"), "--target-tokens-per-day inf"),
     (("validate", "--dataset", "/"), "is a directory"),
     # learned absolute positions (GPT-3: 2048): a longer sequence would be another model
     (("plan", "--model", "gpt3-175b", "--gpus", "64"), "exceeds gpt3-175b's learned position embeddings"),
