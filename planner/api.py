@@ -251,6 +251,8 @@ def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = No
         raise PlanInputError(f"--seq-length {seq_length} exceeds {m.name}'s learned position embeddings "
                              f"(max_position_embeddings {m.max_position_embeddings}); use --seq-length <= "
                              f"{m.max_position_embeddings} or a model file with a longer table")
+    if cluster is not None and not isinstance(cluster, ClusterSpec) and not os.fspath(cluster).strip():
+        raise PlanInputError("--cluster: empty; give a built-in name (plan3d clusters) or a cluster YAML")
     c = cluster if isinstance(cluster, ClusterSpec) else load_cluster(
         os.fspath(cluster) if cluster is not None else DEFAULT_CLUSTER)
     n = resolve_num_gpus(c, gpus, nodes)

@@ -63,6 +63,21 @@ class Grid(BaseModel):
     def _listify(cls, v):
         return [v] if isinstance(v, (str, int)) and not isinstance(v, bool) else v
 
+    @field_validator("gpus", "global_batch_sizes", "seq_lengths", mode="before")
+    @classmethod
+    def _no_booleans(cls, v):
+        # YAML's true / false would otherwise pass as 1 / 0 ("seq_lengths: [true]" planned sequence length 1)
+        if isinstance(v, list) and any(isinstance(x, bool) for x in v):
+            raise ValueError(f"must be positive integers, got {v}")
+        return v
+
+    @field_validator("models", "clusters")
+    @classmethod
+    def _named(cls, v: list[str]) -> list[str]:
+        if any(not x.strip() for x in v):
+            raise ValueError("names must not be empty")
+        return v
+
     @field_validator("gpus", "global_batch_sizes", "seq_lengths")
     @classmethod
     def _positive(cls, v: list[int]) -> list[int]:

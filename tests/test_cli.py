@@ -122,6 +122,7 @@ def test_models_and_clusters_lists(run_cli):
     (("plan", "--precision", "fp4"), "--precision"),
     (("evaluate", "--gpus", "8", "--tp", "3"), "not divisible"),
     (("plan", "--model", ""), "--model: empty"),
+    (("plan", "--cluster", ""), "--cluster: empty"),
     (("plan", "--rank", "2"), "--rank 2 selects the plan --emit writes"),
     (("plan", "--within", "0.1"), "--within applies to --objective headroom only"),
     (("plan", "--objective", "min-gpus", "--target-step-s", "0"), "--target-step-s 0.0: must be a positive"),

@@ -63,6 +63,8 @@ def test_jsonl_and_csv(rows_serial):
     ({"clusters": ["dgx-h100"], "gpus": [8]}, "grid: models: Field required"),
     ({**GRID, "objectives": ["fastest"]}, "grid: objectives.0"),
     ({**GRID, "gpus": [0]}, "grid: gpus: Value error, must be positive integers"),
+    ({**GRID, "seq_lengths": [True]}, "grid: seq_lengths: Value error, must be positive integers"),  # not length 1
+    ({**GRID, "models": [""]}, "grid: models: Value error, names must not be empty"),
     ({**GRID, "tp": 2}, "grid: tp: Extra inputs are not permitted"),
     ({**GRID, "objectives": ["min-gpus"]}, "grid: Value error, objective min-gpus needs exactly one of"),
 ])
