@@ -190,10 +190,14 @@ def resolve_num_gpus(cluster: ClusterSpec, gpus: int | None = None, nodes: int |
                 raise ClusterSpecError(f"--gpus {gpus} and --nodes {nodes} disagree: {gpus} GPUs are part of one "
                                        f"node of {gpn} {where}; give only one of them")
             return gpus
+        if gpus > MAX_GPUS:  # before any suggestion, which would be refused as well
+            raise _too_many(gpus, where)
         if gpus % gpn != 0:
             lower, upper = (gpus // gpn) * gpn, (gpus // gpn + 1) * gpn
+            upper = upper if upper <= MAX_GPUS else None
             parts = [d for d in range(1, gpn) if gpn % d == 0]
-            options = f"{lower} or {upper}" if lower > 0 else f"{', '.join(map(str, parts))} (part of a node) or {upper}"
+            options = (f"{', '.join(map(str, parts))} (part of a node)" if lower == 0 else f"{lower}") + (
+                f" or {upper}" if upper is not None else "")
             raise ClusterSpecError(
                 f"--gpus {gpus} is not a multiple of the node size {gpn} GPUs {where} nor a divisor of it; use "
                 f"{options}"
@@ -207,6 +211,10 @@ def resolve_num_gpus(cluster: ClusterSpec, gpus: int | None = None, nodes: int |
     else:
         n = nodes * gpn if nodes is not None else cluster.default_num_nodes * gpn
     if n > MAX_GPUS:
-        raise ClusterSpecError(f"{n:,} GPUs {where} is more than {MAX_GPUS:,} (100x the 16,384 GPUs of the largest "
-                               f"published run, Llama 3.1 405B); plan a smaller --gpus / --nodes")
+        raise _too_many(n, where)
     return n
+
+
+def _too_many(n: int, where: str) -> ClusterSpecError:
+    return ClusterSpecError(f"{n:,} GPUs {where} is more than {MAX_GPUS:,} (100x the 16,384 GPUs of the largest "
+                            f"published run, Llama 3.1 405B); plan a smaller --gpus / --nodes")

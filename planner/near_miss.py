@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from cluster_specs.spec import ClusterSpec
+from cluster_specs.spec import MAX_GPUS, ClusterSpec
 from cost_models.config import FlopsConvention, TrainingJob
 from model_zoo.spec import ModelSpec
 
@@ -112,8 +112,8 @@ def nearest_gpu_counts(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob,
     for step in (-1, 1):
         hit, tries = None, 0
         for k in range(nodes + step, nodes + step * (reach + 1), step):
-            if k < 1 or tries >= MAX_TRIES or budget.spent:
-                break
+            if k < 1 or k * gpn > MAX_GPUS or tries >= MAX_TRIES or budget.spent:
+                break  # none above plan3d's own GPU limit: it would be refused
             n = k * gpn
             if not any(b % st.dp == 0 for st in structures(model, cluster, job, n, lean, framework)):
                 continue

@@ -123,6 +123,8 @@ def test_models_and_clusters_lists(run_cli):
     (("evaluate", "--gpus", "8", "--tp", "3"), "not divisible"),
     (("plan", "--model", ""), "--model: empty"),
     (("plan", "--cluster", ""), "--cluster: empty"),
+    # no suggestion above plan3d's own limit (it suggested 1638408, then refused it)
+    (("plan", "--gpus", "1638401"), "1,638,401 GPUs (dgx-h100) is more than 1,638,400"),
     (("plan", "--rank", "2"), "--rank 2 selects the plan --emit writes"),
     (("plan", "--within", "0.1"), "--within applies to --objective headroom only"),
     (("plan", "--objective", "min-gpus", "--target-step-s", "0"), "--target-step-s 0.0: must be a positive"),
