@@ -23,6 +23,8 @@ The chain, one function per term:
    ``T_w = M e^{R/M} (e^{(tau+delta)/M} - 1) T_solve / tau`` (compute ``tau`` between checkpoints, blocking
    ``delta``, MTBF ``M``, restart ``R``); an asynchronous checkpoint adds its write time to the work lost per
    failure (the last durable checkpoint is that much older), counted with ``R``.
+The failure-free time is the whole optimizer steps the tokens need: ceil(T / tokens per step) x step seconds.
+
 7. ``energy_mwh``: (GPUs x board power + nodes x node overhead) x PUE x wall time. Board and node powers are the
    datasheet maxima, so this is an upper bound (the method of Meta's Llama 3.1 model card: "peak power capacity
    per GPU device used, adjusted for power usage efficiency").
@@ -165,13 +167,14 @@ def training_cost(*, train_tokens: float, tokens_per_s: float, step_s: float, to
     interval_steps = max(1, round((period - blocking) / step_s))
     compute = interval_steps * step_s
     g = goodput_fraction(compute, blocking, mtbf, r, lag)
-    failure_free = train_tokens / tokens_per_s
+    steps = math.ceil(train_tokens / tokens_per_step)
+    failure_free = steps * step_s  # whole optimizer steps (train_tokens / tokens_per_s short of the last one)
     effective = failure_free / g if g > 0 else math.inf  # no progress (the caller refuses a goodput that low)
     gpu_hours = effective * num_gpus / SECONDS_PER_HOUR
     power = it_power_w(ops, num_gpus, gpus_per_node)
     energy = None if power is None else power * pue_v * effective / SECONDS_PER_HOUR / 1e6
     return TrainingCost(
-        train_tokens=float(train_tokens), steps=math.ceil(train_tokens / tokens_per_step),
+        train_tokens=float(train_tokens), steps=steps,
         failure_free_s=failure_free, effective_s=effective, gpu_hours=gpu_hours, goodput_fraction=g,
         checkpoint_bytes=ckpt_bytes, checkpoint_write_s=write, checkpoint_blocking_s=blocking,
         checkpoint_interval_s=compute + blocking, checkpoint_interval_steps=interval_steps,

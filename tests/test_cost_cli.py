@@ -227,3 +227,13 @@ def test_a_run_that_never_finishes_is_refused_with_its_figures(run_cli):
     r = run_cli("plan", "-m", "llama3.1-405b", "--gpus", "16384", "--train-tokens", "1e16", "--interruption-rate",
                 "0.1", "--restart-s", "86400")
     assert r.exit_code == 1 and "the run never finishes" in r.stderr and "interrupted every 2.2 s" in r.stderr
+
+
+def test_failure_free_days_are_whole_steps(run_cli):
+    """3e6 tokens at 512 x 4096 per step are 2 optimizer steps: the failure-free time is 2 x step_s (it was
+    tokens / tokens_per_s, 30% short of the last step)."""
+    r = run_cli("plan", "-m", "llama3.1-8b", "--gpus", "64", "--global-batch-size", "512", "--top-k", "1",
+                "--train-tokens", "3e6", "--format", "json")
+    p = r.json()["plans"][0]
+    assert p["cost"]["steps"] == 2
+    assert p["cost"]["wall_clock_days"] * 86400 == pytest.approx(2 * p["time"]["step_s"], rel=1e-5)
