@@ -506,6 +506,25 @@ class _PlanSetup:
                        at_risk_margin=self.at_risk_margin)
 
 
+def _check_pinned_split(num_layers: int, o: dict[str, Any]) -> None:
+    """A pinned first / last stage size with a pinned pp must be one the search has (``space.stage_splits``: end
+    stages at most ``END_STAGE_LIGHTER`` layers lighter than the middle ones); else a one-line ``PlanInputError``
+    naming the sizes it has (evaluate takes any split)."""
+    pp = o.get("pp")
+    if pp is None or pp < 2:
+        return
+    from .space import END_STAGE_LIGHTER, stage_splits
+    splits = stage_splits(num_layers, pp)
+    even = num_layers // pp
+    for k, pos in (("first_stage_layers", 0), ("last_stage_layers", 1)):
+        v = o.get(k)
+        sizes = sorted({(s[pos] or even) for s in splits})
+        if v is not None and v not in sizes:
+            raise PlanInputError(f"{_flag(k)} {v}: with --pp {pp} and {num_layers} layers plan searches "
+                                 f"{', '.join(map(str, sizes))} (end stages at most {END_STAGE_LIGHTER} layers lighter than "
+                                 f"the middle ones); plan3d evaluate takes any split")
+
+
 def _plan_setup(model, cluster, options: dict[str, Any]) -> _PlanSetup:
     """Check ``plan``'s options and resolve the inputs (raises the input errors ``plan`` documents)."""
     _check_keys(options, _PLAN_KEYS, "plan")
@@ -559,6 +578,7 @@ def _plan_setup(model, cluster, options: dict[str, Any]) -> _PlanSetup:
                              "in full; a wider look at the space is plan3d sweep's job)")
     inputs = load_inputs(model, cluster, **_job_kwargs(o))
     _check_price_names(cost, [inputs.cluster.name])
+    _check_pinned_split(inputs.model.num_layers, o)
     headroom = _headroom(o.get("memory_headroom"))
     if o.get("recompute") is not None:
         _choice("recompute", o["recompute"], RECOMPUTE_CHOICES)

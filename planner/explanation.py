@@ -166,23 +166,32 @@ def closest_structural_violations(model: ModelSpec, cluster: ClusterSpec, job: T
                                   space=None, framework: str = "megatron") -> str:
     """The rules broken by the layout (tp, pp, cp over the divisors of the GPU count, or the pinned values) that
     breaks the fewest of them (ties: smaller tp, pp, cp), as ``name (message); ...``."""
+    from pydantic import ValidationError
+
     from cost_models.config import ParallelConfig
 
     from .checks import check_config
     from .space import SearchSpace, divisors, layer_split
     space = space or SearchSpace()
+    schedule = (space.pipeline_schedule or (None,))[0]
     best = None
     for tp in space.tp or divisors(num_gpus):
         for pp in space.pp or divisors(num_gpus):
             for cp in space.cp or [1]:
                 split = layer_split(model, pp) or (None, None)
+                if space.first_stage_layers or space.last_stage_layers:  # the pinned split, as the search has it
+                    split = ((space.first_stage_layers or (None,))[0], (space.last_stage_layers or (None,))[0])
                 dp = max(1, num_gpus // (tp * pp * cp))
-                par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=(space.ep or (1,))[0],
-                                     micro_batch_size=(space.micro_batch_size or (1,))[0],
-                                     zero_stage=space.zero_stage[0], recompute=space.recompute[0],
-                                     vpp=(space.vpp or (1,))[0],
-                                     first_stage_layers=split[0], last_stage_layers=split[1],
-                                     sequence_parallel=tp > 1 and (space.ep or (1,))[0] > 1)
+                try:
+                    par = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=(space.ep or (1,))[0],
+                                         micro_batch_size=(space.micro_batch_size or (1,))[0],
+                                         zero_stage=space.zero_stage[0], recompute=space.recompute[0],
+                                         vpp=(space.vpp or (1,))[0],
+                                         schedule=schedule if schedule not in ("1f1b", "interleaved") else None,
+                                         first_stage_layers=split[0], last_stage_layers=split[1],
+                                         sequence_parallel=tp > 1 and (space.ep or (1,))[0] > 1)
+                except ValidationError:
+                    continue
                 v = check_config(model, cluster, job, par, num_gpus, framework=framework)
                 key = (len(v), tp, pp, cp)
                 if best is None or key < best[0]:

@@ -123,6 +123,9 @@ def test_models_and_clusters_lists(run_cli):
     (("evaluate", "--gpus", "8", "--tp", "3"), "not divisible"),
     (("plan", "--model", ""), "--model: empty"),
     (("plan", "--cluster", ""), "--cluster: empty"),
+    # a pinned end stage the search does not have (it said "no structural rule")
+    (("plan", "-m", "llama3.1-70b", "--gpus", "64", "--pp", "4", "--first-stage-layers", "5"),
+     "--first-stage-layers 5: with --pp 4 and 80 layers plan searches 18, 19, 20"),
     # no suggestion above plan3d's own limit (it suggested 1638408, then refused it)
     (("plan", "--gpus", "1638401"), "1,638,401 GPUs (dgx-h100) is more than 1,638,400"),
     (("plan", "--rank", "2"), "--rank 2 selects the plan --emit writes"),

@@ -148,6 +148,15 @@ def test_context_parallelism_needs_fused_attention(run_cli):
             check_colossalai(m, job, ParallelConfig(dp=4, cp=2))
 
 
+def test_plan_names_the_rule_a_pinned_schedule_breaks(run_cli):
+    """`plan --pipeline-schedule combined-1f1b` on a dense model said "no structural rule (memory or the search
+    bounds)" where explain names schedule_combined_ep: the closest layout now carries the pinned schedule (and a
+    pinned stage split)."""
+    r = run_cli("plan", "-m", "llama3.1-70b", "--gpus", "64", "--global-batch-size", "512", "--top-k", "1",
+                "--pipeline-schedule", "combined-1f1b")
+    assert r.exit_code == 1 and "schedule_combined_ep" in r.stderr and "no structural rule" not in r.stderr
+
+
 def test_comparison_where_no_cluster_has_a_plan_exits_1(run_cli):
     """`plan3d plan --model llama3.1-70b --cluster dgx-h100,dgx-b200 --gpus 512 ... --deadline-days 30` printed an
     all-dash table and exited 0, where one cluster with the same answer exits 1 (README: exit 1 = no feasible
