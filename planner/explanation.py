@@ -218,7 +218,21 @@ def why_infeasible(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num
     if target_step_s is not None or target_tokens_per_day is not None:
         tgt = (f"step <= {target_step_s:g} s" if target_step_s is not None
                else f">= {target_tokens_per_day:.3g} tokens/day")
-        return f"{head}: no GPU count up to {num_gpus} meets the target {tgt}; raise --gpus or relax the target"
+        fastest = ""
+        missed = getattr(res, "missed", None)
+        if missed:  # plans fit on num_gpus but miss: how far the fastest is from the target
+            e = missed[0]
+            q, got = e.parallel, (e.step.step_s if target_step_s is not None else e.step.tokens_per_s * 86400)
+            ratio = got / (target_step_s if target_step_s is not None else target_tokens_per_day)
+            fastest = (f"; the fastest on {num_gpus} GPUs (tp {q.tp} pp {q.pp} dp {q.dp} cp {q.cp} ep {q.ep}) "
+                       + (f"takes {got:.4g} s" if target_step_s is not None else f"trains {got:.4g} tokens/day")
+                       + f", {ratio:.3f}x the target")
+        pins = [f"--{k.replace('_', '-')}" for k in ("tp", "pp", "cp", "ep", "vpp", "micro_batch_size",
+                                                     "first_stage_layers", "last_stage_layers", "pipeline_schedule")
+                if space is not None and getattr(space, k, None) is not None]
+        unpin = f", unpin {' '.join(pins)}," if pins else ""
+        return f"{head}: no GPU count up to {num_gpus} meets the target {tgt}{fastest}; raise --gpus{unpin} or relax " \
+               f"the target"
     if not res.nearest_infeasible:
         from .near_miss import describe, nearest_batches, nearest_gpu_counts
         from .space import SearchSpace

@@ -157,6 +157,16 @@ def test_plan_names_the_rule_a_pinned_schedule_breaks(run_cli):
     assert r.exit_code == 1 and "schedule_combined_ep" in r.stderr and "no structural rule" not in r.stderr
 
 
+def test_min_gpus_miss_says_by_how_much_and_what_is_pinned(run_cli):
+    """`--objective min-gpus --target-step-s 30 --pp 2` on 128 GPUs said only "no GPU count up to 128 meets the
+    target": the fastest plan there (30.78 s) and the pin that holds it back are named now, as the --deadline-days
+    miss does."""
+    r = run_cli("plan", "-m", "llama3.1-70b", "--gpus", "128", "--global-batch-size", "1024", "--top-k", "1",
+                "--objective", "min-gpus", "--target-step-s", "30", "--pp", "2")
+    assert r.exit_code == 1 and "the fastest on 128 GPUs (tp 4 pp 2" in r.stderr
+    assert "x the target; raise --gpus, unpin --pp, or relax the target" in r.stderr
+
+
 def test_comparison_where_no_cluster_has_a_plan_exits_1(run_cli):
     """`plan3d plan --model llama3.1-70b --cluster dgx-h100,dgx-b200 --gpus 512 ... --deadline-days 30` printed an
     all-dash table and exited 0, where one cluster with the same answer exits 1 (README: exit 1 = no feasible
