@@ -25,6 +25,7 @@ Each carries ``throughput_retained`` (its tokens/s over the original plan's, bot
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import TYPE_CHECKING, Any
@@ -112,23 +113,19 @@ def _parallel_of(info, where: str = "plan") -> Any:
     from cost_models.config import ParallelConfig
     p = info.parallel
     try:
-        return _parallel_config(ParallelConfig, p)
+        return ParallelConfig(
+            tp=p.tp, pp=p.pp, dp=p.dp, cp=p.cp, ep=p.ep, etp=p.etp if p.etp != p.tp else None, vpp=p.vpp,
+            micro_batch_size=p.micro_batch_size, zero_stage=p.zero_stage, sequence_parallel=p.sequence_parallel,
+            recompute=p.recompute, recompute_num_layers=p.recompute_num_layers,
+            schedule=p.pipeline_schedule if p.pipeline_schedule not in ("1f1b", "interleaved") else None,
+            first_stage_layers=p.first_stage_layers, last_stage_layers=p.last_stage_layers,
+            account_for_embedding_in_pipeline_split=p.account_for_embedding_in_pipeline_split,
+            account_for_loss_in_pipeline_split=p.account_for_loss_in_pipeline_split,
+            pipeline_layout=getattr(p, "pipeline_layout", None))
     except ValidationError as e:
         err = e.errors()[0]
         field = ".".join(str(x) for x in err["loc"]).replace("schedule", "pipeline_schedule")  # the document's name
         raise PlanInputError(f"--plan: {where}.parallel.{field}: {err['msg']} (got {err.get('input')!r})") from None
-
-
-def _parallel_config(ParallelConfig, p) -> Any:
-    return ParallelConfig(
-        tp=p.tp, pp=p.pp, dp=p.dp, cp=p.cp, ep=p.ep, etp=p.etp if p.etp != p.tp else None, vpp=p.vpp,
-        micro_batch_size=p.micro_batch_size, zero_stage=p.zero_stage, sequence_parallel=p.sequence_parallel,
-        recompute=p.recompute, recompute_num_layers=p.recompute_num_layers,
-        schedule=p.pipeline_schedule if p.pipeline_schedule not in ("1f1b", "interleaved") else None,
-        first_stage_layers=p.first_stage_layers, last_stage_layers=p.last_stage_layers,
-        account_for_embedding_in_pipeline_split=p.account_for_embedding_in_pipeline_split,
-        account_for_loss_in_pipeline_split=p.account_for_loss_in_pipeline_split,
-        pipeline_layout=getattr(p, "pipeline_layout", None))
 
 
 def _load_plan(plan: Any):
@@ -143,7 +140,7 @@ def _load_plan(plan: Any):
     try:
         # strict: a document plan3d wrote has exact types ("tp": true or "1" is an edit, not a plan)
         doc = PlanDocument.model_validate_json(text, strict=True)
-        if '"schema_version"' not in text:  # the field's default is for documents plan3d builds, not for reading
+        if "schema_version" not in json.loads(text):  # its default is for documents plan3d builds, not for reading
             raise PlanInputError(f"--plan {path}: not a plan document (plan3d plan --format json): schema_version: "
                                  f"Field required")
         return doc
