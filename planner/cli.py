@@ -4,6 +4,7 @@ Exit codes: 0 success, 1 no feasible plan, 2 bad input. Errors are one line on s
 """
 from __future__ import annotations
 
+import math
 import sys
 from enum import Enum
 from pathlib import Path
@@ -1200,6 +1201,22 @@ def schema() -> None:
     sys.stdout.write(json.dumps(json_schema(), indent=2, allow_nan=False) + "\n")
 
 
+def _nan_message(e) -> str | None:
+    """A bounded number option given NaN fails every bound, so click names a bound ("less than or equal to 0.5");
+    name the problem instead (None when the value is not NaN)."""
+    param = getattr(e, "param", None)
+    for flag in getattr(param, "opts", None) or ():
+        for i, arg in enumerate(sys.argv):
+            value = arg.partition("=")[2] if arg.startswith(f"{flag}=") else (
+                sys.argv[i + 1] if arg == flag and i + 1 < len(sys.argv) else None)
+            try:
+                if value is not None and math.isnan(float(value)):
+                    return f"{flag} {value}: must be a finite number"
+            except ValueError:
+                continue
+    return None
+
+
 def _one_line(text: object) -> str:
     """``text`` on one line (usage errors and loader messages can hold newlines)."""
     return " ".join(str(text).split())
@@ -1233,7 +1250,7 @@ def main() -> None:
         if type(e).__name__ == "NoArgsIsHelpError":  # typer vendors click: match the class by name  # bare ``plan3d``: the help text, as ``plan3d --help`` prints it
             sys.stderr.write(e.format_message() + "\n")
         else:
-            sys.stderr.write(f"plan3d: error: {_one_line(e.format_message())}\n")
+            sys.stderr.write(f"plan3d: error: {_nan_message(e) or _one_line(e.format_message())}\n")
         sys.exit(2)
     except Exit as e:
         sys.exit(e.exit_code)

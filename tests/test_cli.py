@@ -123,6 +123,9 @@ def test_models_and_clusters_lists(run_cli):
     (("evaluate", "--gpus", "8", "--tp", "3"), "not divisible"),
     (("plan", "--model", ""), "--model: empty"),
     (("plan", "--cluster", ""), "--cluster: empty"),
+    # NaN fails every bound: the message says what is wrong, not the bound
+    (("plan", "--memory-headroom", "nan"), "--memory-headroom nan: must be a finite number"),
+    (("plan", "--at-risk-margin=NaN"), "--at-risk-margin NaN: must be a finite number"),
     # a pinned end stage the search does not have (it said "no structural rule")
     (("plan", "-m", "llama3.1-70b", "--gpus", "64", "--pp", "4", "--first-stage-layers", "5"),
      "--first-stage-layers 5: with --pp 4 and 80 layers plan searches 18, 19, 20"),
