@@ -661,7 +661,8 @@ def plan(model: ModelLike | None = None, cluster: ClusterLike | None = None,
     if not res.plans:
         from .explanation import why_infeasible
         raise NoFeasiblePlan(why_infeasible(m, c, job, n, res, space, headroom, fw, st.target_step_s,
-                                            st.target_tokens_per_day, margin, st.budget, st.progress))
+                                            st.target_tokens_per_day, margin, st.budget, st.progress,
+                                            st.gbs_tolerance))
     asked = st.inputs.job.global_batch_size if st.gbs_tolerance is not None else None
     doc = build_document(m, c, job, n, res.plans, margin, asked)
     attach_costs(doc, res.plans, m, c, job, n, st.cost)

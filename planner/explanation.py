@@ -207,7 +207,7 @@ def why_infeasible(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num
                    memory_headroom: float = DEFAULT_MEMORY_HEADROOM, framework: str = "megatron",
                    target_step_s: float | None = None, target_tokens_per_day: float | None = None,
                    at_risk_margin: float | None = None, budget: Budget | None = None,
-                   progress: Progress = no_progress) -> str:
+                   progress: Progress = no_progress, gbs_tolerance: float | None = None) -> str:
     """One line: which constraint binds, by how much, and the nearest changes with their predicted result (when no
     layout divides the job: the nearest global batches and GPU counts that plan, searched as ``plan`` does, at
     ``at_risk_margin``), searched within ``budget`` (wall seconds), each try reported to ``progress``."""
@@ -248,9 +248,11 @@ def why_infeasible(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num
                         "GPU counts", gpn)
         stop = (f" (stopped looking after {budget.elapsed_s:.0f} s, the time budget; raise --time-budget to look "
                 f"further)" if budget.spent else "")
+        tol = ("(--global-batch-size-tolerance lets plan pick the batch)" if not gbs_tolerance else
+               f"(--global-batch-size-tolerance {gbs_tolerance:g} allows +-{int(gbs_tolerance * job.global_batch_size)}"
+               f" sequences: not enough for the batches above)")
         return (f"{head}: no layout satisfies the divisibility and framework rules; the closest breaks {why}; "
-                f"{batches}; {gpus}{stop} (--global-batch-size-tolerance lets plan pick the batch); or change the "
-                f"sequence length or pins")
+                f"{batches}; {gpus}{stop} {tol}; or change the sequence length or pins")
     ev = res.nearest_infeasible[0]
     mem = [v for v in ev.violations if v.name == "memory"]
     other = [v for v in ev.violations if v.name != "memory"]

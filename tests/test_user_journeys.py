@@ -167,6 +167,17 @@ def test_min_gpus_miss_says_by_how_much_and_what_is_pinned(run_cli):
     assert "x the target; raise --gpus, unpin --pp, or relax the target" in r.stderr
 
 
+def test_batch_tolerance_hint_says_when_the_tolerance_given_is_too_small(run_cli):
+    """With --global-batch-size-tolerance 0.01 the infeasibility line still ended "(--global-batch-size-tolerance lets
+    plan pick the batch)": it now says the given tolerance (+-25 of 2,520 sequences) does not reach the batches it
+    names (2,564 above)."""
+    r = run_cli("plan", "--model", "gpt-530b", "--cluster", "dgx-a100-80g", "--gpus", "5128", "--global-batch-size",
+                "2520", "--seq-length", "2048", "--global-batch-size-tolerance", "0.01")
+    assert r.exit_code == 1 and "2,564 (" in r.stderr
+    assert "--global-batch-size-tolerance 0.01 allows +-25 sequences: not enough" in r.stderr
+    assert "lets plan pick the batch" not in r.stderr
+
+
 def test_comparison_where_no_cluster_has_a_plan_exits_1(run_cli):
     """`plan3d plan --model llama3.1-70b --cluster dgx-h100,dgx-b200 --gpus 512 ... --deadline-days 30` printed an
     all-dash table and exited 0, where one cluster with the same answer exits 1 (README: exit 1 = no feasible
