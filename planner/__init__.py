@@ -21,7 +21,7 @@ from typing import Any
 
 _EXPORTS = {
     "plan": "api", "evaluate": "api", "memory": "api", "explain": "api", "validate": "api",
-    "load_inputs": "api", "parallel_config": "api", "Inputs": "api", "SearchStats": "api",
+    "load_inputs": "api", "parallel_config": "api", "check_launchable": "api", "Inputs": "api", "SearchStats": "api",
     "MemoryReport": "api", "ExplainReport": "api", "compare": "api", "cost_sweep": "api",
     "ComparisonDocument": "comparison", "sweep": "sweeps", "Grid": "sweeps", "SweepRow": "sweeps",
     "PlanDocument": "document", "PlanInputError": "errors", "NoFeasiblePlan": "errors",

@@ -506,6 +506,27 @@ class _PlanSetup:
                        at_risk_margin=self.at_risk_margin)
 
 
+def check_launchable(emit: str, model: ModelLike | None = None, cluster: ClusterLike | None = None,
+                     **options: Any) -> None:
+    """Refuse, before any search, a job the ``emit`` target (``planner.emit.FRAMEWORKS``) cannot launch whatever
+    the layout: a model feature or a job option it has no setting for (``planner.emit.job_refusal``), e.g.
+    ``precision="fp8"`` on torchtitan. ``options`` are ``plan``'s job options (the rest are ignored).
+
+    Raises:
+        NoFeasiblePlan: the job cannot run on ``emit``; the message names the option and whether Megatron-LM runs it.
+        PlanInputError / ModelSpecError / ClusterSpecError: as ``load_inputs``.
+    """
+    from .emit import job_refusal
+    keys = ("gpus", "nodes", "global_batch_size", "seq_length", "precision", "flash_attention", "dropout",
+            "framework", "capacity_factor")
+    inputs = load_inputs(model, cluster, **{k: options[k] for k in keys if options.get(k) is not None})
+    why = job_refusal(emit, inputs.model, inputs.job)
+    if why is not None:
+        alt = "; change that option, or --emit megatron, which runs it" if emit != "megatron" and job_refusal(
+            "megatron", inputs.model, inputs.job) is None else ""
+        raise NoFeasiblePlan(f"--emit {emit}: {why}; no parallel layout changes that{alt}")
+
+
 def _check_pinned_split(num_layers: int, o: dict[str, Any]) -> None:
     """A pinned first / last stage size with a pinned pp must be one the search has (``space.stage_splits``: end
     stages at most ``END_STAGE_LIGHTER`` layers lighter than the middle ones); else a one-line ``PlanInputError``
@@ -521,8 +542,8 @@ def _check_pinned_split(num_layers: int, o: dict[str, Any]) -> None:
         sizes = sorted({(s[pos] or even) for s in splits})
         if v is not None and v not in sizes:
             raise PlanInputError(f"{_flag(k)} {v}: with --pp {pp} and {num_layers} layers plan searches "
-                                 f"{', '.join(map(str, sizes))} (end stages at most {END_STAGE_LIGHTER} layers lighter than "
-                                 f"the middle ones); plan3d evaluate takes any split")
+                                 f"{', '.join(map(str, sizes))} (end stages at most {END_STAGE_LIGHTER} layers "
+                                 f"lighter than the middle ones); plan3d evaluate takes any split")
 
 
 def _plan_setup(model, cluster, options: dict[str, Any]) -> _PlanSetup:

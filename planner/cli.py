@@ -555,8 +555,9 @@ def plan(
             raise NoFeasiblePlan(f"no plan on any of the {len(cmp.rows)} clusters (each cluster's reason is in "
                                  f"its row)")
         return
-    if emit is not None:
-        _refuse_unrunnable_job(emit, model, cluster, opts)
+    if emit is not None:  # before the search: a job the target cannot launch under any layout
+        from .api import check_launchable
+        check_launchable(emit.value, model, cluster, **opts)
     with progress_line("plan3d plan") as progress:  # a status line on stderr while it is a terminal
         doc = api_plan(model, cluster, **opts, global_batch_size_tolerance=gbs_tolerance, progress=progress)
     if plot is not None:
@@ -572,27 +573,6 @@ def plan(
             f"{gbs} x seq {i.job.seq_length}, {i.job.precision}: top {len(doc.plans)} of "
             f"{'' if stats.exact else 'at most '}{stats.num_feasible} feasible ({stats.num_candidates} examined)",
             rank, framework.value, at_risk_margin, launcher)
-
-
-def _refuse_unrunnable_job(emit: Emit, model, cluster, opts: dict) -> None:
-    """``plan --emit X``: before the search, refuse a job X cannot launch whatever the layout (a model feature, or
-    a job option such as ``--precision fp8`` on torchtitan: ``planner.emit.job_refusal``), with the option to change;
-    otherwise every ranked plan would be refused after the search, with advice about layouts that cannot help.
-
-    Raises:
-        NoFeasiblePlan: the job cannot run on X (exit 1, as for a plan X cannot run).
-    """
-    from .api import load_inputs
-    from .emit import job_refusal
-    from .errors import NoFeasiblePlan
-    job_keys = ("gpus", "nodes", "global_batch_size", "seq_length", "precision", "flash_attention", "dropout",
-                "framework", "capacity_factor")
-    inputs = load_inputs(model, cluster, **{k: opts[k] for k in job_keys})
-    why = job_refusal(emit.value, inputs.model, inputs.job)
-    if why is not None:
-        alt = "; change that option, or --emit megatron, which runs it" if emit != Emit.megatron and job_refusal(
-            "megatron", inputs.model, inputs.job) is None else ""
-        raise NoFeasiblePlan(f"--emit {emit.value}: {why}; no parallel layout changes that{alt}")
 
 
 def _plan_pools(model, cluster, opts: dict, fmt: Fmt, output: Path | None, emit: Emit | None, rank: int,

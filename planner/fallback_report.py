@@ -24,7 +24,8 @@ def fallback_table(doc: FallbackDocument) -> Table:
               title_justify="left", caption_justify="left",
               caption=f"retained = tokens/s over the original's; keep layout: same TP/PP/CP/EP/VPP and stage layout, "
                       f"only DP (and the micro-batch count, ZeRO shards) changes, no resharding (it needs at least "
-                      f"{doc.min_gpus_keep_layout} GPU{'s' if doc.min_gpus_keep_layout != 1 else ''}); best: any layout, needs resharding ({doc.framework})")
+                      f"{doc.min_gpus_keep_layout} GPU{'s' if doc.min_gpus_keep_layout != 1 else ''}); best: any "
+                      f"layout, needs resharding ({doc.framework})")
     for col in ("lost", "healthy GPUs", "keep layout: dp", "GPUs", "idle", "retained", "best layout", "GPUs ",
                 "idle ", "retained ", "restart with"):
         t.add_column(col, justify="left" if col in ("best layout", "restart with") else "right")

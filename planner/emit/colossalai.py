@@ -11,9 +11,9 @@ Mapping (plan -> plugin keyword):
 * ``sequence_parallel`` (Megatron-style, activations split over the tp group) -> ``enable_sequence_parallelism``
   with ``sequence_parallelism_mode="split_gather"`` (its Megatron-SP mode; it asserts tp_size > 1).
 * ``cp`` > 1 (ring attention over a context-parallel group) -> ``sp_size=cp`` with mode ``"ring_attn"`` (which
-  needs flash attention: with unfused attention refused). The plugin takes ONE ``sequence_parallelism_mode``, so cp > 1 together with
-  Megatron-style sequence parallelism cannot be expressed and is refused, as is cp > 1 on the MoE plugin (its
-  modes are split_gather, ring and all_to_all).
+  needs flash attention: with unfused attention refused). The plugin takes ONE ``sequence_parallelism_mode``, so
+  cp > 1 together with Megatron-style sequence parallelism cannot be expressed and is refused, as is cp > 1 on the
+  MoE plugin (its modes are split_gather, ring and all_to_all).
 * ``zero_stage`` 0/1/2 -> ``zero_stage`` (the plugin asserts ``zero_stage in (0, 1, 2)``, and <= 1 with pp > 1);
   ZeRO-3 is Colossal-AI's ``GeminiPlugin``, another plugin: refused.
 * ``micro_batch_size`` -> ``microbatch_size`` and ``num_microbatches`` = GBS / (mbs x dp) with pp > 1 (the
