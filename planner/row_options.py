@@ -54,6 +54,10 @@ class RowSetup(BaseModel):
     fp8_param_gather: bool | None = None
     exp_avg_dtype: Literal["fp32", "bf16"] | None = None
     exp_avg_sq_dtype: Literal["fp32", "bf16"] | None = None
+    #: bytes of the master weight the optimizer keeps per parameter, as a dtype: ``bf16`` = 2 bytes (Megatron-FSDP
+    #: bf16 main params, or NeMo 1.x's Apex ``DistributedFusedAdam`` with ``store_param_remainders``: the 16-bit
+    #: remainder of each fp32 master weight beside the bf16 parameter)
+    main_params_dtype: Literal["fp32", "bf16"] | None = None
     cross_entropy_fusion_impl: Literal["native", "te"] | None = None
     cross_entropy_loss_fusion: bool | None = None
     async_tp_backward: bool | None = None
@@ -155,6 +159,9 @@ def row_options(row: dict[str, Any], framework: str = "megatron") -> RowOptions:
     if s.exp_avg_dtype or s.exp_avg_sq_dtype:
         out.notes.append(f"precision-aware optimizer: Adam moments {s.exp_avg_dtype or 'fp32'}/"
                          f"{s.exp_avg_sq_dtype or 'fp32'} ({setup_source(s, 'exp_avg_dtype')})")
+    if s.main_params_dtype is not None:
+        out.parallel["main_params_dtype"] = s.main_params_dtype
+        out.notes.append(f"master weights {s.main_params_dtype} ({setup_source(s, 'main_params_dtype')})")
     if s.moe_router_force_load_balancing:
         # Megatron --moe-router-force-load-balancing routes every token to random, evenly loaded experts: the busiest
         # expert gets the mean (cost_models/moe_imbalance.py)

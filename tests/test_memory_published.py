@@ -196,5 +196,7 @@ def test_row_options_moe_recipe_and_nemo_launcher():
     assert moe.parallel["recompute_modules"] == ("mla_up_proj", "mlp")
     assert (moe.parallel["exp_avg_dtype"], moe.parallel["exp_avg_sq_dtype"]) == ("bf16", "bf16")
     assert "fp8_param_gather" not in moe.parallel  # MXFP8 primary weights save no byte
-    assert row_options(BY_ID["nemo-2407-h100-nemotron-340b-fp8-128"]).parallel == {"grad_reduce_in_bf16": True}
+    # NeMo 1.x Apex DistributedFusedAdam under megatron_amp_O2 bf16 keeps 16-bit remainders, not fp32 master weights
+    assert row_options(BY_ID["nemo-2407-h100-nemotron-340b-fp8-128"]).parallel == {"grad_reduce_in_bf16": True,
+                                                                                   "main_params_dtype": "bf16"}
     assert row_options(BY_ID["sc21-megatron-gpt-1.7b-a100-32"]).parallel == {}

@@ -44,9 +44,12 @@ def test_packaged_rows_are_the_shared_dev_rows_with_sources():
 #: (setup.overlap_grad_reduce), refitted from the middle of every range: NeMo 24.07 5.9 -> 5.6%, H100 weak scaling
 #: 7.9 -> 7.3%; the MoE recipes 4.8 -> 5.1% and Bridge 5.8 -> 6.0% (Transformer Engine's cross entropy is the cheapest,
 #: and their Llama 3 8B FP8 rows on B200 / GB200 were already fast). 5.26 -> 5.20% with Nemotron's squared ReLU
-#: unfused (elementwise.UNFUSED_ACTIVATION_PASSES): NeMo 24.07 5.6 -> 5.1%.
-ACHIEVED_MAX_MAPE = 5.25
-ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 5.2, "nemo_bridge_perf_summary": 6.0, "nemo_2407_perf_summary": 5.1,
+#: unfused (elementwise.UNFUSED_ACTIVATION_PASSES): NeMo 24.07 5.6 -> 5.1%. 5.19 -> 5.17% with the NeMo 24.07 GPT-3
+#: rows' dropout 0.1 (their launcher YAMLs) and the 16-bit master-weight remainders of NeMo 1.x's Apex
+#: DistributedFusedAdam on every NeMo 24.07 row (setup.main_params_dtype; it keeps the 20B row inside 80 GB with its
+#: dropout masks): NeMo 24.07 5.09 -> 4.98%.
+ACHIEVED_MAX_MAPE = 5.2
+ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 5.2, "nemo_bridge_perf_summary": 6.0, "nemo_2407_perf_summary": 5.0,
                        "megatron_h100_weak_scaling": 7.4}
 
 
@@ -231,7 +234,8 @@ def test_duplicate_row_ids_are_refused(run_cli, tmp_path):
 #: 6.59% with Nemotron's unfused squared ReLU. 6.59 -> 6.62% with dropout costed (the SC21 / BLOOM rows ran Megatron's
 #: default 0.1: attention.DROPOUT_SCORE_PASSES counted, UNFUSED_SCORE_PASSES refitted without it, 8 -> 5.33, and
 #: elementwise.DROPOUT_MASK_BYTES): SC21 held out 5.08 -> 5.45% (its score passes now come from BLOOM's three rows).
-ACHIEVED_LOGO_MAPE = 6.65
+#: 6.62 -> 6.61% with the NeMo 24.07 GPT-3 rows' dropout.
+ACHIEVED_LOGO_MAPE = 6.62
 ACHIEVED_LOGO_GROUP_MAPE = {"megatron_moe_recipes": 13.5}
 
 
