@@ -98,6 +98,16 @@ class DataParallelSync:
     copy_out_s: float = 0.0
 
 
+def reduced_gradient_bytes(par: ParallelConfig, precision: str, fw_base: str) -> int:
+    """Bytes per gradient element in the data-parallel reduction: Megatron's fp32 main gradients (forced for bf16,
+    ``accumulate_allreduce_grads_in_fp32``), 16-bit with ``--grad-reduce-in-bf16``
+    (``ParallelConfig.grad_reduce_in_bf16``) and in Megatron's fp16 training, whose main gradients stay fp16
+    (``memory.state_bytes``)."""
+    if getattr(par, "grad_reduce_in_bf16", False) or (precision == "fp16" and fw_base in ("megatron", "nemo")):
+        return BYTES_16BIT
+    return BYTES_FP32
+
+
 def dp_sync_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, stage: StageParams,
               groups: dict[str, GroupPlacement], fw_base: str) -> DataParallelSync:
     """The collectives that synchronise ``stage``'s parameters over the data-parallel (x CP) group and the
@@ -108,9 +118,7 @@ def dp_sync_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: Par
     dp_group = GroupPlacement(shard, dp_g.ranks_per_domain * (cp_g.size if cp_g.intra_domain else 1)) \
         if shard > 1 else GroupPlacement(1, 1)
     rs_t = ag_t = rep_ar_t = 0.0
-    # bytes per gradient element in the reduction: fp32 main gradients (Megatron's default) or 16-bit with
-    # ``--grad-reduce-in-bf16`` (``ParallelConfig.grad_reduce_in_bf16``)
-    grad_b = BYTES_16BIT if getattr(par, "grad_reduce_in_bf16", False) else BYTES_FP32
+    grad_b = reduced_gradient_bytes(par, job.precision, fw_base)
     # bytes per gathered parameter: 16-bit, or 1-byte FP8 weights with ``--fp8-param-gather`` under a per-tensor
     # FP8 recipe (Transformer Engine Float8Tensor; ``cost_models.memory.FP8_PARAM_BYTES``)
     ab = compute_bytes(job.precision)  # the parameters' compute copy: 4 bytes in fp32 training

@@ -254,7 +254,7 @@ class MemoryEstimate:
 def state_bytes(framework: str, grad_reduce_in_bf16: bool = False, *, fp8_params: bool = False,
                 moment_bytes: float = ADAM_MOMENT_BYTES_PER_PARAM, optimizer_offload_fraction: float = 0.0,
                 param_offload: bool = False, master_bytes: float = MASTER_WEIGHT_BYTES_PER_PARAM,
-                fp32: bool = False) -> StateBytes:
+                fp32: bool = False, fp16: bool = False) -> StateBytes:
     """Bytes per parameter of the model states on the GPU before sharding (module docstring gives the sources).
 
     Megatron only: ``fp8_params`` (``--fp8-param-gather``, per-tensor recipe) stores 1-byte weights;
@@ -274,11 +274,20 @@ def state_bytes(framework: str, grad_reduce_in_bf16: bool = False, *, fp8_params
     fp32 grad": 16, distributed 8 + 8/d); DeepSpeed's ZeRO optimizer still clones its partition into an fp32 master
     (``stage_1_and_2.py``: ``single_partition_of_fp32_groups`` ``.clone().float()``), so its 2-byte terms become 4:
     4 + (4 + 4) + 12; torchtitan's FSDP2 states are fp32 already (16).
+
+    ``fp16`` (``TrainingJob.precision`` fp16): Megatron keeps 16-bit main gradients (it forces fp32 gradient
+    accumulation and reduction for bf16 only, ``accumulate_allreduce_grads_in_fp32``, ``megatron/training/
+    arguments.py``) and its optimizer an fp32 copy of them beside the master weights and moments: 2 + 2 + 16 = 20,
+    distributed 4 + 16/d (``dist_optimizer.md``, row "fp16 param, fp16 grads"). DeepSpeed's and torchtitan's bytes
+    do not depend on the 16-bit format.
     """
     keep = 1.0 - optimizer_offload_fraction
     if framework == "megatron":
         if fp32:
             return StateBytes(BYTES_FP32, BYTES_FP32, moment_bytes * keep)
+        if fp16:
+            return StateBytes(FP8_PARAM_BYTES if fp8_params else WEIGHT_BYTES_PER_PARAM, BYTES_16BIT,
+                              (BYTES_FP32 + master_bytes + moment_bytes) * keep)
         opt = (master_bytes + moment_bytes) * keep
         return StateBytes(FP8_PARAM_BYTES if fp8_params else WEIGHT_BYTES_PER_PARAM,
                           BYTES_16BIT if grad_reduce_in_bf16 else GRAD_BYTES_PER_PARAM, opt)
@@ -328,6 +337,11 @@ def state_options_of(par: ParallelConfig) -> dict[str, float]:
             "optimizer_offload_fraction": float(getattr(par, "optimizer_cpu_offload_fraction", 0.0)),
             "param_offload": bool(getattr(par, "param_cpu_offload", False)) and par.zero_stage >= 3,
             "master_bytes": float(DTYPE_BYTES[getattr(par, "main_params_dtype", "fp32")])}
+
+
+def precision_state_options(precision: str) -> dict[str, bool]:
+    """``state_bytes``'s keyword options set by the job's number format (``TrainingJob.precision``)."""
+    return {"fp32": precision == "fp32", "fp16": precision == "fp16"}
 
 
 def recompute_modules_of(par: ParallelConfig) -> frozenset[str]:
@@ -587,7 +601,7 @@ def estimate_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, pa
     expert_shard = par.expert_dp
     z = par.zero_stage
     bf16_grads = bool(getattr(par, "grad_reduce_in_bf16", False))
-    state_opts = {**state_options_of(par), "fp32": job.precision == "fp32"}
+    state_opts = {**state_options_of(par), **precision_state_options(job.precision)}
     ranges = rank_layers(model.num_layers, par)
     layer_in = layer_input_bytes(model, job, par)
     reserve = float(cluster.calibration.memory_reserve_bytes if reserve_bytes is None else reserve_bytes)

@@ -78,9 +78,9 @@ from .attention import (ATTN_BWD_FACTOR, ATTN_HALF_SEQ, DEFAULT_ATTENTION_EFFICI
 from .collectives import (EP_OVERLAP_EXPOSED, TP_OVERLAP_EXPOSED, ep_domain_copies,  # noqa: F401 (re-exported)
                           ep_exposed_share, pipeline_p2p_s, tp_backward_shares, tp_exposed_share)
 from .activation_offload import offloaded_bytes, transfer_exposed_s
-from .config import BYTES_16BIT, BYTES_FP32, FlopsConvention, ParallelConfig, TrainingJob
+from .config import FlopsConvention, ParallelConfig, TrainingJob
 from .data_parallel import (FSDP_REDUCE_EVERY_MICROBATCH, OVERLAP_COMPUTE_SLOWDOWN,  # noqa: F401 (re-exported)
-                            dp_exposed_s, dp_sync_s, fsdp_exposed_s)
+                            dp_exposed_s, dp_sync_s, fsdp_exposed_s, reduced_gradient_bytes)
 from .elementwise import (CE_BYTES_PER_LOGIT, ELEMENTWISE_PASSES, cross_entropy_bytes,  # noqa: F401 (re-exported)
                           cross_entropy_s, embedding_s)
 from .flops import recomputed_layers, step_hardware_flops, step_model_flops
@@ -385,7 +385,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     if offload_f > 0:
         # (part of) the optimizer in host memory: gradient and parameter copies and CPU Adam
         # (cost_models/optimizer_offload.py); gradients copied at the reduction's width
-        grad_b = BYTES_16BIT if getattr(par, "grad_reduce_in_bf16", False) else BYTES_FP32
+        grad_b = reduced_gradient_bytes(par, job.precision, fw_base)
         optimizer = offloaded_optimizer_step(cluster, fw_base, local_params(par, sp_max), offload_f, optimizer,
                                              grad_bytes=grad_b, num_microbatches=m,
                                              backward_s=rank_s(busiest, bwd_v)).exposed_s

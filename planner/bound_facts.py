@@ -25,7 +25,7 @@ from cost_models.layer_cost import OP_SAC_FRAMEWORKS
 from cost_models.layout import GroupPlacement, group_placement, stage_layer_ranges
 from cost_models.pipeline import PAIRING_SCHEDULES
 from cost_models.memory import (activation_bytes_per_layer, in_flight_microbatches, layer_input_bytes,
-                                model_state_terms, stage_params)
+                                model_state_terms, precision_state_options, stage_params)
 from model_zoo.spec import ModelSpec
 
 from .launch_options import launched_overlap_dp
@@ -310,8 +310,8 @@ def model_state_bytes(ctx: BoundContext, fw: str, z: int, params: float, shard: 
     got = ctx.cache.get(key)
     if got is None:
         try:
-            # fp32 training: fp32 model states without a master copy (memory.state_bytes)
-            got = float(sum(model_state_terms(fw, z, params, shard, fp32=ctx.job.precision == "fp32")))
+            # fp32 / fp16 training: their own model-state bytes (memory.state_bytes)
+            got = float(sum(model_state_terms(fw, z, params, shard, **precision_state_options(ctx.job.precision))))
         except Exception:  # pragma: no cover
             got = 0.0
         ctx.cache[key] = got

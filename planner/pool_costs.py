@@ -30,8 +30,8 @@ from cost_models.config import ParallelConfig, TrainingJob, compute_bytes
 from cost_models.fp8_recipe import default_host_cost_class
 from cost_models.layout import group_placement
 from cost_models.memory import (TOKEN_ID_BYTES, activation_bytes_per_layer, expert_buffer_factor,
-                                layer_input_bytes, logits_bytes_per_element, model_state_terms, stage_params,
-                                state_options_of)
+                                layer_input_bytes, logits_bytes_per_element, model_state_terms,
+                                precision_state_options, stage_params, state_options_of)
 from cost_models.memory_buffers import moe_dispatch_buffers, pipeline_p2p_buffers
 from model_zoo.spec import ModelSpec
 
@@ -148,7 +148,7 @@ def stage_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: 
     kinds = layer_kinds(model) if kinds is None else kinds
     vocab = model.padded_vocab_size(par.tp)
     shard, eshard = par.dp * par.cp, par.expert_dp
-    opts = {**state_options_of(par), "fp32": job.precision == "fp32"}
+    opts = {**state_options_of(par), **precision_state_options(job.precision)}
     bf16 = bool(getattr(par, "grad_reduce_in_bf16", False))
 
     def states(sp) -> float:

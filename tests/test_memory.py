@@ -509,6 +509,10 @@ def test_bytes_per_param_tables():
     assert bpp("deepspeed", 2, 8) == pytest.approx(2 + 18 / 8) and bpp("deepspeed", 3, 8) == pytest.approx(18 / 8)
     assert bpp("megatron", 0, 8) == 18 and bpp("megatron", 1, 8) == pytest.approx(6 + 12 / 8)
     assert sum(model_state_terms("megatron", 0, 1.0, 8, grad_reduce_in_bf16=True)) == 16
+    # Megatron fp16 training: 16-bit main gradients, an fp32 copy in the (sharded) optimizer: the fp16 row
+    assert sum(model_state_terms("megatron", 0, 1.0, 8, fp16=True)) == 20
+    assert sum(model_state_terms("megatron", 1, 1.0, 8, fp16=True)) == pytest.approx(4 + 16 / 8)
+    assert sum(model_state_terms("deepspeed", 1, 1.0, 8, fp16=True)) == pytest.approx(4 + 16 / 8)
     assert bpp("torchtitan", 3, 8) == pytest.approx(16 / 8) and bpp("torchtitan", 0, 8) == 16
 
 

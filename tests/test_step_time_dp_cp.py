@@ -190,3 +190,18 @@ def test_plan_top5_has_no_cp_twins_with_the_same_step_time():
             twin = members.get((2 * cp, 2 * mbs))
             if twin is not None:
                 assert twin > step * 1.005
+
+
+def test_megatron_fp16_reduces_16_bit_gradients():
+    # Megatron-LM forces fp32 gradient accumulation and reduction for bf16 only (arguments.py
+    # accumulate_allreduce_grads_in_fp32): an fp16 run reduce-scatters 2-byte gradients, half the bf16 run's bytes
+    from cost_models.data_parallel import reduced_gradient_bytes
+    par = ParallelConfig(dp=8, zero_stage=1)
+    assert reduced_gradient_bytes(par, "bf16", "megatron") == 4
+    assert reduced_gradient_bytes(par, "fp16", "megatron") == 2
+    assert reduced_gradient_bytes(par, "fp16", "torchtitan") == 4  # FSDP2 reduces in fp32 (mixed_precision_reduce)
+    m = get_model("llama2-70b")
+    base = dict(tp=2, dp=32, sequence_parallel=True, micro_batch_size=1, zero_stage=1)
+    dp_s = {p: estimate_step(m, A100, TrainingJob(global_batch_size=256, seq_length=1024, precision=p),
+                             ParallelConfig(**base)).exposed_comm_s["dp"] for p in ("bf16", "fp16")}
+    assert 0 < dp_s["fp16"] < dp_s["bf16"]
