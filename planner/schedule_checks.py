@@ -2,6 +2,8 @@
 other constraints; ``planner.space.schedule_options`` is the search's own copy).
 
 * the framework runs the schedule (``FRAMEWORK_SCHEDULES``, each with its name there);
+* 1F1B and GPipe run one model chunk per rank (vpp 1): Megatron-LM interleaves any rank holding several, and torch's
+  ``Schedule1F1B`` / ``ScheduleGPipe`` are single-stage schedules;
 * ZB-V and DualPipeV: two chunks per rank in a V over an even split of 2·pp virtual stages (torch
   ``ScheduleZBVZeroBubble`` / ``ScheduleDualPipeV``: "requires exactly 2 stages per rank");
 * DualPipe: an even pp and an even num_microbatches >= 2·pp; DualPipeV: >= 2·pp (deepseek-ai/DualPipe asserts);
@@ -39,6 +41,13 @@ def schedule_constraints(model: ModelSpec, par: ParallelConfig, m: int, framewor
                       + (" (DualPipe's two-direction schedule: deepseek-ai/DualPipe; torchtitan runs DualPipeV)"
                          if s == "dualpipe" else "")))]
     add = out.append
+    if s in ("1f1b", "gpipe") and v > 1:
+        # a named single-chunk schedule with several chunks per rank runs as another schedule, or not at all
+        add(Constraint("schedule_single_chunk", False, -1.0, "",
+                       f"pipeline schedule {s} runs one model chunk per rank, not vpp {v}: Megatron-LM interleaves "
+                       f"whenever a rank holds several (pipeline_parallel/schedules.py), torch's Schedule1F1B and "
+                       f"ScheduleGPipe take one stage per rank (PipelineScheduleSingle); use --pipeline-schedule "
+                       f"interleaved or --vpp 1"))
     uneven = (par.first_stage_layers is not None or par.last_stage_layers is not None or par.pipeline_layout is not None
               or par.account_for_embedding_in_pipeline_split or par.account_for_loss_in_pipeline_split)
     if s in ("zb-v", "dualpipev"):
