@@ -221,12 +221,37 @@ def _hf_llama(c: _Cfg) -> dict[str, Any]:
     return _llama_like(c, "llama")
 
 
+def _windowed(c: _Cfg, d: dict[str, Any], every_layer: bool) -> dict[str, Any]:
+    """``d`` with the sliding-window attention of a Mistral / Mixtral (``every_layer``) or Qwen2 / Qwen3-family
+    config.json: an explicit ``layer_types`` list wins; else Mistral and Mixtral window every layer when
+    ``sliding_window`` is set (HF ``MistralAttention`` / ``MixtralAttention``: ``sliding_window=config.sliding_window``;
+    Mistral-7B-v0.1 4096, null from v0.2), the Qwen families only with ``use_sliding_window`` true, and then the
+    layers from ``max_window_layers`` on (HF ``Qwen2Config``: ``sliding_attention`` if ``i >= max_window_layers``).
+    All-full layers leave ``d`` as it is. The emitters refuse windowed layers by name (a launch without them trains
+    another model); the cost models price them as full attention (``ModelSpec.layer_types``)."""
+    n = d["num_layers"]
+    kinds = _layer_types(c, n)
+    window = c.get("sliding_window", None)
+    if kinds is None and window is not None:
+        if every_layer:
+            kinds = ("sliding_attention",) * n
+        elif c.get("use_sliding_window", False) is True:
+            first = c.int_("max_window_layers", default=n)
+            kinds = tuple("sliding_attention" if i >= first else "full_attention" for i in range(n))
+    if kinds is None or set(kinds) == {"full_attention"}:
+        return d
+    if "sliding_attention" in kinds:
+        d["sliding_window"] = c.int_("sliding_window")
+    d["layer_types"] = kinds
+    return d
+
+
 def _hf_mistral(c: _Cfg) -> dict[str, Any]:
-    return _llama_like(c, "mistral")
+    return _windowed(c, _llama_like(c, "mistral"), every_layer=True)
 
 
 def _hf_mixtral(c: _Cfg) -> dict[str, Any]:
-    d = _llama_like(c, "mixtral")
+    d = _windowed(c, _llama_like(c, "mixtral"), every_layer=True)
     d["norm_eps"] = float(c.d.get("rms_norm_eps") or 1e-5)  # MixtralConfig default 1e-5
     d["moe"] = dict(
         num_experts=c.int_("num_local_experts"),
@@ -238,13 +263,13 @@ def _hf_mixtral(c: _Cfg) -> dict[str, Any]:
 
 def _hf_qwen2(c: _Cfg) -> dict[str, Any]:
     # Qwen2Attention: q/k/v bias=True, o_proj bias=False
-    d = _llama_like(c, "qwen2")
+    d = _windowed(c, _llama_like(c, "qwen2"), every_layer=False)
     d.update(qkv_bias=True, attention_out_bias=False)
     return d
 
 
 def _hf_qwen2_moe(c: _Cfg) -> dict[str, Any]:
-    d = _llama_like(c, "qwen2_moe")
+    d = _windowed(c, _llama_like(c, "qwen2_moe"), every_layer=False)
     d.update(qkv_bias=bool(c.get("qkv_bias", True)), attention_out_bias=False)
     n_exp = c.int_("num_experts")
     step = c.int_("decoder_sparse_step", default=1)
@@ -265,11 +290,11 @@ def _hf_qwen2_moe(c: _Cfg) -> dict[str, Any]:
 
 
 def _hf_qwen3(c: _Cfg) -> dict[str, Any]:
-    return _llama_like(c, "qwen3", qk_norm=True)
+    return _windowed(c, _llama_like(c, "qwen3", qk_norm=True), every_layer=False)
 
 
 def _hf_qwen3_moe(c: _Cfg) -> dict[str, Any]:
-    d = _llama_like(c, "qwen3_moe", qk_norm=True)
+    d = _windowed(c, _llama_like(c, "qwen3_moe", qk_norm=True), every_layer=False)
     step = c.int_("decoder_sparse_step", default=1)
     d["moe"] = dict(
         num_experts=c.int_("num_experts"),

@@ -441,3 +441,21 @@ def test_depth_is_capped_with_a_one_line_error(tmp_path):
     with pytest.raises(ModelSpecError) as e:
         mz.load_model(str(p))
     assert "field 'num_hidden_layers' = 100000 is outside [1, 4096]" in _one_line(e)
+
+
+def test_sliding_window_attention_is_read_and_refused_at_launch():
+    # HF MistralAttention windows every layer when sliding_window is set (Mistral-7B-v0.1: 4096); Qwen2Config only
+    # with use_sliding_window, from max_window_layers on. A launch without the window trains another model.
+    from planner.emit.megatron import unexpressed_features
+    cfg = json.loads((HF / "mixtral-8x7b.json").read_text())
+    assert mz.from_hf_config(cfg).layer_types is None  # sliding_window null
+    mistral = {**cfg, "model_type": "mistral", "sliding_window": 4096}
+    mistral.pop("num_local_experts")
+    m = mz.from_hf_config(mistral)
+    assert m.layer_types == ("sliding_attention",) * 32 and m.sliding_window == 4096
+    assert "sliding_attention (window 4096 tokens)" in unexpressed_features(m)
+    qwen = json.loads((HF / "qwen2.5-7b.json").read_text())
+    assert qwen["use_sliding_window"] is False and mz.from_hf_config(qwen).layer_types is None
+    q = mz.from_hf_config({**qwen, "use_sliding_window": True, "max_window_layers": 20})
+    assert q.layer_types == ("full_attention",) * 20 + ("sliding_attention",) * 8
+    assert q.sliding_window == qwen["sliding_window"]
