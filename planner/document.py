@@ -164,6 +164,8 @@ class MemoryInfo(_Strict):
 
 
 class TimeInfo(_Strict):
+    #: seconds per optimizer step = compute_s + bubble_s + optimizer_s + the exposed tp, cp, ep, dp (and host)
+    #: communication; exposed_comm_s.pp is not added again: it is the part of bubble_s spent in pipeline sends
     step_s: float
     compute_s: float
     bubble_s: float
@@ -294,7 +296,7 @@ def input_info(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpu
                         num_kv_heads=model.num_kv_heads, vocab_size=model.vocab_size,
                         moe_experts=model.moe.num_experts if model.moe else None, source=model.source),
         cluster=ClusterInfo(name=cluster.name, gpu=cluster.gpu.name, num_gpus=num_gpus, gpus_per_node=gpn,
-                            num_nodes=num_gpus // gpn, memory_bytes_per_gpu=cluster.gpu.memory_bytes),
+                            num_nodes=-(-num_gpus // gpn), memory_bytes_per_gpu=cluster.gpu.memory_bytes),
         job=JobInfo(global_batch_size=job.global_batch_size, seq_length=job.seq_length, precision=job.precision,
                     optimizer=job.optimizer, tokens_per_step=job.tokens_per_step, framework=job.framework,
                     flash_attention=job.flash_attention, dropout=job.dropout,

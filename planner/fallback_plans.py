@@ -192,7 +192,7 @@ def fallback(model: Any = None, cluster: Any = None, *, plan: Any = None, max_lo
         i = doc.input
         m = load_model(os.fspath(model)) if model is not None else load_model(i.model.name)
         c = load_cluster(os.fspath(cluster)) if cluster is not None else load_cluster(i.cluster.name)
-        job_kw = dict(nodes=i.cluster.num_nodes, global_batch_size=i.job.global_batch_size,
+        job_kw = dict(gpus=i.cluster.num_gpus, global_batch_size=i.job.global_batch_size,
                       seq_length=i.job.seq_length, precision=i.job.precision)
         for k, doc_k in (("flash_attention", "flash_attention"), ("dropout", "dropout"), ("framework", "framework"),
                          ("expert_load_imbalance", "expert_load_imbalance"),
@@ -202,13 +202,16 @@ def fallback(model: Any = None, cluster: Any = None, *, plan: Any = None, max_lo
                 job_kw[k] = v
         if o.get("flops_convention") is None:
             conv = doc.plans[rank - 1].throughput.flops_convention if doc.plans[rank - 1].throughput else conv
-        inputs = load_inputs(m, c, **job_kw)
         par = _parallel_of(doc.plans[rank - 1], f"plans.{rank - 1}")
-        gpn_edited = cluster is None and i.cluster.gpus_per_node != inputs.cluster.node.gpus_per_node
-        if par.world_size != i.cluster.num_gpus or par.world_size != inputs.num_gpus or gpn_edited:
+        agree = par.world_size == i.cluster.num_gpus and i.cluster.gpus_per_node > 0 and \
+            i.cluster.num_nodes == -(-i.cluster.num_gpus // i.cluster.gpus_per_node)
+        inputs = load_inputs(m, c, **job_kw) if agree else None
+        gpn_edited = inputs is not None and cluster is None and \
+            i.cluster.gpus_per_node != inputs.cluster.node.gpus_per_node
+        if inputs is None or par.world_size != inputs.num_gpus or gpn_edited:
             raise PlanInputError(f"--plan: input.cluster (num_gpus {i.cluster.num_gpus}, num_nodes "
                                  f"{i.cluster.num_nodes} x gpus_per_node {i.cluster.gpus_per_node}; "
-                                 f"{inputs.cluster.name} has {inputs.cluster.node.gpus_per_node} per node) disagrees "
+                                 f"{c.name} has {c.node.gpus_per_node} per node) disagrees "
                                  f"with plan #{rank}'s tp*pp*dp*cp = {par.tp}*{par.pp}*{par.dp}*{par.cp} = "
                                  f"{par.world_size}")
     else:
@@ -223,7 +226,7 @@ def fallback(model: Any = None, cluster: Any = None, *, plan: Any = None, max_lo
     m, c, job = inputs.model, inputs.cluster, inputs.job
     fw = job.framework
     gpn = c.node.gpus_per_node
-    nodes = inputs.num_gpus // gpn
+    nodes = -(-inputs.num_gpus // gpn)  # a job on part of one node has one node
     if max_lost_nodes >= nodes:
         raise PlanInputError(f"--max-lost-nodes {max_lost_nodes}: the cluster has {nodes} node"
                              f"{'s' if nodes > 1 else ''}; " + (f"lose at most {nodes - 1}" if nodes > 1 else

@@ -149,6 +149,7 @@ def test_fallback_cli(run_cli, plans_json, tmp_path):
                              ("plans.0.parallel.pipeline_schedule", "zz", "plans.0.parallel.pipeline_schedule"),
                              ("plans.0.parallel.tp", True, "plans.0.parallel.tp: Input should be a valid integer"),
                              ("input.cluster.num_gpus", 33, "disagrees with plan #1's tp*pp*dp*cp"),
+                             ("input.cluster.num_nodes", 3, "disagrees with plan #1's tp*pp*dp*cp"),
                              ("schema_version", KeyError, "schema_version: Field required"),
                              ("schema_version", "01.5", "schema_version: '01.5'"),
                              ("plans", [], "the document has no plans")):

@@ -180,7 +180,7 @@ def test_plan_falls_back_to_at_risk_plans_ranked_last(run_cli):
 def test_plan_on_part_of_one_node(run_cli):
     # --gpus 4 on an 8-GPU DGX: planned on half a node, launched as one node of 4 GPUs
     doc = run_cli("plan", "--gpus", "4", "--top-k", "1", "--format", "json").json()
-    assert doc["input"]["cluster"]["num_gpus"] == 4
+    assert (doc["input"]["cluster"]["num_gpus"], doc["input"]["cluster"]["num_nodes"]) == (4, 1)
     launch = doc["plans"][0]["launch"]
     assert (launch["nodes"], launch["gpus_per_node"], launch["world_size"]) == (1, 4, 4)
     r = run_cli("plan", "--gpus", "1")  # Llama-3.1-8B with Adam does not fit one GPU: infeasible, exit 1

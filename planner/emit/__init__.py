@@ -35,7 +35,7 @@ def launch_fields(model: ModelSpec, job: TrainingJob, par: ParallelConfig, gpus_
     environment variables of its launch (``env.launch_env``; NVLS needs ``cluster``). A framework that cannot run
     the plan gets ``None`` and its one-line reason under ``unsupported``."""
     world = par.world_size
-    out: dict = {"nodes": max(1, world // gpus_per_node), "gpus_per_node": min(gpus_per_node, world),
+    out: dict = {"nodes": -(-world // gpus_per_node), "gpus_per_node": min(gpus_per_node, world),
                  "world_size": world}
     unsupported: dict[str, str] = {}
 
