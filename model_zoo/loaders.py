@@ -257,6 +257,7 @@ def _hf_mixtral(c: _Cfg) -> dict[str, Any]:
         num_experts=c.int_("num_local_experts"),
         top_k=c.int_("num_experts_per_tok"),
         expert_ffn_hidden_size=c.int_("intermediate_size"),
+        aux_loss_coeff=c.get("router_aux_loss_coef", 0.0),
     )
     return d
 
@@ -285,6 +286,7 @@ def _hf_qwen2_moe(c: _Cfg) -> dict[str, Any]:
         moe_layer_freq=step,
         dense_layer_indices=tuple(c.get("mlp_only_layers", [])),
         norm_topk_prob=bool(c.get("norm_topk_prob", False)),  # Qwen2MoeConfig default False
+        aux_loss_coeff=c.get("router_aux_loss_coef", 0.0),
     )
     return d
 
@@ -304,6 +306,7 @@ def _hf_qwen3_moe(c: _Cfg) -> dict[str, Any]:
         moe_layer_freq=step,
         dense_layer_indices=tuple(c.get("mlp_only_layers", [])),
         norm_topk_prob=bool(c.get("norm_topk_prob", False)),  # Qwen3MoeConfig default False
+        aux_loss_coeff=c.get("router_aux_loss_coef", 0.0),
     )
     return d
 
@@ -465,6 +468,7 @@ def _hf_gpt_oss(c: _Cfg) -> dict[str, Any]:
         expert_ffn_hidden_size=c.int_("intermediate_size"),
         router_linear_bias=True,
         expert_bias=True,
+        aux_loss_coeff=c.get("router_aux_loss_coef", 0.0),
     )
     return d
 
@@ -499,6 +503,7 @@ def _hf_llama4(c: _Cfg) -> dict[str, Any]:
         dense_ffn_hidden_size=d["ffn_hidden_size"],
         score_function="sigmoid",  # Llama4Router: sigmoid of the top-k logits, not renormalised
         norm_topk_prob=False,
+        aux_loss_coeff=tc.get("router_aux_loss_coef", 0.0),
     )
     return d
 

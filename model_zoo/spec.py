@@ -71,6 +71,11 @@ class MoESpec(BaseModel):
                                      "elements (HF GptOssTopKRouter.bias)")
     expert_bias: bool = Field(False, description="biases on every routed expert's linears: gate/up (2 f_e, or f_e "
                               "ungated) and down (h) per expert (HF GptOssExperts gate_up_proj_bias, down_proj_bias)")
+    aux_loss_coeff: Annotated[float, Plausible(0, 10, "none to ~10x gpt-oss's 0.9")] = Field(
+        0.0, description="weight of the load-balancing auxiliary loss (HF router_aux_loss_coef: Mixtral-8x7B 0.02, "
+                         "Qwen MoE 0.001; Megatron-LM --moe-aux-loss-coeff, default 0 = no balancing loss; Switch "
+                         "Transformer, Fedus et al. 2022 Eq. 4). Holds no parameters; the expert-load imbalance the "
+                         "cost models assume is TrainingJob.expert_load_imbalance's")
 
 
 class RopeScalingSpec(BaseModel):

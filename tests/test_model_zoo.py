@@ -459,3 +459,18 @@ def test_sliding_window_attention_is_read_and_refused_at_launch():
     q = mz.from_hf_config({**qwen, "use_sliding_window": True, "max_window_layers": 20})
     assert q.layer_types == ("full_attention",) * 20 + ("sliding_attention",) * 8
     assert q.sliding_window == qwen["sliding_window"]
+
+
+def test_router_aux_loss_coefficient_is_read_and_emitted():
+    # HF router_aux_loss_coef (Mixtral-8x7B 0.02, Qwen MoE 0.001); Megatron-LM's --moe-aux-loss-coeff defaults to 0,
+    # which would train without the model's load-balancing loss
+    from planner.emit.megatron import router_args
+    cfg = json.loads((HF / "mixtral-8x7b.json").read_text())
+    m = mz.from_hf_config(cfg)
+    assert m.moe.aux_loss_coeff == 0.02 == mz.get_model("mixtral-8x7b").moe.aux_loss_coeff
+    args = router_args(m)
+    assert args[args.index("--moe-aux-loss-coeff") + 1] == "0.02"
+    assert mz.from_hf_config(json.loads((HF / "qwen3-30b-a3b.json").read_text())).moe.aux_loss_coeff == 0.001
+    assert "--moe-aux-loss-coeff" not in router_args(mz.from_hf_config({**cfg, "router_aux_loss_coef": 0.0}))
+    with pytest.raises(ModelSpecError, match="aux_loss_coeff"):
+        mz.from_hf_config({**cfg, "router_aux_loss_coef": "lots"})

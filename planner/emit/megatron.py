@@ -165,6 +165,9 @@ def router_args(model: ModelSpec) -> list[str]:
         a.append("--moe-router-pre-softmax")
     if moe.routed_scaling_factor != 1.0:
         a += ["--moe-router-topk-scaling-factor", _num(moe.routed_scaling_factor)]
+    if moe.aux_loss_coeff > 0:
+        # the model's load-balancing loss; Megatron-LM's default coefficient is 0 (no balancing loss)
+        a += ["--moe-aux-loss-coeff", _num(moe.aux_loss_coeff)]
     return a
 
 
