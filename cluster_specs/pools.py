@@ -86,6 +86,11 @@ class MixedCluster(BaseModel):
         if len(set(names)) != len(names):
             raise ValueError(f"pools: a cluster is named twice ({', '.join(names)}); give each pool once with "
                              f"its node count")
+        vendors = {p.cluster.gpu.vendor for p in self.pools}
+        if len(vendors) > 1:
+            by = ", ".join(f"{p.name} {p.cluster.gpu.vendor}" for p in self.pools)
+            raise ValueError(f"pools: GPUs of different vendors ({by}): one training job runs one collective library "
+                             f"(NCCL or RCCL) and one kernel stack; plan each vendor's pools apart")
         return self
 
     @property

@@ -21,7 +21,7 @@ to 100x the largest part of ``/work/shared/data/hardware.yaml``; a value outside
 """
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -62,6 +62,9 @@ class GPUSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(min_length=1, description="short GPU name, e.g. 'H100', 'A100', 'MI300X'")
+    vendor: Literal["nvidia", "amd"] = Field(
+        "nvidia", description="whose software stack runs the GPU: its collective library (NCCL / RCCL) and kernels; "
+                              "one torch.distributed job runs one of them")
     memory_bytes: Annotated[int, Plausible(2**30, 100 * 256 * 2**30, "1 GiB, below any consumer GPU that can hold a "
                                            "training step, to 100x the 256 GiB of AMD MI325X, the largest part")] = Field(
         description="device memory as nvidia-smi/rocm-smi reports it (bytes) = visible MiB * 2**20",

@@ -417,7 +417,7 @@ def plan(
     emit: Annotated[Optional[Emit], typer.Option(
         "--emit", help="the launch config of the top plan (or --rank N): printed, or with --output DIR, written "
                        "as files (args, config, torchrun and Slurm scripts)")] = None,
-    rank: Annotated[int, typer.Option("--rank", min=1, help="which plan --emit writes (1 = best)")] = 1,
+    rank: Annotated[int, typer.Option("--rank", min=1, max=MAX_TOP_K, help="which plan --emit writes (1 = best)")] = 1,
     launcher: LauncherOpt = Launcher.scripts,
     solver: Annotated[SolverOpt, typer.Option("--solver", help="cpsat (default) or enumerate (brute force, the "
                                                                "oracle)")] = SolverOpt.cpsat,

@@ -309,3 +309,10 @@ def test_moe_models_split_over_pools():
     assert set(best.stage_pool) == {0, 1}
     by = {s.pools: s.plan.tokens_per_s for s in res.subsets if s.plan}
     assert best.tokens_per_s >= max(by[(0,)], by[(1,)])
+
+
+def test_pools_of_different_vendors_are_refused(run_cli):
+    # one torch.distributed job runs one collective library: NCCL (NVIDIA) or RCCL (AMD), not both
+    r = run_cli("plan", "--model", "llama3.1-70b", "--cluster", "dgx-h100:2,mi300x:2", "--top-k", "1")
+    assert r.exit_code == 2 and "GPUs of different vendors (dgx-h100 nvidia, mi300x amd)" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
