@@ -73,6 +73,15 @@ LauncherOpt = Annotated[Launcher, typer.Option(
     "--launcher", help="with --emit: scripts (torchrun + Slurm, default) or k8s (a Kubeflow PyTorchJob manifest)")]
 
 
+def _check_format_emit(fmt: Fmt, emit) -> None:
+    """--format json and --emit both choose what is printed: refuse the pair (the plan document's ``launch`` section
+    carries the arguments --emit writes) rather than ignore one."""
+    if emit is not None and fmt == Fmt.json:
+        from .errors import PlanInputError
+        raise PlanInputError(f"--format json with --emit {emit.value}: --emit prints the launch, --format json the "
+                             f"plan document (whose launch section holds the same arguments); give one of them")
+
+
 def _rules(framework, emit):
     """The framework whose rules plan and evaluate apply: --framework, else the --emit target when plan3d models
     it, else Megatron-LM (Colossal-AI's TP/SP follow Megatron's)."""
@@ -481,6 +490,7 @@ def plan(
     from .progress import progress_line
 
     from cluster_specs.pools import is_pools_file
+    _check_format_emit(fmt, emit)
     choice = parse_cluster_option(cluster)
     if choice.kind == "pools" or (choice.kind == "single" and cluster is not None and is_pools_file(cluster)):
         given = [f for f, v in (("--gpus", gpus), ("--nodes", nodes), ("--pp", pin_pp), ("--vpp", pin_vpp),
@@ -750,6 +760,7 @@ def evaluate(
     stages get fewer layers (Megatron's --decoder-first/last-pipeline-num-layers).
     """
     from .api import evaluate as api_evaluate
+    _check_format_emit(fmt, emit)
     framework = _rules(framework, emit)
     doc = api_evaluate(**_layout(
         model, cluster, gpus, nodes, global_batch_size, seq_length, precision, flash_attention, dropout, framework,

@@ -243,3 +243,10 @@ def test_emit_deepspeed_without_a_megatron_deepspeed_launch(run_cli, tmp_path):
 def test_bare_plan3d_prints_the_help(run_cli):
     r = run_cli()
     assert r.exit_code == 2 and r.stderr.startswith("Usage: plan3d") and "plan " in r.stderr
+
+
+def test_format_json_with_emit_is_refused(run_cli):
+    # both choose what is printed; the document's launch section already holds what --emit writes
+    for cmd in ("plan", "evaluate"):
+        r = run_cli(cmd, "--format", "json", "--emit", "megatron")
+        assert r.exit_code == 2 and "--format json with --emit megatron" in r.stderr, r.stderr
