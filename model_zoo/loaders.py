@@ -586,8 +586,9 @@ def _check_hf_values(where: str, config: dict[str, Any]) -> None:
             v = rs.get(k)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
                 raise ModelSpecError(f"{where}: field 'rope_scaling.{k}' must be a number, got {v!r:.60}")
-            bad = None if v is None else (_s.POSITIONS if k.startswith("original") else _s.ROPE_SCALING_SETTING
-                                          ).message(f"rope_scaling.{k}", v)
+            rng_k = (_s.POSITIONS if k.startswith("original") else _s.ROPE_SCALING_FACTOR if k == "factor"
+                     else _s.ROPE_SCALING_SETTING)
+            bad = None if v is None else rng_k.message(f"rope_scaling.{k}", v)
             if bad:
                 raise ModelSpecError(f"{where}: {bad}")
     ng, tg = config.get("n_group"), config.get("topk_group")

@@ -28,6 +28,8 @@ POSITIONS = Plausible(1, 2**30, "one to ~100x the 10M-token context of Llama 4 S
 LAYER_COUNT = Plausible(0, MAX_LAYERS, f"none to MAX_LAYERS {MAX_LAYERS}")
 ROPE_SCALING_SETTING = Plausible(0, 1e4, "a finite RoPE-scaling setting;"
                                  " published ones are 0.7-40, DeepSeek-V3 factor 40")
+#: RoPE scaling factor: positive (a factor of 0 divides positions by 0); linear interpolation below 1 is possible
+ROPE_SCALING_FACTOR = Plausible(1e-3, 1e4, "published factors are 2-40, DeepSeek-V3 40")
 LAYERS = Plausible(1, MAX_LAYERS, "plan time grows with depth; published LLMs have <= ~160 layers")
 VOCAB = Plausible(1, 100 * 256000, "one to 100x Nemotron-4 340B's 256,000 tokens")
 ROPE_THETA = Plausible(1, 1e8, "one to 100x the 1e6 of Mixtral and Qwen2.5")
@@ -90,7 +92,7 @@ class RopeScalingSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     type: Literal["llama3", "yarn", "linear"]
-    factor: Annotated[float, Plausible(1e-3, 1e4, "published factors are 2-40, DeepSeek-V3 40")]
+    factor: Annotated[float, ROPE_SCALING_FACTOR]
     original_max_position_embeddings: Annotated[int, POSITIONS] | None = None
     low_freq_factor: Annotated[float, ROPE_SCALING_SETTING] | None = None
     high_freq_factor: Annotated[float, ROPE_SCALING_SETTING] | None = None

@@ -820,7 +820,7 @@ def memory(
         exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype, pipeline_schedule=pipeline_schedule,
         expert_load_imbalance=expert_load_imbalance, capacity_factor=capacity_factor))
     if plot is not None:
-        plot_memory(rep.estimate, plot, rep.title, at_risk_margin)
+        plot_memory(rep.estimate, plot, rep.title, at_risk_margin, memory_headroom)
     if fmt == Fmt.json:
         _write(to_json(rep.document), output)
     else:

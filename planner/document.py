@@ -155,7 +155,8 @@ class StageMemoryInfo(_Strict):
 class MemoryInfo(_Strict):
     peak_bytes: int
     capacity_bytes: int
-    headroom_bytes: int
+    headroom_bytes: int = Field(description="capacity_bytes - peak_bytes: memory left free at the peak (the plan is "
+                                            "feasible while peak_bytes <= capacity x (1 - --memory-headroom))")
     peak_stage: int
     at_risk: bool = Field(description=f"peak within the at-risk margin (default {DEFAULT_AT_RISK_MARGIN:.0%}) of "
                                       "capacity, not over it")
