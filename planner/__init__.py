@@ -16,8 +16,10 @@ Names are imported lazily, so ``import planner`` (and the CLI's start-up) stays 
 """
 from __future__ import annotations
 
+from functools import lru_cache, wraps
 from importlib import import_module
-from typing import Any
+from inspect import isfunction
+from typing import Any, Callable
 
 _EXPORTS = {
     "plan": "api", "evaluate": "api", "memory": "api", "explain": "api", "validate": "api",
@@ -32,9 +34,31 @@ _FOREIGN = {"ModelSpecError": "model_zoo", "ClusterSpecError": "cluster_specs"}
 __all__ = sorted([*_EXPORTS, *_FOREIGN])
 
 
+def _plain(value: Any) -> Any:
+    """A numpy scalar (``np.int64(16)``, ``np.True_``) as the Python number or bool it holds; anything else as is."""
+    if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        return value.item()
+    return value
+
+
+@lru_cache(maxsize=None)
+def _api_function(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` taking numpy scalars for its options as the Python numbers they hold (the API's checks are exact about
+    types: ``bool("false")`` is no false and ``np.int64`` no ``int``)."""
+    @wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return fn(*(_plain(a) for a in args), **{k: _plain(v) for k, v in kwargs.items()})
+    return call
+
+
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
-        return getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+        obj = getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+        return _api_function(obj) if isfunction(obj) else obj
     if name in _FOREIGN:
         return getattr(import_module(_FOREIGN[name]), name)
     raise AttributeError(f"module 'planner' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -1006,7 +1006,6 @@ def fallback(
     """Fallback plans after losing 1..K nodes: the best plan keeping the checkpoint's layout and the best of any
     layout (with its resharding path), the throughput each retains and the GPUs it leaves idle."""
     from .fallback_plans import fallback as api_fallback
-    from .errors import PlanInputError
     if plot is not None:  # before the fallback searches: a wrong suffix or no matplotlib fails at once
         from .plotting import picture_path, require_matplotlib
         picture_path("--plot", plot)
@@ -1014,11 +1013,6 @@ def fallback(
     job = {k: v for k, v in dict(gpus=gpus, nodes=nodes, global_batch_size=global_batch_size, seq_length=seq_length,
                                  precision=_value(precision), flash_attention=flash_attention, dropout=dropout,
                                  framework=_value(framework)).items() if v is not None}
-    if plan_file is not None:
-        clash = sorted(set(job) & {"gpus", "nodes", "global_batch_size", "seq_length", "precision"})
-        if clash:
-            raise PlanInputError(f"{', '.join('--' + k.replace('_', '-') for k in clash)}: taken from --plan's "
-                                 f"document; leave them out or plan again")
     doc = api_fallback(model, cluster, plan=plan_file, max_lost_nodes=max_lost_nodes, rank=rank,
                        memory_headroom=memory_headroom, at_risk_margin=at_risk_margin,
                        flops_convention=_value(flops_convention), **job)

@@ -128,6 +128,22 @@ def _parallel_of(info, where: str = "plan") -> Any:
         raise PlanInputError(f"--plan: {where}.parallel.{field}: {err['msg']} (got {err.get('input')!r})") from None
 
 
+def _check_batch(p, global_batch_size: int, par: Any, rank: int) -> None:
+    """Refuse a document whose plan ``rank`` (its ``parallel`` section ``p``) disagrees with ``input.job`` about the
+    batch: its global batch, or its micro-batches against ``global_batch_size / (micro_batch_size x dp)``.
+
+    Raises:
+        PlanInputError: naming the fields that disagree.
+    """
+    m = par.num_microbatches(global_batch_size)
+    if p.global_batch_size != global_batch_size or p.num_microbatches != m or m * par.micro_batch_size * par.dp != \
+            global_batch_size:
+        raise PlanInputError(
+            f"--plan: plan #{rank}'s parallel.global_batch_size {p.global_batch_size} and num_microbatches "
+            f"{p.num_microbatches} disagree with input.job.global_batch_size {global_batch_size} = micro_batch_size "
+            f"{par.micro_batch_size} x dp {par.dp} x num_microbatches; edit them together or plan again")
+
+
 def _load_plan(plan: Any):
     from .document import PlanDocument
     if isinstance(plan, PlanDocument):
@@ -184,6 +200,11 @@ def fallback(model: Any = None, cluster: Any = None, *, plan: Any = None, max_lo
     headroom = _headroom(o.get("memory_headroom"))
     margin = _at_risk_margin(o.get("at_risk_margin"))
     if plan is not None:
+        clash = sorted(k for k in ("gpus", "nodes", "global_batch_size", "seq_length", "precision")
+                       if o.get(k) is not None)
+        if clash:
+            raise PlanInputError(f"{', '.join('--' + k.replace('_', '-') for k in clash)}: taken from --plan's "
+                                 f"document; leave them out or plan again")
         doc = _load_plan(plan)
         if not doc.plans:
             raise PlanInputError("--plan: the document has no plans (plan3d plan found none to fall back from)")
@@ -203,6 +224,7 @@ def fallback(model: Any = None, cluster: Any = None, *, plan: Any = None, max_lo
         if o.get("flops_convention") is None:
             conv = doc.plans[rank - 1].throughput.flops_convention if doc.plans[rank - 1].throughput else conv
         par = _parallel_of(doc.plans[rank - 1], f"plans.{rank - 1}")
+        _check_batch(doc.plans[rank - 1].parallel, i.job.global_batch_size, par, rank)
         agree = par.world_size == i.cluster.num_gpus and i.cluster.gpus_per_node > 0 and \
             i.cluster.num_nodes == -(-i.cluster.num_gpus // i.cluster.gpus_per_node)
         inputs = load_inputs(m, c, **job_kw) if agree else None

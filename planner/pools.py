@@ -267,7 +267,7 @@ def plan_pools(model: Any = None, cluster: Any = None, **options: Unpack[PoolsOp
     Raises ``PlanInputError`` / ``ClusterSpecError`` / ``ModelSpecError`` (bad input) and ``NoFeasiblePlan``
     (no plan fits on any subset of the pools; the message names each subset's reason).
     """
-    from .api import (FLOPS_CONVENTIONS, RECOMPUTE_CHOICES, _at_risk_margin, _check_keys, _choice, _headroom,
+    from .api import (FLOPS_CONVENTIONS, RECOMPUTE_CHOICES, _at_risk_margin, _bool, _check_keys, _choice, _headroom,
                       load_inputs)
     from .pool_search import search_pools
     from .space import SearchSpace
@@ -296,7 +296,7 @@ def plan_pools(model: Any = None, cluster: Any = None, **options: Unpack[PoolsOp
         if o.get(k) is not None:
             kw[k] = (o[k],)
     space = SearchSpace(**kw)
-    res = search_pools(inputs.model, mixed, inputs.job, top_k, space, headroom, conv, bool(o.get("homogeneous", True)),
+    res = search_pools(inputs.model, mixed, inputs.job, top_k, space, headroom, conv, _bool("homogeneous", o.get("homogeneous", True)),
                        at_risk_margin=margin)
     if not res.plans:
         why = "; ".join(f"{'+'.join(mixed.pools[i].name for i in s.pools)}: {s.reason}" for s in res.subsets)

@@ -92,6 +92,20 @@ def test_api_errors_are_typed():
             planner.plan(gpus=8, **kw)
 
 
+def test_yes_no_options_are_booleans_and_numpy_scalars_are_numbers():
+    # bool("false") is True: a yes/no option given a string would have switched the feature on
+    for kw in ({"sequence_parallel": "false"}, {"flash_attention": "false"}, {"dropout": "no"},
+               {"async_checkpoint": "false", "train_tokens": 1e12}):
+        name = "--" + next(iter(kw)).replace("_", "-")
+        with pytest.raises(planner.PlanInputError, match=f"{name} '[a-z]+': must be true or false"):
+            planner.evaluate("llama3.1-8b", gpus=16, tp=2, **kw)
+    np = pytest.importorskip("numpy")
+    doc = planner.evaluate("llama3.1-8b", gpus=np.int64(16), tp=np.int64(2), sequence_parallel=np.bool_(True))
+    assert (doc.input.cluster.num_gpus, doc.plans[0].parallel.tp, doc.plans[0].parallel.sequence_parallel) == \
+        (16, 2, True)
+    assert planner.plan is planner.plan and {"plan", "evaluate", "fallback"} <= set(dir(planner))
+
+
 def test_infeasible_layouts_are_reported_not_raised():
     doc = planner.evaluate("llama3.1-405b", gpus=8, tp=8)
     assert not doc.plans[0].feasible and any("GiB usable" in v for v in doc.plans[0].violations)

@@ -103,6 +103,9 @@ def test_fallback_from_job_options_equals_from_document(plans_json):
     b = planner.fallback("llama3.1-8b", "dgx-h100", nodes=4, global_batch_size=64, seq_length=4096,
                          max_lost_nodes=1)
     assert a.model_dump_json() == b.model_dump_json()
+    # the document fixes the job: the API refuses job options next to it, as the CLI does
+    with pytest.raises(planner.PlanInputError, match="--gpus, --seq-length: taken from --plan's document"):
+        planner.fallback(plan=plans_json, max_lost_nodes=1, gpus=64, seq_length=8192)
 
 
 def test_fallback_cli(run_cli, plans_json, tmp_path):
@@ -150,6 +153,8 @@ def test_fallback_cli(run_cli, plans_json, tmp_path):
                              ("plans.0.parallel.tp", True, "plans.0.parallel.tp: Input should be a valid integer"),
                              ("input.cluster.num_gpus", 33, "disagrees with plan #1's tp*pp*dp*cp"),
                              ("input.cluster.num_nodes", 3, "disagrees with plan #1's tp*pp*dp*cp"),
+                             ("input.job.global_batch_size", 4096, "disagree with input.job.global_batch_size 4096"),
+                             ("plans.0.parallel.num_microbatches", 99, "num_microbatches 99 disagree"),
                              ("schema_version", KeyError, "schema_version: Field required"),
                              ("schema_version", "01.5", "schema_version: '01.5'"),
                              ("plans", [], "the document has no plans")):
