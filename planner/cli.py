@@ -24,6 +24,14 @@ class Fmt(str, Enum):
     json = "json"
 
 
+class DocumentKind(str, Enum):
+    """Documents ``plan3d schema`` describes (``planner.document.DOCUMENT_KINDS``)."""
+    plan = "plan"
+    pools = "pools"
+    comparison = "comparison"
+    fallback = "fallback"
+
+
 class Precision(str, Enum):
     bf16 = "bf16"
     fp16 = "fp16"
@@ -1178,12 +1186,14 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_version, 
 
 
 @app.command()
-def schema() -> None:
-    """Print the JSON Schema of the plan document (``plan --format json``)."""
+def schema(document: Annotated[DocumentKind, typer.Option(
+        "--document", help="plan (plan / evaluate --format json), pools (--cluster NAME:NODES,...), comparison "
+                           "(--cluster A,B), fallback")] = DocumentKind.plan) -> None:
+    """Print the JSON Schema of a document plan3d writes (default: the plan document, ``plan --format json``)."""
     import json
 
     from .document import json_schema
-    sys.stdout.write(json.dumps(json_schema(), indent=2, allow_nan=False) + "\n")
+    sys.stdout.write(json.dumps(json_schema(document.value), indent=2, allow_nan=False) + "\n")
 
 
 def _nan_message(e) -> str | None:

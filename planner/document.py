@@ -403,6 +403,23 @@ def dumps_finite(obj: Any, what: str, **kw: Any) -> str:
                                 + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")) from None
 
 
-def json_schema() -> dict:
-    """JSON Schema of the plan document."""
-    return PlanDocument.model_json_schema()
+#: Documents plan3d writes, by the name ``plan3d schema --document`` takes: (module, class).
+DOCUMENT_KINDS = {"plan": ("planner.document", "PlanDocument"), "pools": ("planner.pools", "PoolsDocument"),
+                  "comparison": ("planner.comparison", "ComparisonDocument"),
+                  "fallback": ("planner.fallback_plans", "FallbackDocument")}
+
+
+def json_schema(kind: str = "plan") -> dict:
+    """JSON Schema of a document plan3d writes: ``plan`` (``plan`` / ``evaluate --format json``), ``pools`` (a plan
+    over pools, ``--cluster NAME:NODES,...``), ``comparison`` (``--cluster A,B``), ``fallback``.
+
+    Raises:
+        PlanInputError: ``kind`` is none of ``DOCUMENT_KINDS``.
+    """
+    from importlib import import_module
+
+    from .errors import PlanInputError
+    if kind not in DOCUMENT_KINDS:
+        raise PlanInputError(f"--document {kind!r}: must be one of {', '.join(DOCUMENT_KINDS)}")
+    module, name = DOCUMENT_KINDS[kind]
+    return getattr(import_module(module), name).model_json_schema()

@@ -54,3 +54,17 @@ def test_schema_rejects_broken_documents(run_cli, schema):
     del bad["plans"][0]["launch"]["megatron"]
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(bad, schema)
+
+
+@pytest.mark.parametrize("kind, argv", [
+    ("pools", ("plan", "--cluster", "dgx-h100:2,dgx-a100-80g:2", "--global-batch-size", "256", "--top-k", "2")),
+    ("fallback", ("fallback", "--nodes", "4", "--global-batch-size", "64", "--max-lost-nodes", "1")),
+])
+def test_other_documents_validate_against_their_schema(run_cli, kind, argv):
+    # a launch script validating what it reads: every document plan3d writes has its schema (--document)
+    s = run_cli("schema", "--document", kind).json()
+    jsonschema.Draft202012Validator.check_schema(s)
+    r = run_cli(*argv, "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    jsonschema.validate(r.json(), s, cls=jsonschema.Draft202012Validator)
+    assert run_cli("schema", "--document", "nope").exit_code == 2
