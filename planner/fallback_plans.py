@@ -61,6 +61,36 @@ KEEP_LAYOUT_LOAD = {
 }
 
 
+#: Megatron-FSDP (plan3d's Megatron ZeRO-2/3, ``--use-megatron-fsdp``) checkpoints in its own format, which the
+#: emitted launch sets (``--ckpt-format fsdp_dtensor``): PyTorch DCP DTensor shards (Megatron-LM
+#: docs/user-guide/features/megatron_fsdp.md, 'Checkpoint Conversion'), re-partitioned over the new mesh on load.
+FSDP_DTENSOR_LOAD = {
+    "keep": ("none: same TP/PP/CP/EP and layout; the Megatron-FSDP checkpoint (--ckpt-format fsdp_dtensor, torch "
+             "DCP DTensor shards) re-partitions its shards over the new DP size on load"),
+    "reshard": ("Megatron-FSDP checkpoint (--ckpt-format fsdp_dtensor): torch DCP DTensor shards, resharded to the "
+                "new mesh on load (Megatron-LM docs/user-guide/features/megatron_fsdp.md)"),
+    "to_fsdp": ("the checkpoint was saved with --ckpt-format torch_dist and this plan (Megatron-FSDP) loads "
+                "fsdp_dtensor: convert it first (Megatron-LM docs/user-guide/features/megatron_fsdp.md, 'Converting "
+                "N-D Parallel (torch_dist) to Megatron-FSDP (fsdp_dtensor) Checkpoints')"),
+    "from_fsdp": ("the checkpoint was saved by Megatron-FSDP (--ckpt-format fsdp_dtensor) and this plan loads "
+                  "torch_dist, a conversion Megatron-LM does not document: prefer a fallback that keeps "
+                  "Megatron-FSDP (--zero-stage 2 or 3), or restart from a torch_dist save"),
+}
+
+
+def checkpoint_load(framework: str, original: Any, new: Any, keeps_layout: bool) -> str:
+    """What loading the original plan's checkpoint under plan ``new`` takes (``ParallelConfig`` of each): the
+    framework's text (``KEEP_LAYOUT_LOAD`` / ``RESHARDING``), or for Megatron plans on either side of Megatron-FSDP
+    (ZeRO-2/3: ``--ckpt-format fsdp_dtensor``) the path between the two checkpoint formats (``FSDP_DTENSOR_LOAD``)."""
+    if framework == "megatron":
+        old_fsdp, new_fsdp = original.zero_stage >= 2, new.zero_stage >= 2
+        if old_fsdp and new_fsdp:
+            return FSDP_DTENSOR_LOAD["keep" if keeps_layout else "reshard"]
+        if old_fsdp != new_fsdp:
+            return FSDP_DTENSOR_LOAD["from_fsdp" if old_fsdp else "to_fsdp"]
+    return (KEEP_LAYOUT_LOAD if keeps_layout else RESHARDING)[framework]
+
+
 class FallbackPlanInfo(PlanInfo):
     """A fallback plan in the plan document's format, with its throughput against the original and idle GPUs."""
 
@@ -279,10 +309,10 @@ def fallback(model: Any = None, cluster: Any = None, *, plan: Any = None, max_lo
     for k, g in counts.items():
         kev, why = keeps[g]
         bev = res.best.get(g)
-        keep = info(kev, g, KEEP_LAYOUT_LOAD[fw]) if kev is not None else None
+        keep = info(kev, g, checkpoint_load(fw, par, kev.parallel, True)) if kev is not None else None
         best = None
         if bev is not None and (kev is None or bev.step.tokens_per_s > kev.step.tokens_per_s * (1 + 1e-9)):
-            best = info(bev, g, RESHARDING[fw])
+            best = info(bev, g, checkpoint_load(fw, par, bev.parallel, False))
         pick = best or keep
         entries.append(FallbackEntry(lost_nodes=k, healthy_nodes=nodes - k, healthy_gpus=g, keep_layout=keep,
                                      keep_layout_reason=why, best=best,

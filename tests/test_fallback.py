@@ -177,3 +177,18 @@ def test_llama3_405b_on_16384_h100s_fallback():
         assert e.keep_layout.launch.world_size == 8192
         assert e.best is not None and e.best.parallel.pp % 2 == 1 and e.best.parallel.vpp == 1
         assert e.best.throughput_retained > e.keep_layout.throughput_retained
+
+
+def test_checkpoint_advice_follows_the_checkpoint_format():
+    # Megatron-FSDP plans (ZeRO-2/3) launch with --ckpt-format fsdp_dtensor; the distributed optimizer's torch_dist
+    # advice does not load them (Megatron-LM docs/user-guide/features/megatron_fsdp.md)
+    from cost_models.config import ParallelConfig
+    from planner.fallback_plans import KEEP_LAYOUT_LOAD, RESHARDING, checkpoint_load
+    z1, z2, z3 = (ParallelConfig(dp=8, zero_stage=z) for z in (1, 2, 3))
+    assert checkpoint_load("megatron", z1, z1, True) == KEEP_LAYOUT_LOAD["megatron"]
+    assert checkpoint_load("megatron", z1, z1, False) == RESHARDING["megatron"]
+    assert "fsdp_dtensor" in checkpoint_load("megatron", z2, z3, True) and "dp_reshardable" not in \
+        checkpoint_load("megatron", z2, z2, True)
+    assert "convert it first" in checkpoint_load("megatron", z1, z3, False)
+    assert "does not document" in checkpoint_load("megatron", z3, z1, False)
+    assert checkpoint_load("torchtitan", z3, z3, False) == RESHARDING["torchtitan"]
