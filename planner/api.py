@@ -251,6 +251,9 @@ def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = No
     if isinstance(model, ModelSpec):
         m = model
     else:
+        if model is not None and not isinstance(model, (str, os.PathLike)):
+            raise PlanInputError(f"--model {model!r}: give a built-in name (plan3d models), a model YAML or "
+                                 f"config.json path, or a ModelSpec")
         if model is not None and not str(model).strip():
             raise PlanInputError("--model: empty; give a built-in name (plan3d models), a model YAML or a config.json")
         m = load_model(os.fspath(model) if model is not None else DEFAULT_MODEL)
@@ -259,6 +262,9 @@ def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = No
         raise PlanInputError(f"--seq-length {seq_length} exceeds {m.name}'s learned position embeddings "
                              f"(max_position_embeddings {m.max_position_embeddings}); use --seq-length <= "
                              f"{m.max_position_embeddings} or a model file with a longer table")
+    if cluster is not None and not isinstance(cluster, (ClusterSpec, str, os.PathLike)):
+        raise PlanInputError(f"--cluster {cluster!r}: give a built-in name (plan3d clusters), a cluster YAML path "
+                             f"or a ClusterSpec")
     if cluster is not None and not isinstance(cluster, ClusterSpec) and not os.fspath(cluster).strip():
         raise PlanInputError("--cluster: empty; give a built-in name (plan3d clusters) or a cluster YAML")
     c = cluster if isinstance(cluster, ClusterSpec) else load_cluster(

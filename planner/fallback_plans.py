@@ -178,11 +178,20 @@ def _load_plan(plan: Any):
     from .document import PlanDocument
     if isinstance(plan, PlanDocument):
         return plan
-    path = os.fspath(plan)
-    try:
-        text = open(path, encoding="utf-8").read()
-    except OSError as e:
-        raise PlanInputError(f"--plan {path}: {e.strerror}") from None
+    if isinstance(plan, dict):  # a parsed document (json.load of plan3d plan --format json)
+        text, path = json.dumps(plan), "(dict)"
+    elif isinstance(plan, (str, os.PathLike)):
+        path = os.fspath(plan)
+        if path.lstrip().startswith("{"):
+            raise PlanInputError("--plan: give the plan document's path, a PlanDocument or its parsed dict, not its "
+                                 "JSON text (PlanDocument.model_validate_json reads text)")
+        try:
+            text = open(path, encoding="utf-8").read()
+        except OSError as e:
+            raise PlanInputError(f"--plan {path}: {e.strerror}") from None
+    else:
+        raise PlanInputError(f"--plan {type(plan).__name__}: give a plan document's path, a PlanDocument or its "
+                             f"parsed dict")
     try:
         # strict: a document plan3d wrote has exact types ("tp": true or "1" is an edit, not a plan)
         doc = PlanDocument.model_validate_json(text, strict=True)

@@ -192,3 +192,15 @@ def test_checkpoint_advice_follows_the_checkpoint_format():
     assert "convert it first" in checkpoint_load("megatron", z1, z3, False)
     assert "does not document" in checkpoint_load("megatron", z3, z1, False)
     assert checkpoint_load("torchtitan", z3, z3, False) == RESHARDING["torchtitan"]
+
+
+def test_plan_document_inputs_of_every_kind(plans_json):
+    # the parsed dict is a plan document too; JSON text and other types are one-line input errors
+    doc = json.loads(plans_json.read_text())
+    assert planner.fallback(plan=doc, max_lost_nodes=1).model_dump_json() == \
+        planner.fallback(plan=plans_json, max_lost_nodes=1).model_dump_json()
+    for bad, says in ((json.dumps(doc), "not its JSON text"), (123, "--plan int: give")):
+        with pytest.raises(planner.PlanInputError, match=says):
+            planner.fallback(plan=bad, max_lost_nodes=1)
+    with pytest.raises(planner.PlanInputError, match="--model 123: give a built-in name"):
+        planner.plan(123, gpus=8)
