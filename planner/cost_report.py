@@ -48,7 +48,7 @@ def cost_lines(doc: PlanDocument) -> list[str]:
         f"cost of plan {top.rank}{infeasible} for {c.train_tokens:.4g} tokens ({c.steps:,} steps) on {n} GPUs: "
         f"{c.wall_clock_days:.4g} days failure-free, {c.effective_days:.4g} days with interruptions and checkpoints "
         f"(goodput {c.goodput_fraction:.1%}), {c.gpu_hours:,.0f} GPU-hours, {money(c.usd)}",
-        f"  interruptions: one every {_duration(c.mtbf_s)} ({c.expected_interruptions:,.0f} expected), restart "
+        f"  interruptions: one every {_duration(c.mtbf_s)} ({c.expected_interruptions:,.1f} expected), restart "
         f"{_duration(c.restart_s)}; checkpoint {amount(c.checkpoint_bytes / 1e9)} GB {ckpt}, every "
         f"{c.checkpoint_interval_steps} steps ({_duration(c.checkpoint_interval_s)}, Young/Daly)",
         f"  energy: {energy}",

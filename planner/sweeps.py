@@ -167,9 +167,11 @@ def load_grid(source: str | os.PathLike[str] | dict[str, Any] | Grid) -> Grid:
     except ValidationError as e:
         err = e.errors()[0]
         loc = ".".join(str(x) for x in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
         if not loc:  # a rule across fields
-            raise PlanInputError(f"grid: {err['msg']}") from None
-        raise PlanInputError(f"grid: {loc}: {err['msg']} (got {err.get('input')!r})") from None
+            raise PlanInputError(f"grid: {msg}") from None
+        got = f" (got {err.get('input')!r})" if "got " not in msg else ""  # a validator's message may name it
+        raise PlanInputError(f"grid: {loc}: {msg}{got}") from None
 
 
 def scenarios(grid: Grid) -> list[Scenario]:
