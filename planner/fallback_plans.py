@@ -204,6 +204,16 @@ def _load_plan(plan: Any):
             raise PlanInputError(f"--plan {path}: a plan over pools (--cluster NAME:NODES,...), which fallback does "
                                  f"not plan; give a one-cluster plan document (plan3d plan --cluster NAME --format "
                                  f"json)") from None
+        try:
+            keys = set(json.loads(text)) if text.lstrip().startswith("{") else set()
+        except ValueError:
+            keys = set()
+        other = ("a fallback document (plan3d fallback), not a plan document; give the plan document it was made "
+                 "from (plan3d plan --format json)" if "fallbacks" in keys else
+                 "a comparison of clusters (--cluster A,B), not a plan document; save one of its rows[].document"
+                 if "rows" in keys else None)
+        if other:  # another document plan3d writes: name it rather than its first missing field
+            raise PlanInputError(f"--plan {path}: {other}") from None
         err = e.errors()[0]  # the first problem, where it is: e.g. plans.0.tp, or the schema_version's own message
         where = ".".join(str(x) for x in err["loc"])
         first = f"{where}: {err['msg'].removeprefix('Value error, ')}" if where else err["msg"]

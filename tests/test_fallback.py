@@ -199,7 +199,9 @@ def test_plan_document_inputs_of_every_kind(plans_json):
     doc = json.loads(plans_json.read_text())
     assert planner.fallback(plan=doc, max_lost_nodes=1).model_dump_json() == \
         planner.fallback(plan=plans_json, max_lost_nodes=1).model_dump_json()
-    for bad, says in ((json.dumps(doc), "not its JSON text"), (123, "--plan int: give")):
+    for bad, says in ((json.dumps(doc), "not its JSON text"), (123, "--plan int: give"),
+                      ({"schema_version": "1.5", "fallbacks": []}, "a fallback document"),
+                      ({"schema_version": "1.5", "rows": []}, "a comparison of clusters")):
         with pytest.raises(planner.PlanInputError, match=says):
             planner.fallback(plan=bad, max_lost_nodes=1)
     with pytest.raises(planner.PlanInputError, match="--model 123: give a built-in name"):
