@@ -133,8 +133,10 @@ class FallbackDocument(_Strict):
         return super().model_dump_json(**kwargs) if kwargs else to_json(self)
 
 
-def _parallel_of(info, where: str = "plan") -> Any:
-    """The ``ParallelConfig`` of a plan document's ``parallel`` section.
+def _parallel_of(info, where: str = "plan", moe: bool = True) -> Any:
+    """The ``ParallelConfig`` of a plan document's ``parallel`` section; ``moe`` False (a dense model): its ``etp``,
+    which a document writes equal to tp and has no meaning without experts, is not read (an edited tp leaves it
+    behind).
 
     Raises:
         PlanInputError: a value ``ParallelConfig`` refuses (an edited document: tp 0, zero_stage 5, ...), named as
@@ -144,7 +146,7 @@ def _parallel_of(info, where: str = "plan") -> Any:
     p = info.parallel
     try:
         return ParallelConfig(
-            tp=p.tp, pp=p.pp, dp=p.dp, cp=p.cp, ep=p.ep, etp=p.etp if p.etp != p.tp else None, vpp=p.vpp,
+            tp=p.tp, pp=p.pp, dp=p.dp, cp=p.cp, ep=p.ep, etp=p.etp if moe and p.etp != p.tp else None, vpp=p.vpp,
             micro_batch_size=p.micro_batch_size, zero_stage=p.zero_stage, sequence_parallel=p.sequence_parallel,
             recompute=p.recompute, recompute_num_layers=p.recompute_num_layers,
             schedule=p.pipeline_schedule if p.pipeline_schedule not in ("1f1b", "interleaved") else None,
@@ -272,7 +274,7 @@ def fallback(model: Any = None, cluster: Any = None, *, plan: Any = None, max_lo
                 job_kw[k] = v
         if o.get("flops_convention") is None:
             conv = doc.plans[rank - 1].throughput.flops_convention if doc.plans[rank - 1].throughput else conv
-        par = _parallel_of(doc.plans[rank - 1], f"plans.{rank - 1}")
+        par = _parallel_of(doc.plans[rank - 1], f"plans.{rank - 1}", moe=m.moe is not None)
         _check_batch(doc.plans[rank - 1].parallel, i.job.global_batch_size, par, rank)
         agree = par.world_size == i.cluster.num_gpus and i.cluster.gpus_per_node > 0 and \
             i.cluster.num_nodes == -(-i.cluster.num_gpus // i.cluster.gpus_per_node)
