@@ -300,7 +300,8 @@ def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = No
     from pydantic import ValidationError
     try:
         job = TrainingJob(global_batch_size=global_batch_size, seq_length=seq_length, precision=precision,
-                          flash_attention=_bool("flash_attention", flash_attention), dropout=_bool("dropout", dropout), framework=fw,
+                          flash_attention=_bool("flash_attention", flash_attention),
+                          dropout=_bool("dropout", dropout), framework=fw,
                           full_model_init=_bool("full_model_init", full_model_init),
                           expert_load_imbalance=expert_load_imbalance, moe_expert_capacity_factor=capacity_factor)
     except ValidationError as e:  # a plausible range (cost_models/config.py): "--seq-length V is outside [lo, hi]"
@@ -435,7 +436,8 @@ def parallel_config(inputs: Inputs, *, tp: int = 1, pp: int = 1, cp: int = 1, ep
     try:
         return ParallelConfig(tp=tp, pp=pp, dp=n // (tp * pp * cp), cp=cp, ep=ep, etp=etp, vpp=vpp,
                               micro_batch_size=micro_batch_size, zero_stage=zero_stage, recompute=recompute,
-                              recompute_num_layers=recompute_num_layers, sequence_parallel=_bool("sequence_parallel", sequence_parallel),
+                              recompute_num_layers=recompute_num_layers,
+                              sequence_parallel=_bool("sequence_parallel", sequence_parallel),
                               first_stage_layers=first, last_stage_layers=last,
                               account_for_embedding_in_pipeline_split=account,
                               account_for_loss_in_pipeline_split=account, pipeline_layout=pipeline_layout,
@@ -443,7 +445,8 @@ def parallel_config(inputs: Inputs, *, tp: int = 1, pp: int = 1, cp: int = 1, ep
                               offload_modules=tuple(offload_modules) if offload_modules else None,
                               recompute_method=recompute_method,
                               optimizer_cpu_offload_fraction=optimizer_cpu_offload,
-                              param_cpu_offload=_bool("param_cpu_offload", param_cpu_offload), exp_avg_dtype=exp_avg_dtype,
+                              param_cpu_offload=_bool("param_cpu_offload", param_cpu_offload),
+                              exp_avg_dtype=exp_avg_dtype,
                               exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype,
                               schedule=pipeline_schedule)
     except ValidationError as e:
