@@ -1,7 +1,8 @@
 """Data-parallel gradient reduction and parameter gathers, and how much of them the step exposes (seconds).
 
-Gradient reduce-scatter (fp32 gradient buffers, Megatron's default for bf16) + parameter all-gather (distributed
-optimizer / ZeRO-1) or all-reduce (ZeRO-0); overlapped with the last micro-batch's backward / first forward when
+Gradient reduce-scatter (fp32 gradient buffers, Megatron's default for bf16; 16-bit for its fp16 runs and with
+``--grad-reduce-in-bf16``: ``reduced_gradient_bytes``) + parameter all-gather (distributed optimizer / ZeRO-1) or
+all-reduce (ZeRO-0); overlapped with the last micro-batch's backward / first forward when
 the framework overlaps them (``overlap_dp``), otherwise exposed. ZeRO-3/FSDP all-gathers the 16-bit parameters
 layer by layer in forward and again in backward of *every* micro-batch (resharded after forward; Rajbhandari et
 al. SC20 Sec. 7: 1.5x the data-parallel volume at one micro-batch), and reduce-scatters the gradients in every
@@ -127,7 +128,7 @@ def dp_sync_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: Par
     hsdp = hsdp if par.zero_stage >= 3 and hsdp and 1 < hsdp < shard and shard % hsdp == 0 else None
     if shard > 1:
         if par.zero_stage == 0:
-            rs_t = collective_time("all_reduce", BYTES_FP32 * stage.dense, dp_group, cluster)
+            rs_t = collective_time("all_reduce", grad_b * stage.dense, dp_group, cluster)
         elif fw_base == "deepspeed" and par.zero_stage == 1:
             # DeepSpeed's BF16_Optimizer (runtime/bf16_optimizer.py): all-reduce of the fp32 gradient buffer, each
             # rank updates its partition, then all-gathers the 16-bit weights. The all-reduce runs in the engine's
