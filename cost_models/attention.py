@@ -33,7 +33,7 @@ DEFAULT_ATTENTION_EFFICIENCY = 0.5
 #: fused scale-mask-softmax reading and writing it (2), the scores x V GEMM reading it (1) = 4 by kernel count (each
 #: kernel streaming it once); fitted on the SC21 / BLOOM rows (which ran attention dropout: ``DROPOUT_SCORE_PASSES``
 #: on top), inside ``FIT_RANGES``.
-UNFUSED_SCORE_PASSES = 5.667
+UNFUSED_SCORE_PASSES = 6.0
 #: Extra HBM passes of the scores (in 16-bit tensors) with attention dropout, counted: the dropout kernel reads the
 #: softmax output (1) and writes the dropped output (1) and its 1-byte mask (0.5), and the scores x V GEMM reads the
 #: dropped output in place of the softmax output (Megatron-LM ``CoreAttention``: ``attention_dropout`` after

@@ -41,7 +41,7 @@ constant (module)                            value     range       mainly constr
 ``KAPPA`` (gemm)                             2.25      0.5-4       small GEMMs: SC21 1.7-18B, H100 weak scaling
 ``POWER_CLOCK_EXPONENT`` (gemm)              2.17      1-3         torchtitan on 500 W H100s vs 700 W H200s
 ``ATTENTION_TRAINING_SHARE`` (attention)     0.6       0.4-1       long-sequence CP rows, 8k Llama rows
-``UNFUSED_SCORE_PASSES`` (attention)         5.67      4-8         SC21, BLOOM (unfused softmax; their dropout apart)
+``UNFUSED_SCORE_PASSES`` (attention)         6         4-8         SC21, BLOOM (unfused softmax; their dropout apart)
 ``ELEMENTWISE_PASSES`` deepspeed             40        8-40        BLOOM rows (edge)
 ``TP_OVERLAP_EXPOSED`` megatron / torchtitan 0 / 0.64  0-0.5/0-0.7 NeMo recipes / torchtitan async TP
 ``EP_OVERLAP_EXPOSED`` (collectives)         0.33      0-1         MoE rows with EP overlap

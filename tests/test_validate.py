@@ -49,8 +49,10 @@ def test_packaged_rows_are_the_shared_dev_rows_with_sources():
 #: DistributedFusedAdam on every NeMo 24.07 row (setup.main_params_dtype; it keeps the 20B row inside 80 GB with its
 #: dropout masks): NeMo 24.07 5.09 -> 4.98%. 5.17 -> 5.13% with Megatron's fp16 runs reducing 16-bit gradients (the
 #: SC21 runs: --fp16 without --accumulate-allreduce-grads-in-fp32, examples/sc21/CONFIG.sh at de7dc40f) and the refit
-#: it brings (UNFUSED_SCORE_PASSES 5.33 -> 5.67): SC21 3.46 -> 3.08%.
-ACHIEVED_MAX_MAPE = 5.15
+#: it brings (UNFUSED_SCORE_PASSES 5.33 -> 5.67): SC21 3.46 -> 3.08%. 5.13 -> 5.08% with the SC21 pipeline-free runs'
+#: torch DDP overlapping the all-reduce with the last micro-batch's backward (setup.overlap_grad_reduce; DDP=torch in
+#: run_table_1.sh, no_sync in schedules.py) and the refit (UNFUSED_SCORE_PASSES 5.67 -> 6): SC21 3.08 -> 2.67%.
+ACHIEVED_MAX_MAPE = 5.1
 ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 5.2, "nemo_bridge_perf_summary": 6.0, "nemo_2407_perf_summary": 5.0,
                        "megatron_h100_weak_scaling": 7.4}
 
@@ -237,8 +239,9 @@ def test_duplicate_row_ids_are_refused(run_cli, tmp_path):
 #: default 0.1: attention.DROPOUT_SCORE_PASSES counted, UNFUSED_SCORE_PASSES refitted without it, 8 -> 5.33, and
 #: elementwise.DROPOUT_MASK_BYTES): SC21 held out 5.08 -> 5.45% (its score passes now come from BLOOM's three rows).
 #: 6.62 -> 6.61% with the NeMo 24.07 GPT-3 rows' dropout; 6.61 -> 6.54% with the SC21 runs' fp16 gradient
-#: all-reduce: SC21 held out 5.45 -> 4.90%, BLOOM 5.76 -> 5.61%.
-ACHIEVED_LOGO_MAPE = 6.55
+#: all-reduce: SC21 held out 5.45 -> 4.90%, BLOOM 5.76 -> 5.61%; 6.54 -> 6.46% with their torch DDP overlap: SC21
+#: held out 4.90 -> 4.10%.
+ACHIEVED_LOGO_MAPE = 6.5
 ACHIEVED_LOGO_GROUP_MAPE = {"megatron_moe_recipes": 13.5}
 
 
