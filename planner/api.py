@@ -911,15 +911,18 @@ class ExplainReport:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (``plan3d explain --format json``)."""
+        from .document import _r, parallel_info
         from .explanation import explanation_rows
         st = self.explanation.evaluation.step
         i = self.inputs
+        # the layout as the plan document writes it (pipeline_schedule, etp = tp for dense layers), times rounded
+        # as there (6 significant digits)
         return {"model": i.model.name, "cluster": i.cluster.name, "num_gpus": i.num_gpus,
-                "parallel": self.parallel.model_dump(mode="json"), "feasible": self.feasible,
+                "parallel": parallel_info(self.parallel, i.job).model_dump(mode="json"), "feasible": self.feasible,
                 "memory_headroom": self.memory_headroom, "framework": i.job.framework,
                 "at_risk_margin": self.at_risk_margin, "memory_verdict": self.memory_verdict,
                 "constraints": explanation_rows(self.explanation),
-                "step_s": st.step_s if st else None, "tokens_per_s": st.tokens_per_s if st else None}
+                "step_s": _r(st.step_s) if st else None, "tokens_per_s": _r(st.tokens_per_s) if st else None}
 
     def raise_if_infeasible(self) -> None:
         """Raise ``NoFeasiblePlan`` naming the binding constraint, its slack and, for memory, the changes on this

@@ -69,6 +69,9 @@ def test_explain_lists_every_constraint_with_slack(run_cli):
     assert cons["vocab_padding"]["slack"] == 768
     assert cons["memory_stage_0"]["unit"] == "bytes" and cons["memory_stage_0"]["slack"] > 0
     assert doc["feasible"] is True
+    # the layout as the plan document writes it, times rounded as there
+    assert (doc["parallel"]["pipeline_schedule"], doc["parallel"]["etp"]) == ("1f1b", 8)
+    assert doc["step_s"] == float(f"{doc['step_s']:.6g}")
 
 
 def test_explain_infeasible_config_exits_1_and_names_the_binding_constraint(run_cli):
