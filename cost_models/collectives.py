@@ -128,8 +128,11 @@ def moe_token_dispatcher(job: TrainingJob, ep_group: GroupPlacement) -> str:
     writes): ``flex`` (DeepEP) for dropless routing over an EP group that spans NVLink domains, where its
     node-level dedup sends a token once per domain (the Megatron MoE recipes run it); ``alltoall`` for drop-and-pad
     routing (the dispatcher that pads to capacity: Megatron-LM refuses DeepEP with
-    ``moe_pad_expert_input_to_capacity``) and for an EP group inside one NVLink domain (the same bytes as DeepEP's,
-    without its dependency)."""
+    ``moe_pad_expert_input_to_capacity``) and for an EP group inside one NVLink domain, without DeepEP's dependency.
+    Inside a domain ``alltoall`` sends every routed copy where DeepEP / HybridEP would send one per destination GPU
+    (5.25 of 8 for top-8 over 8 GPUs), so in-domain EP is charged more than those dispatchers move; counting their
+    bytes instead (as the MoE recipes run them) made the dev rows worse (in-sample 5.08 -> 5.17%, LOGO 6.46 ->
+    6.49%): their achieved intranode bandwidth, SM-limited, needs measuring first."""
     if job.moe_expert_capacity_factor is None and ep_group.num_domains > 1:
         return "flex"
     return "alltoall"
