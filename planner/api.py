@@ -726,7 +726,14 @@ def _resolve_clusters(clusters) -> list:
         clusters = list(choice.names)
     if not clusters:
         raise PlanInputError("--cluster: give at least one cluster to compare")
-    return [c if isinstance(c, ClusterSpec) else load_cluster(os.fspath(c)) for c in clusters]
+    specs = [c if isinstance(c, ClusterSpec) else load_cluster(os.fspath(c)) for c in clusters]
+    names = [c.name for c in specs]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        # the rows, the prices (--gpu-hour-price NAME=) and the ranking go by name: two specs of one name are one row
+        raise PlanInputError(f"--cluster: {', '.join(twice)} named twice (a cluster file keeps the name of the one it "
+                             f"was copied from?); give each compared cluster its own name")
+    return specs
 
 
 def compare(model: ModelLike | None = None, clusters: str | list[ClusterLike] | None = None,

@@ -168,8 +168,11 @@ def constraint_report(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, 
                            f"etp {par.etp} (expert tensor parallel) needs a mixture-of-experts model"))
     else:
         add(_div("experts_ep", model.moe.num_experts, par.ep, "num_experts % ep"))
+        etp_note = f"; etp is tp ({par.tp}) unless given: --etp 1 shrinks the grid" if par.etp is None and \
+            par.tp > 1 else ""
         add(_div("expert_grid", par.dp * par.cp * par.tp, par.ep * par.expert_tp,
-                 "dp*cp*tp % (ep*etp) (world a multiple of the expert grid etp*ep*pp)"))
+                 f"dp*cp*tp % (ep*etp) (the ranks of one pipeline stage hold whole expert grids of ep*etp"
+                 f"{etp_note})"))
         if par.ep > 1:
             add(_div("expert_ffn_etp", model.moe.expert_ffn_hidden_size, par.expert_tp,
                      "expert_ffn_hidden_size % etp (the expert linears split their width over etp ranks)"))

@@ -237,3 +237,14 @@ def test_failure_free_days_are_whole_steps(run_cli):
     p = r.json()["plans"][0]
     assert p["cost"]["steps"] == 2
     assert p["cost"]["wall_clock_days"] * 86400 == pytest.approx(2 * p["time"]["step_s"], rel=1e-5)
+
+
+def test_compared_clusters_need_distinct_names(run_cli, tmp_path):
+    # a copied cluster file that keeps the built-in's name would make two rows of one name sharing one price
+    import yaml
+
+    from cluster_specs import get_cluster
+    path = tmp_path / "copy.yaml"
+    path.write_text(yaml.safe_dump(get_cluster("dgx-h100").to_dict()))
+    r = run_cli("plan", "--cluster", f"dgx-h100,{path}", "--train-tokens", "1e12", "--top-k", "1")
+    assert r.exit_code == 2 and "dgx-h100 named twice" in r.stderr

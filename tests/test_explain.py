@@ -95,3 +95,10 @@ def test_binding_memory_stage_is_the_most_over(run_cli):
     cons = {c["name"]: c for c in r.json()["constraints"]}
     assert cons["memory_stage_1"]["slack"] < cons["memory_stage_0"]["slack"] < 0
     assert "memory_stage_1 binds" in r.stderr
+
+
+def test_expert_grid_names_the_default_etp(run_cli):
+    # etp defaults to tp: a grid of ep 32 x etp 8 does not fit 32 ranks per stage; the message says --etp 1 helps
+    r = run_cli("explain", "--model", "deepseek-v3", "--gpus", "256", "--global-batch-size", "1024", "--seq-length",
+                "4096", "--tp", "8", "--pp", "8", "--ep", "32", "--sequence-parallel", "--zero-stage", "1")
+    assert r.exit_code == 1 and "expert_grid binds" in r.stderr and "--etp 1 shrinks the grid" in r.stderr
