@@ -172,7 +172,11 @@ def torchtitan_buffers(b: BufferInputs, pp: int) -> Buffers:
       gradient sync off between micro-batches (``torch/distributed/pipelining/stage.py``
       ``_backward_maybe_with_nosync``: ``set_requires_gradient_sync(False)``) the unsharded gradients accumulate in
       the fp32 reduce dtype (``_fsdp_param.py`` ``to_accumulated_grad_if_needed``): ``4 * P_stage`` more in
-      backward.
+      backward. plan3d's torchtitan launch sets ``fsdp_reshard_after_forward = "always"`` for ZeRO-3
+      (``planner/emit/torchtitan.py``, as the step time charges the gathers): a forward then frees the stage's
+      parameters, but the pipeline stage also turns resharding after backward off for all but the last micro-batch
+      (``set_reshard_after_backward(False)`` next to the gradient sync), so they are gathered again through every
+      backward and the backward peak, the stage's peak, is the one counted here.
     """
     out = _empty()
     if b.zero_stage < 3:
