@@ -227,6 +227,11 @@ def why_infeasible(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num
             fastest = (f"; the fastest on {num_gpus} GPUs (tp {q.tp} pp {q.pp} dp {q.dp} cp {q.cp} ep {q.ep}) "
                        + (f"takes {got:.4g} s" if target_step_s is not None else f"trains {got:.4g} tokens/day")
                        + f", {ratio:.3f}x the target")
+            m = q.num_microbatches(job.global_batch_size)
+            if m <= max(1, q.pp):
+                # the batch, not the GPU count, caps it: each replica has too few micro-batches to share out
+                fastest += (f", with {m} micro-batch(es) of {q.micro_batch_size} per replica (pp {q.pp}): the global "
+                            f"batch {job.global_batch_size} caps how many GPUs help, raise --global-batch-size")
         pins = [f"--{k.replace('_', '-')}" for k in ("tp", "pp", "cp", "ep", "vpp", "micro_batch_size",
                                                      "first_stage_layers", "last_stage_layers", "pipeline_schedule")
                 if space is not None and getattr(space, k, None) is not None]

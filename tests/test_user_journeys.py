@@ -165,6 +165,10 @@ def test_min_gpus_miss_says_by_how_much_and_what_is_pinned(run_cli):
                 "--objective", "min-gpus", "--target-step-s", "30", "--pp", "2")
     assert r.exit_code == 1 and "the fastest on 128 GPUs (tp 4 pp 2" in r.stderr
     assert "x the target; raise --gpus, unpin --pp, or relax the target" in r.stderr
+    # a global batch that leaves each replica one micro-batch, not the GPU count, caps the speed: said so
+    r = run_cli("plan", "-m", "llama3.1-8b", "--gpus", "64", "--global-batch-size", "64", "--objective", "min-gpus",
+                "--target-tokens-per-day", "1e12")
+    assert r.exit_code == 1 and "with 1 micro-batch(es) of 1 per replica (pp 1): the global batch 64 caps" in r.stderr
 
 
 def test_batch_tolerance_hint_says_when_the_tolerance_given_is_too_small(run_cli):
