@@ -14,6 +14,7 @@ from .loaders import (
     list_clusters,
     load_cluster,
     load_cluster_file,
+    nodes_holding,
     resolve_num_gpus,
 )
 from .spec import (
@@ -41,5 +42,6 @@ __all__ = [
     "load_cluster",
     "load_cluster_file",
     "normalize_dtype",
+    "nodes_holding",
     "resolve_num_gpus",
 ]

@@ -167,6 +167,11 @@ def dump_cluster(spec: ClusterSpec, path: str | Path | None = None) -> str:
     return text
 
 
+def nodes_holding(num_gpus: int, gpus_per_node: int) -> int:
+    """Nodes a job of ``num_gpus`` GPUs occupies at ``gpus_per_node`` per node: a job on part of one node has one."""
+    return -(-num_gpus // gpus_per_node)
+
+
 def resolve_num_gpus(cluster: ClusterSpec, gpus: int | None = None, nodes: int | None = None) -> int:
     """World size from ``--gpus`` / ``--nodes``.
 

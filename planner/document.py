@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr
 
+from cluster_specs import nodes_holding
 from cluster_specs.spec import ClusterSpec
 from cost_models.config import ParallelConfig, TrainingJob
 from cost_models.memory import MemoryEstimate
@@ -297,7 +298,7 @@ def input_info(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpu
                         num_kv_heads=model.num_kv_heads, vocab_size=model.vocab_size,
                         moe_experts=model.moe.num_experts if model.moe else None, source=model.source),
         cluster=ClusterInfo(name=cluster.name, gpu=cluster.gpu.name, num_gpus=num_gpus, gpus_per_node=gpn,
-                            num_nodes=-(-num_gpus // gpn), memory_bytes_per_gpu=cluster.gpu.memory_bytes),
+                            num_nodes=nodes_holding(num_gpus, gpn), memory_bytes_per_gpu=cluster.gpu.memory_bytes),
         job=JobInfo(global_batch_size=job.global_batch_size, seq_length=job.seq_length, precision=job.precision,
                     optimizer=job.optimizer, tokens_per_step=job.tokens_per_step, framework=job.framework,
                     flash_attention=job.flash_attention, dropout=job.dropout,

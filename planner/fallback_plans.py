@@ -234,7 +234,7 @@ def fallback(model: Any = None, cluster: Any = None, *, plan: Any = None, max_lo
     Raises ``PlanInputError`` (bad input: no such rank, more lost nodes than nodes, an unreadable document) and the
     errors of ``planner.plan``.
     """
-    from cluster_specs import load_cluster
+    from cluster_specs import load_cluster, nodes_holding
     from model_zoo import load_model
 
     from .api import FLOPS_CONVENTIONS, _at_risk_margin, _choice, _headroom, load_inputs
@@ -277,7 +277,7 @@ def fallback(model: Any = None, cluster: Any = None, *, plan: Any = None, max_lo
         par = _parallel_of(doc.plans[rank - 1], f"plans.{rank - 1}", moe=m.moe is not None)
         _check_batch(doc.plans[rank - 1].parallel, i.job.global_batch_size, par, rank)
         agree = par.world_size == i.cluster.num_gpus and i.cluster.gpus_per_node > 0 and \
-            i.cluster.num_nodes == -(-i.cluster.num_gpus // i.cluster.gpus_per_node)
+            i.cluster.num_nodes == nodes_holding(i.cluster.num_gpus, i.cluster.gpus_per_node)
         inputs = load_inputs(m, c, **job_kw) if agree else None
         gpn_edited = inputs is not None and cluster is None and \
             i.cluster.gpus_per_node != inputs.cluster.node.gpus_per_node
@@ -299,7 +299,7 @@ def fallback(model: Any = None, cluster: Any = None, *, plan: Any = None, max_lo
     m, c, job = inputs.model, inputs.cluster, inputs.job
     fw = job.framework
     gpn = c.node.gpus_per_node
-    nodes = -(-inputs.num_gpus // gpn)  # a job on part of one node has one node
+    nodes = nodes_holding(inputs.num_gpus, gpn)
     if max_lost_nodes >= nodes:
         raise PlanInputError(f"--max-lost-nodes {max_lost_nodes}: the cluster has {nodes} node"
                              f"{'s' if nodes > 1 else ''}; " + (f"lose at most {nodes - 1}" if nodes > 1 else

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, PrivateAttr
 
+from cluster_specs import nodes_holding
+
 from .document import (SCHEMA_VERSION, JobInfo, ModelInfo, PlanInfo, _r, _Strict, input_info, memory_info,
                        plan_info, to_json)
 from .errors import NoFeasiblePlan, PlanInputError
@@ -201,7 +203,7 @@ def _plan_info(rank: int, p: PoolPlan, model: ModelSpec, mixed: MixedCluster, jo
         used = len(rs) * d
         uses.append(PoolUseInfo(pool=pool.name, gpu=pool.cluster.gpu.name, first_stage=rs[0], num_stages=len(rs),
                                 num_layers=sum(est.stages[r].num_layers for r in rs),
-                                nodes_used=-(-used // pool.cluster.node.gpus_per_node), gpus_used=used,
+                                nodes_used=nodes_holding(used, pool.cluster.node.gpus_per_node), gpus_used=used,
                                 idle_gpus=pool.num_gpus - used))
     st = est.step
     for r, i in enumerate(p.stage_pool):
@@ -296,8 +298,8 @@ def plan_pools(model: Any = None, cluster: Any = None, **options: Unpack[PoolsOp
         if o.get(k) is not None:
             kw[k] = (o[k],)
     space = SearchSpace(**kw)
-    res = search_pools(inputs.model, mixed, inputs.job, top_k, space, headroom, conv, _bool("homogeneous", o.get("homogeneous", True)),
-                       at_risk_margin=margin)
+    res = search_pools(inputs.model, mixed, inputs.job, top_k, space, headroom, conv,
+                       _bool("homogeneous", o.get("homogeneous", True)), at_risk_margin=margin)
     if not res.plans:
         why = "; ".join(f"{'+'.join(mixed.pools[i].name for i in s.pools)}: {s.reason}" for s in res.subsets)
         raise NoFeasiblePlan(f"no plan fits on any subset of the pools ({why})")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+from cluster_specs import nodes_holding
 from cluster_specs.spec import ClusterSpec
 from cost_models.config import ParallelConfig, TrainingJob
 from model_zoo.spec import ModelSpec
@@ -35,7 +36,7 @@ def launch_fields(model: ModelSpec, job: TrainingJob, par: ParallelConfig, gpus_
     environment variables of its launch (``env.launch_env``; NVLS needs ``cluster``). A framework that cannot run
     the plan gets ``None`` and its one-line reason under ``unsupported``."""
     world = par.world_size
-    out: dict = {"nodes": -(-world // gpus_per_node), "gpus_per_node": min(gpus_per_node, world),
+    out: dict = {"nodes": nodes_holding(world, gpus_per_node), "gpus_per_node": min(gpus_per_node, world),
                  "world_size": world}
     unsupported: dict[str, str] = {}
 
