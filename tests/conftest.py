@@ -1,9 +1,11 @@
 """Shared test helpers: run the real CLI entry point in-process and capture its output and exit code; say which
-optional extras are missing (report header) and why tests were skipped, one line per reason (terminal summary)."""
+optional extras are missing (report header) and why tests were skipped, one line per reason, and the fuzz suite's
+tally (terminal summary; under pytest-xdist the workers' tallies reach the controller in ``pytest_testnodedown``)."""
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -74,8 +76,39 @@ def pytest_report_header(config):
         f"{mod} [extra: {extra}] -> {what}" for mod, extra, what in missing)]
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """pytest-xdist, on the controller: keep the fuzz tally a worker sent (``tests/fuzz/conftest.py``)."""
+    report = getattr(node, "workeroutput", {}).get("plan3d_fuzz_report")
+    if report is not None:
+        from fuzz.fuzz_tally import REPORTS
+        REPORTS.append(report)
+
+
+def _fuzz_summary(terminalreporter) -> None:
+    """The fuzz suite's tally (``tests/fuzz/fuzz_tally.py``), printed and written to ``PLAN3D_FUZZ_REPORT``
+    (default ``.pytest_cache/plan3d_fuzz_report.json``) for ``benchmarks/bench_fuzz_slowest.py``."""
+    tally = sys.modules.get("fuzz.fuzz_tally")
+    if tally is None or not tally.REPORTS:
+        return
+    report = tally.merged_report(tally.REPORTS)
+    lines = tally.summary_lines(report)
+    terminalreporter.section(lines[0])
+    for line in lines[1:]:
+        terminalreporter.write_line(line)
+    path = Path(os.environ.get("PLAN3D_FUZZ_REPORT", Path(terminalreporter.config.rootpath) / ".pytest_cache"
+                               / "plan3d_fuzz_report.json"))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=1) + "\n")
+    except OSError:
+        pass
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    """One line per skip reason with its count (pytest -q prints none), so a skipped group never goes unseen."""
+    """The fuzz suite's tally (``_fuzz_summary``); then one line per skip reason with its count (pytest -q prints
+    none), so a skipped group never goes unseen."""
+    _fuzz_summary(terminalreporter)
     reasons: Counter[str] = Counter()
     for rep in terminalreporter.stats.get("skipped", []):
         lr = rep.longrepr

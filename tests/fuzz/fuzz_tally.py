@@ -54,6 +54,19 @@ def fuzz_settings(group: str) -> settings:
                     suppress_health_check=list(HealthCheck))
 
 
+def _example(f: Finding) -> dict:
+    return {"kind": f.kind, "detail": f.detail, "argv": f.argv, "files": f.files}
+
+
+def kind_lines(kinds: dict[str, int], examples: list[dict]) -> list[str]:
+    """Findings by kind, most frequent first, each with its shortest example (``examples``: ``_example`` dicts)."""
+    lines = []
+    for kind, n in sorted(kinds.items(), key=lambda kv: -kv[1]):
+        ex = min((e for e in examples if e["kind"] == kind), key=lambda e: len(" ".join(e["argv"])))
+        lines.append(f"  {n:5d} x {kind}: {ex['detail'][:240]}\n          plan3d {' '.join(ex['argv'])[:400]}")
+    return lines
+
+
 class Tally:
     """Inputs run, findings and the slowest inputs, per group."""
 
@@ -86,23 +99,64 @@ class Tally:
         return out
 
     def summary(self, group: str) -> str:
-        lines = []
-        for kind, fs in sorted(self.by_kind(group).items(), key=lambda x: -len(x[1])):
-            ex = min(fs, key=lambda f: len(" ".join(f.argv)))
-            lines.append(f"  {len(fs):5d} x {kind}: {ex.detail[:240]}\n          plan3d {' '.join(ex.argv)[:400]}")
-        return "\n".join(lines)
+        return "\n".join(kind_lines({k: len(v) for k, v in self.by_kind(group).items()},
+                                     [_example(f) for f in self.findings[group]]))
 
     def report(self) -> dict:
         return {"inputs": dict(self.runs), "total_inputs": sum(self.runs.values()),
                 "findings": {g: {k: len(v) for k, v in self.by_kind(g).items()} for g in self.runs},
-                "examples": [{"kind": f.kind, "detail": f.detail, "argv": f.argv, "files": f.files}
-                             for g in self.runs for fs in self.by_kind(g).values() for f in fs[:3]],
+                "examples": [_example(f) for g in self.runs for fs in self.by_kind(g).values() for f in fs[:3]],
                 "memory_growth_mib": [{"mib": m, "argv": a} for m, a in self.memory],
                 "slowest": [{"wall_s": round(w, 3), "cpu_s": round(c, 3), "group": g, "argv": a, "files": f}
                             for w, c, g, a, f in self.slowest]}
 
 
 TALLY = Tally()
+#: the tallies of the processes that ran fuzz inputs (``Tally.report``), for the end-of-run summary: this process's
+#: own, or, under pytest-xdist, each worker's as it reached the controller (``pytest_testnodedown`` in
+#: ``tests/conftest.py``)
+REPORTS: list[dict] = []
+
+
+def merged_report(reports: list[dict]) -> dict:
+    """One report from the reports of several processes: inputs and findings summed, the examples, memory growth and
+    slowest inputs pooled (the slowest by CPU seconds, ``KEEP_SLOWEST`` kept)."""
+    out: dict = {"inputs": defaultdict(int), "findings": defaultdict(lambda: defaultdict(int)), "examples": [],
+                 "memory_growth_mib": [], "slowest": []}
+    for r in reports:
+        for g, n in r["inputs"].items():
+            out["inputs"][g] += n
+        for g, kinds in r["findings"].items():
+            for k, n in kinds.items():
+                out["findings"][g][k] += n
+        for key in ("examples", "memory_growth_mib", "slowest"):
+            out[key] += r[key]
+    out["memory_growth_mib"] = sorted(out["memory_growth_mib"], key=lambda m: -m["mib"])[:10]
+    out["slowest"] = sorted(out["slowest"], key=lambda s: -s["cpu_s"])[:KEEP_SLOWEST]
+    out["inputs"] = dict(out["inputs"])
+    out["findings"] = {g: dict(k) for g, k in out["findings"].items()}
+    out["total_inputs"] = sum(out["inputs"].values())
+    return out
+
+
+def summary_lines(report: dict) -> list[str]:
+    """The end-of-run summary of a report: per group the inputs run and the findings by kind (with the shortest
+    example of each), the inputs during which memory grew most, and the slowest inputs (wall s / CPU s)."""
+    shard = f", shard {SHARD}/{SHARDS}" if SHARDS > 1 else ""
+    lines = [f"plan3d fuzz: {report['total_inputs']} inputs (PLAN3D_FUZZ_N={FUZZ_N}{shard})"]
+    for g in SHARES:
+        if g not in report["inputs"]:
+            continue
+        kinds = report["findings"].get(g, {})
+        lines.append(f"{g:14s} {report['inputs'][g]:6d} inputs, {sum(kinds.values())} findings")
+        lines += kind_lines(kinds, report["examples"])
+    if report["memory_growth_mib"]:
+        lines.append("peak memory grew most during (MiB):")
+        lines += [f"  {m['mib']:7d}  plan3d {' '.join(m['argv'])[:200]}" for m in report["memory_growth_mib"][:5]]
+    lines.append("slowest inputs (wall s / CPU s):")
+    lines += [f"  {s['wall_s']:7.2f} {s['cpu_s']:7.2f}  {s['group']:13s} plan3d {' '.join(s['argv'])[:200]}"
+              for s in report["slowest"][:10]]
+    return lines
 #: a file holding the input now running (``PLAN3D_FUZZ_CURRENT``), unset: none
 CURRENT = Path(os.environ["PLAN3D_FUZZ_CURRENT"]) if os.environ.get("PLAN3D_FUZZ_CURRENT") else None
 
