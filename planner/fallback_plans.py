@@ -38,7 +38,7 @@ from .errors import PlanInputError
 if TYPE_CHECKING:
     from typing import Unpack
 
-    from .api import PlanOptions
+    from .api_options import PlanOptions
 
 #: How each framework loads a checkpoint under another layout (the ``best`` plans' resharding path).
 RESHARDING = {
@@ -237,7 +237,7 @@ def fallback(model: Any = None, cluster: Any = None, *, plan: Any = None, max_lo
     from cluster_specs import load_cluster, nodes_holding
     from model_zoo import load_model
 
-    from .api import FLOPS_CONVENTIONS, _at_risk_margin, _choice, _headroom, load_inputs
+    from .api_options import FLOPS_CONVENTIONS, at_risk_option, check_choice, headroom_option, load_inputs
     from .evaluation import evaluate
     from .fallback_search import best_fallbacks, keep_layout, min_gpus
     from .space import SearchSpace
@@ -247,9 +247,9 @@ def fallback(model: Any = None, cluster: Any = None, *, plan: Any = None, max_lo
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise PlanInputError(f"--rank {rank!r}: must be a positive integer")
     o = dict(options)
-    conv = _choice("flops_convention", o.get("flops_convention") or "megatron", FLOPS_CONVENTIONS)
-    headroom = _headroom(o.get("memory_headroom"))
-    margin = _at_risk_margin(o.get("at_risk_margin"))
+    conv = check_choice("flops_convention", o.get("flops_convention") or "megatron", FLOPS_CONVENTIONS)
+    headroom = headroom_option(o.get("memory_headroom"))
+    margin = at_risk_option(o.get("at_risk_margin"))
     if plan is not None:
         clash = sorted(k for k in ("gpus", "nodes", "global_batch_size", "seq_length", "precision")
                        if o.get(k) is not None)

@@ -269,11 +269,11 @@ def plan_pools(model: Any = None, cluster: Any = None, **options: Unpack[PoolsOp
     Raises ``PlanInputError`` / ``ClusterSpecError`` / ``ModelSpecError`` (bad input) and ``NoFeasiblePlan``
     (no plan fits on any subset of the pools; the message names each subset's reason).
     """
-    from .api import (FLOPS_CONVENTIONS, RECOMPUTE_CHOICES, _at_risk_margin, _bool, _check_keys, _choice, _headroom,
-                      load_inputs)
+    from .api_options import (FLOPS_CONVENTIONS, RECOMPUTE_CHOICES, at_risk_option, check_bool, check_choice,
+                              check_keys, headroom_option, load_inputs)
     from .pool_search import search_pools
     from .space import SearchSpace
-    _check_keys(options, _KEYS, "plan over pools")
+    check_keys(options, _KEYS, "plan over pools")
     o = dict(options)
     fw = o.get("framework") or "megatron"
     if fw != "megatron":
@@ -285,21 +285,21 @@ def plan_pools(model: Any = None, cluster: Any = None, **options: Unpack[PoolsOp
     inputs = load_inputs(model, home.cluster, nodes=home.num_nodes, global_batch_size=o.get("global_batch_size", 1024),
                          seq_length=o.get("seq_length", 4096), precision=prec,
                          flash_attention=o.get("flash_attention", True), dropout=o.get("dropout", False))
-    conv = _choice("flops_convention", o.get("flops_convention") or "megatron", FLOPS_CONVENTIONS)
-    headroom = _headroom(o.get("memory_headroom"))
-    margin = _at_risk_margin(o.get("at_risk_margin"))
+    conv = check_choice("flops_convention", o.get("flops_convention") or "megatron", FLOPS_CONVENTIONS)
+    headroom = headroom_option(o.get("memory_headroom"))
+    margin = at_risk_option(o.get("at_risk_margin"))
     top_k = o.get("top_k", 5)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise PlanInputError(f"--top-k {top_k!r}: must be a positive integer")
     if o.get("recompute") is not None:
-        _choice("recompute", o["recompute"], RECOMPUTE_CHOICES)
+        check_choice("recompute", o["recompute"], RECOMPUTE_CHOICES)
     kw: dict[str, Any] = {k: (o[k],) for k in ("tp", "cp", "ep") if o.get(k) is not None}
     for k in ("micro_batch_size", "zero_stage", "recompute"):
         if o.get(k) is not None:
             kw[k] = (o[k],)
     space = SearchSpace(**kw)
     res = search_pools(inputs.model, mixed, inputs.job, top_k, space, headroom, conv,
-                       _bool("homogeneous", o.get("homogeneous", True)), at_risk_margin=margin)
+                       check_bool("homogeneous", o.get("homogeneous", True)), at_risk_margin=margin)
     if not res.plans:
         why = "; ".join(f"{'+'.join(mixed.pools[i].name for i in s.pools)}: {s.reason}" for s in res.subsets)
         raise NoFeasiblePlan(f"no plan fits on any subset of the pools ({why})")
