@@ -134,14 +134,14 @@ def _never_called(monkeypatch, module, name, calls):
 
 def test_missing_matplotlib_fails_before_the_work(run_cli, tmp_path, monkeypatch, no_matplotlib):
     import planner.api
-    import planner.cli
+    import planner.cli.plan_cmd
     import planner.fallback_plans
     import planner.sweeps
     calls: list[str] = []
     _never_called(monkeypatch, planner.sweeps, "sweep", calls)
     _never_called(monkeypatch, planner.sweeps, "load_grid", calls)
     _never_called(monkeypatch, planner.fallback_plans, "fallback", calls)
-    _never_called(monkeypatch, planner.cli, "_plan_pools", calls)
+    _never_called(monkeypatch, planner.cli.plan_cmd, "_plan_pools", calls)
     _never_called(monkeypatch, planner.api, "plan", calls)
     _never_called(monkeypatch, planner.api, "compare", calls)
     need = "needs matplotlib: pip install 'plan3d[plot]'"
@@ -159,11 +159,11 @@ def test_missing_matplotlib_fails_before_the_work(run_cli, tmp_path, monkeypatch
 
 
 def test_bad_picture_suffix_fails_before_the_work(run_cli, tmp_path, monkeypatch):
-    import planner.cli
+    import planner.cli.plan_cmd
     import planner.fallback_plans
     calls: list[str] = []
     _never_called(monkeypatch, planner.fallback_plans, "fallback", calls)
-    _never_called(monkeypatch, planner.cli, "_plan_pools", calls)
+    _never_called(monkeypatch, planner.cli.plan_cmd, "_plan_pools", calls)
     _one_error_line(run_cli("fallback", "--nodes", "4", "--max-lost-nodes", "1", "--plot", str(tmp_path / "f.pdf")),
                     "--plot", ".svg or .png")
     _one_error_line(run_cli("plan", "--cluster", "dgx-h100:1,dgx-a100-80g:1", "--timeline", str(tmp_path / "t.pdf")),
