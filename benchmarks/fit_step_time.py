@@ -16,7 +16,7 @@ import sys
 import time
 
 from planner.calibration import RowErrors, cross_validate, fit, parameters
-from planner.validation import load_rows
+from planner.published_rows import load_rows
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import copy
 
-from planner.validation import load_rows, validate_row
+from planner.published_rows import load_rows
+from planner.validation import validate_row
 
 #: (dev row, 25.09 token-drop tokens/s/GPU from the archive's "25.09 NeMo Container" tables)
 PAIRS = (

@@ -17,7 +17,8 @@ import copy
 import sys
 import time
 
-from planner.validation import load_rows, validate_row
+from planner.published_rows import load_rows
+from planner.validation import validate_row
 
 #: published parallel.* fields a tuned run leaves out
 LAYOUT = ("tp", "pp", "dp", "cp", "virtual_pipeline", "micro_batch_size", "sequence_parallel", "recompute",

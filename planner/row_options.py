@@ -1,14 +1,14 @@
 """What a published run needs beyond its parallel layout: the row's ``setup`` block, read and checked.
 
-``plan3d validate`` (``planner/validation.py``) builds a model, cluster, job and ``ParallelConfig`` from each row of a
-published-runs dataset. The published columns leave out things the model needs: the framework (kernel set and overlap
-defaults), how the source counts TFLOP/s, the machine when the GPU name alone does not say it (a power cap, a slow
-network), whether the run had fused attention and dropout, and recipe settings (selective-recompute modules, 16-bit
-gradient reduction, FP8 primary weights, precision-aware optimizer states, the cross-entropy implementation,
+``plan3d validate`` (``planner/published_rows.py``) builds a model, cluster, job and ``ParallelConfig`` from each row
+of a published-runs dataset. The published columns leave out things the model needs: the framework (kernel set and
+overlap defaults), how the source counts TFLOP/s, the machine when the GPU name alone does not say it (a power cap, a
+slow network), whether the run had fused attention and dropout, and recipe settings (selective-recompute modules,
+16-bit gradient reduction, FP8 primary weights, precision-aware optimizer states, the cross-entropy implementation,
 pipeline layouts, EP overlap, CUDA graphs, forced balanced MoE routing, drop-and-pad MoE routing). A row states them
-as data, each with its source, in a ``setup`` block (the header of ``planner/data/published_runs_dev.yaml`` lists
-the keys); nothing here is keyed on a source's name, so every dataset
-is held to the same physics. A published ``parallel.*`` value wins over ``setup``.
+as data, each with its source, in a ``setup`` block (the header of ``planner/data/published_runs_dev.yaml`` lists the
+keys); nothing here is keyed on a source's name, so every dataset is held to the same physics. A published
+``parallel.*`` value wins over ``setup``.
 
 ``row_setup(row)`` parses the block (one-line ``PlanInputError`` naming the field on bad input); ``row_options(row)``
 turns it into ``ParallelConfig`` / ``TrainingJob`` fields; ``apply_row_options`` applies them (one call in
@@ -29,7 +29,7 @@ from .errors import PlanInputError
 
 _MODULES: tuple[str, ...] = get_args(RecomputeModule)
 
-#: Frameworks a row can name (``planner.validation._FRAMEWORK_DEFAULTS``): Megatron-LM, NeMo / Megatron-Bridge recipes,
+#: Frameworks a row can name (``planner.published_rows._FRAMEWORK_DEFAULTS``): Megatron-LM, NeMo / Megatron-Bridge recipes,
 #: DeepSpeed (Megatron-DeepSpeed), torchtitan.
 RowFramework = Literal["megatron", "nemo", "deepspeed", "torchtitan"]
 #: How a source counts its TFLOP/s (``cost_models.flops.model_flops_per_token_variant``).

@@ -67,7 +67,7 @@ class TunedInputs:
 def tuned_run_inputs(row: dict[str, Any], notes: list[str]) -> TunedInputs | str:
     """The model, cluster, job and pinned search space of a tuned-run row, or why it cannot be built."""
     from .row_options import row_setup
-    from .validation import _precision, row_framework, row_model_cluster_seq
+    from .published_rows import row_framework, row_model_cluster_seq, row_precision
 
     fw = row_framework(row)
     p = row.get("parallel") or {}
@@ -80,7 +80,7 @@ def tuned_run_inputs(row: dict[str, Any], notes: list[str]) -> TunedInputs | str
     job_extra = {k: getattr(setup, k) for k in ("cross_entropy_fusion_impl", "cross_entropy_loss_fusion")
                  if getattr(setup, k) is not None}
     job = TrainingJob(global_batch_size=int(p["global_batch_size"]), seq_length=int(seq),
-                      precision=_precision(p.get("precision"), notes),
+                      precision=row_precision(p.get("precision"), notes),
                       flash_attention=setup.flash_attention is not False, **job_extra)
     zero = p.get("zero_stage")
     if zero is None and p.get("distributed_optimizer") is not None:
@@ -109,7 +109,7 @@ def best_tuned_plan(row: dict[str, Any], t: TunedInputs, notes: list[str]) -> tu
 
     from .row_options import row_options
     from .search import run_search
-    from .validation import row_step_options
+    from .published_rows import row_step_options
 
     planner_fw = _PLANNER_FRAMEWORK[t.framework]
     res = run_search(t.model, t.cluster, t.job, t.num_gpus, top_k=TOP_K if t.dp is None else 4 * TOP_K,

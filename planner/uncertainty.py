@@ -127,7 +127,7 @@ def tied_with_best(plans: Sequence[tuple[float, float, float]]) -> int:
 def write_residuals(cv: Any, rows: Sequence[dict[str, Any]], path: Path | None = None) -> Path:
     """Write the cross-validated residuals (``planner.calibration.CrossValidation`` of ``rows``) and their class
     table to ``path`` (default: the packaged ``step_time_residuals.json``). Deterministic output."""
-    from .validation import build_inputs
+    from .published_rows import build_inputs
     by_id = {str(r["id"]): r for r in rows}
     runs, classes, residuals = [], [], []
     for rid, err in zip(cv.ids, cv.logo):

@@ -178,7 +178,7 @@ def test_vanishing_efficiency_never_reaches_the_ring_formula(run_cli, tmp_path):
 @pytest.mark.parametrize("section", ["parallel", "hardware", "measured"])
 def test_dataset_row_sections_must_be_mappings(run_cli, tmp_path, section):
     # TypeError in validate.load_rows (a section that is a number or a list)
-    from planner.validation import load_rows
+    from planner.published_rows import load_rows
     row = dict(next(r for r in load_rows() if r["id"] == "sc21-megatron-gpt-1.7b-a100-32"))
     row[section] = [1, 2]
     p = tmp_path / "rows.yaml"

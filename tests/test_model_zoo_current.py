@@ -128,8 +128,8 @@ def test_nemotron_4_15b_paper():
                                          ("gpt_oss_120b", "gpt-oss-120b"), ("Kimi K2", "kimi-k2"),
                                          ("Nemotron-4 15B (base)", "nemotron-4-15b")])
 def test_dataset_row_names_resolve_to_zoo(written, zoo):
-    from planner.validation import _model_for
+    from planner.published_rows import row_model
     notes: list[str] = []
-    m = _model_for({"id": "r", "model": {"name": written}}, notes)
+    m = row_model({"id": "r", "model": {"name": written}}, notes)
     assert not isinstance(m, str), m
     assert m.num_parameters() == mz.get_model(zoo).num_parameters()

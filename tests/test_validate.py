@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from planner.validation import (DEFAULT_MAX_GROUP_MAPE, DEFAULT_MAX_MAPE, MIN_GROUP_ROWS, build_inputs, fp8_recipe,
-                              implied_flops_per_token, load_rows, row_convention, row_flops_per_token,
-                              row_pipeline_layout, run_validation)
+from planner.published_rows import (build_inputs, fp8_recipe, implied_flops_per_token, load_rows, row_convention,
+                                    row_flops_per_token, row_pipeline_layout)
+from planner.validation import DEFAULT_MAX_GROUP_MAPE, DEFAULT_MAX_MAPE, MIN_GROUP_ROWS, run_validation
 
 
 @pytest.fixture(scope="module")
