@@ -16,7 +16,8 @@ import test_memory as tm  # noqa: E402  (the case definitions live with their te
 
 from cluster_specs import get_cluster  # noqa: E402
 from cost_models.config import ParallelConfig, TrainingJob  # noqa: E402
-from cost_models.memory import activation_bytes_per_layer, estimate_memory  # noqa: E402
+from cost_models.activations import activation_bytes_per_layer  # noqa: E402
+from cost_models.memory import estimate_memory  # noqa: E402
 from model_zoo import get_model  # noqa: E402
 from model_zoo.spec import ModelSpec  # noqa: E402
 from planner.checks import memory_verdict  # noqa: E402

@@ -6,7 +6,7 @@ d98e8a6): each listed submodule's saved tensors (its input activations, as autog
 host memory on a side stream (``d2h_stream``) at the end of that submodule's forward, their GPU storage released, and
 reloaded on ``h2d_stream`` before the submodule's backward (the next layer's group is reloaded while the current one
 runs backward: ``bulk_reload``). The tensors each module moves, in the terms of
-``cost_models.memory.activation_terms_per_layer`` (``OFFLOADED_TERMS``):
+``cost_models.activations.activation_terms_per_layer`` (``OFFLOADED_TERMS``):
 
 =================  ==========================================================================================
 module             saved tensors moved

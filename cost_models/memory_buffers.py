@@ -261,7 +261,7 @@ def moe_dispatch_buffers(routed_token_copies: float, hidden_size: int, ep: int,
                          elem_bytes: int = BYTES_16BIT) -> Buffers:
     """Expert-parallel all-to-all buffers of the running MoE layer (``routed_token_copies`` = token copies the
     busiest rank receives, ``tokens x top_k x`` its share over the balanced one: dropless imbalance or a padded
-    capacity, ``cost_models.memory.expert_buffer_factor``).
+    capacity, ``cost_models.activations.expert_buffer_factor``).
 
     With ``ep > 1`` the dispatch sends the permuted token copies and receives the other ranks' copies for its own
     experts: Megatron-LM ``MoEAlltoAllTokenDispatcher`` (``token_dispatcher.py``: ``dispatch_preprocess`` permutes,

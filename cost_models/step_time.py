@@ -91,7 +91,8 @@ from .layer_cost import (OP_SAC_TP_SHARE, LayerCost, layer_cost, recompute_break
                          uses_op_sac)
 from .layout import (GroupPlacement, LayoutError, group_placement, rank_chunks, rank_stages,  # noqa: F401
                      virtual_stage)
-from .memory import activation_terms_per_layer, stage_params
+from .activations import activation_terms_per_layer
+from .memory import stage_params
 from .moe_overhead import MOE_TOKEN_COPY_S, moe_host_exposed_s, moe_routing_s  # noqa: F401 (re-exported)
 from .optimizer_offload import offloaded_optimizer_step
 from .optimizer_step import ADAM_HBM_BYTES_PER_PARAM, local_params, optimizer_step_s  # noqa: F401 (re-exported)

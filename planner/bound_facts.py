@@ -24,8 +24,8 @@ from cost_models.fp8_recipe import default_host_cost_class
 from cost_models.layer_cost import OP_SAC_FRAMEWORKS
 from cost_models.layout import GroupPlacement, group_placement, stage_layer_ranges
 from cost_models.pipeline import PAIRING_SCHEDULES
-from cost_models.memory import (activation_bytes_per_layer, in_flight_microbatches, layer_input_bytes,
-                                model_state_terms, precision_state_options, stage_params)
+from cost_models.activations import activation_bytes_per_layer, in_flight_microbatches, layer_input_bytes
+from cost_models.memory import model_state_terms, precision_state_options, stage_params
 from model_zoo.spec import ModelSpec
 
 from .launch_options import launched_overlap_dp

@@ -404,7 +404,7 @@ def group_bound(ctx: BoundContext, sf: StructureFacts, mbs: int, mem_limit: floa
     ``mbs``) whose memory bound fits ``mem_limit`` (bytes), and how many candidates may fit (an upper bound).
 
     Over (recompute, sp, zero) of the default schedule: skipped when the memory bound at vpp 1 exceeds the limit
-    (interleaving never holds fewer micro-batches in flight, ``memory.in_flight_microbatches``, so no vpp fits
+    (interleaving never holds fewer micro-batches in flight, ``activations.in_flight_microbatches``, so no vpp fits
     either); else
     ``default_schedule_bound`` (``max(P' + D, Z[sp][z], K P' + F)``) + ``O[z]`` with ``P'`` the vpp-1 pipeline
     bound when vpp 1 is the only choice, else the busiest rank's m x (forward + backward), the recompute charged at

@@ -13,8 +13,8 @@ micro-batch, sequence parallel, recompute):
   so a change of the step model that is not mirrored here fails a test;
 * **memory** (``stage_memory``): bytes of the stage's model states (``memory.stage_params``,
   ``memory.model_state_terms``), stored activations per layer times the micro-batches the stage holds in flight
-  (``memory.activation_bytes_per_layer``, ``layer_input_bytes`` under full recompute,
-  ``memory.in_flight_microbatches``), the backward working set, token ids, logits and the calibrated reserve: the
+  (``activations.activation_bytes_per_layer``, ``layer_input_bytes`` under full recompute,
+  ``activations.in_flight_microbatches``), the backward working set, token ids, logits and the calibrated reserve: the
   backward phase of ``memory.estimate_memory`` with its pipeline and expert-parallel buffers (``memory_buffers``)
   but without the other transients, so it is a lower bound of the exact per-stage estimate, which then decides
   (``planner.pool_search`` lowers a stage's layer cap and re-splits when a term left out here binds).
@@ -29,9 +29,9 @@ from cost_models import step_time as stm
 from cost_models.config import ParallelConfig, TrainingJob, compute_bytes
 from cost_models.fp8_recipe import default_host_cost_class
 from cost_models.layout import group_placement
-from cost_models.memory import (TOKEN_ID_BYTES, activation_bytes_per_layer, expert_buffer_factor,
-                                layer_input_bytes, logits_bytes_per_element, model_state_terms,
-                                precision_state_options, stage_params, state_options_of)
+from cost_models.activations import activation_bytes_per_layer, expert_buffer_factor, layer_input_bytes
+from cost_models.memory import (TOKEN_ID_BYTES, logits_bytes_per_element, model_state_terms, precision_state_options,
+                                stage_params, state_options_of)
 from cost_models.memory_buffers import moe_dispatch_buffers, pipeline_p2p_buffers
 from model_zoo.spec import ModelSpec
 
@@ -173,7 +173,7 @@ def stage_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: 
     p2p = pipeline_p2p_buffers(framework, 0, 2, 1, 1, 1.0, lin)["backward"]
     ep = 0.0
     if model.moe is not None and set(kinds) == {1}:
-        # the busiest EP rank's received copies (memory.expert_buffer_factor: dropless imbalance)
+        # the busiest EP rank's received copies (activations.expert_buffer_factor: dropless imbalance)
         copies = tokens / (par.tp if par.sequence_parallel else 1) * model.moe.top_k * expert_buffer_factor(
             model, job, par)
         ep = sum(moe_dispatch_buffers(copies, model.hidden_size, par.ep,

@@ -44,7 +44,7 @@ import numpy as np
 
 from cluster_specs.pools import MixedCluster
 from cost_models.config import FlopsConvention, ParallelConfig, TrainingJob
-from cost_models.memory import in_flight_microbatches
+from cost_models.activations import in_flight_microbatches
 from cost_models.pools import PoolsEstimate, estimate_pools
 from model_zoo.spec import ModelSpec
 
@@ -187,7 +187,7 @@ class _Costs:
         return self._m[k]
 
     def in_flight(self, pp: int, m: int) -> np.ndarray:
-        """Micro-batches each of ``pp`` 1F1B stages holds (``cost_models.memory.in_flight_microbatches``)."""
+        """Micro-batches each of ``pp`` 1F1B stages holds (``cost_models.activations.in_flight_microbatches``)."""
         if (pp, m) not in self._f:
             par = ParallelConfig(pp=pp)
             self._f[pp, m] = np.array([in_flight_microbatches(par, r, m) for r in range(pp)], dtype=float)

@@ -50,7 +50,7 @@ def fewest_recomputed_layers(model: ModelSpec, cluster: ClusterSpec, job: Traini
     or even every layer does not fit, or ``framework`` cannot express a partial recompute).
 
     Bisection over N: the memory model's stored activations fall monotonically with N (each further recomputed
-    layer keeps only its input, ``memory.layer_input_bytes``, instead of its full activations), so "fits" is
+    layer keeps only its input, ``activations.layer_input_bytes``, instead of its full activations), so "fits" is
     monotone in N; about log2(layers per chunk) + 1 memory evaluations.
     """
     if framework.split("_")[0] not in PARTIAL_RECOMPUTE_FRAMEWORKS:

@@ -17,7 +17,7 @@ combined 1F1B / ZB-V / DualPipeV, get rows of their own, weaker for the V schedu
   (``Tables.tight``), and ``E`` is its additive relaxation (step >= ``P + E``, CP-SAT's objective);
 * ``memory_table`` -> ``W[k, slot, zero] + X[k, slot, sp, vpp]`` (bytes): model states
   (``memory.model_state_terms``), reserve and logits, plus stored activations (MTP layers on the last stage) x
-  in-flight micro-batches and the running layer's working set (``memory.activation_bytes_per_layer``,
+  in-flight micro-batches and the running layer's working set (``activations.activation_bytes_per_layer``,
   ``in_flight_microbatches``); buffers and transients are left out, so the bound stays below every phase's peak.
 
 Full recompute (Megatron) is re-scored at the fewest recomputed layers per chunk N that fit
@@ -45,7 +45,8 @@ import numpy as np
 from cluster_specs.spec import ClusterSpec
 from cost_models.config import TrainingJob
 from cost_models.layout import holds_embedding, holds_output
-from cost_models.memory import TOKEN_ID_BYTES, in_flight_microbatches, stage_params
+from cost_models.activations import in_flight_microbatches
+from cost_models.memory import TOKEN_ID_BYTES, stage_params
 from cost_models.pipeline import PAIRING_SCHEDULES
 from model_zoo.spec import ModelSpec
 

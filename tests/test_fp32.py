@@ -5,7 +5,8 @@ import pytest
 
 from cluster_specs import get_cluster
 from cost_models.config import ParallelConfig, TrainingJob
-from cost_models.memory import activation_terms_per_layer, estimate_memory, model_state_terms
+from cost_models.activations import activation_terms_per_layer
+from cost_models.memory import estimate_memory, model_state_terms
 from cost_models.step_time import _gemm_rate, estimate_step
 from model_zoo import get_model
 from planner.emit.env import launch_env

@@ -11,8 +11,8 @@ import yaml
 from cluster_specs import get_cluster
 from cost_models.config import ParallelConfig, TrainingJob
 from cost_models.layout import uneven_split
-from cost_models.memory import (activation_bytes_per_layer, estimate_memory, in_flight_microbatches,
-                                model_state_terms)
+from cost_models.activations import activation_bytes_per_layer, in_flight_microbatches
+from cost_models.memory import estimate_memory, model_state_terms
 from model_zoo import get_model, load_model_file
 from model_zoo.spec import ModelSpec
 
@@ -30,7 +30,7 @@ TT_ROWS = yaml.safe_load((DATA / "memory_cases_torchtitan.yaml").read_text())
 
 @functools.lru_cache(maxsize=1)
 def _dev_rows() -> dict:
-    from planner.validation import default_dataset
+    from planner.published_rows import default_dataset
     return {r["id"]: r for r in yaml.safe_load(default_dataset().read_text())}
 
 

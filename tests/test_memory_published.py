@@ -12,11 +12,11 @@ import pytest
 from cluster_specs import get_cluster
 from cost_models.config import ParallelConfig, TrainingJob
 from cost_models.layout import LayoutError
-from cost_models.memory import (TE_CROSS_ENTROPY_BYTES_PER_ELEMENT, activation_bytes_per_layer, estimate_memory,
-                                model_state_terms)
+from cost_models.activations import activation_bytes_per_layer
+from cost_models.memory import TE_CROSS_ENTROPY_BYTES_PER_ELEMENT, estimate_memory, model_state_terms
 from model_zoo import get_model
 from planner.row_options import row_options
-from planner.validation import build_inputs, load_rows
+from planner.published_rows import build_inputs, load_rows
 
 GiB = 2**30
 MiB = 2**20

@@ -8,7 +8,8 @@ import pytest
 
 from cluster_specs import get_cluster
 from cost_models.config import ParallelConfig, TrainingJob
-from cost_models.memory import estimate_memory, expert_buffer_factor
+from cost_models.activations import expert_buffer_factor
+from cost_models.memory import estimate_memory
 from cost_models.moe_imbalance import (DEFAULT_EXPERT_LOAD_CV, default_expert_imbalance, expected_max_normal,
                                        rank_load_ratio)
 from model_zoo import get_model, load_model_file

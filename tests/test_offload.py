@@ -7,7 +7,8 @@ import pytest
 from cluster_specs import get_cluster
 from cost_models.activation_offload import OFFLOAD_RESIDENT_LAYERS, transfer_exposed_s
 from cost_models.config import ParallelConfig, TrainingJob
-from cost_models.memory import activation_terms_per_layer, estimate_memory
+from cost_models.activations import activation_terms_per_layer
+from cost_models.memory import estimate_memory
 from cost_models.optimizer_offload import (COPY_BYTES_PER_PARAM, CPU_ADAM_HOST_BYTES_PER_PARAM,
                                            offloaded_optimizer_step)
 from cost_models.step_time import estimate_step

@@ -15,7 +15,8 @@ from cluster_specs import ClusterSpecError, get_cluster
 from cluster_specs.pools import load_mixed_cluster, mixed_cluster, parse_pools
 from cost_models.config import ParallelConfig, TrainingJob
 from cost_models.layout import parse_pipeline_layout, stage_layer_counts
-from cost_models.memory import estimate_memory, in_flight_microbatches
+from cost_models.activations import in_flight_microbatches
+from cost_models.memory import estimate_memory
 from cost_models.pools import estimate_pools
 from cost_models.step_time import estimate_step
 from model_zoo import get_model

@@ -177,7 +177,7 @@ def test_full_recompute_plans_dominated_by_no_recompute_are_not_listed(run_cli):
 def test_uniform_method_groups_layers_and_recomputes_all():
     # megatron-core recompute.py, --recompute-method uniform --recompute-num-layers N: the chunk's layers are
     # checkpointed in groups of N (one input kept per group) and every layer is recomputed
-    from cost_models.memory import activation_bytes_per_layer, layer_input_bytes
+    from cost_models.activations import activation_bytes_per_layer, layer_input_bytes
     uni = _with(PAR, recompute_num_layers=4, recompute_method="uniform")
     assert recomputed_layers(M8, uni) == list(range(32))
     st = estimate_memory(M8, H100, JOB, uni).stages[0]

@@ -11,7 +11,8 @@ from cluster_specs import get_cluster
 from cost_models.combined_1f1b import combined_1f1b_orders, interleaved_placement
 from cost_models.config import ParallelConfig, TrainingJob
 from cost_models.dualpipe import dualpipe_orders, dualpipev_orders
-from cost_models.memory import estimate_memory, in_flight_microbatches
+from cost_models.activations import in_flight_microbatches
+from cost_models.memory import estimate_memory
 from cost_models.pipeline import bubble_ratio, in_flight_chunks, op_orders, simulate
 from cost_models.pipeline_ops import fb_seconds, peak_in_flight
 from cost_models.zero_bubble_v import zbv_orders
