@@ -54,24 +54,17 @@ def evaluate(
     dp is derived: GPUs / (tp * pp * cp). When pp does not divide the layers and no split is given, the end
     stages get fewer layers (Megatron's --decoder-first/last-pipeline-num-layers).
     """
+    given = dict(locals())  # the parameters: layout_kwargs picks the API's options
     from ..api import evaluate as api_evaluate
     check_format_emit(fmt, emit)
     framework = rules_framework(framework, emit)
-    doc = api_evaluate(**layout_kwargs(
-        model, cluster, gpus, nodes, global_batch_size, seq_length, precision, flash_attention, dropout, framework,
-        memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute, recompute_num_layers,
-        sequence_parallel, first_stage_layers, last_stage_layers, flops_convention, at_risk_margin, full_model_init,
-        pipeline_layout=pipeline_layout, recompute_modules=recompute_modules, recompute_method=recompute_method,
-        offload_modules=offload_modules,
-        optimizer_cpu_offload=optimizer_cpu_offload, param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype,
-        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype, pipeline_schedule=pipeline_schedule,
-        expert_load_imbalance=expert_load_imbalance, capacity_factor=capacity_factor),
+    doc = api_evaluate(**layout_kwargs({**given, "framework": framework}),
         train_tokens=train_tokens, gpu_hour_price=gpu_hour_price, async_checkpoint=async_checkpoint,
         interruption_rate=interruption_rate, restart_s=restart_s, pue=pue)
     i = doc.input
     render_plans(doc, fmt, output, emit, f"plan3d evaluate: {i.model.name} on {i.cluster.num_gpus} x {i.cluster.gpu} "
-                                    f"({i.cluster.name})", framework=framework.value, at_risk_margin=at_risk_margin,
-            launcher=launcher)
+                                         f"({i.cluster.name})", framework=framework.value, at_risk_margin=at_risk_margin,
+                 launcher=launcher)
 
 
 @app.command()
@@ -103,17 +96,11 @@ def memory(
     breaks a rule (infeasible, as in evaluate and explain; the verdict line names the rule), exit 0 when it fits or
     is at risk; the report is printed either way.
     """
+    given = dict(locals())  # the parameters: layout_kwargs picks the API's options
     from ..api import memory as api_memory
     from ..document import to_json
     from ..memory_report import memory_table, plot_memory
-    rep = api_memory(**layout_kwargs(
-        model, cluster, gpus, nodes, global_batch_size, seq_length, precision, flash_attention, dropout, framework,
-        memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute, recompute_num_layers,
-        sequence_parallel, first_stage_layers, last_stage_layers, None, at_risk_margin, full_model_init, pipeline_layout=pipeline_layout, recompute_modules=recompute_modules, recompute_method=recompute_method,
-        offload_modules=offload_modules,
-        optimizer_cpu_offload=optimizer_cpu_offload, param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype,
-        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype, pipeline_schedule=pipeline_schedule,
-        expert_load_imbalance=expert_load_imbalance, capacity_factor=capacity_factor))
+    rep = api_memory(**layout_kwargs(given))
     if plot is not None:
         plot_memory(rep.estimate, plot, rep.title, at_risk_margin, memory_headroom)
     if fmt == Fmt.json:
@@ -161,16 +148,10 @@ def explain(
 
     Exit code 0 when the configuration is feasible, 1 when a constraint is violated.
     """
+    given = dict(locals())  # the parameters: layout_kwargs picks the API's options
     from ..api import explain as api_explain
     from ..explanation import format_slack
-    rep = api_explain(**layout_kwargs(
-        model, cluster, gpus, nodes, global_batch_size, seq_length, precision, flash_attention, dropout, framework,
-        memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute, recompute_num_layers,
-        sequence_parallel, first_stage_layers, last_stage_layers, None, at_risk_margin, full_model_init, pipeline_layout=pipeline_layout, recompute_modules=recompute_modules, recompute_method=recompute_method,
-        offload_modules=offload_modules,
-        optimizer_cpu_offload=optimizer_cpu_offload, param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype,
-        exp_avg_sq_dtype=exp_avg_sq_dtype, main_params_dtype=main_params_dtype, pipeline_schedule=pipeline_schedule,
-        expert_load_imbalance=expert_load_imbalance, capacity_factor=capacity_factor))
+    rep = api_explain(**layout_kwargs(given))
     ex, par, i = rep.explanation, rep.parallel, rep.inputs
     where = f"{i.model.name} on {i.num_gpus} x {i.cluster.gpu.name} ({i.cluster.name})"
     if timeline is not None:

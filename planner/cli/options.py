@@ -217,34 +217,27 @@ MasterDtypeOpt = Annotated[str, typer.Option(
                                 "(Megatron-FSDP --megatron-fsdp-main-params-dtype)")]
 
 
-def layout_kwargs(model, cluster, gpus, nodes, global_batch_size, seq_length, precision, flash_attention, dropout,
-            framework, memory_headroom, tp, pp, cp, ep, etp, vpp, micro_batch_size, zero_stage, recompute,
-            recompute_num_layers, sequence_parallel, first_stage_layers, last_stage_layers,
-            flops_convention=None, at_risk_margin=AT_RISK_DEFAULT, full_model_init=False,
-            expert_load_imbalance=None, capacity_factor=None, **knobs) -> dict:
-    """The options of a one-layout command as the API's keyword arguments (``planner.api.LayoutOptions``)."""
-    return dict(model=model, cluster=cluster, gpus=gpus, nodes=nodes, global_batch_size=global_batch_size,
-                seq_length=seq_length, precision=precision.value, flash_attention=flash_attention, dropout=dropout,
-                framework=framework.value, memory_headroom=memory_headroom, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp,
-                vpp=vpp, micro_batch_size=micro_batch_size, zero_stage=zero_stage, recompute=recompute.value,
-                recompute_num_layers=recompute_num_layers, sequence_parallel=sequence_parallel,
-                first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
-                flops_convention=enum_value(flops_convention), at_risk_margin=at_risk_margin,
-                full_model_init=full_model_init, expert_load_imbalance=expert_load_imbalance,
-                capacity_factor=capacity_factor, **_knobs(**knobs))
+#: API options (``planner.api.LayoutOptions``) a one-layout command passes on as given
+_LAYOUT_PASSED = ("model", "cluster", "gpus", "nodes", "global_batch_size", "seq_length", "flash_attention", "dropout",
+                  "memory_headroom", "tp", "pp", "cp", "ep", "etp", "vpp", "micro_batch_size", "zero_stage",
+                  "recompute_num_layers", "sequence_parallel", "first_stage_layers", "last_stage_layers",
+                  "at_risk_margin", "full_model_init", "expert_load_imbalance", "capacity_factor", "pipeline_layout",
+                  "recompute_method", "optimizer_cpu_offload", "param_cpu_offload", "exp_avg_dtype",
+                  "exp_avg_sq_dtype", "main_params_dtype")
+#: ... passed on as the choice's value (None when the command has no such option)
+_LAYOUT_CHOICES = ("precision", "framework", "recompute", "flops_convention", "pipeline_schedule")
+#: ... given as comma-separated module names
+_LAYOUT_LISTS = ("recompute_modules", "offload_modules")
 
 
-def _knobs(pipeline_layout=None, recompute_modules=None, recompute_method="block", optimizer_cpu_offload=0.0,
-           offload_modules=None,
-           param_cpu_offload=False, exp_avg_dtype="fp32", exp_avg_sq_dtype="fp32", main_params_dtype="fp32",
-           pipeline_schedule=None) -> dict:
-    """The memory knobs of a one-layout command as API keyword arguments (``planner.api.parallel_config``)."""
-    def split(text):
-        return tuple(m.strip() for m in text.split(",") if m.strip()) if text else None
-    mods = split(recompute_modules)
-    return dict(pipeline_layout=pipeline_layout, recompute_modules=mods, recompute_method=recompute_method,
-                offload_modules=split(offload_modules),
-                optimizer_cpu_offload=optimizer_cpu_offload,
-                param_cpu_offload=param_cpu_offload, exp_avg_dtype=exp_avg_dtype, exp_avg_sq_dtype=exp_avg_sq_dtype,
-                main_params_dtype=main_params_dtype, pipeline_schedule=enum_value(pipeline_schedule))
+def layout_kwargs(params: dict) -> dict:
+    """The parameters of a one-layout command (``evaluate``, ``memory``, ``explain``: its ``locals()`` on entry) as
+    the API's keyword options (``planner.api.LayoutOptions``): choices as their values, comma-separated module lists
+    as tuples; what the API does not take (``fmt``, ``output``, ``plot``, ...) is left out."""
+    out = {k: params[k] for k in _LAYOUT_PASSED if k in params}
+    out.update({k: enum_value(params.get(k)) for k in _LAYOUT_CHOICES})
+    for k in _LAYOUT_LISTS:
+        text = params.get(k)
+        out[k] = tuple(m.strip() for m in text.split(",") if m.strip()) if text else None
+    return out
 
