@@ -62,9 +62,9 @@ def evaluate(
         train_tokens=train_tokens, gpu_hour_price=gpu_hour_price, async_checkpoint=async_checkpoint,
         interruption_rate=interruption_rate, restart_s=restart_s, pue=pue)
     i = doc.input
-    render_plans(doc, fmt, output, emit, f"plan3d evaluate: {i.model.name} on {i.cluster.num_gpus} x {i.cluster.gpu} "
-                                         f"({i.cluster.name})", framework=framework.value, at_risk_margin=at_risk_margin,
-                 launcher=launcher)
+    render_plans(doc, fmt, output, emit,
+                 f"plan3d evaluate: {i.model.name} on {i.cluster.num_gpus} x {i.cluster.gpu} ({i.cluster.name})",
+                 framework=framework.value, at_risk_margin=at_risk_margin, launcher=launcher)
 
 
 @app.command()

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
+
 class Fmt(str, Enum):
     table = "table"
     json = "json"

@@ -9,6 +9,7 @@ from .options import AT_RISK_DEFAULT, Emit, Fmt, Framework, Launcher
 
 
 def write_output(text: str, output: Path | None) -> None:
+    """``text`` to stdout, or to ``--output``; an OSError is the one-line ``--output PATH: reason`` error."""
     if output is None:
         sys.stdout.write(text)
         return
@@ -141,7 +142,7 @@ def _split_str(q) -> str:
 
 
 def emit_launch(doc, emit: Emit, output: Path | None, rank: int, framework: str | None = None,
-          launcher: Launcher = Launcher.scripts) -> None:
+                launcher: Launcher = Launcher.scripts) -> None:
     """``--emit``: without ``--output`` print the plan's main config to stdout (Megatron command line, DeepSpeed
     JSON, torchtitan TOML); with ``--output DIR`` write every file of planner.emit.emit_files into DIR.
     An infeasible configuration (``evaluate``) is refused (exit 1): every emitted config passes the checker.
@@ -200,8 +201,10 @@ def emit_launch(doc, emit: Emit, output: Path | None, rank: int, framework: str 
 
 
 def render_plans(doc, fmt: Fmt, output: Path | None, emit: Emit | None, title: str, rank: int = 1,
-            framework: str | None = None, at_risk_margin: float = AT_RISK_DEFAULT,
-            launcher: Launcher = Launcher.scripts) -> None:
+                 framework: str | None = None, at_risk_margin: float = AT_RISK_DEFAULT,
+                 launcher: Launcher = Launcher.scripts) -> None:
+    """A plan document as ``--emit``'s launch config (``emit_launch``), JSON, or the ranked table with each plan's
+    violations, the tie note and the cost lines (to ``--output`` when given)."""
     from ..document import to_json
     if emit is not None:
         emit_launch(doc, emit, output, rank, framework, launcher)
@@ -250,6 +253,7 @@ def _pair_args(args: list[str]) -> list[str]:
 
 
 def draw_cost_sweep(points, path: Path, model_name: str, train_tokens: float) -> None:
+    """``--plot``: cost against days over GPU counts (``planner.cost_plot.plot_cost_sweep``) to ``path``."""
     from ..cost_plot import plot_cost_sweep
     plot_cost_sweep(points, path, f"plan3d: {model_name}, {train_tokens:.4g} tokens: cost against days over GPU "
                                   f"counts, best plan at each")

@@ -185,10 +185,10 @@ def plan(
     gbs = f"{i.job.global_batch_size}" + (f" (requested {asked}, tolerance {gbs_tolerance:g})"
                                           if asked is not None and asked != i.job.global_batch_size else "")
     render_plans(doc, fmt, output, emit,
-            f"plan3d: {i.model.name} on {i.cluster.num_gpus} x {i.cluster.gpu} ({i.cluster.name}), GBS "
-            f"{gbs} x seq {i.job.seq_length}, {i.job.precision}: top {len(doc.plans)} of "
-            f"{'' if stats.exact else 'at most '}{stats.num_feasible} feasible ({stats.num_candidates} examined)",
-            rank, framework.value, at_risk_margin, launcher)
+                 f"plan3d: {i.model.name} on {i.cluster.num_gpus} x {i.cluster.gpu} ({i.cluster.name}), GBS "
+                 f"{gbs} x seq {i.job.seq_length}, {i.job.precision}: top {len(doc.plans)} of "
+                 f"{'' if stats.exact else 'at most '}{stats.num_feasible} feasible ({stats.num_candidates} examined)",
+                 rank, framework.value, at_risk_margin, launcher)
 
 
 def _plan_pools(model, cluster, opts: dict, fmt: Fmt, output: Path | None, emit: Emit | None, rank: int,
