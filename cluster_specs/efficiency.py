@@ -1,13 +1,15 @@
 """Per-operation efficiency tables shipped with the cluster specs (``cluster_specs/data/efficiency/*.yaml``).
 
 ``attention.yaml``: fused-attention kernel TFLOP/s against sequence length per GPU and kernel (published kernel
-benchmarks, each series with its source in the file). ``attention_tflops`` interpolates them.
+benchmarks, each series with its source in the file), by kernel-library generation where more than one is published.
+``attention_tflops`` interpolates them.
 """
 from __future__ import annotations
 
 import bisect
 import functools
 import math
+import re
 from importlib import resources
 from typing import Any
 
@@ -51,11 +53,55 @@ def attention_kernels(gpu: str) -> tuple[str, ...]:
     return tuple(entry["kernels"])
 
 
-def attention_tflops(gpu: str, kernel: str, seq_length: float, head_dim: float) -> tuple[float, float] | None:
+#: A software date, ``YYYY-MM``.
+_DATE = re.compile(r"(\d{4})-(0[1-9]|1[0-2])")
+
+
+def _months(date: str) -> int:
+    """Months since year 0 of a ``YYYY-MM`` date.
+
+    Raises:
+        ValueError: not ``YYYY-MM`` with a month 01-12.
+    """
+    m = _DATE.fullmatch(str(date))
+    if m is None:
+        raise ValueError(f"software date must be YYYY-MM (e.g. 2025-11), got {date!r}")
+    return 12 * int(m.group(1)) + int(m.group(2)) - 1
+
+
+def _generation(series: dict[str, Any], software_date: str | None) -> tuple[list[float], list[float]]:
+    """(forward, backward) values of a kernel's series for software of ``software_date`` (``YYYY-MM``): the series
+    itself (the newest generation) when undated or when it has no ``earlier`` generations; else the generations by
+    ``as_of``, interpolated linearly in time between the two around the date and held at the first / last outside
+    them (``attention.yaml`` header)."""
+    gens = [series, *series.get("earlier", [])]
+    if software_date is None or len(gens) == 1:
+        return [float(v) for v in series["forward"]], [float(v) for v in series["backward"]]
+    gens.sort(key=lambda g: _months(g["as_of"]))
+    t = _months(software_date)
+    times = [_months(g["as_of"]) for g in gens]
+    if t <= times[0] or t >= times[-1]:
+        g = gens[0] if t <= times[0] else gens[-1]
+        return [float(v) for v in g["forward"]], [float(v) for v in g["backward"]]
+    i = bisect.bisect_right(times, t)
+    w = (t - times[i - 1]) / (times[i] - times[i - 1])
+    lo, hi = gens[i - 1], gens[i]
+    return ([(1 - w) * float(a) + w * float(b) for a, b in zip(lo["forward"], hi["forward"])],
+            [(1 - w) * float(a) + w * float(b) for a, b in zip(lo["backward"], hi["backward"])])
+
+
+def attention_tflops(gpu: str, kernel: str, seq_length: float, head_dim: float,
+                     software_date: str | None = None) -> tuple[float, float] | None:
     """(forward, backward) TFLOP/s of the fused attention ``kernel`` on ``gpu`` at key length ``seq_length``
     (tokens) and ``head_dim``, interpolated in log sequence length (held at the table's ends) and scaled by the
     head-dim factor; None when the table has no series for them. A GPU listed as ``scaled_from`` another uses that
-    GPU's curve shape scaled to its own long-sequence value."""
+    GPU's curve shape scaled to its own long-sequence value. ``software_date`` (``YYYY-MM``, the run's container or
+    release) picks the kernel library's generation where the table has more than one (``_generation``); None = the
+    newest.
+
+    Raises:
+        ValueError: ``software_date`` is not ``YYYY-MM``.
+    """
     t = _table("attention")
     hit = _gpu_entry(t["gpus"], gpu)
     if hit is None:
@@ -67,15 +113,16 @@ def attention_tflops(gpu: str, kernel: str, seq_length: float, head_dim: float) 
         src = entry["scaled_from"]
         if kernel != src["kernel"]:
             return None
-        base = t["gpus"][src["gpu"]]["kernels"][kernel]
-        scale = float(src["asymptote_tflops"]) / float(base["forward"][-1])
+        series = t["gpus"][src["gpu"]]["kernels"][kernel]
+        scale = float(src["asymptote_tflops"]) / float(series["forward"][-1])
     else:
-        base = entry["kernels"].get(kernel)
-        if base is None:
+        series = entry["kernels"].get(kernel)
+        if series is None:
             return None
+    fwd_s, bwd_s = _generation(series, software_date)
     hd = {float(k): float(v) for k, v in t["head_dim_factor"].items()}
     hds = sorted(hd)
     f_hd = _interp_log(hds, [hd[k] for k in hds], float(head_dim))
-    fwd = _interp_log(xs, [float(v) for v in base["forward"]], seq_length) * scale * f_hd
-    bwd = _interp_log(xs, [float(v) for v in base["backward"]], seq_length) * scale * f_hd
+    fwd = _interp_log(xs, fwd_s, seq_length) * scale * f_hd
+    bwd = _interp_log(xs, bwd_s, seq_length) * scale * f_hd
     return fwd, bwd

@@ -105,7 +105,7 @@ def attention_core_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, p
         # 16-bit over the TF32 peak (the same tensor cores at the TF32 rate)
         slow = (cluster.gpu.peak_flops[half_dtype(cluster)] / cluster.gpu.peak_flops[peak_dtype(cluster, job.precision)]
                 if job.precision == "fp32" else 1.0)
-        rates = _kernel_tflops(model, cluster, framework, s_key)
+        rates = _kernel_tflops(model, cluster, framework, s_key, job.software_date)
         if rates is not None:
             # the benchmarks ran at the TDP clock; under a power cap each kernel runs at the clock its own switching
             # activity allows (gemm.clock_fraction: its FLOP rate over the GEMM's)
@@ -128,14 +128,16 @@ def attention_core_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, p
     return fwd, 2.0 * fwd
 
 
-def _kernel_tflops(model: ModelSpec, cluster: ClusterSpec, framework: str, s_key: float) -> tuple[float, float] | None:
+def _kernel_tflops(model: ModelSpec, cluster: ClusterSpec, framework: str, s_key: float,
+                   software_date: str | None = None) -> tuple[float, float] | None:
     """(forward, backward) TFLOP/s of the framework's fused-attention kernel on the cluster's GPU at key length
     ``s_key`` and the model's head size (mean of the query/key and value head dims), from
-    ``cluster_specs/data/efficiency/attention.yaml``; None when the GPU has no series."""
+    ``cluster_specs/data/efficiency/attention.yaml``, in the kernel library's generation of ``software_date``
+    (``YYYY-MM``; None = the newest); None when the GPU has no series."""
     kernels = attention_kernels(cluster.gpu.name)
     if not kernels:
         return None
     want = ATTENTION_KERNEL.get(framework.split("_")[0], "cudnn")
     qk, v = attention_widths(model)
     head_dim = (qk + v) / 2 / model.num_attention_heads
-    return attention_tflops(cluster.gpu.name, want if want in kernels else kernels[0], s_key, head_dim)
+    return attention_tflops(cluster.gpu.name, want if want in kernels else kernels[0], s_key, head_dim, software_date)

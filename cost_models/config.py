@@ -96,6 +96,12 @@ class TrainingJob(BaseModel):
         "native", description="Megatron --cross-entropy-fusion-impl: 'native' (Megatron's fused vocab-parallel "
                               "cross entropy, bf16 logits + fp32 copy kept) or 'te' (Transformer Engine "
                               "parallel_cross_entropy: gradient written in place into the bf16 logits)")
+    software_date: str | None = Field(
+        None, pattern=r"^\d{4}-(0[1-9]|1[0-2])$",
+        description="YYYY-MM of the software the run uses (its container or framework release): selects the kernel "
+                    "library's generation in the efficiency tables (cluster_specs/data/efficiency/attention.yaml: "
+                    "cuDNN attention on H100 got 22-25% faster forward from 2024 to 2026); None = the newest, as for "
+                    "a run planned today")
     cross_entropy_loss_fusion: bool | None = Field(
         None, description="fused cross-entropy loss: Megatron --cross-entropy-loss-fusion (jit-fused vocab-parallel "
                           "loss), torchtitan's torch.compile'd loss; None = the framework's default (Megatron-LM, "

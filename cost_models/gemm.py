@@ -22,8 +22,8 @@ from .flops import layer_gemm_shapes
 #: 768-wide experts, h=2048 at TP 8) run than large ones. It is an in-training figure, not a kernel one: OpenXLA's
 #: published per-shape H100 GEMM table implies a median of 0.63 for GEMMs run alone (14 shapes with every dimension
 #: >= 1024; below 1.2 for all but the two smallest; ``benchmarks/gemm_published.py``), so the fitted value also
-#: carries what slows a GEMM inside a training step. Pinned at 0.5 with the rest refitted, the dev rows' in-sample
-#: MAPE goes from 5.08% to 7.78% (LOGO 6.46% -> 9.87%).
+#: carries what slows a GEMM inside a training step. Pinned at 0.5 with the rest refitted (2026-12, before the H100
+#: attention generations), the dev rows' in-sample MAPE went from 5.08% to 7.78% (LOGO 6.46% -> 9.87%).
 KAPPA = 2.25
 
 #: Share of the board power at the TDP that does not scale with the SM clock under a power limit (HBM, NVLink

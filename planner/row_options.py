@@ -5,10 +5,10 @@ of a published-runs dataset. The published columns leave out things the model ne
 overlap defaults), how the source counts TFLOP/s, the machine when the GPU name alone does not say it (a power cap, a
 slow network), whether the run had fused attention and dropout, and recipe settings (selective-recompute modules,
 16-bit gradient reduction, FP8 primary weights, precision-aware optimizer states, the cross-entropy implementation,
-pipeline layouts, EP overlap, CUDA graphs, forced balanced MoE routing, drop-and-pad MoE routing). A row states them
-as data, each with its source, in a ``setup`` block (the header of ``planner/data/published_runs_dev.yaml`` lists the
-keys); nothing here is keyed on a source's name, so every dataset is held to the same physics. A published
-``parallel.*`` value wins over ``setup``.
+pipeline layouts, EP overlap, CUDA graphs, forced balanced MoE routing, drop-and-pad MoE routing), and the date of its
+software (which kernel-library generation it ran). A row states them as data, each with its source, in a ``setup``
+block (the header of ``planner/data/published_runs_dev.yaml`` lists the keys); nothing here is keyed on a source's
+name, so every dataset is held to the same physics. A published ``parallel.*`` value wins over ``setup``.
 
 ``row_setup(row)`` parses the block (one-line ``PlanInputError`` naming the field on bad input); ``row_options(row)``
 turns it into ``ParallelConfig`` / ``TrainingJob`` fields; ``apply_row_options`` applies them (one call in
@@ -66,6 +66,8 @@ class RowSetup(BaseModel):
     full_cuda_graph: bool | None = None
     moe_router_force_load_balancing: bool | None = None
     moe_expert_capacity_factor: float | None = Field(None, ge=1.0)
+    #: YYYY-MM of the run's container or framework release (``TrainingJob.software_date``)
+    software_date: str | None = Field(None, pattern=r"^\d{4}-(0[1-9]|1[0-2])$")
     sources: dict[str, str] = Field(default_factory=dict)
 
 
@@ -172,6 +174,9 @@ def row_options(row: dict[str, Any], framework: str = "megatron") -> RowOptions:
         out.job["moe_expert_capacity_factor"] = s.moe_expert_capacity_factor
         out.notes.append(f"MoE drop-and-pad routing, capacity factor {s.moe_expert_capacity_factor:g} "
                          f"({setup_source(s, 'moe_expert_capacity_factor')})")
+    if s.software_date is not None:
+        out.job["software_date"] = s.software_date
+        out.notes.append(f"software of {s.software_date} ({setup_source(s, 'software_date')})")
     if s.cross_entropy_fusion_impl is not None:
         out.job["cross_entropy_fusion_impl"] = s.cross_entropy_fusion_impl
         out.notes.append(f"cross entropy {s.cross_entropy_fusion_impl} ({setup_source(s, 'cross_entropy_fusion_impl')})")
