@@ -53,8 +53,9 @@ def attention_kernels(gpu: str) -> tuple[str, ...]:
     return tuple(entry["kernels"])
 
 
-#: A software date, ``YYYY-MM``.
-_DATE = re.compile(r"(\d{4})-(0[1-9]|1[0-2])")
+#: A software date (a run's container or framework release, the ``as_of`` of a series): ``YYYY-MM``.
+SOFTWARE_DATE_PATTERN = r"^(\d{4})-(0[1-9]|1[0-2])$"
+_DATE = re.compile(SOFTWARE_DATE_PATTERN)
 
 
 def _months(date: str) -> int:

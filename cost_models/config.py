@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from cluster_specs.efficiency import SOFTWARE_DATE_PATTERN
 from model_zoo.input_guard import Plausible
 from model_zoo.spec import POSITIONS
 
@@ -97,7 +98,7 @@ class TrainingJob(BaseModel):
                               "cross entropy, bf16 logits + fp32 copy kept) or 'te' (Transformer Engine "
                               "parallel_cross_entropy: gradient written in place into the bf16 logits)")
     software_date: str | None = Field(
-        None, pattern=r"^\d{4}-(0[1-9]|1[0-2])$",
+        None, pattern=SOFTWARE_DATE_PATTERN,
         description="YYYY-MM of the software the run uses (its container or framework release): selects the kernel "
                     "library's generation in the efficiency tables (cluster_specs/data/efficiency/attention.yaml: "
                     "cuDNN attention on H100 got 22-25% faster forward from 2024 to 2026); None = the newest, as for "

@@ -22,6 +22,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from cluster_specs.efficiency import SOFTWARE_DATE_PATTERN
 from cluster_specs.spec import ClusterSpec
 from cost_models.config import ParallelConfig, RecomputeModule, TrainingJob
 
@@ -67,7 +68,7 @@ class RowSetup(BaseModel):
     moe_router_force_load_balancing: bool | None = None
     moe_expert_capacity_factor: float | None = Field(None, ge=1.0)
     #: YYYY-MM of the run's container or framework release (``TrainingJob.software_date``)
-    software_date: str | None = Field(None, pattern=r"^\d{4}-(0[1-9]|1[0-2])$")
+    software_date: str | None = Field(None, pattern=SOFTWARE_DATE_PATTERN)
     sources: dict[str, str] = Field(default_factory=dict)
 
 
