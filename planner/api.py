@@ -268,9 +268,9 @@ def plan(model: ModelLike | None = None, cluster: ClusterLike | None = None,
 
     ``options``: the job (``gpus`` or ``nodes``, ``global_batch_size`` 1024, ``seq_length`` 4096, ``precision``
     bf16, ``flash_attention`` True, ``dropout`` False, ``framework`` megatron, ``memory_headroom`` 0.05,
-    ``flops_convention`` megatron), the search (``top_k`` 5, ``solver`` cpsat|enumerate, ``objective``
-    throughput|headroom|min-gpus|cost with ``within`` / ``target_step_s`` / ``target_tokens_per_day`` /
-    ``deadline_days``), pins (``tp``, ``pp``, ``cp``, ``ep``, ``vpp``, ``micro_batch_size``, ``zero_stage``,
+    ``flops_convention`` megatron, ``software_date`` None: today's kernels), the search (``top_k`` 5, ``solver``
+    cpsat|enumerate, ``objective`` throughput|headroom|min-gpus|cost with ``within`` / ``target_step_s`` /
+    ``target_tokens_per_day`` / ``deadline_days``), pins (``tp``, ``pp``, ``cp``, ``ep``, ``vpp``, ``micro_batch_size``, ``zero_stage``,
     ``recompute``, ``first_stage_layers`` / ``last_stage_layers``: the decoder layers of the end stages) and the cost options (``train_tokens``, ...: ``CostOptions``; each plan then has a ``cost``).
     With ``gpus`` an upper bound, ``objective`` min-gpus finds the fewest GPUs that meet the target or deadline and
     ``cost`` the fewest GPU-hours that finish by ``deadline_days`` (planner/cost_search.py).

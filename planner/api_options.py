@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Literal, TypedDict
 
@@ -60,6 +61,7 @@ class JobOptions(TypedDict, total=False):
     flops_convention: Literal["megatron", "palm"]
     expert_load_imbalance: float | None
     capacity_factor: float | None
+    software_date: str | None
 
 
 class LayoutOptions(JobOptions, total=False):
@@ -188,19 +190,23 @@ def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = No
                 nodes: int | None = None, global_batch_size: int = 1024, seq_length: int = 4096,
                 precision: str = "bf16", flash_attention: bool = True, dropout: bool = False,
                 framework: str | None = None, full_model_init: bool = False,
-                expert_load_imbalance: float | None = None, capacity_factor: float | None = None) -> Inputs:
+                expert_load_imbalance: float | None = None, capacity_factor: float | None = None,
+                software_date: str | None = None) -> Inputs:
     """Resolve the model (default ``llama3.1-8b``), the cluster (default ``dgx-h100``), the GPU count (``gpus`` or
     ``nodes``; default the cluster's default node count: a multiple of the node size, or a divisor of it for a job
     on part of one node) and the job (``full_model_init``: every rank first materializes its whole 16-bit model,
     DeepSpeed without ``zero.Init``; checked as the init phase; ``expert_load_imbalance``: dropless MoE routing's
     busiest expert over the mean in one micro-batch, None = ``cost_models/moe_imbalance.py``'s default;
     ``capacity_factor``: drop-and-pad MoE routing to that capacity, Megatron-LM ``--moe-expert-capacity-factor`` with
-    ``--moe-pad-expert-input-to-capacity``, None = dropless).
+    ``--moe-pad-expert-input-to-capacity``, None = dropless; ``software_date``: ``YYYY-MM`` of the container or
+    framework release the run uses, which picks the kernel library's generation in the efficiency tables,
+    ``cluster_specs/data/efficiency/attention.yaml``, None = the newest).
 
     Raises ``ModelSpecError`` / ``ClusterSpecError`` (unreadable or invalid files, unknown names, a GPU count that
     is not whole nodes) and ``PlanInputError`` (an option outside its allowed values).
     """
     from cluster_specs import DEFAULT_CLUSTER, load_cluster, resolve_num_gpus
+    from cluster_specs.efficiency import SOFTWARE_DATE_PATTERN
     from cluster_specs.spec import ClusterSpec
     from cost_models.config import TrainingJob
     from model_zoo import DEFAULT_MODEL, load_model
@@ -260,13 +266,18 @@ def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = No
                              "the busiest expert then receives every token")
     if capacity_factor is not None:
         _check_capacity_factor(m, fw, capacity_factor, expert_load_imbalance)
+    if software_date is not None and (not isinstance(software_date, str)
+                                      or re.fullmatch(SOFTWARE_DATE_PATTERN, software_date) is None):
+        raise PlanInputError(f"--software-date {software_date!r}: give YYYY-MM, the month of the container or "
+                             f"framework release the run uses (e.g. 2024-07); leave it out for today's kernels")
     from pydantic import ValidationError
     try:
         job = TrainingJob(global_batch_size=global_batch_size, seq_length=seq_length, precision=precision,
                           flash_attention=check_bool("flash_attention", flash_attention),
                           dropout=check_bool("dropout", dropout), framework=fw,
                           full_model_init=check_bool("full_model_init", full_model_init),
-                          expert_load_imbalance=expert_load_imbalance, moe_expert_capacity_factor=capacity_factor)
+                          expert_load_imbalance=expert_load_imbalance, moe_expert_capacity_factor=capacity_factor,
+                          software_date=software_date)
     except ValidationError as e:  # a plausible range (cost_models/config.py): "--seq-length V is outside [lo, hi]"
         from .errors import option_error
         raise option_error(e, {"global_batch_size": "--global-batch-size", "seq_length": "--seq-length",
@@ -325,7 +336,7 @@ def job_kwargs(options: dict[str, Any]) -> dict[str, Any]:
     """The ``load_inputs`` keywords among ``options``."""
     return {k: options[k] for k in ("gpus", "nodes", "global_batch_size", "seq_length", "precision",
                                     "flash_attention", "dropout", "framework", "full_model_init",
-                                    "expert_load_imbalance", "capacity_factor") if k in options}
+                                    "expert_load_imbalance", "capacity_factor", "software_date") if k in options}
 
 
 def _fraction(field: str, value: float | None, default: float) -> float:

@@ -36,7 +36,9 @@ from .uncertainty import step_class, step_interval
 #:     (plan --global-batch-size-tolerance)
 #: 1.5 (additive): input.job.moe_expert_capacity_factor (--capacity-factor: drop-and-pad MoE routing; null =
 #:     dropless)
-SCHEMA_VERSION = "1.5"
+#: 1.6 (additive): input.job.software_date (--software-date: the kernel-library generation the plans were timed
+#:     with, cluster_specs/data/efficiency/attention.yaml; null = the newest)
+SCHEMA_VERSION = "1.6"
 
 
 def readable_schema_version(version: str) -> str:
@@ -104,6 +106,9 @@ class JobInfo(_Strict):
                           "cost_models/moe_imbalance.py's sourced default")
     moe_expert_capacity_factor: float | None = Field(
         None, description="drop-and-pad MoE routing to this capacity factor (--capacity-factor); null: dropless")
+    software_date: str | None = Field(
+        None, description="YYYY-MM of the run's container or framework release (--software-date): the kernel "
+                          "library's generation the plans were timed with; null: the newest")
     requested_global_batch_size: int | None = Field(
         None, description="plan --global-batch-size-tolerance: the global batch asked for (global_batch_size is the "
                           "one planned, within the tolerance of it); null without a tolerance")
@@ -303,7 +308,7 @@ def input_info(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpu
                     optimizer=job.optimizer, tokens_per_step=job.tokens_per_step, framework=job.framework,
                     flash_attention=job.flash_attention, dropout=job.dropout,
                     expert_load_imbalance=job.expert_load_imbalance,
-                    moe_expert_capacity_factor=job.moe_expert_capacity_factor,
+                    moe_expert_capacity_factor=job.moe_expert_capacity_factor, software_date=job.software_date,
                     requested_global_batch_size=requested_global_batch_size))
 
 

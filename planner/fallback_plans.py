@@ -268,7 +268,8 @@ def fallback(model: Any = None, cluster: Any = None, *, plan: Any = None, max_lo
                       seq_length=i.job.seq_length, precision=i.job.precision)
         for k, doc_k in (("flash_attention", "flash_attention"), ("dropout", "dropout"), ("framework", "framework"),
                          ("expert_load_imbalance", "expert_load_imbalance"),
-                         ("capacity_factor", "moe_expert_capacity_factor")):  # the option, else the doc's
+                         ("capacity_factor", "moe_expert_capacity_factor"),
+                         ("software_date", "software_date")):  # the option, else the doc's
             v = o[k] if o.get(k) is not None else getattr(i.job, doc_k)
             if v is not None:
                 job_kw[k] = v
@@ -293,7 +294,7 @@ def fallback(model: Any = None, cluster: Any = None, *, plan: Any = None, max_lo
             raise PlanInputError("--rank selects a plan of --plan's document; without --plan the best plan is used")
         first = api_plan(model, cluster, **{**o, "top_k": 1})
         keys = ("gpus", "nodes", "global_batch_size", "seq_length", "precision", "flash_attention", "dropout",
-                "framework", "expert_load_imbalance", "capacity_factor")
+                "framework", "expert_load_imbalance", "capacity_factor", "software_date")
         inputs = load_inputs(model, cluster, **{k: o[k] for k in keys if o.get(k) is not None})
         par = _parallel_of(first.plans[0])
     m, c, job = inputs.model, inputs.cluster, inputs.job

@@ -72,3 +72,43 @@ def test_row_states_its_software_date_with_a_source():
         row_options(_row({"software_date": "2025-11"}))
     with pytest.raises(PlanInputError, match="setup.software_date"):
         row_options(_row({"software_date": "11/2025", "sources": {"software_date": "x"}}))
+
+
+# --- --software-date on the commands ------------------------------------------------------------------------------
+
+LLAMA_8K = ("--seq-length", "8192", "--global-batch-size", "64", "--zero-stage", "3", "--format", "json")
+
+
+def test_evaluate_times_attention_in_the_generation_of_the_date(run_cli):
+    new = run_cli("evaluate", *LLAMA_8K)
+    old = run_cli("evaluate", *LLAMA_8K, "--software-date", "2024-07")
+    assert new.exit_code == 0 and old.exit_code == 0, (new.stderr, old.stderr)
+    d_new, d_old = new.json(), old.json()
+    assert d_new["input"]["job"]["software_date"] is None and d_old["input"]["job"]["software_date"] == "2024-07"
+    t_new = d_new["plans"][0]["time"]["compute_breakdown_s"]
+    t_old = d_old["plans"][0]["time"]["compute_breakdown_s"]
+    # the same GEMMs; attention at 8k keys: forward 644 -> 529 and backward 541 -> 518 TFLOP/s (1 + 2.5 units of
+    # work), so the 2024 kernels take (1/529 + 2.5/518) / (1/644 + 2.5/541) of the time
+    assert t_old["gemm"] == t_new["gemm"]
+    assert t_old["attention"] / t_new["attention"] == pytest.approx(
+        (1 / 529 + 2.5 / 518) / (1 / 644 + 2.5 / 541), rel=2e-3)
+
+
+def test_bad_software_date_is_one_line(run_cli):
+    for cmd in ("plan", "evaluate", "explain"):
+        r = run_cli(cmd, "--software-date", "24.07")
+        assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert r.stderr.startswith("plan3d: error: --software-date '24.07': give YYYY-MM"), r.stderr
+    r = run_cli("plan", "--cluster", "dgx-h100:2,dgx-a100-80g:2", "--software-date", "2024-07")
+    assert r.exit_code == 2 and "--software-date: not available over pools" in r.stderr, r.stderr
+
+
+def test_fallback_reevaluates_the_plan_in_its_generation(run_cli, tmp_path):
+    doc = tmp_path / "plan.json"
+    r = run_cli("plan", "--nodes", "4", "--software-date", "2024-07", "--format", "json", "--output", str(doc))
+    assert r.exit_code == 0, r.stderr
+    import json
+    planned = json.loads(doc.read_text())["plans"][0]["time"]["step_s"]
+    fb = run_cli("fallback", "--plan", str(doc), "--max-lost-nodes", "1", "--format", "json")
+    assert fb.exit_code == 0, fb.stderr
+    assert fb.json()["original"]["time"]["step_s"] == planned

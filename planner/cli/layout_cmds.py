@@ -14,8 +14,8 @@ from .options import (AT_RISK_DEFAULT, AsyncCkptOpt, AtRiskOpt, CapacityOpt, Clu
                       LayoutStrOpt, MasterDtypeOpt, MbsOpt, ModelOpt, MomentDtypeOpt, NodesOpt, OffloadModulesOpt,
                       OffloadOpt, OutOpt, ParamOffloadOpt, PpOpt, PrecOpt, Precision, PriceOpt, PueOpt, RateOpt,
                       RecomputeLayersOpt, RecomputeLayoutOpt, RecomputeMethodOpt, RecomputeModulesOpt, RecomputeOpt,
-                      RestartOpt, ScheduleOptT, SeqOpt, SpOpt, TpOpt, TrainTokensOpt, VppOpt, ZeroOpt,
-                      check_format_emit, layout_kwargs, rules_framework)
+                      RestartOpt, ScheduleOptT, SeqOpt, SoftwareDateOpt, SpOpt, TpOpt, TrainTokensOpt, VppOpt,
+                      ZeroOpt, check_format_emit, layout_kwargs, rules_framework)
 from .output import open_output, render_plans, write_output
 
 
@@ -45,7 +45,7 @@ def evaluate(
     optimizer_cpu_offload: OffloadOpt = 0.0, param_cpu_offload: ParamOffloadOpt = False,
     exp_avg_dtype: MomentDtypeOpt = "fp32", exp_avg_sq_dtype: MomentDtypeOpt = "fp32",
     main_params_dtype: MasterDtypeOpt = "fp32", expert_load_imbalance: ImbalanceOpt = None,
-    capacity_factor: CapacityOpt = None,
+    capacity_factor: CapacityOpt = None, software_date: SoftwareDateOpt = None,
     train_tokens: TrainTokensOpt = None, gpu_hour_price: PriceOpt = None, async_checkpoint: AsyncCkptOpt = False,
     interruption_rate: RateOpt = None, restart_s: RestartOpt = None, pue: PueOpt = None,
 ) -> None:
@@ -142,7 +142,7 @@ def explain(
     optimizer_cpu_offload: OffloadOpt = 0.0, param_cpu_offload: ParamOffloadOpt = False,
     exp_avg_dtype: MomentDtypeOpt = "fp32", exp_avg_sq_dtype: MomentDtypeOpt = "fp32",
     main_params_dtype: MasterDtypeOpt = "fp32", expert_load_imbalance: ImbalanceOpt = None,
-    capacity_factor: CapacityOpt = None,
+    capacity_factor: CapacityOpt = None, software_date: SoftwareDateOpt = None,
 ) -> None:
     """List every constraint of one given configuration with its slack (same options as ``evaluate``).
 

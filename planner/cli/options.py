@@ -213,6 +213,11 @@ CapacityOpt = Annotated[Optional[float], typer.Option(
     help="MoE drop-and-pad routing (Megatron --moe-expert-capacity-factor with --moe-pad-expert-input-to-capacity): "
          "each expert's input padded to this multiple of the balanced share; no host sync on the token counts "
          "(default: dropless)")]
+SoftwareDateOpt = Annotated[Optional[str], typer.Option(
+    "--software-date", metavar="YYYY-MM",
+    help="month of the container or framework release the run uses (e.g. 2024-07 for NeMo 24.07): attention is "
+         "timed with that generation of the kernel library (cuDNN on H100: 22-25% slower forward in 2024 than in "
+         "2026); default: today's kernels")]
 MasterDtypeOpt = Annotated[str, typer.Option(
     "--main-params-dtype", help="master-weight dtype: fp32, fp16 (Megatron --main-params-dtype), bf16 "
                                 "(Megatron-FSDP --megatron-fsdp-main-params-dtype)")]
@@ -224,7 +229,7 @@ _LAYOUT_PASSED = ("model", "cluster", "gpus", "nodes", "global_batch_size", "seq
                   "recompute_num_layers", "sequence_parallel", "first_stage_layers", "last_stage_layers",
                   "at_risk_margin", "full_model_init", "expert_load_imbalance", "capacity_factor", "pipeline_layout",
                   "recompute_method", "optimizer_cpu_offload", "param_cpu_offload", "exp_avg_dtype",
-                  "exp_avg_sq_dtype", "main_params_dtype")
+                  "exp_avg_sq_dtype", "main_params_dtype", "software_date")
 #: ... passed on as the choice's value (None when the command has no such option)
 _LAYOUT_CHOICES = ("precision", "framework", "recompute", "flops_convention", "pipeline_schedule")
 #: ... given as comma-separated module names

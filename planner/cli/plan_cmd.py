@@ -13,8 +13,8 @@ from .app import app
 from .options import (AT_RISK_DEFAULT, AsyncCkptOpt, AtRiskOpt, CapacityOpt, ClusterOpt, DropoutOpt, Emit, FlashOpt,
                       FlopsOpt, Fmt, FmtOpt, Framework, GbsOpt, GpusOpt, HEADROOM_DEFAULT, HeadroomOpt, ImbalanceOpt,
                       Launcher, LauncherOpt, ModelOpt, NodesOpt, ObjectiveOpt, OutOpt, PrecOpt, Precision, PriceOpt,
-                      PueOpt, RateOpt, RecomputeOpt, RestartOpt, ScheduleOptT, SeqOpt, SolverOpt, TrainTokensOpt,
-                      check_format_emit, enum_value, rules_framework)
+                      PueOpt, RateOpt, RecomputeOpt, RestartOpt, ScheduleOptT, SeqOpt, SoftwareDateOpt, SolverOpt,
+                      TrainTokensOpt, check_format_emit, enum_value, rules_framework)
 from .output import draw_cost_sweep, emit_launch, render_comparison, render_plans, write_output
 
 
@@ -62,7 +62,7 @@ def plan(
     pin_schedule: ScheduleOptT = None,
     flops_convention: FlopsOpt = None, at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT,
     expert_load_imbalance: ImbalanceOpt = None,
-    capacity_factor: CapacityOpt = None,
+    capacity_factor: CapacityOpt = None, software_date: SoftwareDateOpt = None,
     train_tokens: TrainTokensOpt = None, gpu_hour_price: PriceOpt = None, async_checkpoint: AsyncCkptOpt = False,
     interruption_rate: RateOpt = None, restart_s: RestartOpt = None, pue: PueOpt = None,
     deadline_days: Annotated[Optional[float], typer.Option(
@@ -109,6 +109,9 @@ def plan(
             raise PlanInputError(f"{', '.join(routing)}: not available over pools (--cluster NAME:NODES,...): the pool "
                                  f"planner costs dropless MoE routing at its default expert imbalance; drop "
                                  f"{', '.join(routing)} or plan one cluster")
+        if software_date is not None:
+            raise PlanInputError("--software-date: not available over pools (--cluster NAME:NODES,...): the pool "
+                                 "planner times today's kernels; drop --software-date or plan one cluster")
         if given or objective != ObjectiveOpt.throughput or solver != SolverOpt.cpsat:
             what = ', '.join(given) or '--objective/--solver'
             raise PlanInputError(f"{what}: not available over pools (--cluster NAME:NODES,...): a plan over pools "
@@ -156,7 +159,7 @@ def plan(
                 train_tokens=train_tokens, gpu_hour_price=gpu_hour_price, async_checkpoint=async_checkpoint,
                 interruption_rate=interruption_rate, restart_s=restart_s, pue=pue, deadline_days=deadline_days,
                 at_risk_margin=at_risk_margin, expert_load_imbalance=expert_load_imbalance,
-                capacity_factor=capacity_factor, time_budget_s=time_budget)
+                capacity_factor=capacity_factor, software_date=software_date, time_budget_s=time_budget)
     if choice.kind != "single":
         if emit is not None:
             raise PlanInputError("--emit writes one plan: give one --cluster")
