@@ -197,23 +197,28 @@ def _hf_qwen2(c: _Cfg) -> dict[str, Any]:
 def _hf_qwen2_moe(c: _Cfg) -> dict[str, Any]:
     d = _windowed(c, _llama_like(c, "qwen2_moe"), every_layer=False)
     d.update(qkv_bias=bool(c.get("qkv_bias", True)), attention_out_bias=False)
-    n_exp = c.int_("num_experts")
-    step = c.int_("decoder_sparse_step", default=1)
     shared = c.int_("shared_expert_intermediate_size", default=0)
-    d["moe"] = dict(
-        num_experts=n_exp,
+    d["moe"] = _qwen_moe(c, num_shared_experts=1 if shared else 0, shared_expert_ffn_hidden_size=shared,
+                         shared_expert_gate=bool(shared))
+    return d
+
+
+def _qwen_moe(c: _Cfg, **shared: Any) -> dict[str, Any]:
+    """The ``moe`` fields Qwen2-MoE and Qwen3-MoE configs share: routed experts, every ``decoder_sparse_step``-th
+    layer sparse (the first ``step - 1`` dense) except ``mlp_only_layers``; ``norm_topk_prob`` defaults to False in
+    both (``Qwen2MoeConfig``, ``Qwen3MoeConfig``). ``shared``: the shared-expert fields (Qwen2-MoE only)."""
+    step = c.int_("decoder_sparse_step", default=1)
+    return dict(
+        num_experts=c.int_("num_experts"),
         top_k=c.int_("num_experts_per_tok"),
         expert_ffn_hidden_size=c.int_("moe_intermediate_size"),
-        num_shared_experts=1 if shared else 0,
-        shared_expert_ffn_hidden_size=shared,
-        shared_expert_gate=bool(shared),
+        **shared,
         first_k_dense_layers=step - 1,
         moe_layer_freq=step,
         dense_layer_indices=tuple(c.get("mlp_only_layers", [])),
-        norm_topk_prob=bool(c.get("norm_topk_prob", False)),  # Qwen2MoeConfig default False
+        norm_topk_prob=bool(c.get("norm_topk_prob", False)),
         aux_loss_coeff=c.get("router_aux_loss_coef", 0.0),
     )
-    return d
 
 
 def _hf_qwen3(c: _Cfg) -> dict[str, Any]:
@@ -222,17 +227,7 @@ def _hf_qwen3(c: _Cfg) -> dict[str, Any]:
 
 def _hf_qwen3_moe(c: _Cfg) -> dict[str, Any]:
     d = _windowed(c, _llama_like(c, "qwen3_moe", qk_norm=True), every_layer=False)
-    step = c.int_("decoder_sparse_step", default=1)
-    d["moe"] = dict(
-        num_experts=c.int_("num_experts"),
-        top_k=c.int_("num_experts_per_tok"),
-        expert_ffn_hidden_size=c.int_("moe_intermediate_size"),
-        first_k_dense_layers=step - 1,
-        moe_layer_freq=step,
-        dense_layer_indices=tuple(c.get("mlp_only_layers", [])),
-        norm_topk_prob=bool(c.get("norm_topk_prob", False)),  # Qwen3MoeConfig default False
-        aux_loss_coeff=c.get("router_aux_loss_coef", 0.0),
-    )
+    d["moe"] = _qwen_moe(c)
     return d
 
 
