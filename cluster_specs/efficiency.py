@@ -1,8 +1,8 @@
 """Per-operation efficiency tables shipped with the cluster specs (``cluster_specs/data/efficiency/*.yaml``).
 
 ``attention.yaml``: fused-attention kernel TFLOP/s against sequence length per GPU and kernel (published kernel
-benchmarks, each series with its source in the file), by kernel-library generation where more than one is published.
-``attention_tflops`` interpolates them.
+benchmarks, each series with its source in the file), by kernel-library generation where more than one is published, and for sliding-window attention where measured.
+``attention_tflops`` and ``attention_window_tflops`` interpolate them.
 """
 from __future__ import annotations
 
@@ -92,10 +92,13 @@ def _generation(series: dict[str, Any], software_date: str | None) -> tuple[list
 
 
 def attention_tflops(gpu: str, kernel: str, seq_length: float, head_dim: float,
-                     software_date: str | None = None) -> tuple[float, float] | None:
+                     software_date: str | None = None,
+                     half_rate_tokens: float | None = None) -> tuple[float, float] | None:
     """(forward, backward) TFLOP/s of the fused attention ``kernel`` on ``gpu`` at key length ``seq_length``
     (tokens) and ``head_dim``, interpolated in log sequence length (held at the table's ends) and scaled by the
-    head-dim factor; None when the table has no series for them. A GPU listed as ``scaled_from`` another uses that
+    head-dim factor; None when the table has no series for them. ``half_rate_tokens``: below the table's shortest
+    length, scale that length's rate by the saturation curve ``x / (x + half_rate_tokens)`` (the caller's kernel
+    model) instead of holding it. A GPU listed as ``scaled_from`` another uses that
     GPU's curve shape scaled to its own long-sequence value. ``software_date`` (``YYYY-MM``, the run's container or
     release) picks the kernel library's generation where the table has more than one (``_generation``); None = the
     newest.
@@ -121,9 +124,53 @@ def attention_tflops(gpu: str, kernel: str, seq_length: float, head_dim: float,
         if series is None:
             return None
     fwd_s, bwd_s = _generation(series, software_date)
-    hd = {float(k): float(v) for k, v in t["head_dim_factor"].items()}
-    hds = sorted(hd)
-    f_hd = _interp_log(hds, [hd[k] for k in hds], float(head_dim))
+    f_hd = _head_dim_factor(t, head_dim)
     fwd = _interp_log(xs, fwd_s, seq_length) * scale * f_hd
     bwd = _interp_log(xs, bwd_s, seq_length) * scale * f_hd
+    if half_rate_tokens is not None and seq_length < xs[0]:
+        below = (seq_length / (seq_length + half_rate_tokens)) / (xs[0] / (xs[0] + half_rate_tokens))
+        fwd, bwd = fwd * below, bwd * below
+    return fwd, bwd
+
+
+def _head_dim_factor(t: dict[str, Any], head_dim: float) -> float:
+    """The table's ``head_dim_factor`` at ``head_dim``, interpolated in log head dim (held at the ends)."""
+    hd = {float(k): float(v) for k, v in t["head_dim_factor"].items()}
+    hds = sorted(hd)
+    return _interp_log(hds, [hd[k] for k in hds], float(head_dim))
+
+
+def attention_window_tflops(gpu: str, kernel: str, window: int, seq_length: float, head_dim: float,
+                            software_date: str | None = None,
+                            half_rate_tokens: float | None = None) -> tuple[float, float] | None:
+    """(forward, backward) TFLOP/s, over the window's FLOPs, of ``kernel``'s sliding-window attention on ``gpu``
+    with a window of ``window`` keys, ``seq_length`` query tokens and ``head_dim``, from the kernel's measured
+    ``sliding_window`` series (``attention.yaml``); None when the GPU's kernel has none.
+
+    The series is read at ``seq_length`` (interpolated in log length, held at its ends) and scaled by the head-dim
+    factor. A window other than the measured ``w0`` scales by the kernel's causal rate at twice each window
+    (``attention_tflops`` at ``2w`` over ``2w0``, ``half_rate_tokens`` below the table): a causal query block sees
+    half the sequence's keys on average and a windowed one its window, so the per-block work of a window ``w`` is
+    that of a causal sequence of ``2w`` (an assumption; the measurement anchors the level).
+
+    Raises:
+        ValueError: ``software_date`` is not ``YYYY-MM``.
+    """
+    t = _table("attention")
+    hit = _gpu_entry(t["gpus"], gpu)
+    if hit is None or "kernels" not in hit[1]:
+        return None
+    series = (hit[1]["kernels"].get(kernel) or {}).get("sliding_window")
+    if series is None:
+        return None
+    xs = [float(x) for x in series["sequence_lengths"]]
+    f_hd = _head_dim_factor(t, head_dim) / _head_dim_factor(t, series["head_dim"])
+    fwd = _interp_log(xs, [float(v) for v in series["forward"]], seq_length) * f_hd
+    bwd = _interp_log(xs, [float(v) for v in series["backward"]], seq_length) * f_hd
+    w0 = int(series["window"])
+    if window != w0:
+        at_w = attention_tflops(gpu, kernel, 2 * window, 128, software_date, half_rate_tokens)
+        at_w0 = attention_tflops(gpu, kernel, 2 * w0, 128, software_date, half_rate_tokens)
+        if at_w is not None and at_w0 is not None:
+            fwd, bwd = fwd * at_w[0] / at_w0[0], bwd * at_w[1] / at_w0[1]
     return fwd, bwd

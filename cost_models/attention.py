@@ -9,7 +9,7 @@ mask inside the kernel: ``FUSED_DROPOUT_SLOWDOWN``.
 """
 from __future__ import annotations
 
-from cluster_specs.efficiency import attention_kernels, attention_tflops
+from cluster_specs.efficiency import attention_kernels, attention_tflops, attention_window_tflops
 from cluster_specs.spec import ClusterSpec
 from model_zoo.spec import ModelSpec
 
@@ -48,6 +48,13 @@ DROPOUT_SCORE_PASSES = 2.5
 #: on GB200, 20-40% (Dao-AILab/flash-attention PR 2597). No H100 cuDNN measurement was found.
 FUSED_DROPOUT_SLOWDOWN = 1.05
 
+#: Sliding-window kernel rate over the causal kernel's rate at a key length of twice the window, for a GPU whose
+#: kernel has no measured ``sliding_window`` series in ``attention.yaml``: the two published measurements give 0.78
+#: (H200 cuDNN 9.19, window 1024: 336 TFLOP/s forward at 4k tokens against 484 x 0.89 at 2048 causal, head dim 64)
+#: and 0.63 (GB200 cuDNN 9.22, window 128: 161 against the 512-token causal rate extrapolated to 256, 408 x 0.70 x
+#: 0.89); their mean.
+WINDOWED_RATE_SHARE = 0.71
+
 #: Fused-attention kernel each framework runs (``cluster_specs/data/efficiency/attention.yaml``): Megatron-LM / NeMo
 #: through Transformer Engine's ``FusedAttention`` (cuDNN), torchtitan and DeepSpeed through PyTorch SDPA's flash
 #: backend (FlashAttention-2). A GPU without that kernel's series uses the one it has.
@@ -84,9 +91,9 @@ def attention_efficiency(cluster: ClusterSpec) -> float:
 
 
 def attention_core_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
-                     framework: str) -> tuple[float, float]:
-    """(forward, backward) seconds of one layer's attention core for one micro-batch on one GPU (``a/tp`` heads,
-    ``b·s/cp`` query tokens).
+                     framework: str, layer: int | None = None) -> tuple[float, float]:
+    """(forward, backward) seconds of decoder layer ``layer``'s attention core for one micro-batch on one GPU
+    (``a/tp`` heads, ``b·s/cp`` query tokens); ``layer`` None: a full-attention layer.
 
     Flash attention: the kernel's rate rises with the key length it streams per query block (fixed per-block
     setup, tail tiles of the causal triangle): ``eff(s) = eff_inf x s / (s + ATTN_HALF_SEQ)``. Under context
@@ -94,18 +101,28 @@ def attention_core_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, p
     for causal load balance and each rank holds two of them: Megatron-LM ``docs/source/api-guide/
     context_parallel.rst``; Transformer Engine ``AttnFuncWithCPAndKVP2P`` runs one flash-attention call per ring
     step and chunk half).
+
+    Sliding-window layers (``ModelSpec.attention_window``) shorter than the sequence: the fused kernel skips the
+    key blocks outside the window (FlashAttention-2 ``window_size``; cuDNN's sliding-window band through Transformer
+    Engine ``window_size``), so it does the window's FLOPs (``flops.attention_core_flops_per_token``) at the
+    kernel's measured sliding-window rate (``efficiency.attention_window_tflops``: a few key tiles per query tile run
+    far below the causal rate); a GPU without one runs ``WINDOWED_RATE_SHARE`` of the causal rate at a key length
+    of twice the window. Unfused attention computes and masks the whole ``s x s`` matrix whatever the window.
     """
     b, s = par.micro_batch_size, job.seq_length
     tok = b * s / par.cp
     heads_frac = 1.0 / par.tp
     if job.flash_attention:
-        fl = attention_core_flops_per_token(model, s, causal_halved=True) * tok * heads_frac
-        s_key = s / par.cp
+        window = model.attention_window(layer) if layer is not None else None
+        window = window if window is not None and window < s else None
+        fl = attention_core_flops_per_token(model, s, causal_halved=True, window=window) * tok * heads_frac
+        s_key = s / par.cp if window is None else 2.0 * window
         # fp32 training (PyTorch SDPA's memory-efficient kernel in fp32): the 16-bit kernel's time scaled by the
         # 16-bit over the TF32 peak (the same tensor cores at the TF32 rate)
         slow = (cluster.gpu.peak_flops[half_dtype(cluster)] / cluster.gpu.peak_flops[peak_dtype(cluster, job.precision)]
                 if job.precision == "fp32" else 1.0)
-        rates = _kernel_tflops(model, cluster, framework, s_key, job.software_date)
+        rates = (_kernel_tflops(model, cluster, framework, s_key, job.software_date) if window is None else
+                 _window_tflops(model, cluster, framework, window, s / par.cp, job.software_date))
         if rates is not None:
             # the benchmarks ran at the TDP clock; under a power cap each kernel runs at the clock its own switching
             # activity allows (gemm.clock_fraction: its FLOP rate over the GEMM's)
@@ -116,6 +133,7 @@ def attention_core_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, p
             fwd = slow * fl / (rates[0] * 1e12 * share_f)
             return fwd, slow * ATTN_BWD_FACTOR * fl / (rates[1] * 1e12 * share_b)
         eff = attention_efficiency(cluster) * s_key / (s_key + ATTN_HALF_SEQ)
+        eff *= WINDOWED_RATE_SHARE if window is not None else 1.0
         fwd = fl / (cluster.gpu.peak_flops[peak_dtype(cluster, job.precision)] * eff)  # TF32 peak in fp32
         fwd *= FUSED_DROPOUT_SLOWDOWN if job.dropout else 1.0
         return fwd, ATTN_BWD_FACTOR * fwd
@@ -128,16 +146,43 @@ def attention_core_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, p
     return fwd, 2.0 * fwd
 
 
+def _kernel_choice(model: ModelSpec, cluster: ClusterSpec, framework: str) -> tuple[str, float] | None:
+    """(kernel with a series on the cluster's GPU: the framework's own, else the first listed; the model's head
+    size, the mean of its query/key and value head dims); None when the GPU has no series."""
+    kernels = attention_kernels(cluster.gpu.name)
+    if not kernels:
+        return None
+    want = ATTENTION_KERNEL.get(framework.split("_")[0], "cudnn")
+    qk, v = attention_widths(model)
+    return (want if want in kernels else kernels[0]), (qk + v) / 2 / model.num_attention_heads
+
+
+def _window_tflops(model: ModelSpec, cluster: ClusterSpec, framework: str, window: int, s_query: float,
+                   software_date: str | None = None) -> tuple[float, float] | None:
+    """(forward, backward) TFLOP/s over the window's FLOPs of the framework's kernel with a ``window``-key sliding
+    window at ``s_query`` query tokens: the measured sliding-window series (``efficiency.attention_window_tflops``),
+    else ``WINDOWED_RATE_SHARE`` x the causal rate at ``2 x window`` keys; None when the GPU has no series."""
+    choice = _kernel_choice(model, cluster, framework)
+    if choice is None:
+        return None
+    kernel, head_dim = choice
+    got = attention_window_tflops(cluster.gpu.name, kernel, window, s_query, head_dim, software_date,
+                                  half_rate_tokens=ATTN_HALF_SEQ)
+    if got is not None:
+        return got
+    causal = attention_tflops(cluster.gpu.name, kernel, 2.0 * window, head_dim, software_date,
+                              half_rate_tokens=ATTN_HALF_SEQ)
+    return None if causal is None else (WINDOWED_RATE_SHARE * causal[0], WINDOWED_RATE_SHARE * causal[1])
+
+
 def _kernel_tflops(model: ModelSpec, cluster: ClusterSpec, framework: str, s_key: float,
                    software_date: str | None = None) -> tuple[float, float] | None:
     """(forward, backward) TFLOP/s of the framework's fused-attention kernel on the cluster's GPU at key length
     ``s_key`` and the model's head size (mean of the query/key and value head dims), from
     ``cluster_specs/data/efficiency/attention.yaml``, in the kernel library's generation of ``software_date``
     (``YYYY-MM``; None = the newest); None when the GPU has no series."""
-    kernels = attention_kernels(cluster.gpu.name)
-    if not kernels:
+    choice = _kernel_choice(model, cluster, framework)
+    if choice is None:
         return None
-    want = ATTENTION_KERNEL.get(framework.split("_")[0], "cudnn")
-    qk, v = attention_widths(model)
-    head_dim = (qk + v) / 2 / model.num_attention_heads
-    return attention_tflops(cluster.gpu.name, want if want in kernels else kernels[0], s_key, head_dim, software_date)
+    kernel, head_dim = choice
+    return attention_tflops(cluster.gpu.name, kernel, s_key, head_dim, software_date, half_rate_tokens=ATTN_HALF_SEQ)

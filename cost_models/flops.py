@@ -5,7 +5,9 @@
 * Attention core: ``QK^T`` and ``score x V`` cost ``2*s*(a*d_qk) + 2*s*(a*d_v)`` FLOPs per token per layer
   forward; causal masking halves it in Megatron-LM's count (``num_floating_point_operations`` in
   ``megatron/training/training.py``, formulas.md Sec. 3.2), not in PaLM's (Chowdhery et al. 2022, App. B:
-  ``6N + 12*L*H*Q*T`` per token, formulas.md Sec. 3.3) or torchtitan's.
+  ``6N + 12*L*H*Q*T`` per token, formulas.md Sec. 3.3) or torchtitan's. A sliding-window layer (gpt-oss, Mistral)
+  is counted over its window in the causal count, as Megatron-Bridge counts it (``flop_utils.py``, commit
+  067f987df); Megatron-LM's own logger (commit d48bd6be) counts such layers as full causal attention.
 * Recompute adds hardware FLOPs (HFU, PaLM App. B): full recompute one more forward of every recomputed
   layer; selective recompute re-runs the attention core only (K22 Sec. 5).
 """
@@ -38,11 +40,29 @@ def layer_gemm_flops_per_token(model: ModelSpec, layer: int) -> float:
     return 2.0 * (lp.tp_sharded + lp.expert_active + router)
 
 
-def attention_core_flops_per_token(model: ModelSpec, seq_length: int, causal_halved: bool) -> float:
-    """Forward FLOPs per token of ``QK^T`` and ``score x V`` for one layer (sequence ``seq_length``)."""
+def attention_core_flops_per_token(model: ModelSpec, seq_length: int, causal_halved: bool,
+                                   window: int | None = None) -> float:
+    """Forward FLOPs per token of ``QK^T`` and ``score x V`` for one layer (sequence ``seq_length``):
+    ``2 x context x (a*d_qk + a*d_v)`` with ``context`` the keys a query is counted against: ``s`` (full matrix),
+    ``s/2`` (causal, Megatron-LM's count), or for a causal sliding window of ``window`` keys shorter than the
+    sequence the exact mean ``w - w(w-1)/(2s)`` (``sum_i min(i, w) / s``; Megatron-Bridge ``flop_utils.py``
+    ``calculate_swa_context``, commit 067f987df). The window applies only with ``causal_halved`` (an unmasked count
+    is the full matrix)."""
     qk, v = attention_widths(model)
-    f = 2.0 * seq_length * (qk + v)
-    return f / 2 if causal_halved else f
+    if not causal_halved:
+        context = float(seq_length)
+    elif window is not None and window < seq_length:
+        context = window - window * (window - 1) / (2.0 * seq_length)
+    else:
+        context = seq_length / 2.0
+    return 2.0 * context * (qk + v)
+
+
+def attention_core_flops_all_layers(model: ModelSpec, seq_length: int, layers=None) -> float:
+    """Causal attention-core forward FLOPs per token summed over ``layers`` (default: all), each at its own
+    attention window (``attention_core_flops_per_token``)."""
+    return sum(n * attention_core_flops_per_token(model, seq_length, True, model.attention_window(i))
+               for i, n in model.layer_kinds(layers))
 
 
 def logits_flops_per_token(model: ModelSpec, vocab: int | None = None) -> float:
@@ -64,7 +84,7 @@ def model_flops_per_token(model: ModelSpec, seq_length: int, convention: FlopsCo
         qk, v = attention_widths(model)
         return 6.0 * n + 6.0 * model.num_layers * seq_length * (qk + v)
     fwd = sum(n * layer_gemm_flops_per_token(model, i) for i, n in model.layer_kinds())  # per kind: O(1) in depth
-    fwd += model.num_layers * attention_core_flops_per_token(model, seq_length, causal_halved=True)
+    fwd += attention_core_flops_all_layers(model, seq_length)
     fwd += logits_flops_per_token(model)
     return 3.0 * fwd
 
@@ -106,11 +126,11 @@ def recompute_flops_per_token(model: ModelSpec, seq_length: int, par: ParallelCo
     ``recomputed_layers`` (the same layers ``step_time`` charges)."""
     if par.recompute == "none":
         return 0.0
-    attn = attention_core_flops_per_token(model, seq_length, causal_halved=True)
     if par.recompute == "selective":
-        return model.num_layers * attn
-    return sum(n * (layer_gemm_flops_per_token(model, i) + attn)
-               for i, n in model.layer_kinds(recomputed_layers(model, par)))
+        return attention_core_flops_all_layers(model, seq_length)
+    layers = recomputed_layers(model, par)
+    return (sum(n * layer_gemm_flops_per_token(model, i) for i, n in model.layer_kinds(layers))
+            + attention_core_flops_all_layers(model, seq_length, layers))
 
 
 def step_model_flops(model: ModelSpec, job: TrainingJob, convention: FlopsConvention = "megatron") -> float:

@@ -77,7 +77,7 @@ def layer_cost(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: Pa
     c.gemm, c.gemm_mlp, c.gemm_up = layer_gemms_s(model, cluster, job, par, layer, framework)
     if uses_op_sac(framework):
         c.gemm_sac = op_sac_recomputed_gemms_s(model, cluster, job, par, layer, framework)
-    c.attn_f, c.attn_b = attention_core_s(model, cluster, job, par, framework)
+    c.attn_f, c.attn_b = attention_core_s(model, cluster, job, par, framework, layer)
     c.mem, c.mem_mlp = layer_memory_bound_s(model, cluster, job, par, layer, framework)
     c.tp = tp_layer_s(model, cluster, job, par, groups)
     c.cp = cp_layer_s(model, cluster, job, par, groups, c.attn_f)

@@ -341,7 +341,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     cache: dict[tuple, LayerCost] = {}
 
     def lc(i: int) -> LayerCost:
-        key = (model.moe is not None and model.is_moe_layer(i),)
+        key = model.layer_kind(i)  # (MoE, attention window): the costs depend on the layer only through it
         if key not in cache:
             cache[key] = layer_cost(model, cluster, job, par, i, framework, groups)
         return cache[key]

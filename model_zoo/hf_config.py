@@ -153,7 +153,7 @@ def _windowed(c: _Cfg, d: dict[str, Any], every_layer: bool) -> dict[str, Any]:
     Mistral-7B-v0.1 4096, null from v0.2), the Qwen families only with ``use_sliding_window`` true, and then the
     layers from ``max_window_layers`` on (HF ``Qwen2Config``: ``sliding_attention`` if ``i >= max_window_layers``).
     All-full layers leave ``d`` as it is. The emitters refuse windowed layers by name (a launch without them trains
-    another model); the cost models price them as full attention (``ModelSpec.layer_types``)."""
+    another model); the cost models price their attention over the window (``ModelSpec.attention_window``)."""
     n = d["num_layers"]
     kinds = _layer_types(c, n)
     window = c.get("sliding_window", None)

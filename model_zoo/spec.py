@@ -191,7 +191,9 @@ class ModelSpec(BaseModel):
                                        "layers (HF sliding_window; gpt-oss 128)")
     layer_types: tuple[Literal["full_attention", "sliding_attention", "chunked_attention"], ...] | None = Field(
         None, description="attention kind of each decoder layer (HF layer_types); None = all full attention. "
-                          "Holds no parameters; the cost models price every layer as full attention (an upper bound)")
+                          "Holds no parameters; the cost models price a sliding_attention layer's attention core "
+                          "by its window (attention_window) and a chunked_attention layer as full attention (an "
+                          "upper bound: no chunk size is recorded)")
 
     # ---- validation ------------------------------------------------------------------------
     @model_validator(mode="after")
@@ -221,6 +223,8 @@ class ModelSpec(BaseModel):
                 raise ValueError(f"moe.dense_layer_indices {bad} out of range [0, {self.num_layers})")
         if self.layer_types is not None and len(self.layer_types) != self.num_layers:
             raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers")
+        if self.layer_types is not None and "sliding_attention" in self.layer_types and self.sliding_window is None:
+            raise ValueError("layer_types has sliding_attention layers but sliding_window is not set")
         return self
 
     # ---- structure -------------------------------------------------------------------------
@@ -261,16 +265,30 @@ class ModelSpec(BaseModel):
         """``is_moe_layer(i)`` for every layer i, computed once per spec."""
         return self._table().moe_mask
 
+    def attention_window(self, i: int) -> int | None:
+        """Window (tokens) of decoder layer ``i``'s sliding-window attention: each query attends to itself and the
+        ``sliding_window - 1`` keys before it (HF ``sliding_window``; Megatron-LM ``--window-size (w - 1, 0)``);
+        None for a full (causal) or chunked attention layer."""
+        self._check_layer(i)
+        return self._table().window[i]
+
+    def layer_kind(self, i: int) -> tuple[bool, int | None]:
+        """Kind of decoder layer ``i``: (MoE MLP, attention window). Every per-layer cost depends on the layer only
+        through it (``layer_kinds``)."""
+        t = self._table()
+        return t.moe_mask[i], t.window[i]
+
     def layer_kinds(self, layers: Iterable[int] | None = None) -> list[tuple[int, int]]:
-        """(a representative layer index, how many) per layer kind (dense, MoE) among ``layers`` (default: all), in
-        order of first appearance. Every per-layer quantity depends on the layer only through its kind, so a sum
-        over layers is a sum over these pairs: O(kinds) for the cost models instead of O(layers)."""
+        """(a representative layer index, how many) per layer kind (``layer_kind``: dense or MoE, full or windowed
+        attention) among ``layers`` (default: all), in order of first appearance. Every per-layer quantity depends on
+        the layer only through its kind, so a sum over layers is a sum over these pairs: O(kinds) for the cost models
+        instead of O(layers)."""
         t = self._table()
         if layers is None:
             return t.kinds
-        mask, first, count = t.moe_mask, {}, {}
+        first, count = {}, {}
         for i in layers:
-            k = mask[i]
+            k = t.key[i]
             if k not in first:
                 first[k], count[k] = i, 0
             count[k] += 1
@@ -494,18 +512,25 @@ class ModelSpec(BaseModel):
 
 
 class _LayerTable:
-    """What ``ModelSpec`` computes per layer, once: the MoE mask, the MoE layer count and the parameters of a dense
-    and of a MoE layer (every layer of a kind has the same)."""
+    """What ``ModelSpec`` computes per layer, once: the MoE mask, the MoE layer count, each layer's attention window
+    and kind (MoE, window), and the parameters of a dense and of a MoE layer (every layer of a kind has the same)."""
 
-    __slots__ = ("moe_mask", "num_moe", "dense_params", "moe_params", "kinds")
+    __slots__ = ("moe_mask", "num_moe", "dense_params", "moe_params", "kinds", "window", "key")
 
     def __init__(self, m: ModelSpec):
         self.moe_mask = tuple(m._moe_rule(i) for i in range(m.num_layers))
         self.num_moe = sum(self.moe_mask)
+        types = m.layer_types or ("full_attention",) * m.num_layers
+        self.window = tuple(m.sliding_window if k == "sliding_attention" else None for k in types)
+        self.key = tuple(zip(self.moe_mask, self.window))
+        first: dict[tuple, int] = {}
+        count: dict[tuple, int] = {}
+        for i, k in enumerate(self.key):
+            first.setdefault(k, i)
+            count[k] = count.get(k, 0) + 1
+        self.kinds = [(first[k], count[k]) for k in first]
         dense = next((i for i, x in enumerate(self.moe_mask) if not x), None)
         moe = next((i for i, x in enumerate(self.moe_mask) if x), None)
-        n = {dense: m.num_layers - self.num_moe, moe: self.num_moe}
-        self.kinds = [(i, n[i]) for i in sorted(x for x in (dense, moe) if x is not None)]
         self.dense_params = m._layer_params(dense) if dense is not None else None
         self.moe_params = m._layer_params(moe) if moe is not None else None
 

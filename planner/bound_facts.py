@@ -87,7 +87,7 @@ class BoundContext:
     framework: str
     space: SearchSpace
     mem_lim: float | None
-    rep: dict[int, int]            # layer type (0 dense, 1 MoE) -> a representative layer index
+    rep: dict[int, int]            # layer type (0 dense, 1 MoE) -> its cheapest layer (``context``)
     moe_prefix: list[int]          # MoE layers among the first i
     fws: list[str]                 # frameworks whose memory model may apply (the bound takes the smaller)
     reserve: float
@@ -119,7 +119,10 @@ def context(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, space: Sea
     prefix = [0]
     for i in range(model.num_layers):
         t = 1 if model.is_moe_layer(i) else 0
-        rep.setdefault(t, i)
+        # a type's representative is its cheapest layer: a sliding-window one where the type has one (its attention
+        # costs no more than a full layer's, all else equal), so the per-type costs stay lower bounds
+        if t not in rep or (model.attention_window(rep[t]) is None and model.attention_window(i) is not None):
+            rep[t] = i
         prefix.append(prefix[-1] + t)
     hbm = cluster.gpu.hbm_bandwidth_bytes_per_s
     try:

@@ -36,9 +36,18 @@ from cost_models.memory_buffers import moe_dispatch_buffers, pipeline_p2p_buffer
 from model_zoo.spec import ModelSpec
 
 
+#: Layer kinds ``layer_kinds`` tells apart: dense or MoE MLP (+1), full or sliding-window attention (+2).
+NUM_LAYER_KINDS = 4
+
+
 def layer_kinds(model: ModelSpec) -> list[int]:
-    """Kind of every decoder layer: 0 dense MLP, 1 MoE."""
-    return [1 if model.moe is not None and model.is_moe_layer(i) else 0 for i in range(model.num_layers)]
+    """Kind of every decoder layer: 0 dense MLP, 1 MoE, plus 2 with sliding-window attention
+    (``ModelSpec.layer_kind``: the per-layer costs depend on the layer only through it)."""
+    out = []
+    for i in range(model.num_layers):
+        moe, window = model.layer_kind(i)
+        out.append((1 if model.moe is not None and moe else 0) + (2 if window is not None else 0))
+    return out
 
 
 def representatives(kinds: list[int] | tuple[int, ...]) -> dict[int, int]:
@@ -60,12 +69,12 @@ class LayerTimes:
     0 where the kind is absent), the first stage's embedding, the last stage's output layer + loss + MTP, and one
     P2P send between two stages of this pool."""
 
-    layer_s: tuple[float, float]
+    layer_s: tuple[float, ...]
     first_s: float
     last_s: float
     p2p_s: float
     #: the forward part of ``layer_s``, ``first_s`` and ``last_s`` (seconds)
-    layer_f: tuple[float, float] = (0.0, 0.0)
+    layer_f: tuple[float, ...] = (0.0,) * NUM_LAYER_KINDS
     first_f: float = 0.0
     last_f: float = 0.0
 
@@ -86,7 +95,7 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: P
     fp8_recipe = default_host_cost_class(cluster, model, par)
     # the framework's TP schedule without TP communication overlap, as estimate_step defaults it
     tp_b = stm.tp_backward_shares(framework.split("_")[0], False, par.sequence_parallel)
-    per_kind, fwd = [0.0, 0.0], [0.0, 0.0]
+    per_kind, fwd = [0.0] * NUM_LAYER_KINDS, [0.0] * NUM_LAYER_KINDS
     lc: dict[int, stm.LayerCost] = {}
     for kind, i in representatives(kinds).items():
         x = stm.layer_cost(model, cluster, job, par, i, framework, groups)
@@ -101,7 +110,7 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: P
     emb = stm.embedding_s(model, cluster, job, par)
     first = 3 * emb
     p2p = stm.pipeline_p2p_s(model, cluster, job, par, groups) if par.pp > 1 else 0.0
-    return LayerTimes((per_kind[0], per_kind[1]), first, last, p2p, (fwd[0], fwd[1]), emb, last_f)
+    return LayerTimes(tuple(per_kind), first, last, p2p, tuple(fwd), emb, last_f)
 
 
 @dataclass(frozen=True)
@@ -113,8 +122,8 @@ class StageMemoryFacts:
     micro-batch (MTP layers) and its logits, the reserve, and the backward's buffers: the gradient a non-last stage
     receives and, when every layer is MoE, the expert-parallel all-to-all copy (``cost_models.memory_buffers``)."""
 
-    layer_states: tuple[float, float]
-    layer_act: tuple[float, float]
+    layer_states: tuple[float, ...]
+    layer_act: tuple[float, ...]
     working: float
     first_states: float
     first_act: float
@@ -136,7 +145,7 @@ class StageMemoryFacts:
             b += self.p2p_recv
         return b
 
-    def per_layer(self, in_flight: float) -> tuple[float, float]:
+    def per_layer(self, in_flight: float) -> tuple[float, ...]:
         """Bytes per decoder layer of each kind on a stage holding ``in_flight`` micro-batches."""
         return tuple(s + a * in_flight for s, a in zip(self.layer_states, self.layer_act))
 
@@ -156,7 +165,7 @@ def stage_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: 
                 + sum(model_state_terms(framework, par.zero_stage, sp.expert, eshard, bf16, **opts)))
 
     reps = representatives(kinds)
-    layer_states, layer_act, full_act = [0.0, 0.0], [0.0, 0.0], []
+    layer_states, layer_act, full_act = [0.0] * NUM_LAYER_KINDS, [0.0] * NUM_LAYER_KINDS, []
     lin = layer_input_bytes(model, job, par)
     for kind, i in reps.items():
         # stage index -1 is neither the first nor the last: the layer's own parameters only
@@ -172,14 +181,14 @@ def stage_memory(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: 
     mtp_act = model.num_mtp_layers * (full_act[list(reps).index(last_kind)] if par.recompute != "full" else lin)
     p2p = pipeline_p2p_buffers(framework, 0, 2, 1, 1, 1.0, lin)["backward"]
     ep = 0.0
-    if model.moe is not None and set(kinds) == {1}:
+    if model.moe is not None and all(k % 2 == 1 for k in kinds):
         # the busiest EP rank's received copies (activations.expert_buffer_factor: dropless imbalance)
         copies = tokens / (par.tp if par.sequence_parallel else 1) * model.moe.top_k * expert_buffer_factor(
             model, job, par)
         ep = sum(moe_dispatch_buffers(copies, model.hidden_size, par.ep,
                                       compute_bytes(job.precision))["backward"].values())
     return StageMemoryFacts(
-        layer_states=(layer_states[0], layer_states[1]), layer_act=(layer_act[0], layer_act[1]), working=working,
+        layer_states=tuple(layer_states), layer_act=tuple(layer_act), working=working,
         first_states=states(stage_params(model, par, 0, range(0), vocab)), first_act=tok_ids,
         last_states=states(stage_params(model, par, par.pp - 1, range(0), vocab)), last_act=mtp_act,
         logits=tokens * vocab / par.tp * logits_bytes_per_element(job, framework),

@@ -50,7 +50,7 @@ from model_zoo.spec import ModelSpec
 
 from .checks import DEFAULT_MEMORY_HEADROOM, check_config
 from .launch_options import megatron_overlaps_dp
-from .pool_costs import LayerTimes, StageMemoryFacts, layer_kinds, layer_times, stage_memory
+from .pool_costs import NUM_LAYER_KINDS, LayerTimes, StageMemoryFacts, layer_kinds, layer_times, stage_memory
 from .pool_split import Split, StageArrays, best_split, lower_bound_1f1b, memory_fits
 from .space import SearchSpace, Structure, micro_batch_options, sp_options, structures
 
@@ -212,7 +212,7 @@ class _Costs:
         """The candidate's stages for ``pool_split.best_split``: seconds and bytes per layer on each stage's pool."""
         pp = c.arr.pp
         f = self.in_flight(pp, m)
-        layer_s, mem_layer = np.empty((pp, 2)), np.empty((pp, 2))
+        layer_s, mem_layer = np.empty((pp, NUM_LAYER_KINDS)), np.empty((pp, NUM_LAYER_KINDS))
         extra, base, lim = np.zeros(pp), np.empty(pp), np.empty(pp)
         r0 = 0
         for pool, n in zip(c.arr.order, c.arr.stages):

@@ -36,6 +36,7 @@ def _layout(counts):
     ("llama3.1-8b", A100, dict(tp=2, cp=2, dp=2, sequence_parallel=True), "bf16"),
     ("mixtral-8x7b", H100, dict(tp=2, dp=4, ep=4, sequence_parallel=True, micro_batch_size=2), "bf16"),
     ("deepseek-v3", H100, dict(tp=2, dp=64, ep=32, sequence_parallel=True), "fp8"),
+    ("gpt-oss-20b", H100, dict(dp=8, ep=8), "bf16"),  # sliding-window and full-attention layers alternate
 ])
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
 def test_cost_tables_equal_the_step_and_memory_models(name, cluster, kw, precision, recompute):
@@ -62,7 +63,7 @@ def test_cost_tables_equal_the_step_and_memory_models(name, cluster, kw, precisi
         per = facts.per_layer(f)
         lb = facts.base(r, pp, f) + sum(per[kinds[i]] for i in range(start, start + n))
         assert lb <= mem.stages[r].total * (1 + 1e-12)
-        if name != "deepseek-v3":  # one layer kind, Megatron ZeRO 0: the backward phase exactly
+        if name not in ("deepseek-v3", "gpt-oss-20b"):  # one layer kind, Megatron ZeRO 0: the backward phase exactly
             assert lb == pytest.approx(mem.stages[r].total, rel=1e-9)
         start += n
     assert lt.p2p_s == pytest.approx(est.p2p_s)
