@@ -13,6 +13,8 @@
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from model_zoo.spec import ModelSpec
 
 from .config import FlopsConvention, ParallelConfig, TrainingJob
@@ -58,7 +60,7 @@ def attention_core_flops_per_token(model: ModelSpec, seq_length: int, causal_hal
     return 2.0 * context * (qk + v)
 
 
-def attention_core_flops_all_layers(model: ModelSpec, seq_length: int, layers=None) -> float:
+def attention_core_flops_all_layers(model: ModelSpec, seq_length: int, layers: Iterable[int] | None = None) -> float:
     """Causal attention-core forward FLOPs per token summed over ``layers`` (default: all), each at its own
     attention window (``attention_core_flops_per_token``)."""
     return sum(n * attention_core_flops_per_token(model, seq_length, True, model.attention_window(i))
