@@ -378,9 +378,12 @@ def _hf_gpt_oss(c: _Cfg) -> dict[str, Any]:
     # ``sinks`` (num_attention_heads); GptOssTopKRouter Linear(h, E) with bias; GptOssExperts gate_up_proj
     # (E, h, 2f) + gate_up_proj_bias (E, 2f), down_proj (E, f, h) + down_proj_bias (E, h); every layer MoE;
     # ``layer_types`` alternate sliding_attention (``sliding_window``) and full_attention.
+    # Without ``layer_types`` GptOssConfig alternates from a sliding layer: ``"sliding_attention" if
+    # bool((i + 1) % 2) else "full_attention"`` (transformers ``configuration_gpt_oss.py``).
     d = _llama_like(c, "gpt_oss")
-    d.update(attention_sinks=True, layer_types=_layer_types(c, d["num_layers"]),
-             sliding_window=c.int_("sliding_window", default=128))
+    n = d["num_layers"]
+    kinds = _layer_types(c, n) or tuple("sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n))
+    d.update(attention_sinks=True, layer_types=kinds, sliding_window=c.int_("sliding_window", default=128))
     d["norm_eps"] = float(c.d.get("rms_norm_eps") or 1e-5)  # GptOssConfig default 1e-5
     d["moe"] = dict(
         num_experts=c.int_("num_local_experts"),

@@ -133,3 +133,18 @@ def test_dataset_row_names_resolve_to_zoo(written, zoo):
     m = row_model({"id": "r", "model": {"name": written}}, notes)
     assert not isinstance(m, str), m
     assert m.num_parameters() == mz.get_model(zoo).num_parameters()
+
+
+def test_gpt_oss_config_without_layer_types_alternates():
+    """transformers GptOssConfig fills a missing ``layer_types`` with ``"sliding_attention" if bool((i + 1) % 2)
+    else "full_attention"``: the released config.json with the list removed is the same model."""
+    import json
+    from pathlib import Path
+
+    from model_zoo.hf_config import from_hf_config
+    cfg = json.loads((Path(__file__).parent / "data" / "hf_configs" / "gpt-oss-20b.json").read_text())
+    listed = from_hf_config(cfg, name="listed")
+    cfg.pop("layer_types")
+    m = from_hf_config(cfg, name="unlisted")
+    assert m.layer_types == listed.layer_types
+    assert m.layer_types[:3] == ("sliding_attention", "full_attention", "sliding_attention")
