@@ -107,36 +107,21 @@ def attention_core_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, p
     Engine ``window_size``), so it does the window's FLOPs (``flops.attention_core_flops_per_token``) at the
     kernel's measured sliding-window rate (``efficiency.attention_window_tflops``: a few key tiles per query tile run
     far below the causal rate); a GPU without one runs ``WINDOWED_RATE_SHARE`` of the causal rate at a key length
-    of twice the window. Unfused attention computes and masks the whole ``s x s`` matrix whatever the window.
+    of twice the window; never above the causal kernel over the whole sequence (a window just below it skips
+    almost no key block). Unfused attention computes and masks the whole ``s x s`` matrix whatever the window.
     """
     b, s = par.micro_batch_size, job.seq_length
     tok = b * s / par.cp
     heads_frac = 1.0 / par.tp
     if job.flash_attention:
         window = model.attention_window(layer) if layer is not None else None
-        window = window if window is not None and window < s else None
-        fl = attention_core_flops_per_token(model, s, causal_halved=True, window=window) * tok * heads_frac
-        s_key = s / par.cp if window is None else 2.0 * window
-        # fp32 training (PyTorch SDPA's memory-efficient kernel in fp32): the 16-bit kernel's time scaled by the
-        # 16-bit over the TF32 peak (the same tensor cores at the TF32 rate)
-        slow = (cluster.gpu.peak_flops[half_dtype(cluster)] / cluster.gpu.peak_flops[peak_dtype(cluster, job.precision)]
-                if job.precision == "fp32" else 1.0)
-        rates = (_kernel_tflops(model, cluster, framework, s_key, job.software_date) if window is None else
-                 _window_tflops(model, cluster, framework, window, s / par.cp, job.software_date))
-        if rates is not None:
-            # the benchmarks ran at the TDP clock; under a power cap each kernel runs at the clock its own switching
-            # activity allows (gemm.clock_fraction: its FLOP rate over the GEMM's)
-            gemm = mamf_rate(cluster, half_dtype(cluster))
-            share_f = ATTENTION_TRAINING_SHARE * clock_fraction(cluster, rates[0] * 1e12 / gemm)
-            share_b = ATTENTION_TRAINING_SHARE * clock_fraction(cluster, rates[1] * 1e12 / gemm)
-            slow *= FUSED_DROPOUT_SLOWDOWN if job.dropout else 1.0
-            fwd = slow * fl / (rates[0] * 1e12 * share_f)
-            return fwd, slow * ATTN_BWD_FACTOR * fl / (rates[1] * 1e12 * share_b)
-        eff = attention_efficiency(cluster) * s_key / (s_key + ATTN_HALF_SEQ)
-        eff *= WINDOWED_RATE_SHARE if window is not None else 1.0
-        fwd = fl / (cluster.gpu.peak_flops[peak_dtype(cluster, job.precision)] * eff)  # TF32 peak in fp32
-        fwd *= FUSED_DROPOUT_SLOWDOWN if job.dropout else 1.0
-        return fwd, ATTN_BWD_FACTOR * fwd
+        full = _fused_s(model, cluster, job, par, framework, None)
+        if window is None or window >= s:
+            return full
+        # the band is the causal mask with a left bound: a window just below the sequence skips almost no key
+        # block and runs as the causal kernel, never slower (window >= s is the causal kernel itself)
+        banded = _fused_s(model, cluster, job, par, framework, window)
+        return min(banded[0], full[0]), min(banded[1], full[1])
     fl = attention_core_flops_per_token(model, s, causal_halved=False) * tok * heads_frac
     ab = compute_bytes(job.precision)  # 4-byte scores in fp32 training
     scores = ab * b * model.num_attention_heads * heads_frac * s * s / par.cp
@@ -144,6 +129,37 @@ def attention_core_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, p
     fwd = fl / gemm_rate(cluster, "fp32" if job.precision == "fp32" else half_dtype(cluster)) + \
         passes * scores / hbm_rate(cluster)
     return fwd, 2.0 * fwd
+
+
+def _fused_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, framework: str,
+             window: int | None) -> tuple[float, float]:
+    """(forward, backward) seconds of one micro-batch's fused-attention kernel on one GPU, causal over the whole
+    sequence (``window`` None) or over a ``window``-key band (``window`` < sequence length); see
+    ``attention_core_s``."""
+    s = job.seq_length
+    tok = par.micro_batch_size * s / par.cp
+    fl = attention_core_flops_per_token(model, s, causal_halved=True, window=window) * tok / par.tp
+    s_key = s / par.cp if window is None else 2.0 * window
+    # fp32 training (PyTorch SDPA's memory-efficient kernel in fp32): the 16-bit kernel's time scaled by the
+    # 16-bit over the TF32 peak (the same tensor cores at the TF32 rate)
+    slow = (cluster.gpu.peak_flops[half_dtype(cluster)] / cluster.gpu.peak_flops[peak_dtype(cluster, job.precision)]
+            if job.precision == "fp32" else 1.0)
+    rates = (_kernel_tflops(model, cluster, framework, s_key, job.software_date) if window is None else
+             _window_tflops(model, cluster, framework, window, s / par.cp, job.software_date))
+    if rates is not None:
+        # the benchmarks ran at the TDP clock; under a power cap each kernel runs at the clock its own switching
+        # activity allows (gemm.clock_fraction: its FLOP rate over the GEMM's)
+        gemm = mamf_rate(cluster, half_dtype(cluster))
+        share_f = ATTENTION_TRAINING_SHARE * clock_fraction(cluster, rates[0] * 1e12 / gemm)
+        share_b = ATTENTION_TRAINING_SHARE * clock_fraction(cluster, rates[1] * 1e12 / gemm)
+        slow *= FUSED_DROPOUT_SLOWDOWN if job.dropout else 1.0
+        fwd = slow * fl / (rates[0] * 1e12 * share_f)
+        return fwd, slow * ATTN_BWD_FACTOR * fl / (rates[1] * 1e12 * share_b)
+    eff = attention_efficiency(cluster) * s_key / (s_key + ATTN_HALF_SEQ)
+    eff *= WINDOWED_RATE_SHARE if window is not None else 1.0
+    fwd = fl / (cluster.gpu.peak_flops[peak_dtype(cluster, job.precision)] * eff)  # TF32 peak in fp32
+    fwd *= FUSED_DROPOUT_SLOWDOWN if job.dropout else 1.0
+    return fwd, ATTN_BWD_FACTOR * fwd
 
 
 def _kernel_choice(model: ModelSpec, cluster: ClusterSpec, framework: str) -> tuple[str, float] | None:
