@@ -63,7 +63,16 @@ class Plausible:
         return v
 
     def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> core_schema.CoreSchema:
-        return core_schema.no_info_after_validator_function(self.check, handler(source))
+        # before pydantic's lax conversion, which reads YAML ``true`` as the integer 1
+        return core_schema.no_info_before_validator_function(
+            self._not_bool, core_schema.no_info_after_validator_function(self.check, handler(source)))
+
+    def _not_bool(self, v: Any) -> Any:
+        if isinstance(v, bool):
+            raise PydanticCustomError(ERROR_TYPE, "= {value} is not a number (a number in [{lo}, {hi}]: {why})",
+                                      {"value": str(v).lower(), "lo": fmt_number(self.lo), "hi": fmt_number(self.hi),
+                                       "why": self.why})
+        return v
 
     def __get_pydantic_json_schema__(self, schema: Any, handler: Any) -> dict:
         out = handler(schema)

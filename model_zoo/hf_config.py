@@ -162,6 +162,9 @@ def _windowed(c: _Cfg, d: dict[str, Any], every_layer: bool) -> dict[str, Any]:
             kinds = ("sliding_attention",) * n
         elif c.get("use_sliding_window", False) is True:
             first = c.int_("max_window_layers", default=n)
+            if first < 0:
+                raise ModelSpecError(f"{c.where}: field 'max_window_layers' = {first} must be >= 0 (the first "
+                                     f"windowed layer; 0 = every layer, {n} or more = none)")
             kinds = tuple("sliding_attention" if i >= first else "full_attention" for i in range(n))
     if kinds is None or set(kinds) == {"full_attention"}:
         return d

@@ -187,7 +187,7 @@ class ModelSpec(BaseModel):
                                "Megatron-LM --apply-layernorm-1p)")
     attention_sinks: bool = Field(False, description="one learned sink logit per attention head and layer (HF "
                                   "GptOssAttention.sinks, num_attention_heads elements; split with the heads)")
-    sliding_window: int | None = Field(None, gt=0, description="window (tokens) of the sliding-window attention "
+    sliding_window: Annotated[int, POSITIONS] | None = Field(None, description="window (tokens) of the sliding-window attention "
                                        "layers (HF sliding_window; gpt-oss 128)")
     layer_types: tuple[Literal["full_attention", "sliding_attention", "chunked_attention"], ...] | None = Field(
         None, description="attention kind of each decoder layer (HF layer_types); None = all full attention. "

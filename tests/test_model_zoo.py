@@ -459,6 +459,26 @@ def test_sliding_window_attention_is_read_and_refused_at_launch():
     q = mz.from_hf_config({**qwen, "use_sliding_window": True, "max_window_layers": 20})
     assert q.layer_types == ("full_attention",) * 20 + ("sliding_attention",) * 8
     assert q.sliding_window == qwen["sliding_window"]
+    with pytest.raises(ModelSpecError) as e:
+        mz.from_hf_config({**qwen, "use_sliding_window": True, "max_window_layers": -3})
+    assert "field 'max_window_layers' = -3 must be >= 0" in _one_line(e)
+    with pytest.raises(ModelSpecError) as e:
+        mz.from_hf_config({**mistral, "sliding_window": 10**19})
+    assert "field 'sliding_window' = 1.00000e+19 is outside [1, 1073741824]" in _one_line(e)
+
+
+@pytest.mark.parametrize("field", ["num_layers", "head_dim", "sliding_window", "rope_theta"])
+def test_model_yaml_refuses_a_boolean_for_a_number(tmp_path, field):
+    """YAML ``true`` is a boolean, not the integer 1 (pydantic's lax mode would read it as 1); the JSON path's
+    translators refuse it as well."""
+    import yaml
+    data = mz.get_model("llama3.1-8b").model_dump(mode="json", exclude_none=True)
+    data[field] = True
+    p = tmp_path / "m.yaml"
+    p.write_text(yaml.safe_dump(data))
+    with pytest.raises(ModelSpecError) as e:
+        mz.load_model(str(p))
+    assert f"field '{field}' = true is not a number" in _one_line(e)
 
 
 def test_router_aux_loss_coefficient_is_read_and_emitted():
