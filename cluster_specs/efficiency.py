@@ -53,8 +53,9 @@ def attention_kernels(gpu: str) -> tuple[str, ...]:
     return tuple(entry["kernels"])
 
 
-#: A software date (a run's container or framework release, the ``as_of`` of a series): ``YYYY-MM``.
-SOFTWARE_DATE_PATTERN = r"^(\d{4})-(0[1-9]|1[0-2])$"
+#: A software date (a run's container or framework release, the ``as_of`` of a series): ``YYYY-MM``, ASCII digits,
+#: a year 2010-2099 (the fused kernels and frameworks plan3d times date from 2019 on: Megatron-LM, arXiv:1909.08053)
+SOFTWARE_DATE_PATTERN = r"^(20[1-9][0-9])-(0[1-9]|1[0-2])$"
 _DATE = re.compile(SOFTWARE_DATE_PATTERN)
 
 
@@ -62,11 +63,11 @@ def _months(date: str) -> int:
     """Months since year 0 of a ``YYYY-MM`` date.
 
     Raises:
-        ValueError: not ``YYYY-MM`` with a month 01-12.
+        ValueError: not ``YYYY-MM`` with a year 2010-2099 and a month 01-12.
     """
     m = _DATE.fullmatch(str(date))
     if m is None:
-        raise ValueError(f"software date must be YYYY-MM (e.g. 2025-11), got {date!r}")
+        raise ValueError(f"software date must be YYYY-MM, a year 2010-2099 (e.g. 2025-11), got {date!r}")
     return 12 * int(m.group(1)) + int(m.group(2)) - 1
 
 

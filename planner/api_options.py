@@ -268,8 +268,9 @@ def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = No
         _check_capacity_factor(m, fw, capacity_factor, expert_load_imbalance)
     if software_date is not None and (not isinstance(software_date, str)
                                       or re.fullmatch(SOFTWARE_DATE_PATTERN, software_date) is None):
-        raise PlanInputError(f"--software-date {software_date!r}: give YYYY-MM, the month of the container or "
-                             f"framework release the run uses (e.g. 2024-07); leave it out for today's kernels")
+        raise PlanInputError(f"--software-date {software_date!r}: give YYYY-MM (a year 2010-2099), the month of the "
+                             f"container or framework release the run uses (e.g. 2024-07); leave it out for today's "
+                             f"kernels")
     from pydantic import ValidationError
     try:
         job = TrainingJob(global_batch_size=global_batch_size, seq_length=seq_length, precision=precision,

@@ -48,6 +48,14 @@ def test_bad_software_date_is_refused():
         attention_tflops("H100", "cudnn", 8192, 128, "2025-13")
     with pytest.raises(ValidationError):
         TrainingJob(software_date="Nov 2025")
+    # ASCII digits only (Arabic-Indic ٢٠٢٥ is a str.isdigit() year), and a year 2010-2099
+    for bad in ("\u0662\u0660\u0662\u0665-11", "0000-01", "9999-12", "2009-12", "2100-01"):
+        with pytest.raises(ValueError, match="2010-2099"):
+            attention_tflops("H100", "cudnn", 8192, 128, bad)
+        with pytest.raises(ValidationError):
+            TrainingJob(software_date=bad)
+    assert attention_tflops("H100", "cudnn", 8192, 128, "2010-01") == attention_tflops("H100", "cudnn", 8192, 128,
+                                                                                           "2024-03")
 
 
 def test_step_attention_follows_the_generation():
@@ -99,6 +107,8 @@ def test_bad_software_date_is_one_line(run_cli):
         r = run_cli(cmd, "--software-date", "24.07")
         assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
         assert r.stderr.startswith("plan3d: error: --software-date '24.07': give YYYY-MM"), r.stderr
+    r = run_cli("evaluate", "--software-date", "\u0662\u0660\u0662\u0664-07")
+    assert r.exit_code == 2 and "give YYYY-MM (a year 2010-2099)" in r.stderr, r.stderr
     r = run_cli("plan", "--cluster", "dgx-h100:2,dgx-a100-80g:2", "--software-date", "2024-07")
     assert r.exit_code == 2 and "--software-date: not available over pools" in r.stderr, r.stderr
 
@@ -112,3 +122,14 @@ def test_fallback_reevaluates_the_plan_in_its_generation(run_cli, tmp_path):
     fb = run_cli("fallback", "--plan", str(doc), "--max-lost-nodes", "1", "--format", "json")
     assert fb.exit_code == 0, fb.stderr
     assert fb.json()["original"]["time"]["step_s"] == planned
+
+
+def test_memory_takes_the_software_date_as_evaluate_does(run_cli):
+    """Memory does not depend on the kernel generation; the report's time does, as evaluate's."""
+    mem = run_cli("memory", *LLAMA_8K, "--software-date", "2024-07")
+    ev = run_cli("evaluate", *LLAMA_8K, "--software-date", "2024-07")
+    assert mem.exit_code == 0 and ev.exit_code == 0, (mem.stderr, ev.stderr)
+    assert mem.json()["input"]["job"]["software_date"] == "2024-07"
+    assert mem.json()["plans"][0]["time"]["step_s"] == ev.json()["plans"][0]["time"]["step_s"]
+    assert (mem.json()["plans"][0]["memory"]["peak_bytes"]
+            == run_cli("memory", *LLAMA_8K).json()["plans"][0]["memory"]["peak_bytes"])

@@ -88,6 +88,7 @@ def memory(
     optimizer_cpu_offload: OffloadOpt = 0.0, param_cpu_offload: ParamOffloadOpt = False,
     exp_avg_dtype: MomentDtypeOpt = "fp32", exp_avg_sq_dtype: MomentDtypeOpt = "fp32",
     main_params_dtype: MasterDtypeOpt = "fp32", expert_load_imbalance: ImbalanceOpt = None,
+    software_date: SoftwareDateOpt = None,
 ) -> None:
     """Per-stage memory breakdown of one configuration (largest terms first, the total of each phase: init,
     forward, backward, optimizer; the backend buffers named).
