@@ -1,0 +1,407 @@
+"""Measure one GPU's per-operation efficiency tables: GEMM, fused attention, HBM and memory-bound kernels.
+
+What it measures (one GPU, PyTorch only: no plan3d import, so it runs on a bare GPU machine's image):
+
+- ``gemm``: dense GEMM throughput (FLOP/s, ``2 M N K`` per product) against ``(M, N, K)`` in BF16 (``F.linear``:
+  ``y = x W^T``, the forward layout of a linear layer) and FP8 E4M3 with per-tensor scales (``torch._scaled_mm``, the
+  layout Transformer Engine's FP8 GEMMs use); for a subset of shapes also the two backward layouts (``dgrad``:
+  ``dY W``; ``wgrad``: ``dY^T X``). The largest rate over the grid is the maximum achievable matmul FLOP/s (MAMF,
+  Bekman, ml-engineering ``compute/accelerator/benchmarks/mamf-finder.py``: the same method, a shape sweep on random
+  normal operands, mean over timed repeats after warm-up).
+- ``attention``: PyTorch SDPA forward and backward TFLOP/s against sequence length for the cuDNN and the
+  FlashAttention-2 backends, BF16, causal and full, head dim 64 / 128 / 256. FLOPs as the FlashAttention papers
+  count them (Dao 2023, FlashAttention-2, Sec. 4.1; Shah et al. 2024, FlashAttention-3, Sec. 4.1): ``4 s^2 d h``
+  per forward and sequence, halved under the causal mask, backward 2.5 x the forward. Batch x sequence = 16,384
+  tokens and hidden 2,048 (heads = 2048 / head dim), as in those papers' benchmarks.
+- ``hbm``: device-memory bandwidth (bytes read + written per second) of a copy, a read (sum) and a write (fill) over
+  2 GiB buffers (STREAM-style; McCalpin 1995).
+- ``memory_bound``: bytes/s of the memory-bound kernels a training step runs: fused AdamW on FP32 parameters and
+  gradients (28 bytes per parameter: p, g, m, v read, p, m, v written), LayerNorm and RMSNorm forward, SwiGLU
+  (``silu(a) * b``, eager: two kernels) and cross-entropy forward + backward on BF16 logits.
+- ``grouped_gemm``: MoE expert GEMMs (the expert shapes of four published MoE models) against tokens per expert,
+  as one grouped GEMM (``torch._grouped_mm``) and as a loop of one GEMM per expert, which shows the per-GEMM launch
+  cost the loop pays.
+- ``sustained_gemm`` (not run by default): one 8192^3 GEMM back to back for 20 s with clock and power read after
+  each batch: the burst rate of a cold GPU against the rate at its board power limit.
+- ``attention_gqa`` (not run by default): SDPA with grouped-query heads (64 query / 8 KV heads, batch 1), the
+  shape of NVIDIA's cudnn-frontend benchmark, to set this machine's figures against those published ones.
+
+Run on a GPU: ``python3 benchmarks/measure_device.py --out measurements.json``. ``--dry-run`` runs every code path on
+tiny shapes on the CPU (the test of this script). Each section records its own error and the others still run.
+The output JSON holds the device, driver, PyTorch / CUDA / cuDNN versions, clocks and power read by ``nvidia-smi``
+before and after, and one record per measurement. ``cluster_specs/data/efficiency/`` holds what plan3d ships of it,
+with the date and machine it was measured on.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import torch
+import torch.nn.functional as F
+
+GEMM_M = (1024, 2048, 4096, 8192, 16384)
+GEMM_N = (512, 1024, 2048, 4096, 8192, 16384, 28672)
+GEMM_K = (512, 1024, 2048, 4096, 8192, 16384)
+#: (M, N, K) timed in all three linear-layer layouts: Llama-like layer GEMMs at 8k tokens per micro-batch.
+GEMM_LAYOUT_SHAPES = ((8192, 4096, 4096), (8192, 14336, 4096), (8192, 4096, 14336), (8192, 6144, 4096),
+                      (8192, 1024, 4096), (8192, 8192, 8192), (8192, 28672, 8192), (8192, 8192, 28672),
+                      (4096, 3584, 8192), (4096, 8192, 3584), (16384, 768, 2048), (16384, 2048, 768))
+ATTN_SEQ = (512, 1024, 2048, 4096, 8192, 16384)
+ATTN_HEAD_DIMS = (64, 128, 256)
+ATTN_TOKENS = 16384
+ATTN_HIDDEN = 2048
+SUSTAIN_S = 20.0
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+class Timer:
+    """Times a callable: warm-up calls, then repeats until ``min_s`` of GPU time, mean seconds per call over the
+    median of ``trials`` timed batches (CUDA events on a GPU, wall clock on the CPU)."""
+
+    def __init__(self, device: str, min_s: float, trials: int = 3, warmup: int = 3):
+        self.device, self.min_s, self.trials, self.warmup = device, min_s, trials, warmup
+
+    def _batch(self, fn, n: int) -> float:
+        if self.device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(n):
+                fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return time.perf_counter() - t0
+
+    def __call__(self, fn) -> float:
+        for _ in range(self.warmup):
+            fn()
+        one = max(self._batch(fn, 1), 1e-6)
+        n = max(1, min(1000, int(self.min_s / one)))
+        return statistics.median(self._batch(fn, n) / n for _ in range(self.trials))
+
+
+def nvidia_smi() -> str | None:
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,"
+                               "power.draw,power.limit,temperature.gpu,memory.total", "--format=csv"],
+                              capture_output=True, text=True, timeout=20).stdout.strip()
+    except Exception as exc:  # noqa: BLE001 - a report, not a failure
+        return f"unavailable: {exc}"
+
+
+def environment(device: str) -> dict:
+    env = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+           "platform": platform.platform(), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if device == "cuda":
+        prop = torch.cuda.get_device_properties(0)
+        env.update(gpu=prop.name, sm_count=prop.multi_processor_count, memory_bytes=prop.total_memory,
+                   capability=f"{prop.major}.{prop.minor}", cudnn=torch.backends.cudnn.version(),
+                   nccl=".".join(map(str, torch.cuda.nccl.version())))
+    return env
+
+
+def gemm_section(device: str, dry: bool, timer: Timer) -> list[dict]:
+    ms, ns, ks = ((64, 128), (64, 96), (32, 64)) if dry else (GEMM_M, GEMM_N, GEMM_K)
+    rows = []
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def rand(*shape, dtype=torch.bfloat16):
+        return torch.randn(*shape, device=device, generator=gen, dtype=torch.float32).to(dtype)
+
+    fp8 = device == "cuda" and hasattr(torch, "float8_e4m3fn") and hasattr(torch, "_scaled_mm")
+    one = torch.ones((), device=device, dtype=torch.float32)
+    for m in ms:
+        for k in ks:
+            x = rand(m, k)
+            for n in ns:
+                w = rand(n, k)
+                flops = 2.0 * m * n * k
+                t = timer(lambda: F.linear(x, w))
+                rows.append({"dtype": "bf16", "layout": "fprop", "m": m, "n": n, "k": k, "seconds": t,
+                             "tflops": flops / t / 1e12})
+                if fp8:
+                    xf, wf = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+                    try:
+                        t8 = timer(lambda: torch._scaled_mm(xf, wf.t(), scale_a=one, scale_b=one,
+                                                            out_dtype=torch.bfloat16))
+                        rows.append({"dtype": "fp8_e4m3", "layout": "fprop", "m": m, "n": n, "k": k, "seconds": t8,
+                                     "tflops": flops / t8 / 1e12})
+                    except Exception as exc:  # noqa: BLE001
+                        rows.append({"dtype": "fp8_e4m3", "m": m, "n": n, "k": k, "error": repr(exc)[:200]})
+                        fp8 = False
+                del w
+            del x
+        log(f"gemm m={m}: {len(rows)} records")
+    shapes = ((64, 96, 32),) if dry else GEMM_LAYOUT_SHAPES
+    for m, n, k in shapes:
+        x, w, dy = rand(m, k), rand(n, k), rand(m, n)
+        flops = 2.0 * m * n * k
+        for layout, fn in (("fprop", lambda: F.linear(x, w)), ("dgrad", lambda: dy @ w),
+                           ("wgrad", lambda: dy.t() @ x)):
+            t = timer(fn)
+            rows.append({"dtype": "bf16", "layout": layout, "m": m, "n": n, "k": k, "seconds": t,
+                         "tflops": flops / t / 1e12, "subset": "layouts"})
+    return rows
+
+
+def attention_section(device: str, dry: bool, timer: Timer) -> list[dict]:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backends = {"math": SDPBackend.MATH} if dry else {"cudnn": SDPBackend.CUDNN_ATTENTION,
+                                                       "flash2": SDPBackend.FLASH_ATTENTION}
+    seqs, hds, tokens, hidden = ((64, 128), (64,), 256, 128) if dry else (ATTN_SEQ, ATTN_HEAD_DIMS, ATTN_TOKENS,
+                                                                           ATTN_HIDDEN)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    rows = []
+    for name, backend in backends.items():
+        for hd in hds:
+            heads = hidden // hd
+            for s in seqs:
+                b = max(1, tokens // s)
+                for causal in (True, False):
+                    rec = {"backend": name, "head_dim": hd, "heads": heads, "batch": b, "seq": s, "causal": causal}
+                    try:
+                        q, k, v = (torch.randn(b, heads, s, hd, device=device, dtype=dtype, requires_grad=True)
+                                   for _ in range(3))
+                        fwd_flops = 4.0 * b * heads * s * s * hd / (2.0 if causal else 1.0)
+                        with sdpa_kernel(backend):
+                            with torch.no_grad():
+                                tf = timer(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+                            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                            dout = torch.randn_like(out)
+                            tb = timer(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
+                        rec.update(forward_s=tf, backward_s=tb, forward_tflops=fwd_flops / tf / 1e12,
+                                   backward_tflops=2.5 * fwd_flops / tb / 1e12)
+                    except Exception as exc:  # noqa: BLE001
+                        rec["error"] = repr(exc)[:300]
+                    rows.append(rec)
+        log(f"attention {name}: {len(rows)} records")
+    return rows
+
+
+def hbm_section(device: str, dry: bool, timer: Timer) -> list[dict]:
+    n = (1 << 20) if dry else (1 << 30)  # bf16 elements: 2 GiB
+    a = torch.randn(n, device=device, dtype=torch.float32).to(torch.bfloat16)
+    b = torch.empty_like(a)
+    nbytes = a.numel() * a.element_size()
+    rows = []
+    for name, fn, moved in (("copy", lambda: b.copy_(a), 2 * nbytes), ("read_sum", lambda: a.sum(dtype=torch.float32),
+                                                                        nbytes),
+                            ("write_fill", lambda: b.fill_(1.0), nbytes)):
+        t = timer(fn)
+        rows.append({"kernel": name, "buffer_bytes": nbytes, "bytes_moved": moved, "seconds": t,
+                     "bytes_per_s": moved / t})
+    return rows
+
+
+def memory_bound_section(device: str, dry: bool, timer: Timer) -> list[dict]:
+    rows = []
+    # fused AdamW: FP32 params and grads, 8 tensors (a Megatron distributed-optimizer shard is a few flat buffers)
+    per = (1 << 16) if dry else (1 << 26)
+    params = [torch.zeros(per, device=device, dtype=torch.float32, requires_grad=True) for _ in range(8)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.AdamW(params, lr=1e-4, fused=(device == "cuda"))
+    t = timer(opt.step)
+    count = per * len(params)
+    rows.append({"kernel": "adamw_fused_fp32", "params": count, "seconds": t, "seconds_per_param": t / count,
+                 "bytes_per_param": 28, "bytes_per_s": 28 * count / t})
+    del params, opt
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    tokens, hidden = (256, 128) if dry else (16384, 8192)
+    x = torch.randn(tokens, hidden, device=device, dtype=dtype)
+    weight = torch.ones(hidden, device=device, dtype=dtype)
+    el = x.element_size() * x.numel()
+    t = timer(lambda: F.layer_norm(x, (hidden,), weight, weight))
+    rows.append({"kernel": "layer_norm_fwd", "shape": [tokens, hidden], "seconds": t, "bytes_per_s": 2 * el / t})
+    if hasattr(F, "rms_norm"):
+        t = timer(lambda: F.rms_norm(x, (hidden,), weight))
+        rows.append({"kernel": "rms_norm_fwd", "shape": [tokens, hidden], "seconds": t, "bytes_per_s": 2 * el / t})
+    y = torch.randn_like(x)
+    t = timer(lambda: F.silu(x) * y)
+    rows.append({"kernel": "swiglu_eager", "shape": [tokens, hidden], "seconds": t,
+                 "bytes_per_s": 3 * el / t, "note": "bytes: a, b read, out written (the eager temporary not counted)"})
+    vocab = 1024 if dry else 128256
+    ce_tokens = 64 if dry else 8192
+    logits = torch.randn(ce_tokens, vocab, device=device, dtype=dtype, requires_grad=True)
+    target = torch.randint(0, vocab, (ce_tokens,), device=device)
+
+    def ce():
+        loss = F.cross_entropy(logits, target)
+        torch.autograd.grad(loss, logits)
+
+    t = timer(ce)
+    lb = logits.element_size() * logits.numel()
+    rows.append({"kernel": "cross_entropy_fwd_bwd", "shape": [ce_tokens, vocab], "seconds": t, "logit_bytes": lb})
+    return rows
+
+
+#: (name, hidden, moe_ffn): the expert shapes of Qwen3-30B-A3B, Qwen3-235B-A22B, DeepSeek-V3 and gpt-oss (their
+#: config.json files); fc1 is hidden -> 2 x ffn (gated), fc2 ffn -> hidden.
+EXPERT_SHAPES = (("qwen3-30b-a3b", 2048, 768), ("qwen3-235b-a22b", 4096, 1536), ("deepseek-v3", 7168, 2048),
+                 ("gpt-oss", 2880, 2880))
+LOCAL_EXPERTS = (4, 16)
+TOKENS_PER_EXPERT = (128, 256, 512, 1024, 2048, 4096)
+
+
+def grouped_gemm_section(device: str, dry: bool, timer: Timer) -> list[dict]:
+    """MoE expert GEMMs: one grouped GEMM over all local experts (``torch._grouped_mm``, what torchtitan calls;
+    Megatron's TEGroupedMLP runs cuBLAS / CUTLASS grouped GEMMs of the same shapes) against a loop of one
+    ``F.linear`` per expert (Megatron's SequentialMLP), equal tokens per expert, BF16."""
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    shapes = (("tiny", 64, 32),) if dry else EXPERT_SHAPES
+    locals_, tpes = ((2,), (16, 32)) if dry else (LOCAL_EXPERTS, TOKENS_PER_EXPERT)
+    grouped = hasattr(torch, "_grouped_mm") and device == "cuda"
+    rows = []
+    for name, hidden, ffn in shapes:
+        for gemm, k, n in (("fc1", hidden, 2 * ffn), ("fc2", ffn, hidden)):
+            for e in locals_:
+                w = torch.randn(e, n, k, device=device, dtype=dtype)
+                for tpe in tpes:
+                    x = torch.randn(e * tpe, k, device=device, dtype=dtype)
+                    flops = 2.0 * e * tpe * n * k
+                    rec = {"model": name, "gemm": gemm, "k": k, "n": n, "local_experts": e, "tokens_per_expert": tpe}
+                    chunks = x.split(tpe)
+                    t = timer(lambda: [F.linear(c, w[i]) for i, c in enumerate(chunks)])
+                    rec.update(loop_s=t, loop_tflops=flops / t / 1e12)
+                    if grouped:
+                        offs = torch.arange(1, e + 1, device=device, dtype=torch.int32) * tpe
+                        try:
+                            tg = timer(lambda: torch._grouped_mm(x, w.transpose(-2, -1), offs=offs,
+                                                                 out_dtype=torch.bfloat16))
+                            rec.update(grouped_s=tg, grouped_tflops=flops / tg / 1e12)
+                        except Exception as exc:  # noqa: BLE001
+                            rec["grouped_error"] = repr(exc)[:200]
+                            grouped = False
+                    rows.append(rec)
+        log(f"grouped gemm {name}: {len(rows)} records")
+    return rows
+
+
+def sustained_gemm_section(device: str, dry: bool, timer: Timer) -> list[dict]:
+    """One 8192^3 GEMM (BF16, then FP8) back to back for ``SUSTAIN_S`` seconds: the TFLOP/s of each ~0.1 s batch,
+    and the SM clock and board power ``nvidia-smi`` reads every 0.5 s beside it (records with ``smi``). Shows the burst rate of a cold GPU against the
+    rate once it holds its board power limit (a training step runs at the latter)."""
+    size, seconds = (128, 0.05) if dry else (8192, SUSTAIN_S)
+    x = torch.randn(size, size, device=device, dtype=torch.float32).to(torch.bfloat16)
+    w = torch.randn(size, size, device=device, dtype=torch.float32).to(torch.bfloat16)
+    one = torch.ones((), device=device, dtype=torch.float32)
+    kinds = [("bf16", lambda: F.linear(x, w))]
+    if device == "cuda" and hasattr(torch, "_scaled_mm"):
+        xf, wf = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+        kinds.append(("fp8_e4m3", lambda: torch._scaled_mm(xf, wf.t(), scale_a=one, scale_b=one,
+                                                           out_dtype=torch.bfloat16)))
+    rows = []
+    for dtype, fn in kinds:
+        if device == "cuda":
+            time.sleep(5.0)  # let the GPU cool back towards idle clocks between the two
+        samples: list[tuple[float, str | None]] = []
+        stop = threading.Event()
+
+        def sample():  # nvidia-smi in a thread, so that the GPU loop never waits on it
+            while not stop.is_set():
+                smi = nvidia_smi() if device == "cuda" else None
+                samples.append((time.perf_counter(), smi.splitlines()[-1] if smi else None))
+                stop.wait(0.5)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        t0 = time.perf_counter()
+        sampler.start()
+        batches = []
+        while time.perf_counter() < t0 + seconds:
+            n = 64 if dtype == "bf16" else 128
+            batches.append((time.perf_counter() - t0, timer._batch(fn, n) / n))
+        stop.set()
+        sampler.join()
+        for elapsed, t in batches:
+            rows.append({"dtype": dtype, "elapsed_s": round(elapsed, 3), "seconds": t,
+                         "tflops": 2.0 * size ** 3 / t / 1e12})
+        for when, smi in samples:
+            rows.append({"dtype": dtype, "elapsed_s": round(when - t0, 3), "smi": smi})
+        log(f"sustained {dtype}: {len(rows)} records")
+    return rows
+
+
+def attention_gqa_section(device: str, dry: bool, timer: Timer) -> list[dict]:
+    """SDPA with the Llama 3.1 70B/405B head layout NVIDIA's cudnn-frontend benchmark uses (64 query heads, 8 KV
+    heads, head dim 128, batch 1; ``enable_gqa``), and gpt-oss's (64 / 8, head dim 64), causal, BF16."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backends = {"math": SDPBackend.MATH} if dry else {"cudnn": SDPBackend.CUDNN_ATTENTION,
+                                                       "flash2": SDPBackend.FLASH_ATTENTION}
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    seqs = (64,) if dry else (1024, 2048, 4096, 8192, 16384)
+    rows = []
+    for name, backend in backends.items():
+        for hd, hq, hkv in ((128, 64, 8), (64, 64, 8)):
+            for s in seqs:
+                rec = {"backend": name, "head_dim": hd, "heads": hq, "kv_heads": hkv, "batch": 1, "seq": s,
+                       "causal": True}
+                try:
+                    q = torch.randn(1, hq, s, hd, device=device, dtype=dtype, requires_grad=True)
+                    k, v = (torch.randn(1, hkv, s, hd, device=device, dtype=dtype, requires_grad=True)
+                            for _ in range(2))
+                    fwd_flops = 4.0 * hq * s * s * hd / 2.0
+                    with sdpa_kernel(backend):
+                        with torch.no_grad():
+                            tf = timer(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                              enable_gqa=True))
+                        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+                        dout = torch.randn_like(out)
+                        tb = timer(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
+                    rec.update(forward_s=tf, backward_s=tb, forward_tflops=fwd_flops / tf / 1e12,
+                               backward_tflops=2.5 * fwd_flops / tb / 1e12)
+                except Exception as exc:  # noqa: BLE001
+                    rec["error"] = repr(exc)[:300]
+                rows.append(rec)
+        log(f"attention gqa {name}: {len(rows)} records")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="output JSON path")
+    ap.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU: exercise every code path")
+    ap.add_argument("--sections", default="gemm,attention,grouped_gemm,hbm,memory_bound")
+    args = ap.parse_args(argv)
+    device = "cpu" if args.dry_run else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        print("error: --dry-run not given and no CUDA device is visible", file=sys.stderr)
+        return 2
+    timer = Timer(device, min_s=0.002 if args.dry_run else 0.03)
+    report = {"environment": environment(device), "nvidia_smi_before": nvidia_smi() if device == "cuda" else None}
+    sections = {"hbm": hbm_section, "memory_bound": memory_bound_section, "gemm": gemm_section,
+                "attention": attention_section, "grouped_gemm": grouped_gemm_section,
+                "sustained_gemm": sustained_gemm_section, "attention_gqa": attention_gqa_section}
+    for name in args.sections.split(","):
+        t0 = time.perf_counter()
+        log(f"section {name}")
+        try:
+            report[name] = sections[name](device, args.dry_run, timer)
+        except Exception as exc:  # noqa: BLE001 - keep the other sections
+            report[name] = {"error": repr(exc)[:500]}
+        report.setdefault("section_seconds", {})[name] = round(time.perf_counter() - t0, 1)
+        if device == "cuda":
+            torch.cuda.empty_cache()
+            report.setdefault("nvidia_smi_after", {})[name] = nvidia_smi()
+        with open(args.out, "w") as fh:  # written after every section: a timed-out run keeps what it measured
+            json.dump(report, fh, indent=1)
+        log(f"section {name} done in {report['section_seconds'][name]} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

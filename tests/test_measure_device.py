@@ -1,0 +1,72 @@
+"""benchmarks/measure_device.py (the GPU efficiency measurements) on the CPU: every section's code path on tiny
+shapes, and the FLOP / byte accounting its figures rest on; and the shipped H200 measurements it produced."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _module():
+    pytest.importorskip("torch")
+    spec = importlib.util.spec_from_file_location("measure_device", ROOT / "benchmarks" / "measure_device.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_dry_run_measures_every_section_with_its_flop_accounting(tmp_path):
+    mod = _module()
+    out = tmp_path / "m.json"
+    assert mod.main(["--dry-run", "--out", str(out),
+                     "--sections", "gemm,attention,grouped_gemm,hbm,memory_bound,sustained_gemm,attention_gqa"]) == 0
+    doc = json.loads(out.read_text())
+    for section in ("gemm", "attention", "grouped_gemm", "hbm", "memory_bound", "sustained_gemm", "attention_gqa"):
+        assert isinstance(doc[section], list) and doc[section], section
+    for r in doc["gemm"]:  # 2 M N K FLOPs per product
+        assert r["tflops"] == pytest.approx(2.0 * r["m"] * r["n"] * r["k"] / r["seconds"] / 1e12)
+    for r in doc["attention"]:  # FlashAttention-2 paper Sec. 4.1: 4 s^2 d h per sequence, halved causal; bwd 2.5x
+        fwd = 4.0 * r["batch"] * r["heads"] * r["seq"] ** 2 * r["head_dim"] / (2.0 if r["causal"] else 1.0)
+        assert r["forward_tflops"] == pytest.approx(fwd / r["forward_s"] / 1e12)
+        assert r["backward_tflops"] == pytest.approx(2.5 * fwd / r["backward_s"] / 1e12)
+        assert r["batch"] * r["seq"] == 256  # the dry run's tokens per batch, as the papers hold 16k fixed
+    copy = next(r for r in doc["hbm"] if r["kernel"] == "copy")
+    assert copy["bytes_moved"] == 2 * copy["buffer_bytes"]  # read + write
+    adam = next(r for r in doc["memory_bound"] if r["kernel"] == "adamw_fused_fp32")
+    assert adam["bytes_per_param"] == 28  # p, g, m, v read (16) + p, m, v written (12), FP32
+
+
+def test_dry_run_needs_no_gpu_and_a_real_run_refuses_without_one(tmp_path, capsys):
+    mod = _module()
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    assert mod.main(["--out", str(tmp_path / "x.json")]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_shipped_h200_measurements_are_what_the_attention_table_quotes():
+    # cluster_specs/data/efficiency/attention.yaml takes causal / non-causal backward ratios from this file
+    doc = json.loads((ROOT / "benchmarks" / "data" / "measured_h200_20261204.json").read_text())
+    assert doc["environment"]["gpu"] == "NVIDIA H200" and doc["environment"]["cudnn"] == 91900
+
+    def bwd(backend, seq, causal):
+        return next(r["backward_tflops"] for r in doc["attention"] if r["backend"] == backend and r["head_dim"] == 128
+                    and r["seq"] == seq and r["causal"] is causal)
+
+    import yaml
+    table = yaml.safe_load((ROOT / "cluster_specs" / "data" / "efficiency" / "attention.yaml").read_text())
+    h100 = table["gpus"]["H100"]["kernels"]
+    seqs = table["sequence_lengths"]
+    published_non_causal = {"flash2": [214, 260, 291, 310, 318, 322], "cudnn": [305, 408, 465, 499, 518, 516]}
+    shipped = {"flash2": h100["flash2"]["backward"], "cudnn": h100["cudnn"]["earlier"][0]["backward"]}
+    for kernel, nc in published_non_causal.items():
+        for s, published, value in zip(seqs, nc, shipped[kernel]):
+            ratio = min(1.0, bwd(kernel, s, True) / bwd(kernel, s, False))
+            assert value == round(published * ratio), (kernel, s)
+            assert 0.6 < ratio <= 1.0 and (s < 16384 or math.isclose(ratio, 1.0, abs_tol=0.03))
