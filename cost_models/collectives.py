@@ -27,8 +27,9 @@ from .layout import GroupPlacement
 
 #: Share of TP communication left exposed when TP communication overlap is on (Megatron ``--tp-comm-overlap``,
 #: torchtitan async TP): Transformer Engine's userbuffers pipeline the collectives with the GEMM chunks; the fit
-#: finds them fully hidden in NeMo/Megatron and 64% exposed with torchtitan's async TP.
-TP_OVERLAP_EXPOSED = {"megatron": 0.0, "nemo": 0.0, "torchtitan": 0.641666}
+#: finds them fully hidden in NeMo/Megatron and 58% exposed with torchtitan's async TP (64% before the attention
+#: tables carried the causal backward, 2026-12).
+TP_OVERLAP_EXPOSED = {"megatron": 0.0, "nemo": 0.0, "torchtitan": 0.583333}
 #: Share of EP all-to-all left exposed when the framework overlaps it with another micro-batch's compute
 #: (Megatron-LM ``--overlap-moe-expert-parallel-comm`` / Megatron-Bridge ``moe_a2a_overlap``, DeepSeek-V3
 #: Sec. 3.2.1 "DualPipe"-style overlap). Fitted (benchmarks/fit_step_time.py) on the rows that run it: Megatron MoE

@@ -39,11 +39,11 @@ inside those ranges, by ``planner/calibration.py`` on the dev rows of ``planner/
 constant (module)                            value     range       mainly constrained by
 ===========================================  ========  ==========  ==============================================
 ``KAPPA`` (gemm)                             2.25      0.5-4       small GEMMs: SC21 1.7-18B, H100 weak scaling
-``POWER_CLOCK_EXPONENT`` (gemm)              2.17      1-3         torchtitan on 500 W H100s vs 700 W H200s
+``POWER_CLOCK_EXPONENT`` (gemm)              2.33      1-3         torchtitan on 500 W H100s vs 700 W H200s
 ``ATTENTION_TRAINING_SHARE`` (attention)     0.6       0.4-1       long-sequence CP rows, 8k Llama rows
 ``UNFUSED_SCORE_PASSES`` (attention)         6         4-8         SC21, BLOOM (unfused softmax; their dropout apart)
 ``ELEMENTWISE_PASSES`` deepspeed             40        8-40        BLOOM rows (edge)
-``TP_OVERLAP_EXPOSED`` megatron / torchtitan 0 / 0.64  0-0.5/0-0.7 NeMo recipes / torchtitan async TP
+``TP_OVERLAP_EXPOSED`` megatron / torchtitan 0 / 0.58  0-0.5/0-0.7 NeMo recipes / torchtitan async TP
 ``EP_OVERLAP_EXPOSED`` (collectives)         0.33      0-1         MoE rows with EP overlap
 ``HOST_GEMM_S`` (moe_overhead)               20 us     3-20 us     BF16 MoE recipe (Qwen3-30B-A3B H100); range top
 ``HOST_QUANTIZE_S`` mx / cs                  65/277 us 10-120/     FP8 MoE rows; cs near its range's top (one row)
