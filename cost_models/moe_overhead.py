@@ -43,6 +43,9 @@ from .gemm import expert_gemms_s
 #: the two output gradients backward (``tex.split_quantize``); none in 16-bit.
 QUANTIZED_TENSORS_PER_EXPERT = 2
 #: Host seconds per expert GEMM call (``general_grouped_gemm``'s C++ loop: one cublasLtMatmul per expert). Fitted.
+#: Measured beside it (``benchmarks/gemm_measured.py``, an H200 machine's host, 2026-12-04): a loop of one eager
+#: PyTorch ``F.linear`` per expert costs 14.7-25.4 us per call where the GPU work is shorter (median 16.5 us), and the
+#: loop takes max(host, GPU) time, not their sum, as this module charges it.
 HOST_GEMM_S = 20e-6
 #: Host seconds per quantized expert tensor, by FP8 recipe (``split_quantize`` in TE 2.8, ``csrc/extensions/
 #: cast.cpp``). ``mx`` (MXFP8 / blockwise): the outputs of all experts are bulk-allocated at once and each split
