@@ -25,8 +25,9 @@ from .flops import layer_gemm_shapes
 #: carries what slows a GEMM inside a training step. GEMMs plan3d measured alone on an H200 (210 BF16 shapes,
 #: 2026-12-04, ``benchmarks/gemm_measured.py``) imply a median of 1.40 against the MAMF rate and 0.33 against that
 #: board's own sustained large-GEMM rate (661 TFLOP/s, power-bound at 700 W): there, a GEMM's time is mostly the
-#: compute rate its clock holds at the board's power limit, and streaming adds little. Pinned at 0.5 with the rest refitted (2026-12, before the H100
-#: attention generations), the dev rows' in-sample MAPE went from 5.08% to 7.78% (LOGO 6.46% -> 9.87%).
+#: compute rate its clock holds at the board's power limit, and streaming adds little. Pinned at 0.5 with the rest
+#: refitted (2026-12, before the H100 attention generations), the dev rows' in-sample MAPE went from 5.08% to 7.78%
+#: (LOGO 6.46% -> 9.87%).
 KAPPA = 2.25
 
 #: Share of the board power at the TDP that does not scale with the SM clock under a power limit (HBM, NVLink

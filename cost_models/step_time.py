@@ -45,21 +45,22 @@ constant (module)                            value     range       mainly constr
 ``ELEMENTWISE_PASSES`` deepspeed             40        8-40        BLOOM rows (edge)
 ``TP_OVERLAP_EXPOSED`` megatron / torchtitan 0 / 0.58  0-0.5/0-0.7 NeMo recipes / torchtitan async TP
 ``EP_OVERLAP_EXPOSED`` (collectives)         0.33      0-1         MoE rows with EP overlap
-``HOST_GEMM_S`` (moe_overhead)               20 us     3-20 us     BF16 MoE recipe (Qwen3-30B-A3B H100); range top
-``HOST_QUANTIZE_S`` mx / cs                  65/277 us 10-120/     FP8 MoE rows; cs near its range's top (one row)
+``HOST_QUANTIZE_S`` mx / cs                  74/277 us 10-120/     FP8 MoE rows; cs near its range's top (one row)
                                                        20-300 us
-``MOE_TOKEN_COPY_S`` (moe_overhead)          20.8 ns   0-50 ns     MoE rows (Qwen3, DeepSeek-V3)
+``MOE_TOKEN_COPY_S`` (moe_overhead)          16.7 ns   0-50 ns     MoE rows (Qwen3, DeepSeek-V3)
 ===========================================  ========  ==========  ==============================================
 
 ``OVERLAP_COMPUTE_SLOWDOWN`` (0.189) is not fitted: Lee et al. 2025 (arXiv 2507.03114) average measured slowdown of
 compute under overlapped NCCL collectives (FSDP / ZeRO layer-wise traffic and the overlapped gradient reduction and
-parameter gather alike). Measured, not fitted: NCCL over Jean Zay's Omni-Path reaches 0.40 of a 100 Gb/s port
-(cluster YAML jean-zay-a100, BigScience's all-reduce benchmark on that partition). Counted: dropout's extra score
-passes and masks (``attention.DROPOUT_SCORE_PASSES``, ``elementwise.DROPOUT_MASK_BYTES``), FSDP2's copy-out of each
-gathered layer (``FSDP2_COPY_OUT_PASSES``), the share of the board power that does not follow the clock under a
-power cap (``gemm.UNCORE_POWER_FRACTION``). Read from the rows' recipes (each row's ``setup`` block,
-``planner/row_options.py``): DeepSeek-V3 node-limited routing in the EP all-to-all (``ep_domain_copies``), Megatron
-pipeline layouts and the Megatron-Bridge DeepSeek-V3 presets (EP overlap, full-iteration CUDA graph).
+parameter gather alike). Measured, not fitted: NCCL over Jean Zay's Omni-Path reaches 0.40 of a 100 Gb/s port (cluster
+YAML jean-zay-a100, BigScience's all-reduce benchmark on that partition); the host time of one expert GEMM call, 16.5
+us (``moe_overhead.HOST_GEMM_S``: eager GEMM calls timed on an H200 machine, ``benchmarks/gemm_measured.py``).
+Counted: dropout's extra score passes and masks (``attention.DROPOUT_SCORE_PASSES``,
+``elementwise.DROPOUT_MASK_BYTES``), FSDP2's copy-out of each gathered layer (``FSDP2_COPY_OUT_PASSES``), the share of
+the board power that does not follow the clock under a power cap (``gemm.UNCORE_POWER_FRACTION``). Read from the rows'
+recipes (each row's ``setup`` block, ``planner/row_options.py``): DeepSeek-V3 node-limited routing in the EP
+all-to-all (``ep_domain_copies``), Megatron pipeline layouts and the Megatron-Bridge DeepSeek-V3 presets (EP overlap,
+full-iteration CUDA graph).
 
 Result on the dev rows (``plan3d validate --cross-validate``, 91 evaluated rows): MAPE 5.19% in-sample, 6.62%
 leave-one-source-group-out, each fold fitted from the middle of the ranges (the Megatron-LM MoE recipes 13.4%, the

@@ -57,9 +57,12 @@ def test_packaged_rows_are_the_shared_dev_rows_with_sources():
 #: NeMo rows), no constant moved: Bridge 5.97 -> 5.81%, the Llama example 7.23 -> 6.94%. 5.05 -> 5.03% with the H100
 #: attention backward made causal (attention.yaml: the FA3 paper's non-causal Fig. 6 times the causal / non-causal
 #: ratio measured on an H200, 2026-12-04) and the refit it brings (POWER_CLOCK_EXPONENT 2.17 -> 2.33,
-#: TP_OVERLAP_EXPOSED.torchtitan 0.64 -> 0.58): NeMo 24.07 4.98 -> 4.52%, the Llama example 6.94 -> 7.41%.
+#: TP_OVERLAP_EXPOSED.torchtitan 0.64 -> 0.58): NeMo 24.07 4.98 -> 4.52%, the Llama example 6.94 -> 7.41%. 5.03%
+#: unchanged with HOST_GEMM_S measured (16.5 us per eager GEMM call on an H200 machine's host) instead of fitted (20 us)
+#: and the refit it brings (HOST_QUANTIZE_S mx 65 -> 74 us, MOE_TOKEN_COPY_S 20.8 -> 16.7 ns): MoE recipes 5.03 ->
+#: 5.41%, Bridge 5.81 -> 5.64%, for 13.40 -> 12.23% and 9.21 -> 8.81% held out (the LOGO test below).
 ACHIEVED_MAX_MAPE = 5.04
-ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 5.2, "nemo_bridge_perf_summary": 6.0, "nemo_2407_perf_summary": 5.0,
+ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 5.5, "nemo_bridge_perf_summary": 6.0, "nemo_2407_perf_summary": 5.0,
                        "megatron_h100_weak_scaling": 7.4}
 
 
@@ -250,9 +253,11 @@ def test_duplicate_row_ids_are_refused(run_cli, tmp_path):
 #: 9.44 -> 9.27%, the Llama example 8.68 -> 8.40%. 6.42 -> 6.43% (6.4314) with the H100 attention backward made
 #: causal from a measured ratio (a correction of the tables' physics, not a fit; the ratchet moves by 0.01 for it):
 #: NeMo 24.07 held out 4.98 -> 4.52%, Bridge 9.27 -> 9.21%, the Llama example 8.40 -> 8.85%, SC21 4.10 -> 4.41%,
-#: torchtitan 5.44 -> 5.48%.
-ACHIEVED_LOGO_MAPE = 6.44
-ACHIEVED_LOGO_GROUP_MAPE = {"megatron_moe_recipes": 13.5}
+#: torchtitan 5.44 -> 5.48%. 6.43 -> 6.31% with HOST_GEMM_S measured instead of fitted (the fold without the MoE
+#: recipes no longer reads a host time per GEMM call from the Bridge rows alone): MoE recipes 13.40 -> 12.23%,
+#: Bridge 9.21 -> 8.81%.
+ACHIEVED_LOGO_MAPE = 6.32
+ACHIEVED_LOGO_GROUP_MAPE = {"megatron_moe_recipes": 12.3}
 
 
 @pytest.fixture(scope="module")
