@@ -157,8 +157,22 @@ def gemm_section(device: str, dry: bool, timer: Timer) -> list[dict]:
     return rows
 
 
+def sdpa_seconds(timer: Timer, backend, q, k, v, **kwargs) -> tuple[float, float]:
+    """(forward, backward) seconds of one SDPA call on ``backend``: the forward without autograd, the backward as
+    ``autograd.grad`` of one retained forward against a random output gradient."""
+    from torch.nn.attention import sdpa_kernel
+
+    with sdpa_kernel(backend):
+        with torch.no_grad():
+            forward_s = timer(lambda: F.scaled_dot_product_attention(q, k, v, **kwargs))
+        out = F.scaled_dot_product_attention(q, k, v, **kwargs)
+        dout = torch.randn_like(out)
+        backward_s = timer(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
+    return forward_s, backward_s
+
+
 def attention_section(device: str, dry: bool, timer: Timer) -> list[dict]:
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import SDPBackend
 
     backends = {"math": SDPBackend.MATH} if dry else {"cudnn": SDPBackend.CUDNN_ATTENTION,
                                                        "flash2": SDPBackend.FLASH_ATTENTION}
@@ -177,12 +191,7 @@ def attention_section(device: str, dry: bool, timer: Timer) -> list[dict]:
                         q, k, v = (torch.randn(b, heads, s, hd, device=device, dtype=dtype, requires_grad=True)
                                    for _ in range(3))
                         fwd_flops = 4.0 * b * heads * s * s * hd / (2.0 if causal else 1.0)
-                        with sdpa_kernel(backend):
-                            with torch.no_grad():
-                                tf = timer(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
-                            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-                            dout = torch.randn_like(out)
-                            tb = timer(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
+                        tf, tb = sdpa_seconds(timer, backend, q, k, v, is_causal=causal)
                         rec.update(forward_s=tf, backward_s=tb, forward_tflops=fwd_flops / tf / 1e12,
                                    backward_tflops=2.5 * fwd_flops / tb / 1e12)
                     except Exception as exc:  # noqa: BLE001
@@ -338,7 +347,7 @@ def sustained_gemm_section(device: str, dry: bool, timer: Timer) -> list[dict]:
 def attention_gqa_section(device: str, dry: bool, timer: Timer) -> list[dict]:
     """SDPA with the Llama 3.1 70B/405B head layout NVIDIA's cudnn-frontend benchmark uses (64 query heads, 8 KV
     heads, head dim 128, batch 1; ``enable_gqa``), and gpt-oss's (64 / 8, head dim 64), causal, BF16."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import SDPBackend
 
     backends = {"math": SDPBackend.MATH} if dry else {"cudnn": SDPBackend.CUDNN_ATTENTION,
                                                        "flash2": SDPBackend.FLASH_ATTENTION}
@@ -355,13 +364,7 @@ def attention_gqa_section(device: str, dry: bool, timer: Timer) -> list[dict]:
                     k, v = (torch.randn(1, hkv, s, hd, device=device, dtype=dtype, requires_grad=True)
                             for _ in range(2))
                     fwd_flops = 4.0 * hq * s * s * hd / 2.0
-                    with sdpa_kernel(backend):
-                        with torch.no_grad():
-                            tf = timer(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                                              enable_gqa=True))
-                        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-                        dout = torch.randn_like(out)
-                        tb = timer(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
+                    tf, tb = sdpa_seconds(timer, backend, q, k, v, is_causal=True, enable_gqa=True)
                     rec.update(forward_s=tf, backward_s=tb, forward_tflops=fwd_flops / tf / 1e12,
                                backward_tflops=2.5 * fwd_flops / tb / 1e12)
                 except Exception as exc:  # noqa: BLE001
@@ -377,15 +380,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU: exercise every code path")
     ap.add_argument("--sections", default="gemm,attention,grouped_gemm,hbm,memory_bound")
     args = ap.parse_args(argv)
+    sections = {"hbm": hbm_section, "memory_bound": memory_bound_section, "gemm": gemm_section,
+                "attention": attention_section, "grouped_gemm": grouped_gemm_section,
+                "sustained_gemm": sustained_gemm_section, "attention_gqa": attention_gqa_section}
+    unknown = [name for name in args.sections.split(",") if name not in sections]
+    if unknown:
+        print(f"error: --sections {','.join(unknown)}: allowed {', '.join(sections)}", file=sys.stderr)
+        return 2
     device = "cpu" if args.dry_run else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
         print("error: --dry-run not given and no CUDA device is visible", file=sys.stderr)
         return 2
     timer = Timer(device, min_s=0.002 if args.dry_run else 0.03)
     report = {"environment": environment(device), "nvidia_smi_before": nvidia_smi() if device == "cuda" else None}
-    sections = {"hbm": hbm_section, "memory_bound": memory_bound_section, "gemm": gemm_section,
-                "attention": attention_section, "grouped_gemm": grouped_gemm_section,
-                "sustained_gemm": sustained_gemm_section, "attention_gqa": attention_gqa_section}
     for name in args.sections.split(","):
         t0 = time.perf_counter()
         log(f"section {name}")

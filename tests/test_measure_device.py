@@ -28,6 +28,7 @@ def test_dry_run_measures_every_section_with_its_flop_accounting(tmp_path):
     doc = json.loads(out.read_text())
     for section in ("gemm", "attention", "grouped_gemm", "hbm", "memory_bound", "sustained_gemm", "attention_gqa"):
         assert isinstance(doc[section], list) and doc[section], section
+        assert not [r for r in doc[section] if "error" in r], section  # every code path ran
     for r in doc["gemm"]:  # 2 M N K FLOPs per product
         assert r["tflops"] == pytest.approx(2.0 * r["m"] * r["n"] * r["k"] / r["seconds"] / 1e12)
     for r in doc["attention"]:  # FlashAttention-2 paper Sec. 4.1: 4 s^2 d h per sequence, halved causal; bwd 2.5x
@@ -83,3 +84,11 @@ def test_host_time_per_expert_gemm_call_is_the_measured_median():
     assert len(host) == 27
     assert HOST_GEMM_S == pytest.approx(statistics.median(host), abs=0.05e-6)
     assert "HOST_GEMM_S" not in FIT_RANGES
+
+
+def test_an_unknown_section_is_refused_in_one_line(tmp_path, capsys):
+    mod = _module()
+    assert mod.main(["--dry-run", "--out", str(tmp_path / "x.json"), "--sections", "gemm,nccl"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --sections nccl: allowed hbm, memory_bound, gemm,") and "\n" not in err
+    assert not (tmp_path / "x.json").exists()
