@@ -25,14 +25,9 @@ from pathlib import Path
 from cluster_specs.loaders import get_cluster
 from cost_models import gemm
 from cost_models.moe_overhead import HOST_GEMM_S
+from gemm_published import implied_kappa  # benchmarks/ is on sys.path when a script in it runs
 
 DATA = Path(__file__).parent / "data" / "measured_h200_20261204.json"
-
-
-def implied_kappa(m: int, n: int, k: int, seconds: float, rate: float, hbm: float) -> float:
-    """``KAPPA`` that makes ``gemm_time`` equal a measured BF16 GEMM time (seconds) at ``rate`` FLOP/s and ``hbm``
-    bytes/s (negative where the measurement beats ``rate``)."""
-    return (seconds - 2.0 * m * n * k / rate) * hbm / (2.0 * (m * k + k * n + m * n))
 
 
 def quartiles(xs: list[float]) -> str:

@@ -45,6 +45,13 @@ XLA_SM90_BF16 = (
 )
 
 
+def implied_kappa(m: float, n: float, k: float, seconds: float, rate: float, hbm: float) -> float:
+    """``KAPPA`` that makes ``gemm.gemm_time`` equal a measured 16-bit GEMM time (seconds) of ``2mnk`` FLOPs at
+    ``rate`` FLOP/s and ``hbm`` bytes/s: ``(t - 2mnk / rate) x hbm / (2 (mk + kn + mn))``; negative where the
+    measurement beats ``rate``."""
+    return (seconds - 2.0 * m * n * k / rate) * hbm / (2.0 * (m * k + k * n + m * n))
+
+
 def main() -> int:
     cluster = get_cluster("dgx-h100")
     rate = gemm.mamf_rate(cluster, "bf16")
@@ -57,8 +64,7 @@ def main() -> int:
         flops = 2.0 * b * m * n * k
         t_model = b * gemm.gemm_time(m, k, n, rate, hbm, 2.0)
         t_meas = flops / (tflops * 1e12)
-        stream_s = 2.0 * b * (m * k + k * n + m * n) / hbm
-        implied = (t_meas - flops / rate) / stream_s
+        implied = implied_kappa(m, n, k, t_meas / b, rate, hbm)
         ratios.append(flops / t_model / 1e12 / tflops)
         kappas.append(implied)
         print(f"{b:2d} {m:5d} {n:5d} {k:5d} {flops / t_model / 1e12:8.1f} {tflops:9.2f} {ratios[-1]:10.2f} "

@@ -157,9 +157,10 @@ def gemm_section(device: str, dry: bool, timer: Timer) -> list[dict]:
     return rows
 
 
-def sdpa_seconds(timer: Timer, backend, q, k, v, **kwargs) -> tuple[float, float]:
-    """(forward, backward) seconds of one SDPA call on ``backend``: the forward without autograd, the backward as
-    ``autograd.grad`` of one retained forward against a random output gradient."""
+def sdpa_times(timer: Timer, backend, q, k, v, forward_flops: float, **kwargs) -> dict:
+    """Forward and backward seconds and TFLOP/s of one SDPA call on ``backend`` (``forward_flops`` per forward,
+    2.5x that per backward): the forward without autograd, the backward as ``autograd.grad`` of one retained forward
+    against a random output gradient."""
     from torch.nn.attention import sdpa_kernel
 
     with sdpa_kernel(backend):
@@ -168,7 +169,8 @@ def sdpa_seconds(timer: Timer, backend, q, k, v, **kwargs) -> tuple[float, float
         out = F.scaled_dot_product_attention(q, k, v, **kwargs)
         dout = torch.randn_like(out)
         backward_s = timer(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
-    return forward_s, backward_s
+    return {"forward_s": forward_s, "backward_s": backward_s, "forward_tflops": forward_flops / forward_s / 1e12,
+            "backward_tflops": 2.5 * forward_flops / backward_s / 1e12}
 
 
 def attention_section(device: str, dry: bool, timer: Timer) -> list[dict]:
@@ -191,9 +193,7 @@ def attention_section(device: str, dry: bool, timer: Timer) -> list[dict]:
                         q, k, v = (torch.randn(b, heads, s, hd, device=device, dtype=dtype, requires_grad=True)
                                    for _ in range(3))
                         fwd_flops = 4.0 * b * heads * s * s * hd / (2.0 if causal else 1.0)
-                        tf, tb = sdpa_seconds(timer, backend, q, k, v, is_causal=causal)
-                        rec.update(forward_s=tf, backward_s=tb, forward_tflops=fwd_flops / tf / 1e12,
-                                   backward_tflops=2.5 * fwd_flops / tb / 1e12)
+                        rec.update(sdpa_times(timer, backend, q, k, v, fwd_flops, is_causal=causal))
                     except Exception as exc:  # noqa: BLE001
                         rec["error"] = repr(exc)[:300]
                     rows.append(rec)
@@ -364,9 +364,7 @@ def attention_gqa_section(device: str, dry: bool, timer: Timer) -> list[dict]:
                     k, v = (torch.randn(1, hkv, s, hd, device=device, dtype=dtype, requires_grad=True)
                             for _ in range(2))
                     fwd_flops = 4.0 * hq * s * s * hd / 2.0
-                    tf, tb = sdpa_seconds(timer, backend, q, k, v, is_causal=True, enable_gqa=True)
-                    rec.update(forward_s=tf, backward_s=tb, forward_tflops=fwd_flops / tf / 1e12,
-                               backward_tflops=2.5 * fwd_flops / tb / 1e12)
+                    rec.update(sdpa_times(timer, backend, q, k, v, fwd_flops, is_causal=True, enable_gqa=True))
                 except Exception as exc:  # noqa: BLE001
                     rec["error"] = repr(exc)[:300]
                 rows.append(rec)
