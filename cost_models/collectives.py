@@ -3,8 +3,9 @@ pipeline's point-to-point sends. Collective costs come from ``comm.collective_ti
 ``layout.group_placement``.
 
 * **Tensor parallel**: 2 all-reduces (or all-gather + reduce-scatter pairs under SP, same bytes) of the hidden
-  state per layer in forward and 2 in backward (formulas.md Sec. 6); with TP communication overlap only
-  ``TP_OVERLAP_EXPOSED`` of it is exposed.
+  state per layer in forward and 2 in backward (formulas.md Sec. 6); a MoE layer's MLP block has the pair its
+  framework runs (``mlp_block_tp_collectives``: none in Megatron-Core at expert TP 1 without shared experts); with TP
+  communication overlap only ``TP_OVERLAP_EXPOSED`` of it is exposed.
 * **Context parallel**: ring attention passes K/V ``cp-1`` times forward and K/V + their gradients backward,
   overlapped with the attention of each ring step; only the excess is exposed.
 * **Expert parallel**: dispatch + combine all-to-all per MoE layer forward and backward, 16-bit both ways (FP8
@@ -95,17 +96,49 @@ def ep_exposed_share(ep_overlap: bool) -> float:
     return EP_OVERLAP_EXPOSED if ep_overlap else 1.0
 
 
+#: Frameworks built on Megatron-Core, whose MoE layer runs its routed experts on the expert-tensor-parallel group:
+#: the token dispatchers gather and scatter over ``pg_collection.expt_tp`` (``--expert-tensor-parallel-size``,
+#: default the TP size), not over the attention's TP group (``megatron/core/transformer/moe/token_dispatcher.py``,
+#: ``MoETokenDispatcher.__init__``: "use pg_collection.expt_tp_group as tensor parallel group in this module";
+#: ``MoEAlltoAllTokenDispatcher.token_dispatch`` gathers over it only ``if self.tp_size > 1``; Megatron-LM commit
+#: d98e8a64dd). The shared experts are an MLP on the TP group (``SharedExpertMLP``).
+MCORE_MOE_FRAMEWORKS = ("megatron", "nemo")
+
+
+def mlp_block_tp_collectives(model: ModelSpec, par: ParallelConfig, layer: int, fw_base: str) -> tuple[int, int]:
+    """(through column-/row-parallel linears, blocking) TP collective pairs of decoder layer ``layer``'s MLP block,
+    each pair the bytes of one all-reduce of the hidden state (an all-gather + reduce-scatter under sequence
+    parallelism).
+
+    A dense MLP: (1, 0). A MoE block under Megatron-Core (``MCORE_MOE_FRAMEWORKS``): the shared experts' MLP, one
+    pair through its linears if the model has shared experts, and the token dispatcher's gather / scatter over the
+    expert-TP group, one blocking pair if ``par.expert_tp`` > 1; with expert TP 1 and no shared experts (Qwen3 MoE at
+    ``--expert-tensor-parallel-size 1``) the block has no TP traffic at all: each TP rank routes its own
+    sequence-parallel shard. A MoE block under the other frameworks: one blocking pair (torchtitan's
+    ``apply_moe_ep_tp``, ``infra/parallelize.py`` of its MoE models: "all-gather for input, reduce-scatter for
+    output" around the whole MoE module, DTensor redistributions outside the linears)."""
+    if model.moe is None or not model.is_moe_layer(layer):
+        return 1, 0
+    if fw_base not in MCORE_MOE_FRAMEWORKS:
+        return 0, 1
+    return (1 if model.moe.shared_expert_ffn_hidden_size > 0 else 0), (1 if par.expert_tp > 1 else 0)
+
+
 def tp_layer_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
-               groups: dict[str, GroupPlacement]) -> float:
-    """Forward seconds of one layer's TP collectives: 2 all-reduces of the 16-bit ``b·s/cp x h`` hidden state
-    (or their all-gather + reduce-scatter halves under sequence parallelism: the same bytes; Korthikanti et al.
-    2022 Sec. 4.2.2). The backward runs the same collectives; how much of them is exposed is
-    ``tp_backward_shares``."""
+               groups: dict[str, GroupPlacement], layer: int, fw_base: str) -> tuple[float, float]:
+    """(all, blocking) forward seconds of decoder layer ``layer``'s TP collectives: one all-reduce of the 16-bit
+    ``b·s/cp x h`` hidden state for the attention block (or its all-gather + reduce-scatter halves under sequence
+    parallelism: the same bytes; Korthikanti et al. 2022 Sec. 4.2.2) and the MLP block's
+    (``mlp_block_tp_collectives``: one more for a dense MLP). ``blocking``: the share outside the column-/row-parallel
+    linears (a MoE token dispatcher's), which no linear's GEMMs can hide. The backward runs the same collectives;
+    how much of them is exposed is ``tp_backward_shares``."""
     if par.tp <= 1:
-        return 0.0
+        return 0.0, 0.0
     tok = par.micro_batch_size * job.seq_length / par.cp
     act_bytes = compute_bytes(job.precision) * tok * model.hidden_size
-    return 2 * collective_time("all_reduce", act_bytes, groups["tp"], cluster)
+    one = collective_time("all_reduce", act_bytes, groups["tp"], cluster)
+    linears, blocking = mlp_block_tp_collectives(model, par, layer, fw_base)
+    return (1 + linears + blocking) * one, blocking * one
 
 
 def cp_layer_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,

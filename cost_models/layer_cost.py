@@ -33,9 +33,10 @@ class LayerCost:
     attn_b: float = 0.0
     mem: float = 0.0
     tp: float = 0.0
+    tp_blocking: float = 0.0  # the share of ``tp`` outside the TP linears (a MoE token dispatcher's gather / scatter)
     cp: float = 0.0
     ep: float = 0.0
-    moe: bool = False  # a MoE layer: its MLP block's TP collectives belong to the token dispatcher
+    moe: bool = False  # a MoE layer: only its attention block's GEMMs hide the backward TP collectives
 
     def compute_forward_s(self) -> float:
         """GEMMs + attention + memory-bound work, forward."""
@@ -54,15 +55,16 @@ class LayerCost:
         """Exposed TP seconds of the backward: the ``(exposed, overlapped)`` shares of ``tp``
         (``collectives.tp_backward_shares``), the overlapped part charged what it takes beyond the column-parallel
         linears' backward GEMMs (``TP_BACKWARD_OVERLAP_WINDOW`` x their block's GEMMs) and the slowdown of the GEMMs
-        under it (``data_parallel.overlapped_exposed_s``). In a MoE layer only the attention block's half runs
-        through column-parallel linears; the MoE block's half (the token dispatcher's gather and scatter over the TP
-        ranks, plain autograd collectives) blocks."""
+        under it (``data_parallel.overlapped_exposed_s``). The blocking share ``tp_blocking`` (a MoE token
+        dispatcher's gather and scatter, plain autograd collectives; ``collectives.mlp_block_tp_collectives``) is
+        charged in full under that asynchronous schedule; in a MoE layer only the attention block's GEMMs hide the
+        rest."""
         exposed, overlapped = tp_shares
-        if self.moe and overlapped:
-            half = self.tp / 2
-            return half + half * exposed + overlapped_exposed_s(
-                half * overlapped, TP_BACKWARD_OVERLAP_WINDOW * (self.gemm - self.gemm_mlp))
-        return self.tp * exposed + overlapped_exposed_s(self.tp * overlapped, TP_BACKWARD_OVERLAP_WINDOW * self.gemm)
+        if not overlapped:
+            return self.tp * exposed
+        free = self.tp - self.tp_blocking
+        window = TP_BACKWARD_OVERLAP_WINDOW * (self.gemm - self.gemm_mlp if self.moe else self.gemm)
+        return self.tp_blocking + free * exposed + overlapped_exposed_s(free * overlapped, window)
 
     def comm_backward_s(self, tp_shares: tuple[float, float], ep_exposed: float) -> float:
         """Exposed TP (``tp_backward_s``), CP (K/V and their gradients: 2x) and EP communication, backward."""
@@ -79,7 +81,7 @@ def layer_cost(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: Pa
         c.gemm_sac = op_sac_recomputed_gemms_s(model, cluster, job, par, layer, framework)
     c.attn_f, c.attn_b = attention_core_s(model, cluster, job, par, framework, layer)
     c.mem, c.mem_mlp = layer_memory_bound_s(model, cluster, job, par, layer, framework)
-    c.tp = tp_layer_s(model, cluster, job, par, groups)
+    c.tp, c.tp_blocking = tp_layer_s(model, cluster, job, par, groups, layer, framework.split("_")[0])
     c.cp = cp_layer_s(model, cluster, job, par, groups, c.attn_f)
     c.ep = ep_layer_s(model, cluster, job, par, layer, groups)
     return c

@@ -395,3 +395,34 @@ def test_mtp_layers_communication_is_reported_with_the_rest():
     parts = with_mtp.compute_s + with_mtp.bubble_s + with_mtp.optimizer_s + sum(
         v for k, v in with_mtp.exposed_comm_s.items() if k in ("tp", "cp", "ep", "dp"))
     assert parts == pytest.approx(with_mtp.step_s, rel=1e-6)
+
+
+def test_moe_block_tp_traffic_follows_the_expert_tp_group():
+    # Megatron-Core routes each TP rank's own sequence-parallel shard and gathers over the expert-TP group
+    # (token_dispatcher.py: "use pg_collection.expt_tp_group as tensor parallel group in this module"): at
+    # --expert-tensor-parallel-size 1 a MoE layer without shared experts has only its attention block's TP pair;
+    # with shared experts their MLP adds one through its linears; expert TP > 1 adds the dispatcher's blocking
+    # gather/scatter. torchtitan all-gathers the MoE input over TP and reduce-scatters its output (apply_moe_ep_tp).
+    from cost_models.collectives import mlp_block_tp_collectives, tp_layer_s
+    from cost_models.comm import collective_time
+    from cost_models.layout import group_placement
+
+    qwen, ds = get_model("qwen3-235b-a22b"), get_model("deepseek-v3")
+    B200 = get_cluster("dgx-b200")
+    job = TrainingJob(global_batch_size=3072, seq_length=4096, precision="fp8")
+    par = ParallelConfig(tp=2, pp=2, dp=16, ep=16, etp=1, micro_batch_size=3, sequence_parallel=True, zero_stage=1)
+    groups = {"tp": group_placement("tp", par, B200.node.nvlink_domain_size)}
+    one = collective_time("all_reduce", 2 * 3 * 4096 * qwen.hidden_size, groups["tp"], B200)
+    assert mlp_block_tp_collectives(qwen, par, 0, "megatron") == (0, 0)
+    assert tp_layer_s(qwen, B200, job, par, groups, 0, "megatron") == pytest.approx((one, 0.0))
+    assert tp_layer_s(qwen, B200, job, par, groups, 0, "torchtitan") == pytest.approx((2 * one, one))
+    etp2 = par.model_copy(update={"etp": 2})
+    assert mlp_block_tp_collectives(qwen, etp2, 0, "nemo") == (0, 1)
+    # DeepSeek-V3: dense layers 0-2 keep both pairs; its MoE layers' shared expert is an MLP on the TP group
+    assert mlp_block_tp_collectives(ds, par, 0, "megatron") == (1, 0)
+    assert mlp_block_tp_collectives(ds, par, 5, "megatron") == (1, 0)
+    assert mlp_block_tp_collectives(ds, etp2, 5, "megatron") == (1, 1)
+    # the step: the same layout without the MoE block's TP pair is faster under Megatron-LM than under torchtitan's
+    # gather/scatter, all else equal
+    mc = estimate_step(qwen, B200, job, par, framework="megatron")
+    assert mc.exposed_comm_s["tp"] < estimate_step(qwen, B200, job, par, framework="torchtitan").exposed_comm_s["tp"]

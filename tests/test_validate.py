@@ -60,9 +60,13 @@ def test_packaged_rows_are_the_shared_dev_rows_with_sources():
 #: TP_OVERLAP_EXPOSED.torchtitan 0.64 -> 0.58): NeMo 24.07 4.98 -> 4.52%, the Llama example 6.94 -> 7.41%. 5.03%
 #: unchanged with HOST_GEMM_S measured (16.5 us per eager GEMM call on an H200 machine's host) instead of fitted (20 us)
 #: and the refit it brings (HOST_QUANTIZE_S mx 65 -> 74 us, MOE_TOKEN_COPY_S 20.8 -> 16.7 ns): MoE recipes 5.03 ->
-#: 5.41%, Bridge 5.81 -> 5.64%, for 13.40 -> 12.23% and 9.21 -> 8.81% held out (the LOGO test below).
-ACHIEVED_MAX_MAPE = 5.04
-ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 5.5, "nemo_bridge_perf_summary": 6.0, "nemo_2407_perf_summary": 5.0,
+#: 5.41%, Bridge 5.81 -> 5.64%, for 13.40 -> 12.23% and 9.21 -> 8.81% held out (the LOGO test below). 5.03 -> 5.06%
+#: with a Megatron-Core MoE layer's TP traffic read from its token dispatcher (collectives.mlp_block_tp_collectives:
+#: at expert TP 1 without shared experts the MoE block has none; a correction from the framework's source, not a
+#: fit): the one dev row it touches, the MoE recipes' Qwen3-235B on B200 at TP 2 / ETP 1, goes +17.6 -> +20.2%
+#: (MoE recipes 5.41 -> 5.92%); the ratchet moves up for it.
+ACHIEVED_MAX_MAPE = 5.06
+ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 6.0, "nemo_bridge_perf_summary": 6.0, "nemo_2407_perf_summary": 5.0,
                        "megatron_h100_weak_scaling": 7.4}
 
 
@@ -255,9 +259,10 @@ def test_duplicate_row_ids_are_refused(run_cli, tmp_path):
 #: NeMo 24.07 held out 4.98 -> 4.52%, Bridge 9.27 -> 9.21%, the Llama example 8.40 -> 8.85%, SC21 4.10 -> 4.41%,
 #: torchtitan 5.44 -> 5.48%. 6.43 -> 6.31% with HOST_GEMM_S measured instead of fitted (the fold without the MoE
 #: recipes no longer reads a host time per GEMM call from the Bridge rows alone): MoE recipes 13.40 -> 12.23%,
-#: Bridge 9.21 -> 8.81%.
-ACHIEVED_LOGO_MAPE = 6.32
-ACHIEVED_LOGO_GROUP_MAPE = {"megatron_moe_recipes": 12.3}
+#: Bridge 9.21 -> 8.81%. 6.31 -> 6.34% with the Megatron-Core MoE layer's TP traffic read from its token dispatcher
+#: (none at expert TP 1 without shared experts; the ratchet above): MoE recipes held out 12.23 -> 12.79%.
+ACHIEVED_LOGO_MAPE = 6.35
+ACHIEVED_LOGO_GROUP_MAPE = {"megatron_moe_recipes": 12.8}
 
 
 @pytest.fixture(scope="module")
