@@ -8,6 +8,8 @@ work is shorter. This script sets both against one machine's measurements
 - dense BF16 GEMMs over (M, N, K): the model's time over the measured one, and the ``KAPPA`` each measurement implies,
   ``(t_measured - 2MNK / rate) x HBM / bytes``, against the cluster's MAMF rate and against this board's own
   sustained rate (the median of its large GEMMs, power-bound at 700 W);
+- dense FP8 GEMMs over the same shapes: the model's time over the measured one, with the output streamed at the
+  1-byte operand width (as ``gemm_time`` is called for FP8) and at the 16 bits the kernels write;
 - MoE expert GEMMs (four published models' expert shapes, 4 and 16 local experts, 128-4096 tokens per expert): the
   model (one ``gemm_time`` per expert) against one grouped GEMM (``torch._grouped_mm``) and against a loop of one
   GEMM call per expert, and the host time per call the loop shows where it is host-bound.
@@ -54,6 +56,19 @@ def main() -> int:
     print(f"  model time / measured, quartiles: {quartiles(ratio)}")
     print(f"  implied KAPPA at the MAMF rate, quartiles: {quartiles(k_mamf)}")
     print(f"  implied KAPPA at the board's sustained rate, quartiles: {quartiles(k_sus)}")
+
+    # FP8 (E4M3 operands, per-tensor scales, 16-bit output: torch._scaled_mm(out_dtype=bfloat16), as Transformer
+    # Engine's FP8 GEMMs write the activation dtype); plan3d streams an FP8 GEMM's output at its 1-byte operand width
+    fp8 = [r for r in doc["gemm"] if r.get("dtype") == "fp8_e4m3" and "subset" not in r and "seconds" in r]
+    rate8 = gemm.mamf_rate(cluster, "fp8")
+    big8 = statistics.median(r["tflops"] for r in fp8 if min(r["m"], r["n"], r["k"]) >= 4096)
+    print(f"\ndense FP8, {len(fp8)} shapes: best {max(r['tflops'] for r in fp8):.0f} TFLOP/s, median of the large ones "
+          f"{big8:.0f} (model MAMF {rate8 / 1e12:.0f})")
+    as_shipped = [gemm.gemm_time(r["m"], r["k"], r["n"], rate8, hbm, 1.0) / r["seconds"] for r in fp8]
+    out16 = [(gemm.gemm_time(r["m"], r["k"], r["n"], rate8, hbm, 1.0)
+              + gemm.KAPPA * r["m"] * r["n"] / hbm) / r["seconds"] for r in fp8]
+    print(f"  model time / measured, quartiles: {quartiles(as_shipped)} (output streamed at 1 byte, as shipped); "
+          f"{quartiles(out16)} (at 2 bytes)")
 
     print("\nMoE expert GEMMs: model (E x gemm_time) / measured grouped GEMM, and the loop of E calls")
     print(f"{'model':16s} {'gemm':4s} {'E':>3s} " + " ".join(f"{t:>6d}" for t in (128, 256, 512, 1024, 2048, 4096))
