@@ -38,8 +38,8 @@ BRANCH_CASES = [
     # even split with interleaving: 96 layers / pp 16 = 6 per stage, vpp 3; full recompute of 2 layers (block)
     ("gpt3-175b", ParallelConfig(tp=8, pp=16, dp=4, vpp=3, sequence_parallel=True, zero_stage=0,
                                  recompute="full", recompute_num_layers=2), "bf16"),
-    # BLOOM: ALiBi, biases, tied embeddings; plain DP, no sharding
-    ("bloom-176b", ParallelConfig(tp=8, pp=7, dp=2, first_stage_layers=None, zero_stage=0), "bf16"),
+    # GPT-3: learned positions, biases, tied embeddings; plain DP, no sharding
+    ("gpt3-175b", ParallelConfig(tp=8, pp=8, dp=2, first_stage_layers=None, zero_stage=0), "bf16"),
     ("qwen2.5-7b", ParallelConfig(tp=4, pp=1, dp=2, zero_stage=1, sequence_parallel=True), "bf16"),
     # Megatron-Bridge-style layout string (DeepSeek-V3 on pp 8 x vpp 2, MTP and loss in the last chunk), recipe
     # knobs: recompute modules, precision-aware optimizer, optimizer CPU offload (bf16: megatron-core checks MoE
@@ -141,10 +141,26 @@ def test_fp8_and_fp16_flags():
 
 
 def test_no_overlap_param_gather_without_sharded_optimizer():
-    a = parse_argv(megatron_args(get_model("bloom-176b"), JOB, BRANCH_CASES[5][1]))
+    a = parse_argv(megatron_args(get_model("gpt3-175b"), JOB, BRANCH_CASES[5][1]))
     assert a["overlap_grad_reduce"] is True and "overlap_param_gather" not in a
-    assert "disable_bias_linear" not in a and "untie_embeddings_and_output_weights" not in a  # BLOOM: biases, tied
-    assert a["position_embedding_type"] == "none"  # ALiBi has no parameters; Megatron-core has no ALiBi
+    assert "disable_bias_linear" not in a and "untie_embeddings_and_output_weights" not in a  # GPT-3: biases, tied
+    assert "position_embedding_type" not in a  # Megatron-LM's default, learned_absolute
+
+
+def test_bloom_is_refused_by_every_launch_rather_than_trained_without_alibi():
+    # BLOOM's ALiBi and embedding LayerNorm: neither megatron-core, Megatron-DeepSpeed nor torchtitan take them here;
+    # "--position-embedding-type none" would train without any position signal (helper break-test, 2026-12-04)
+    from planner.emit.deepspeed import megatron_deepspeed_args
+    from planner.emit.megatron import EmitError
+    from planner.emit.torchtitan import torchtitan_toml
+    bloom = get_model("bloom-176b")
+    par = ParallelConfig(tp=4, pp=14, dp=2, zero_stage=1, sequence_parallel=True)
+    for emit, p in ((megatron_args, par), (megatron_deepspeed_args, par), (torchtitan_toml, _zero3(par))):
+        with pytest.raises(EmitError, match="alibi"):
+            emit(bloom, JOB, p)
+    no_alibi = bloom.model_copy(update={"position_embedding": "none"})
+    with pytest.raises(EmitError, match="embedding_layernorm"):
+        megatron_args(no_alibi, JOB, par)
 
 
 def test_deepspeed_batch_arithmetic():

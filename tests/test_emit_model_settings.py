@@ -147,8 +147,9 @@ def test_every_emitted_flag_is_a_megatron_lm_option():
         unknown = sorted(set(flags) - names)
         assert not unknown, f"{m.name}: {unknown}"
     # only the models with settings the launch has no option for (gpt-oss sinks, Llama 4 chunked attention,
-    # Kimi K2's YaRN betas) are refused
-    assert set(refused) == {"gpt-oss-20b", "gpt-oss-120b", "llama4-scout", "llama4-maverick", "kimi-k2"}, refused
+    # Kimi K2's YaRN betas, BLOOM's ALiBi: the zoo entry and the HF config.json) are refused
+    assert set(refused) == {"gpt-oss-20b", "gpt-oss-120b", "llama4-scout", "llama4-maverick", "kimi-k2", "bloom-176b",
+                            "bloom"}, refused
 
 
 # --------------------------------------------------------------------------------------- megatron-core itself

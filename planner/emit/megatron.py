@@ -174,10 +174,17 @@ def router_args(model: ModelSpec) -> list[str]:
 def unexpressed_features(model: ModelSpec) -> str | None:
     """The first parameter-bearing or attention-shaping feature of ``model`` that the Megatron-LM, Megatron-DeepSpeed
     and torchtitan launches here do not express (None when there is none): attention sinks, biased experts or
-    router (gpt-oss), sliding-window or chunked attention layers (gpt-oss, Llama 4). Emitting without them would
+    router (gpt-oss), ALiBi and the embedding LayerNorm (BLOOM), sliding-window or chunked attention layers
+    (gpt-oss, Llama 4). Emitting without them would
     train a different model, so the emitters refuse with the feature named."""
     if model.attention_sinks:
         return "attention_sinks (one learned logit per head, gpt-oss)"
+    if model.position_embedding == "alibi":
+        # megatron-core has no ALiBi (its embeddings: learned_absolute, rope, none; ``LanguageModelEmbedding`` at
+        # d98e8a64dd); "none" would train without any position signal
+        return "position_embedding alibi (ALiBi attention biases, BLOOM)"
+    if model.embedding_layernorm:
+        return "embedding_layernorm (a LayerNorm after the word embeddings, BLOOM)"
     if model.moe is not None and (model.moe.expert_bias or model.moe.router_linear_bias):
         return "moe expert_bias / router_linear_bias (biased experts and router, gpt-oss)"
     kinds = sorted(set(model.layer_types or ()) - {"full_attention"})
@@ -228,8 +235,7 @@ def model_args(model: ModelSpec, job: TrainingJob) -> list[str]:
         a.append("--qk-layernorm")
     if model.position_embedding == "rope":
         add(["--position-embedding-type", "rope", *rope_args(model)])
-    elif model.position_embedding in ("alibi", "none"):
-        # Megatron-core has no ALiBi; "none" keeps the parameter count (ALiBi has no parameters).
+    elif model.position_embedding == "none":
         add(["--position-embedding-type", "none"])
     if not model.linear_bias:
         a.append("--disable-bias-linear")
