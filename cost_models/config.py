@@ -232,3 +232,10 @@ class ParallelConfig(BaseModel):
     def num_microbatches(self, global_batch_size: int) -> int:
         """Micro-batches per step per data-parallel replica: GBS / (micro_batch_size * dp) (floor)."""
         return global_batch_size // (self.micro_batch_size * self.dp)
+
+    def processed_share(self, global_batch_size: int) -> float:
+        """Samples the step model times, over the global batch: ``max(1, num_microbatches) x micro_batch_size x dp /
+        GBS``; 1 when the layout divides the batch. A layout that does not breaks the batch rule (reported
+        infeasible); its throughput and MFU count the samples it runs, not the batch it was asked for."""
+        m = max(1, self.num_microbatches(global_batch_size))
+        return m * self.micro_batch_size * self.dp / global_batch_size

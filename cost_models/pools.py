@@ -37,7 +37,7 @@ from .config import BYTES_16BIT, FlopsConvention, ParallelConfig, TrainingJob
 from .layout import GroupPlacement, LayoutError
 from .memory import StageMemory, estimate_memory
 from .pipeline import simulate
-from .step_time import StepEstimate, estimate_step
+from .step_time import StepEstimate, estimate_step, other_compute_s
 
 
 @dataclass
@@ -137,11 +137,12 @@ def estimate_pools(model: ModelSpec, mixed: MixedCluster, job: TrainingJob, par:
     mf, hf = eb.model_flops, eb.hardware_flops
     compute = busy - exposed["tp"] - exposed["cp"] - exposed["ep"]
     kinds = dict(eb.compute_breakdown_s)
-    kinds["other"] = max(0.0, compute - sum(v for k, v in kinds.items() if k != "other"))
+    kinds["other"] = other_compute_s(compute, (v for k, v in kinds.items() if k != "other"))
     total = StepEstimate(
         step_s=step, compute_s=compute, bubble_s=bubble, optimizer_s=opt, exposed_comm_s=exposed,
         bubble_fraction=bubble / step if step > 0 else 0.0, num_microbatches=m,
-        tokens_per_s=job.tokens_per_step / step, model_flops=mf, hardware_flops=hf,
+        tokens_per_s=par.processed_share(job.global_batch_size) * job.tokens_per_step / step, model_flops=mf,
+        hardware_flops=hf,
         tflops_per_gpu=mf / step / n_gpus / 1e12, mfu=mf / (step * peak_total), hfu=hf / (step * peak_total),
         peak_flops_per_gpu=peak_total / n_gpus, mfu_peak_dtype=eb.mfu_peak_dtype, flops_convention=convention,
         stage_forward_s=fwd, stage_backward_s=bwd, p2p_s=p2p, pp=pp, schedule=par.pipeline_schedule,

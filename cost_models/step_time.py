@@ -306,6 +306,13 @@ def _compute_breakdown_s(model: ModelSpec, par: ParallelConfig, layers, lc, m: i
     return kinds
 
 
+def other_compute_s(compute_s: float, kinds_s) -> float:
+    """Compute seconds outside the named kinds (GEMMs, attention, memory-bound): ``compute_s`` less their sum, 0 where
+    that is below a relative 1e-9 (floating-point residue of summing the same terms in another order)."""
+    other = compute_s - sum(kinds_s)
+    return other if other > 1e-9 * compute_s else 0.0
+
+
 def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
                   convention: FlopsConvention = "megatron", framework: str | None = None,
                   tp_comm_overlap: bool | None = None, overlap_dp: bool | None = None,
@@ -403,17 +410,18 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     step = pipeline_s + dp_exposed + optimizer
     compute = busy - exposed["tp"] - exposed["cp"] - exposed["ep"] - exposed.get("host", 0.0)
     # embedding, output layer, cross-entropy, MTP and host-bound time are the rest of the busiest rank's compute
-    kinds["other"] = max(0.0, compute - sum(kinds.values()))
+    kinds["other"] = other_compute_s(compute, kinds.values())
     n_gpus = par.world_size
-    mf = step_model_flops(model, job, convention)
+    done = par.processed_share(job.global_batch_size)  # 1 unless the layout breaks the batch rule
+    mf = done * step_model_flops(model, job, convention)
     # HFU in the same convention: model FLOPs plus what recompute re-executes (PaLM App. B)
-    hf = mf + step_hardware_flops(model, job, par) - step_model_flops(model, job, "megatron")
+    hf = mf + done * (step_hardware_flops(model, job, par) - step_model_flops(model, job, "megatron"))
     mfu_dtype = peak_dtype(cluster, job.precision)  # the TF32 peak for fp32 training
     peak = cluster.gpu.peak_flops[mfu_dtype]
     return StepEstimate(
         step_s=step, compute_s=compute, bubble_s=bubble, optimizer_s=optimizer, exposed_comm_s=exposed,
         bubble_fraction=bubble / step if step > 0 else 0.0, num_microbatches=m,
-        tokens_per_s=job.tokens_per_step / step, model_flops=mf, hardware_flops=hf,
+        tokens_per_s=done * job.tokens_per_step / step, model_flops=mf, hardware_flops=hf,
         tflops_per_gpu=mf / step / n_gpus / 1e12, mfu=mf / (step * n_gpus * peak),
         hfu=hf / (step * n_gpus * peak), peak_flops_per_gpu=peak, mfu_peak_dtype=mfu_dtype,
         flops_convention=convention,

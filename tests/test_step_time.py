@@ -426,3 +426,15 @@ def test_moe_block_tp_traffic_follows_the_expert_tp_group():
     # gather/scatter, all else equal
     mc = estimate_step(qwen, B200, job, par, framework="megatron")
     assert mc.exposed_comm_s["tp"] < estimate_step(qwen, B200, job, par, framework="torchtitan").exposed_comm_s["tp"]
+
+
+def test_a_layout_that_does_not_divide_the_batch_is_credited_with_the_samples_it_runs():
+    # mbs 3 x dp 8 into 1024 sequences: 42 micro-batches carry 1008; the throughput and MFU count those 1008, not the
+    # 1024 the layout never processes (helper break-test, 2026-12-04: it had reported ~1.6% more tokens/s)
+    m, c = get_model("llama3.1-8b"), get_cluster("dgx-h100")
+    job = TrainingJob(global_batch_size=1024, seq_length=4096)
+    par = ParallelConfig(dp=8, micro_batch_size=3, zero_stage=1)
+    st = estimate_step(m, c, job, par)
+    assert par.processed_share(1024) == pytest.approx(1008 / 1024)
+    assert st.tokens_per_s == pytest.approx(1008 * 4096 / st.step_s)
+    assert ParallelConfig(dp=8, micro_batch_size=2, zero_stage=1).processed_share(1024) == 1.0
