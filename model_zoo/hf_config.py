@@ -386,6 +386,11 @@ def _hf_gpt_oss(c: _Cfg) -> dict[str, Any]:
     d = _llama_like(c, "gpt_oss")
     n = d["num_layers"]
     kinds = _layer_types(c, n) or tuple("sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n))
+    if "sliding_window" in c.d and c.d["sliding_window"] is None and "sliding_attention" in kinds:
+        # GptOssConfig defaults a missing window to 128, but an explicit null reaches GptOssAttention as no window
+        # at all: the "sliding" layers would attend over the whole sequence. Contradictory; refused.
+        raise ModelSpecError(f"{c.where}: field 'sliding_window' is null while 'layer_types' names "
+                             f"sliding_attention layers: give the window in tokens (gpt-oss: 128)")
     d.update(attention_sinks=True, layer_types=kinds, sliding_window=c.int_("sliding_window", default=128))
     d["norm_eps"] = float(c.d.get("rms_norm_eps") or 1e-5)  # GptOssConfig default 1e-5
     d["moe"] = dict(

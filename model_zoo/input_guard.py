@@ -111,13 +111,31 @@ def read_text(path: Path, max_bytes: int, error: type[Exception], what: str = "f
                     f"{e.start}: {e.reason}); save it as UTF-8") from None
 
 
+class _DuplicateKey(Exception):
+    """A JSON object names one key twice (``_unique_keys``)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads`` ``object_pairs_hook``: the object as a dict, ``_DuplicateKey`` if a key repeats (the standard
+    parser keeps the last value silently; a config.json with two ``hidden_size`` is another model)."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(k)
+        out[k] = v
+    return out
+
+
 def parse(text: str, fmt: str, where: str, error: type[Exception]) -> Any:
     """``text`` parsed as ``json`` or ``yaml`` (safe_load), then checked by ``check_shape``. JSON syntax errors and
     YAML errors are left to the caller (they name line and column); the rest is ``error`` naming ``where``."""
     import yaml
     try:  # libyaml's loader where PyYAML was built with it (4x faster; it caps nesting at 1,000 levels itself)
-        data = json.loads(text) if fmt == "json" else yaml.load(text, Loader=getattr(yaml, "CSafeLoader",
-                                                                                      yaml.SafeLoader))
+        data = (json.loads(text, object_pairs_hook=_unique_keys) if fmt == "json" else
+                yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))
+    except _DuplicateKey as e:
+        raise error(f"{where}: field '{str(e.args[0])[:80]}' is given twice; json.loads would keep the last "
+                    f"silently, so say which one is meant") from None
     except RecursionError:
         raise error(f"{where}: nested more than {MAX_DEPTH} levels deep") from None
     except (json.JSONDecodeError, yaml.YAMLError):

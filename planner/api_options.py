@@ -186,8 +186,12 @@ def check_keys(options: dict[str, Any], allowed: frozenset[str], where: str) -> 
         raise PlanInputError(f"{where}: unknown option(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
 
 
+#: Tokens per sequence when the job does not say (``load_inputs``): Llama 2 / 3 pre-training's 4096.
+DEFAULT_SEQ_LENGTH = 4096
+
+
 def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = None, *, gpus: int | None = None,
-                nodes: int | None = None, global_batch_size: int = 1024, seq_length: int = 4096,
+                nodes: int | None = None, global_batch_size: int = 1024, seq_length: int | None = None,
                 precision: str = "bf16", flash_attention: bool = True, dropout: bool = False,
                 framework: str | None = None, full_model_init: bool = False,
                 expert_load_imbalance: float | None = None, capacity_factor: float | None = None,
@@ -200,7 +204,8 @@ def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = No
     ``capacity_factor``: drop-and-pad MoE routing to that capacity, Megatron-LM ``--moe-expert-capacity-factor`` with
     ``--moe-pad-expert-input-to-capacity``, None = dropless; ``software_date``: ``YYYY-MM`` of the container or
     framework release the run uses, which picks the kernel library's generation in the efficiency tables,
-    ``cluster_specs/data/efficiency/attention.yaml``, None = the newest).
+    ``cluster_specs/data/efficiency/attention.yaml``, None = the newest). ``seq_length`` None: ``DEFAULT_SEQ_LENGTH``
+    (4096), or the model's ``max_position_embeddings`` when it has a shorter learned position table (GPT-3, OPT).
 
     Raises ``ModelSpecError`` / ``ClusterSpecError`` (unreadable or invalid files, unknown names, a GPU count that
     is not whole nodes) and ``PlanInputError`` (an option outside its allowed values).
@@ -215,6 +220,8 @@ def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = No
     check_choice("precision", precision, PRECISIONS)
     fw = check_choice("framework", framework or "megatron", FRAMEWORKS)
     for field, v in (("global_batch_size", global_batch_size), ("seq_length", seq_length)):
+        if field == "seq_length" and v is None:
+            continue
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise PlanInputError(f"{option_flag(field)} {v!r}: must be a positive integer")
     if isinstance(model, ModelSpec):
@@ -226,6 +233,9 @@ def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = No
         if model is not None and not str(model).strip():
             raise PlanInputError("--model: empty; give a built-in name (plan3d models), a model YAML or a config.json")
         m = load_model(os.fspath(model) if model is not None else DEFAULT_MODEL)
+    if seq_length is None:  # the default: 4096 tokens, within a learned position table
+        seq_length = min(DEFAULT_SEQ_LENGTH, m.max_position_embeddings) if m.position_embedding == "learned" \
+            else DEFAULT_SEQ_LENGTH
     if m.position_embedding == "learned" and seq_length > m.max_position_embeddings:
         # a longer learned position table is another model (more parameters): refuse rather than plan it
         raise PlanInputError(f"--seq-length {seq_length} exceeds {m.name}'s learned position embeddings "

@@ -202,6 +202,18 @@ def constraint_report(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, 
         add(Constraint("deepspeed_ulysses_heads", heads % par.cp == 0, float(-(heads % par.cp)), "heads",
                        f"DeepSpeed-Ulysses (cp) scatters the attention heads over the sequence group: heads per tp "
                        f"rank ({model.num_attention_heads}/{par.tp}) divisible by cp {par.cp}"))
+    if par.param_cpu_offload:
+        ok = framework == "deepspeed" and par.zero_stage == 3
+        add(Constraint("param_cpu_offload", ok, 0.0 if ok else -1.0, "",
+                       f"param_cpu_offload is DeepSpeed ZeRO-3's offload_param (framework {framework}, zero "
+                       f"{par.zero_stage}): Megatron-LM, torchtitan and Colossal-AI keep the parameters on the GPU"))
+    low = [f"{k} {getattr(par, k)}" for k in ("exp_avg_dtype", "exp_avg_sq_dtype", "main_params_dtype")
+           if getattr(par, k) != "fp32"]
+    if low:
+        ok = framework in ("megatron", "nemo")
+        add(Constraint("precision_aware_optimizer", ok, 0.0 if ok else -1.0, "",
+                       f"{', '.join(low)}: Megatron-LM's precision-aware optimizer (--use-precision-aware-optimizer)"
+                       + ("" if ok else f"; {framework}'s Adam keeps fp32 states")))
     account = par.account_for_embedding_in_pipeline_split or par.account_for_loss_in_pipeline_split
     if account and framework == "deepspeed":
         add(Constraint("account_split_framework", False, -1.0, "",

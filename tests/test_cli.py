@@ -138,7 +138,7 @@ def test_models_and_clusters_lists(run_cli):
     (("plan", "--objective", "min-gpus", "--target-tokens-per-day", "inf"), "--target-tokens-per-day inf"),
     (("validate", "--dataset", "/"), "is a directory"),
     # learned absolute positions (GPT-3: 2048): a longer sequence would be another model
-    (("plan", "--model", "gpt3-175b", "--gpus", "64"), "exceeds gpt3-175b's learned position embeddings"),
+    (("plan", "--model", "gpt3-175b", "--gpus", "64", "--seq-length", "4096"), "exceeds gpt3-175b's learned position embeddings"),
 ])
 def test_bad_input_is_one_line_exit_2(run_cli, args, needle):
     r = run_cli(*args)

@@ -148,3 +148,28 @@ def test_gpt_oss_config_without_layer_types_alternates():
     m = from_hf_config(cfg, name="unlisted")
     assert m.layer_types == listed.layer_types
     assert m.layer_types[:3] == ("sliding_attention", "full_attention", "sliding_attention")
+
+
+def test_gpt_oss_config_with_a_null_window_is_refused():
+    # GptOssConfig defaults a missing window to 128, but an explicit null reaches GptOssAttention as no window: the
+    # "sliding" layers would attend over everything. plan3d had silently filled in 128 (helper break-test, 2026-12-04)
+    import json
+
+    from model_zoo.hf_config import from_hf_config
+    from model_zoo.errors import ModelSpecError
+    cfg = json.loads((HF / "gpt-oss-20b.json").read_text())
+    cfg["sliding_window"] = None
+    with pytest.raises(ModelSpecError, match="'sliding_window' is null while 'layer_types' names sliding"):
+        from_hf_config(cfg, name="contradictory")
+    cfg.pop("sliding_window")  # absent: the GptOssConfig default
+    assert from_hf_config(cfg, name="default").sliding_window == 128
+
+
+def test_config_json_with_a_key_given_twice_is_refused(tmp_path):
+    # json.loads keeps the last of two "hidden_size" silently: another model (helper break-test, 2026-12-04)
+    from model_zoo.errors import ModelSpecError
+    text = (HF / "llama3.1-8b.json").read_text().rstrip().rstrip("}") + ', "hidden_size": 8192}'
+    p = tmp_path / "config.json"
+    p.write_text(text)
+    with pytest.raises(ModelSpecError, match="field 'hidden_size' is given twice"):
+        mz.load_model(str(p))

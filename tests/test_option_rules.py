@@ -204,3 +204,33 @@ def test_stage_layer_split_message_reaches_the_cli(run_cli):
     assert "the 2 middle pipeline stages would be empty" in doc["plans"][0]["violations"][0]
     doc = run_cli("evaluate", *base, "--first-stage-layers", "100").json()
     assert doc["plans"][0]["violations"][0] == "first stage layers (100) exceed the model's 80 layers"
+
+
+# --- options a framework cannot run are violations, not silently dropped (helper break-test, 2026-12-04) -----------
+
+@pytest.mark.parametrize("args,needle", [
+    (("--param-cpu-offload", "--zero-stage", "1"), "param_cpu_offload is DeepSpeed ZeRO-3's offload_param"),
+    (("--param-cpu-offload", "--zero-stage", "3"), "(framework megatron, zero 3)"),
+    (("--exp-avg-dtype", "bf16", "--zero-stage", "1", "--framework", "deepspeed"),
+     "exp_avg_dtype bf16: Megatron-LM's precision-aware optimizer"),
+])
+def test_options_the_framework_cannot_run_are_violations(run_cli, args, needle):
+    r = run_cli("evaluate", *args, "--format", "json")
+    assert r.exit_code == 0, r.stderr  # evaluate reports a layout's violations (README)
+    plan = r.json()["plans"][0]
+    assert not plan["feasible"] and any(needle in v for v in plan["violations"]), plan["violations"]
+    assert run_cli("memory", *args).exit_code == 1
+
+
+def test_param_offload_under_deepspeed_zero3_is_a_plan():
+    doc = planner.evaluate(gpus=8, zero_stage=3, param_cpu_offload=True, framework="deepspeed")
+    assert not any("param_cpu_offload" in v for v in doc.plans[0].violations)
+
+
+def test_default_sequence_length_stays_inside_a_learned_position_table(run_cli):
+    # GPT-3's 2048 learned positions: the default 4096 would be refused; an explicit --seq-length 4096 still is
+    r = run_cli("evaluate", "-m", "gpt3-175b", "--gpus", "64", "--tp", "8", "--pp", "8", "--format", "json")
+    assert r.exit_code == 0 and r.json()["input"]["job"]["seq_length"] == 2048, r.stderr
+    _one_error_line(run_cli("evaluate", "-m", "gpt3-175b", "--gpus", "64", "--seq-length", "4096"),
+                    "--seq-length 4096 exceeds gpt3-175b's learned position embeddings")
+    assert planner.evaluate(model="llama3.1-8b", gpus=8).input.job.seq_length == 4096

@@ -22,7 +22,7 @@ from .output import open_output, render_plans, write_output
 @app.command()
 def evaluate(
     model: ModelOpt = None, cluster: ClusterOpt = None, gpus: GpusOpt = None, nodes: NodesOpt = None,
-    global_batch_size: GbsOpt = 1024, seq_length: SeqOpt = 4096, precision: PrecOpt = Precision.bf16,
+    global_batch_size: GbsOpt = 1024, seq_length: SeqOpt = None, precision: PrecOpt = Precision.bf16,
     flash_attention: FlashOpt = True, dropout: DropoutOpt = False,
     tp: TpOpt = 1, pp: PpOpt = 1, cp: CpOpt = 1, ep: EpOpt = 1, etp: EtpOpt = None, vpp: VppOpt = 1,
     micro_batch_size: MbsOpt = 1, zero_stage: ZeroOpt = 0, recompute: RecomputeLayoutOpt = RecomputeOpt.none,
@@ -70,7 +70,7 @@ def evaluate(
 @app.command()
 def memory(
     model: ModelOpt = None, cluster: ClusterOpt = None, gpus: GpusOpt = None, nodes: NodesOpt = None,
-    global_batch_size: GbsOpt = 1024, seq_length: SeqOpt = 4096, precision: PrecOpt = Precision.bf16,
+    global_batch_size: GbsOpt = 1024, seq_length: SeqOpt = None, precision: PrecOpt = Precision.bf16,
     flash_attention: FlashOpt = True, dropout: DropoutOpt = False,
     tp: TpOpt = 1, pp: PpOpt = 1, cp: CpOpt = 1, ep: EpOpt = 1, etp: EtpOpt = None, vpp: VppOpt = 1,
     micro_batch_size: MbsOpt = 1, zero_stage: ZeroOpt = 0, recompute: RecomputeLayoutOpt = RecomputeOpt.none,
@@ -125,7 +125,7 @@ def memory(
 @app.command()
 def explain(
     model: ModelOpt = None, cluster: ClusterOpt = None, gpus: GpusOpt = None, nodes: NodesOpt = None,
-    global_batch_size: GbsOpt = 1024, seq_length: SeqOpt = 4096, precision: PrecOpt = Precision.bf16,
+    global_batch_size: GbsOpt = 1024, seq_length: SeqOpt = None, precision: PrecOpt = Precision.bf16,
     flash_attention: FlashOpt = True, dropout: DropoutOpt = False,
     tp: TpOpt = 1, pp: PpOpt = 1, cp: CpOpt = 1, ep: EpOpt = 1, etp: EtpOpt = None, vpp: VppOpt = 1,
     micro_batch_size: MbsOpt = 1, zero_stage: ZeroOpt = 0, recompute: RecomputeLayoutOpt = RecomputeOpt.none,

@@ -118,7 +118,8 @@ GpusOpt = Annotated[Optional[int], typer.Option(
     "--gpus", min=1, help="number of GPUs (a multiple of the node size, or a divisor of it: part of one node)")]
 NodesOpt = Annotated[Optional[int], typer.Option("--nodes", min=1, help="number of nodes")]
 GbsOpt = Annotated[int, typer.Option("--global-batch-size", min=1, help="sequences per optimizer step")]
-SeqOpt = Annotated[int, typer.Option("--seq-length", min=1, help="tokens per sequence")]
+SeqOpt = Annotated[Optional[int], typer.Option(
+    "--seq-length", min=1, help="tokens per sequence [default: 4096, or a learned-position model's maximum if shorter]")]
 PrecOpt = Annotated[Precision, typer.Option(
     "--precision", help="GEMM precision: bf16, fp16, fp8, or fp32 (single precision, GEMMs on the TF32 tensor cores, "
                         "MFU against the TF32 peak)")]

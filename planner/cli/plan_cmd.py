@@ -21,7 +21,7 @@ from .output import draw_cost_sweep, emit_launch, render_comparison, render_plan
 @app.command()
 def plan(
     model: ModelOpt = None, cluster: ClusterOpt = None, gpus: GpusOpt = None, nodes: NodesOpt = None,
-    global_batch_size: GbsOpt = 1024, seq_length: SeqOpt = 4096, precision: PrecOpt = Precision.bf16,
+    global_batch_size: GbsOpt = 1024, seq_length: SeqOpt = None, precision: PrecOpt = Precision.bf16,
     flash_attention: FlashOpt = True, dropout: DropoutOpt = False,
     top_k: Annotated[int, typer.Option("--top-k", min=1, max=MAX_TOP_K,
                                        help=f"number of plans to return (1-{MAX_TOP_K})")] = 5,
