@@ -461,7 +461,7 @@ def search_pools(model: ModelSpec, mixed: MixedCluster, job: TrainingJob, top_k:
             if sub not in best_by_subset or _key(plan) < _key(best_by_subset[sub]):
                 best_by_subset[sub] = plan
         tm["homogeneous"] = time.perf_counter() - t2
-    found.sort(key=_key)
+    found = _distinct(sorted(found, key=_key))
     subsets = []
     for k in range(1, len(mixed.pools) + 1):
         for sub in itertools.combinations(range(len(mixed.pools)), k):
@@ -476,6 +476,21 @@ def search_pools(model: ModelSpec, mixed: MixedCluster, job: TrainingJob, top_k:
     subsets.sort(key=lambda s: (s.plan is None, _key(s.plan) if s.plan else (), s.pools))
     tm["total"] = time.perf_counter() - t0
     return PoolsSearchResult(found[:top_k], subsets, len(cands), n_split, n_eval, tm)
+
+
+def _distinct(plans: list[PoolPlan]) -> list[PoolPlan]:
+    """``plans`` (ranked) without repeats: the homogeneous search and the pools search can both reach one layout on
+    one pool (one written as first/last-stage layer counts, the other as a layout string); the first kept."""
+    seen, out = set(), []
+    for p in plans:
+        q = p.parallel
+        key = (q.tp, q.pp, q.dp, q.cp, q.ep, q.expert_tp, q.vpp, q.micro_batch_size, q.zero_stage,
+               q.sequence_parallel, q.recompute, q.recompute_num_layers, tuple(p.stage_pool),
+               float(f"{p.estimate.step.step_s:.9g}"))
+        if key not in seen:
+            seen.add(key)
+            out.append(p)
+    return out
 
 
 def _homogeneous(model: ModelSpec, mixed: MixedCluster, job: TrainingJob, idx: int, space: SearchSpace,

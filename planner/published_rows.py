@@ -399,8 +399,10 @@ def build_inputs(row: dict[str, Any]) -> tuple[ModelSpec, ClusterSpec, TrainingJ
     d = _FRAMEWORK_DEFAULTS[fw]
     p = row.get("parallel") or {}
     hw = row.get("hardware") or {}
-    if p.get("global_batch_size") is None or not hw.get("num_gpus"):
-        return "GPU count or global batch not stated (a tuned run needs both; the layout may be left out)"
+    missing = [what for what, absent in (("GPU count", not hw.get("num_gpus")),
+                                         ("global batch", p.get("global_batch_size") is None)) if absent]
+    if missing:
+        return f"{' and '.join(missing)} not stated (a tuned run needs both; the layout may be left out)"
     if p.get("tp") is None or p.get("pp") is None:
         return "parallel layout not stated (tp/pp): a tuned run (planner.tuned_runs)"
     built = row_model_cluster_seq(row, fw, notes)

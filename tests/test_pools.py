@@ -318,3 +318,19 @@ def test_pools_of_different_vendors_are_refused(run_cli):
     r = run_cli("plan", "--model", "llama3.1-70b", "--cluster", "dgx-h100:2,mi300x:2", "--top-k", "1")
     assert r.exit_code == 2 and "GPUs of different vendors (dgx-h100 nvidia, mi300x amd)" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_one_layout_reached_by_both_searches_is_listed_once():
+    # the homogeneous search (first/last-stage layer counts) and the pools search (a layout string) can both reach
+    # one layout on one pool; the table listed it twice (helper break-test, 2026-12-04)
+    from types import SimpleNamespace
+
+    from cost_models.config import ParallelConfig
+    from planner.pool_search import _distinct
+    a = ParallelConfig(tp=1, pp=9, dp=8, zero_stage=1, first_stage_layers=8, last_stage_layers=8)
+    b = ParallelConfig(tp=1, pp=9, dp=8, zero_stage=1, pipeline_layout="|".join(["t" * 9] * 8 + ["t" * 8]))
+    est = SimpleNamespace(step=SimpleNamespace(step_s=19.994))
+    plans = [SimpleNamespace(parallel=a, stage_pool=[1] * 9, estimate=est, source="homogeneous search"),
+             SimpleNamespace(parallel=b, stage_pool=[1] * 9, estimate=est, source="pools search"),
+             SimpleNamespace(parallel=b, stage_pool=[0] + [1] * 8, estimate=est, source="pools search")]
+    assert [p.source for p in _distinct(plans)] == ["homogeneous search", "pools search"]

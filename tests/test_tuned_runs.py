@@ -32,7 +32,10 @@ def test_which_rows_are_tuned_runs():
     assert not is_tuned_run(ROWS[ROW])  # states its layout
     # the Korthikanti README rows give neither the GPU count nor the batch: still skipped, with the reason
     r = validate_row(ROWS["korthikanti22-readme-22b-dp1"])
-    assert not is_tuned_run(ROWS["korthikanti22-readme-22b-dp1"]) and "GPU count or global batch" in r.skipped
+    assert not is_tuned_run(ROWS["korthikanti22-readme-22b-dp1"]) and "GPU count and global batch" in r.skipped
+    # a row that states its GPUs but not its batch says which one is missing (helper break-test, 2026-12-04)
+    r = validate_row(next(v for k, v in ROWS.items() if k.startswith("korthikanti22-530b-2240")))
+    assert r.skipped.startswith("global batch not stated")
 
 
 def test_tuned_run_is_compared_through_the_best_plan():
