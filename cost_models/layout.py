@@ -52,6 +52,22 @@ def uneven_split(num_layers: int, pp: int, asymmetric: bool = True) -> tuple[int
     return None
 
 
+def deepspeed_pipeline_layout(num_layers: int, pp: int) -> str | None:
+    """The layer split Megatron-DeepSpeed runs when ``pp`` does not divide the layers, as a one-chunk-per-stage
+    layout string (embedding on the first stage, loss on the last); None when ``pp`` divides them (or pp < 2, or
+    more stages than layers). ``GPTModelPipe`` partitions with ``partition_method='type:transformer'``: DeepSpeed's
+    ``partition_balanced`` (``runtime/utils.py``) over weight 1 per transformer layer, 0 for the rest, which puts
+    the heavier stages first: 70 layers over 12 stages as ``[6] * 10 + [5] * 2`` (BLOOM-176B's run), 126 over 16 as
+    ``[8] * 14 + [7] * 2`` (run with deepspeed 0.19.8)."""
+    if pp < 2 or num_layers % pp == 0 or num_layers < pp:
+        return None
+    q, r = divmod(num_layers, pp)
+    chunks = ["t" * (q + 1)] * r + ["t" * q] * (pp - r)
+    chunks[0] = "E" + chunks[0]
+    chunks[-1] = chunks[-1] + "L"
+    return "|".join(chunks)
+
+
 def stage_layer_counts(num_layers: int, par: ParallelConfig) -> list[int]:
     """Decoder layers held by each pipeline stage (length ``pp``; sums to ``num_layers``).
 

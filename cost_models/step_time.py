@@ -62,7 +62,7 @@ recipes (each row's ``setup`` block, ``planner/row_options.py``): DeepSeek-V3 no
 all-to-all (``ep_domain_copies``), Megatron pipeline layouts and the Megatron-Bridge DeepSeek-V3 presets (EP overlap,
 full-iteration CUDA graph).
 
-Result on the dev rows (``plan3d validate --cross-validate``, 91 evaluated rows): MAPE 5.06% in-sample, 6.34%
+Result on the dev rows (``plan3d validate --cross-validate``, 91 evaluated rows): MAPE 4.98% in-sample, 6.26%
 leave-one-source-group-out, each fold fitted from the middle of the ranges (the Megatron-LM MoE recipes 12.8%, the
 only group of >= 3 rows above 10%: held out, their host-time constants come from the Megatron-Bridge MoE rows);
 Korthikanti et al. 2022 Table 5 (held out, ``tests/test_korthikanti_table5.py``): 2.08% mean, 4.87% max.

@@ -390,14 +390,15 @@ def parallel_config(inputs: Inputs, *, tp: int = 1, pp: int = 1, cp: int = 1, ep
     ``offload_param``), ``exp_avg_dtype`` / ``exp_avg_sq_dtype`` / ``main_params_dtype`` (optimizer-state precision).
 
     When ``pp`` does not divide the layers and no split is given, the end stages get fewer layers (Megatron's
-    ``--decoder-first/last-pipeline-num-layers``); interleaved (``vpp`` > 1), such a split counts the embedding
+    ``--decoder-first/last-pipeline-num-layers``; under DeepSpeed the stages it balances itself, heavier first:
+    ``layout.deepspeed_pipeline_layout``); interleaved (``vpp`` > 1), such a split counts the embedding
     and the loss as one layer each (``--account-for-embedding/loss-in-pipeline-split``), as the search does
     (``planner.space.to_parallel``). Raises ``PlanInputError`` for sizes that cannot form a layout.
     """
     from pydantic import ValidationError
 
     from cost_models.config import ParallelConfig
-    from cost_models.layout import uneven_split
+    from cost_models.layout import deepspeed_pipeline_layout, uneven_split
 
     check_choice("recompute", recompute, RECOMPUTE_CHOICES)
     if pipeline_schedule is not None:
@@ -414,6 +415,10 @@ def parallel_config(inputs: Inputs, *, tp: int = 1, pp: int = 1, cp: int = 1, ep
                              f"at least one layer (the embedding and the loss may count as one each): at most "
                              f"{max(1, (layers + 2) // pp)}")
     first, last, account = first_stage_layers, last_stage_layers, False
+    if (first is None and last is None and layers % pp and pipeline_layout is None and vpp == 1
+            and getattr(inputs.job, "framework", None) == "deepspeed"):
+        # Megatron-DeepSpeed balances the layers itself, heavier stages first (layout.deepspeed_pipeline_layout)
+        pipeline_layout = deepspeed_pipeline_layout(layers, pp)
     if first is None and last is None and layers % pp and pipeline_layout is None:
         split = uneven_split(layers, pp)
         if split is not None:

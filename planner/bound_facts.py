@@ -159,7 +159,7 @@ def stage_layout(ctx: BoundContext, st: Structure) -> StageLayout:
     def make():
         pp = st.pp
         ranges = stage_layer_ranges(ctx.model.num_layers, ParallelConfig(
-            pp=pp, first_stage_layers=st.first, last_stage_layers=st.last))
+            pp=pp, first_stage_layers=st.first, last_stage_layers=st.last, pipeline_layout=st.layout))
         # distinct stages: (n layers, n moe layers, first?, last?) -> first stage index with that signature; the
         # lowest index of a signature holds the most in-flight micro-batches, so it bounds the others' memory
         sig_of, groups = [], []
@@ -172,7 +172,7 @@ def stage_layout(ctx: BoundContext, st: Structure) -> StageLayout:
                 groups.append((i, len(r) - nm, nm, r))
             sig_of.append(seen[sig])
         return StageLayout(ranges, groups, sig_of)
-    return ctx.memo(("layout", st.pp, st.first, st.last), make)
+    return ctx.memo(("layout", st.pp, st.first, st.last, st.layout), make)
 
 
 def rank_runs(ctx: BoundContext, lay: StageLayout, pp: int, v: int) -> list[tuple]:

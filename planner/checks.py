@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from cluster_specs.spec import ClusterSpec
 from cost_models.config import ParallelConfig, TrainingJob
-from cost_models.layout import LayoutError, chunk_layer_counts, stage_layer_counts
+from cost_models.layout import LayoutError, chunk_layer_counts, deepspeed_pipeline_layout, stage_layer_counts
 from cost_models.memory import MemoryEstimate
 from model_zoo.spec import ModelSpec
 
@@ -214,6 +214,16 @@ def constraint_report(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, 
         add(Constraint("precision_aware_optimizer", ok, 0.0 if ok else -1.0, "",
                        f"{', '.join(low)}: Megatron-LM's precision-aware optimizer (--use-precision-aware-optimizer)"
                        + ("" if ok else f"; {framework}'s Adam keeps fp32 states")))
+    uneven = par.first_stage_layers is not None or par.last_stage_layers is not None or par.pipeline_layout
+    own = deepspeed_pipeline_layout(model.num_layers, par.pp)
+    if framework == "deepspeed" and par.pp > 1 and uneven and par.pipeline_layout != own:
+        # DeepSpeed runtime/utils.py partition_balanced over the type:transformer weights puts the heavier stages
+        # first: 70 layers over 12 -> [6] * 10 + [5] * 2, 126 over 16 -> [8] * 14 + [7] * 2 (deepspeed 0.19.8)
+        add(Constraint("deepspeed_layer_split", False, -1.0, "",
+                       f"{model.num_layers} layers over pp {par.pp}: Megatron-DeepSpeed balances the transformer "
+                       f"layers itself (partition_method 'type:transformer'"
+                       + (f": {own}" if own else ": an even split") + "), not by first/last stage counts or a "
+                       "Megatron layout"))
     account = par.account_for_embedding_in_pipeline_split or par.account_for_loss_in_pipeline_split
     if account and framework == "deepspeed":
         add(Constraint("account_split_framework", False, -1.0, "",

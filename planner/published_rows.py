@@ -22,7 +22,7 @@ from cluster_specs.spec import ClusterSpec
 from cost_models.config import ParallelConfig, TrainingJob
 from cost_models.flops import model_flops_per_token_variant
 from cost_models.fp8_recipe import host_cost_class
-from cost_models.layout import parse_pipeline_layout, uneven_split
+from cost_models.layout import deepspeed_pipeline_layout, parse_pipeline_layout, uneven_split
 from model_zoo import get_model
 from model_zoo.hf_config import from_hf_config
 from model_zoo.spec import ModelSpec
@@ -444,6 +444,11 @@ def build_inputs(row: dict[str, Any]) -> tuple[ModelSpec, ClusterSpec, TrainingJ
         text = torchtitan_split_layout(model.num_layers, pp * vpp)
         layout = (text, f"pipeline layout {text} (torchtitan default split points: first/last stage "
                         f"L // stages layers, middle ones one more)")
+    if layout is None and fw == "deepspeed" and pp > 1 and vpp == 1 and model.num_layers % pp:
+        text = deepspeed_pipeline_layout(model.num_layers, pp)
+        if text is not None:
+            layout = (text, f"pipeline layout {text} (Megatron-DeepSpeed's own balanced split, partition_method "
+                            f"type:transformer: heavier stages first)")
     if layout is not None:
         chunks = [c.count("t") for c in parse_pipeline_layout(layout[0])]
         if len(chunks) % pp == 0 and sum(chunks) == model.num_layers:

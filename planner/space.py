@@ -41,7 +41,7 @@ from typing import Iterator
 
 from cluster_specs.spec import ClusterSpec
 from cost_models.config import ParallelConfig, TrainingJob
-from cost_models.layout import uneven_split
+from cost_models.layout import deepspeed_pipeline_layout, uneven_split
 from model_zoo.spec import ModelSpec
 
 ZERO_STAGES = (0, 1, 2, 3)
@@ -104,9 +104,14 @@ class Structure:
     etp: int | None
     first: int | None
     last: int | None
+    #: a one-chunk-per-stage layout string the framework runs instead (Megatron-DeepSpeed's own balanced split,
+    #: ``layout.deepspeed_pipeline_layout``); None: the even or first/last split above
+    layout: str | None = None
 
     def per_stage_layers(self, num_layers: int) -> list[int]:
         """Distinct layer counts per stage (vpp must divide each)."""
+        if self.layout is not None:
+            return sorted({c.count("t") for c in self.layout.split("|")})
         if self.first is None:
             return [num_layers // self.pp]
         if self.pp == 2:
@@ -170,11 +175,18 @@ def structures(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpu
             if space.pp is not None and pp not in space.pp:
                 continue
             splits = stage_splits(model.num_layers, pp)
+            layout = None
             if framework == "deepspeed":
                 # Megatron-DeepSpeed balances the layers itself (partition_method 'type:transformer', front-loaded:
-                # 126 over 16 as 14 x 8 + 2 x 7), which no first/last split describes: the emitter refuses those
-                splits = [x for x in splits if x == (None, None)]
-            if space.first_stage_layers is not None or space.last_stage_layers is not None:
+                # 126 over 16 as 14 x 8 + 2 x 7), which no first/last split describes: that layout instead
+                layout = deepspeed_pipeline_layout(model.num_layers, pp)
+                splits = [(None, None)] if layout is not None or model.num_layers % pp == 0 else []
+                if layout is not None and (space.first_stage_layers is not None or space.last_stage_layers is not None):
+                    counts = [c.count("t") for c in layout.split("|")]
+                    if not ((space.first_stage_layers is None or counts[0] in space.first_stage_layers)
+                            and (space.last_stage_layers is None or counts[-1] in space.last_stage_layers)):
+                        splits = []
+            if layout is None and (space.first_stage_layers is not None or space.last_stage_layers is not None):
                 even = model.num_layers // pp
                 splits = [(f, la) for f, la in splits
                           if (space.first_stage_layers is None or (f or even) in space.first_stage_layers)
@@ -205,7 +217,7 @@ def structures(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpu
                         if etp is not None and (dp * cp * tp) % (ep * etp):
                             continue
                         for first, last in splits:
-                            yield Structure(tp, pp, cp, dp, ep, etp, first, last)
+                            yield Structure(tp, pp, cp, dp, ep, etp, first, last, layout)
 
 
 def etp_options(model: ModelSpec, tp: int, framework: str = "megatron",
@@ -372,7 +384,7 @@ def to_parallel(st: Structure, mbs: int, vpp: int, zero: int, sp: bool, rc: str,
                           micro_batch_size=mbs, zero_stage=zero, sequence_parallel=sp, recompute=rc,
                           first_stage_layers=first, last_stage_layers=last,
                           account_for_embedding_in_pipeline_split=account, account_for_loss_in_pipeline_split=account,
-                          schedule=schedule)
+                          pipeline_layout=st.layout, schedule=schedule)
 
 
 def candidates(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int,

@@ -519,3 +519,19 @@ def test_torchtitan_launch_never_stands_in_another_model():
     llama = torchtitan_overrides(get_model("llama3.1-8b"), TrainingJob(global_batch_size=8, framework="torchtitan"),
                                  ParallelConfig(dp=2, zero_stage=3))
     assert llama[:4] == ["--module", "llama3", "--config", "llama3_8b"]
+
+
+def test_deepspeed_launch_takes_deepspeeds_own_split_and_refuses_others():
+    # 96 layers over pp 7: Megatron-DeepSpeed runs 5 x 14 + 2 x 13 itself (layout.deepspeed_pipeline_layout); a
+    # Megatron first/last split or another layout is not what it would run
+    from cost_models.layout import deepspeed_pipeline_layout
+    from planner.emit.deepspeed import megatron_deepspeed_args
+    from planner.emit.megatron import EmitError
+    gpt3 = get_model("gpt3-175b")
+    own = deepspeed_pipeline_layout(96, 7)
+    par = ParallelConfig(tp=8, pp=7, dp=2, zero_stage=1, sequence_parallel=True, pipeline_layout=own)
+    a = parse_argv(megatron_deepspeed_args(gpt3, JOB, par))
+    assert a["pipeline_model_parallel_size"] == 7 and "pipeline_model_parallel_layout" not in a
+    other = par.model_copy(update={"pipeline_layout": None, "first_stage_layers": 12, "last_stage_layers": 12})
+    with pytest.raises(EmitError, match="balances transformer layers over the stages itself"):
+        megatron_deepspeed_args(gpt3, JOB, other)

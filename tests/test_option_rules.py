@@ -234,3 +234,34 @@ def test_default_sequence_length_stays_inside_a_learned_position_table(run_cli):
     _one_error_line(run_cli("evaluate", "-m", "gpt3-175b", "--gpus", "64", "--seq-length", "4096"),
                     "--seq-length 4096 exceeds gpt3-175b's learned position embeddings")
     assert planner.evaluate(model="llama3.1-8b", gpus=8).input.job.seq_length == 4096
+
+
+# --- Megatron-DeepSpeed splits layers itself, heavier stages first (break test, 2026-12-04) ------------------------
+
+def test_deepspeed_split_is_the_one_deepspeed_runs():
+    from cost_models.layout import deepspeed_pipeline_layout, parse_pipeline_layout
+    counts = [c.count("t") for c in parse_pipeline_layout(deepspeed_pipeline_layout(70, 12))]
+    assert counts == [6] * 10 + [5] * 2  # BLOOM-176B's 70 layers over its 12 stages
+    assert [c.count("t") for c in parse_pipeline_layout(deepspeed_pipeline_layout(126, 16))] == [8] * 14 + [7] * 2
+    assert deepspeed_pipeline_layout(96, 8) is None  # even: no layout
+    try:  # DeepSpeed's own partitioner over the type:transformer weights (the validators extra)
+        from deepspeed.runtime.utils import partition_balanced
+    except Exception:  # noqa: BLE001 - deepspeed absent or unusable without a GPU stack
+        return
+    w = [0] + [1] * 70 + [0, 0]  # embedding, 70 transformer layers, final norm, output head
+    parts = partition_balanced(w, 12)
+    assert [sum(w[parts[i]:parts[i + 1]]) for i in range(12)] == counts
+
+
+def test_bloom_published_layout_is_a_deepspeed_plan():
+    # BLOOM trained on 384 A100s at tp 4 pp 12 dp 8, micro-batch 2, Megatron-DeepSpeed: plan had found no DeepSpeed
+    # plan at all (uneven first/last splits excluded), evaluate had called Megatron's 5 + 10 x 6 + 5 split feasible
+    job = dict(model="bloom-176b", cluster="dgx-a100-80g", gpus=384, global_batch_size=2048, seq_length=2048,
+               framework="deepspeed")
+    plans = planner.plan(**job, top_k=5).plans
+    assert any((p.parallel.tp, p.parallel.pp, p.parallel.micro_batch_size) == (4, 12, 2) for p in plans)
+    ev = planner.evaluate(**job, tp=4, pp=12, micro_batch_size=2, zero_stage=1, recompute="full").plans[0]
+    assert ev.feasible and ev.parallel.pipeline_layout.startswith("Etttttt|")
+    pinned = planner.evaluate(**job, tp=4, pp=12, micro_batch_size=2, zero_stage=1, recompute="full",
+                              first_stage_layers=5, last_stage_layers=5).plans[0]
+    assert any("Megatron-DeepSpeed balances the transformer layers itself" in v for v in pinned.violations)

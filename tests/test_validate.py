@@ -64,8 +64,10 @@ def test_packaged_rows_are_the_shared_dev_rows_with_sources():
 #: with a Megatron-Core MoE layer's TP traffic read from its token dispatcher (collectives.mlp_block_tp_collectives:
 #: at expert TP 1 without shared experts the MoE block has none; a correction from the framework's source, not a
 #: fit): the one dev row it touches, the MoE recipes' Qwen3-235B on B200 at TP 2 / ETP 1, goes +17.6 -> +20.2%
-#: (MoE recipes 5.41 -> 5.92%); the ratchet moves up for it.
-ACHIEVED_MAX_MAPE = 5.06
+#: (MoE recipes 5.41 -> 5.92%); the ratchet moves up for it. 5.06 -> 4.98% with BLOOM's rows split as Megatron-DeepSpeed
+#: splits them (layout.deepspeed_pipeline_layout: DeepSpeed's partition_balanced puts the heavier stages first, 70
+#: layers over 12 as 10 x 6 + 2 x 5, not Megatron's first/last 5 + 10 x 6 + 5): BLOOM 5.14 -> 2.70%.
+ACHIEVED_MAX_MAPE = 4.99
 ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 6.0, "nemo_bridge_perf_summary": 6.0, "nemo_2407_perf_summary": 5.0,
                        "megatron_h100_weak_scaling": 7.4}
 
@@ -260,8 +262,9 @@ def test_duplicate_row_ids_are_refused(run_cli, tmp_path):
 #: torchtitan 5.44 -> 5.48%. 6.43 -> 6.31% with HOST_GEMM_S measured instead of fitted (the fold without the MoE
 #: recipes no longer reads a host time per GEMM call from the Bridge rows alone): MoE recipes 13.40 -> 12.23%,
 #: Bridge 9.21 -> 8.81%. 6.31 -> 6.34% with the Megatron-Core MoE layer's TP traffic read from its token dispatcher
-#: (none at expert TP 1 without shared experts; the ratchet above): MoE recipes held out 12.23 -> 12.79%.
-ACHIEVED_LOGO_MAPE = 6.35
+#: (none at expert TP 1 without shared experts; the ratchet above): MoE recipes held out 12.23 -> 12.79%. 6.34 ->
+#: 6.26% with BLOOM split as Megatron-DeepSpeed splits it: BLOOM held out 5.57 -> 3.04%.
+ACHIEVED_LOGO_MAPE = 6.27
 ACHIEVED_LOGO_GROUP_MAPE = {"megatron_moe_recipes": 12.8}
 
 

@@ -25,6 +25,7 @@ Rules enforced here (raising ``EmitError`` with a one-line reason):
 from __future__ import annotations
 
 from cost_models.config import ParallelConfig, TrainingJob
+from cost_models.layout import deepspeed_pipeline_layout
 from model_zoo.spec import ModelSpec
 
 from .megatron import EmitError, recipe_knobs_set, unexpressed_features
@@ -45,8 +46,9 @@ def check_deepspeed(model: ModelSpec | None, job: TrainingJob, par: ParallelConf
     Besides the rules of the module docstring: DeepSpeed's ``PipelineEngine`` runs one stage per rank in its 1F1B
     ``TrainSchedule`` (``runtime/pipe/schedule.py``): no virtual stages (``vpp``), no other schedule; Megatron-
     DeepSpeed partitions the transformer layers itself (``GPTModelPipe``: ``partition_method='type:transformer'``,
-    DeepSpeed ``partition_balanced``: 126 layers over 16 stages as 14 x 8 + 2 x 7), so only an even split is the
-    evaluated one; DeepSpeed MoE has no expert tensor parallelism; Megatron's recompute modules / partial recompute
+    DeepSpeed ``partition_balanced``: 126 layers over 16 stages as 14 x 8 + 2 x 7), so only an even split or that
+    split (``layout.deepspeed_pipeline_layout``, which the search and ``evaluate`` give DeepSpeed) is the evaluated
+    one; DeepSpeed MoE has no expert tensor parallelism; Megatron's recompute modules / partial recompute
     and recipe knobs (bf16 gradient reduction, FP8 weights, low-precision Adam moments, optimizer offload share)
     have no DeepSpeed setting.
     """
@@ -60,11 +62,14 @@ def check_deepspeed(model: ModelSpec | None, job: TrainingJob, par: ParallelConf
     if job.global_batch_size % (par.micro_batch_size * par.dp):
         raise EmitError(f"global_batch_size {job.global_batch_size} is not divisible by micro_batch_size*dp = "
                         f"{par.micro_batch_size}*{par.dp}")
-    if par.pp > 1 and (getattr(par, "pipeline_layout", None) is not None
+    own = deepspeed_pipeline_layout(model.num_layers, par.pp) if model is not None else None
+    layout = getattr(par, "pipeline_layout", None)
+    if par.pp > 1 and ((layout is not None and layout != own)
                        or getattr(par, "account_for_embedding_in_pipeline_split", False)
                        or getattr(par, "account_for_loss_in_pipeline_split", False)):
         raise EmitError("pipeline_layout / account-for-embedding/loss split: DeepSpeed's PipelineModule partitions "
-                        "by its own method (parameters, uniform, type:), not by a Megatron layout")
+                        "by its own method (parameters, uniform, type:), not by a Megatron layout"
+                        + (f"; its own split of these layers is {own}" if own else ""))
     offload = getattr(par, "optimizer_cpu_offload_fraction", 0.0)
     if offload > 0 and (par.zero_stage == 0 or (offload < 1 and par.zero_stage < 3)):
         raise EmitError(f"optimizer_cpu_offload_fraction {offload:g} at zero_stage {par.zero_stage}: DeepSpeed offloads "
