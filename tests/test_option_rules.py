@@ -265,3 +265,9 @@ def test_bloom_published_layout_is_a_deepspeed_plan():
     pinned = planner.evaluate(**job, tp=4, pp=12, micro_batch_size=2, zero_stage=1, recompute="full",
                               first_stage_layers=5, last_stage_layers=5).plans[0]
     assert any("Megatron-DeepSpeed balances the transformer layers itself" in v for v in pinned.violations)
+
+
+def test_plan_table_shows_deepspeeds_split(run_cli):
+    r = run_cli("plan", "--model", "bloom-176b", "--cluster", "dgx-a100-80g", "--gpus", "384",
+                "--global-batch-size", "2048", "--seq-length", "2048", "--framework", "deepspeed")
+    assert r.exit_code == 0 and "10x6,2x5" in r.stdout, r.stderr

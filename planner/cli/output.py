@@ -135,7 +135,18 @@ def _tie_note(doc) -> str | None:
 
 def _split_str(q) -> str:
     """The table's layer split: first/last stage layers of an uneven split, "acct" for the account-for-embedding/
-    loss split, "-" for an even one."""
+    loss split, a layout's decoder layers per chunk run-length encoded ("10x6,2x5": Megatron-DeepSpeed's own split of
+    70 layers over 12 stages; "layout" when that is longer than 12 characters), "-" for an even one."""
+    if getattr(q, "pipeline_layout", None):
+        from cost_models.layout import parse_pipeline_layout
+        runs: list[list[int]] = []
+        for n in (c.count("t") for c in parse_pipeline_layout(q.pipeline_layout)):
+            if runs and runs[-1][1] == n:
+                runs[-1][0] += 1
+            else:
+                runs.append([1, n])
+        text = ",".join(f"{k}x{n}" if k > 1 else str(n) for k, n in runs)
+        return text if len(text) <= 12 else "layout"
     if q.first_stage_layers is not None or q.last_stage_layers is not None:
         return f"{q.first_stage_layers or '-'}/{q.last_stage_layers or '-'}"
     return "acct" if q.account_for_embedding_in_pipeline_split else "-"
