@@ -186,6 +186,17 @@ def constraint_report(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, 
     if par.recompute_num_layers is not None:
         add(Constraint("recompute_num_layers", par.recompute == "full", 0.0, "",
                        f"recompute_num_layers {par.recompute_num_layers} needs recompute full ({par.recompute})"))
+        try:
+            most = max(n for stage in chunk_layer_counts(model.num_layers, par) for n in stage)
+        except LayoutError:
+            most = None  # the split itself is reported (layers_pp / layers_vpp)
+        if most is not None:
+            # megatron-core TransformerConfig: "recompute_num_layers must be between 1 and
+            # num_layers_per_pipeline_rank"; plan3d recomputes the first N layers of each model chunk
+            add(Constraint("recompute_num_layers_range", par.recompute_num_layers <= most,
+                           float(most - par.recompute_num_layers), "layers",
+                           f"recompute_num_layers {par.recompute_num_layers} between 1 and the layers of a model "
+                           f"chunk ({most})"))
     if framework == "deepspeed" and par.pp > 1:
         add(Constraint("deepspeed_pipeline_zero", par.zero_stage <= 1, float(1 - par.zero_stage), "ZeRO stages",
                        f"DeepSpeed's pipeline engine runs ZeRO stage <= 1 with pp > 1 (zero {par.zero_stage})"))

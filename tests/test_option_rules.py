@@ -271,3 +271,12 @@ def test_plan_table_shows_deepspeeds_split(run_cli):
     r = run_cli("plan", "--model", "bloom-176b", "--cluster", "dgx-a100-80g", "--gpus", "384",
                 "--global-batch-size", "2048", "--seq-length", "2048", "--framework", "deepspeed")
     assert r.exit_code == 0 and "10x6,2x5" in r.stdout, r.stderr
+
+
+def test_recompute_num_layers_above_a_chunk_is_a_violation():
+    # megatron-core TransformerConfig: "recompute_num_layers must be between 1 and num_layers_per_pipeline_rank";
+    # 1000 on Llama 3.1 8B's 32 layers had been shown as "full 1000/chunk" (break test, 2026-12-04)
+    v = planner.evaluate(recompute="full", recompute_num_layers=1000).plans[0].violations
+    assert any("recompute_num_layers 1000 between 1 and the layers of a model chunk (32)" in x for x in v), v
+    ok = planner.evaluate(recompute="full", recompute_num_layers=32).plans[0].violations
+    assert not any("recompute_num_layers" in x for x in ok), ok
