@@ -226,7 +226,7 @@ def constraint_report(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, 
                        f"{', '.join(low)}: Megatron-LM's precision-aware optimizer (--use-precision-aware-optimizer)"
                        + ("" if ok else f"; {framework}'s Adam keeps fp32 states")))
     uneven = par.first_stage_layers is not None or par.last_stage_layers is not None or par.pipeline_layout
-    own = deepspeed_pipeline_layout(model.num_layers, par.pp)
+    own = deepspeed_pipeline_layout(model.num_layers, par.pp) if framework == "deepspeed" and uneven else None
     if framework == "deepspeed" and par.pp > 1 and uneven and par.pipeline_layout != own:
         # DeepSpeed runtime/utils.py partition_balanced over the type:transformer weights puts the heavier stages
         # first: 70 layers over 12 -> [6] * 10 + [5] * 2, 126 over 16 -> [8] * 14 + [7] * 2 (deepspeed 0.19.8)
