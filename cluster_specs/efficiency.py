@@ -3,6 +3,10 @@
 ``attention.yaml``: fused-attention kernel TFLOP/s against sequence length per GPU and kernel (published kernel
 benchmarks, each series with its source in the file), by kernel-library generation where more than one is published, and for sliding-window attention where measured.
 ``attention_tflops`` and ``attention_window_tflops`` interpolate them.
+
+``ep_dispatch.yaml``: the MoE flex dispatchers' (DeepEP, HybridEP) dispatch and combine throughput inside one
+NVLink domain against expert-parallel ranks and SM count (NVIDIA's Hybrid-EP measurements in DeepEP);
+``ep_dispatch_bandwidth`` interpolates it.
 """
 from __future__ import annotations
 
@@ -31,13 +35,18 @@ def _gpu_entry(gpus: dict[str, Any], gpu: str) -> tuple[str, dict[str, Any]] | N
 
 
 def _interp_log(xs: list[float], ys: list[float], x: float) -> float:
-    """Piecewise-linear interpolation of ``ys`` in ``log(x)``, held constant beyond the ends."""
+    """Piecewise-linear interpolation of ``ys`` in ``log(x)``, held constant beyond the ends (``xs`` positive)."""
+    return _interp_lin([math.log(v) for v in xs], ys, math.log(x))
+
+
+def _interp_lin(xs: list[float], ys: list[float], x: float) -> float:
+    """Piecewise-linear interpolation of ``ys`` in ``x``, held constant beyond the ends."""
     if x <= xs[0]:
         return ys[0]
     if x >= xs[-1]:
         return ys[-1]
     i = bisect.bisect_right(xs, x)
-    t = (math.log(x) - math.log(xs[i - 1])) / (math.log(xs[i]) - math.log(xs[i - 1]))
+    t = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
     return ys[i - 1] + t * (ys[i] - ys[i - 1])
 
 
@@ -175,3 +184,51 @@ def attention_window_tflops(gpu: str, kernel: str, window: int, seq_length: floa
         if at_w is not None and at_w0 is not None:
             fwd, bwd = fwd * at_w[0] / at_w0[0], bwd * at_w[1] / at_w0[1]
     return fwd, bwd
+
+
+#: MoE flex dispatcher backends with a throughput table (Megatron-LM ``--moe-flex-dispatcher-backend``).
+FLEX_DISPATCHER_BACKENDS = ("deepep", "hybridep")
+
+
+def flex_dispatcher_default_sms(backend: str) -> int:
+    """SMs the flex dispatcher ``backend`` runs on when the run sets none (``ep_dispatch.yaml`` ``default_sms``).
+
+    Raises:
+        ValueError: ``backend`` is not one of ``FLEX_DISPATCHER_BACKENDS``.
+    """
+    if backend not in FLEX_DISPATCHER_BACKENDS:
+        raise ValueError(f"moe_flex_dispatcher_backend {backend!r}: allowed {', '.join(FLEX_DISPATCHER_BACKENDS)}")
+    return int(_table("ep_dispatch")["backends"][backend]["default_sms"])
+
+
+def ep_dispatch_bandwidth(gpu: str, backend: str, ranks: int, num_sms: int | None = None
+                          ) -> tuple[float, float] | None:
+    """(dispatch, combine) throughput in bytes/s of the flex dispatcher ``backend`` over ``ranks`` expert-parallel
+    ranks of one NVLink domain of ``gpu``s with ``num_sms`` SMs (None: the backend's default), or None when the
+    GPU has no measured series for the backend.
+
+    A figure is DeepEP's "algorithm bandwidth": the BF16 bytes of the tokens one rank receives (each token once per
+    destination rank holding any of its experts, its own rank included) over the Python call's time; the combine
+    returns the same bytes (``ep_dispatch.yaml``: NVIDIA's Hybrid-EP measurements, DeepEP
+    ``Hybrid-EP_Implementation.md``). Linear in ranks and in SMs between measured points, held beyond them.
+
+    Raises:
+        ValueError: ``backend`` is not one of ``FLEX_DISPATCHER_BACKENDS``.
+    """
+    sms = flex_dispatcher_default_sms(backend) if num_sms is None else num_sms
+    hit = _gpu_entry(_table("ep_dispatch")["gpus"], gpu)
+    if hit is None or backend not in hit[1]:
+        return None
+    series = hit[1][backend]
+    rank_counts = sorted(int(r) for r in series)
+
+    def at(r: int) -> tuple[float, float]:
+        by_sms = series[r]
+        s_xs = sorted(int(k) for k in by_sms)
+        return tuple(_interp_lin([float(k) for k in s_xs], [float(by_sms[k][i]) for k in s_xs], float(sms))
+                     for i in (0, 1))  # type: ignore[return-value]
+
+    per_rank = [at(r) for r in rank_counts]
+    xs = [float(r) for r in rank_counts]
+    return (_interp_lin(xs, [d for d, _ in per_rank], float(ranks)) * 1e9,
+            _interp_lin(xs, [c for _, c in per_rank], float(ranks)) * 1e9)

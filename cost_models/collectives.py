@@ -18,6 +18,7 @@ from __future__ import annotations
 from functools import lru_cache
 from itertools import combinations
 
+from cluster_specs.efficiency import ep_dispatch_bandwidth
 from cluster_specs.spec import ClusterSpec
 from model_zoo.spec import ModelSpec
 
@@ -163,11 +164,14 @@ def moe_token_dispatcher(job: TrainingJob, ep_group: GroupPlacement) -> str:
     node-level dedup sends a token once per domain (the Megatron MoE recipes run it); ``alltoall`` for drop-and-pad
     routing (the dispatcher that pads to capacity: Megatron-LM refuses DeepEP with
     ``moe_pad_expert_input_to_capacity``) and for an EP group inside one NVLink domain, without DeepEP's dependency.
-    Inside a domain ``alltoall`` sends every routed copy where DeepEP / HybridEP would send one per destination GPU
-    (5.25 of 8 for top-8 over 8 GPUs), so in-domain EP is charged more than those dispatchers move; counting their
-    bytes instead (as the MoE recipes run them) made the dev rows worse (in-sample 5.08 -> 5.17%, LOGO 6.46 ->
-    6.49%): their achieved intranode bandwidth, SM-limited, needs measuring first."""
-    if job.moe_expert_capacity_factor is None and ep_group.num_domains > 1:
+    Inside a domain ``alltoall`` sends every routed copy at NCCL's all-to-all rate. A run that states its flex
+    backend (``TrainingJob.moe_flex_dispatcher_backend``, as the MoE recipes do) runs ``flex`` when dropless; inside
+    one domain it is charged from that backend's measured throughput (``flex_in_domain_s``): one copy per
+    destination GPU (5.25 of 8 for top-8 over 8 GPUs) at the rate its SMs reach (GB200: 420-570 GB/s, where NCCL's
+    all-to-all bus rate is 740). (Counting DeepEP's deduplicated bytes at NCCL's rate instead, 2026-12, made the dev
+    rows worse: in-sample 5.08 -> 5.17%.)"""
+    if job.moe_expert_capacity_factor is None and (ep_group.num_domains > 1
+                                                   or job.moe_flex_dispatcher_backend is not None):
         return "flex"
     return "alltoall"
 
@@ -186,12 +190,36 @@ def ep_layer_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: Pa
         return 0.0
     tok = par.micro_batch_size * job.seq_length / par.cp
     g = groups["ep"]
+    measured = flex_in_domain_s(model, cluster, job, par, g, tok)
+    if measured is not None:
+        return measured
     disp = 2.0 * compute_bytes(job.precision)
     copies = (ep_domain_copies(model.moe.num_experts, model.moe.top_k, g.num_domains, model.moe.n_group,
                                model.moe.topk_group)
               if moe_token_dispatcher(job, g) == "flex" else float(model.moe.top_k))
     return collective_time("all_to_all", disp * tok * copies * job.routed_token_factor * model.hidden_size / par.tp,
                            g, cluster)
+
+
+def flex_in_domain_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
+                     g: GroupPlacement, tokens: float) -> float | None:
+    """Forward seconds of one MoE layer's dispatch + combine by the run's stated flex backend (DeepEP / HybridEP)
+    when the EP group lies in one NVLink domain, from the backend's measured throughput there
+    (``cluster_specs.efficiency.ep_dispatch_bandwidth``: NVIDIA's Hybrid-EP measurements in DeepEP, by EP ranks and
+    SMs); None when no backend is stated, the routing drops and pads, the group spans domains (``ep_layer_s``'s
+    network model) or the GPU has no measured series. Bytes: the 16-bit hidden state of each of the ``tokens``
+    (``tokens / tp``: each TP rank routes its sequence-parallel shard) once per destination rank holding any of its
+    experts (``ep_domain_copies`` over the EP ranks: the measurement's byte count), each way."""
+    backend = job.moe_flex_dispatcher_backend
+    if backend is None or g.num_domains != 1 or job.moe_expert_capacity_factor is not None:
+        return None
+    bw = ep_dispatch_bandwidth(cluster.gpu.name, backend, par.ep, job.moe_flex_dispatcher_num_sms)
+    if bw is None:
+        return None
+    moe = model.moe
+    ranks = ep_domain_copies(moe.num_experts, moe.top_k, par.ep, moe.n_group, moe.topk_group)
+    nbytes = compute_bytes(job.precision) * tokens * ranks * model.hidden_size / par.tp
+    return nbytes / bw[0] + nbytes / bw[1]
 
 
 def pipeline_p2p_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,

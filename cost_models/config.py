@@ -93,6 +93,16 @@ class TrainingJob(BaseModel):
                           "--moe-pad-expert-input-to-capacity): every expert's input is cut or padded to this "
                           "multiple of the balanced share, so the expert GEMMs and the EP all-to-all carry that many "
                           "token copies and no host synchronisation waits for the token counts; None = dropless")
+    moe_flex_dispatcher_backend: Literal["deepep", "hybridep"] | None = Field(
+        None, description="Megatron-LM --moe-token-dispatcher-type flex with --moe-flex-dispatcher-backend: DeepEP or "
+                          "NVIDIA's HybridEP (dropless routing only). Inside one NVLink domain the EP term then reads "
+                          "the backend's measured throughput (cluster_specs/data/efficiency/ep_dispatch.yaml); None = "
+                          "plan3d's choice (collectives.moe_token_dispatcher: DeepEP across NVLink domains, the NCCL "
+                          "all-to-all inside one)")
+    moe_flex_dispatcher_num_sms: int | None = Field(
+        None, gt=0, le=1024, description="SMs the flex dispatcher's dispatch/combine kernels run on (Megatron-LM "
+                                         "--moe-flex-dispatcher-num-sms); None = the backend's default (HybridEP 16, "
+                                         "DeepEP 20)")
     cross_entropy_fusion_impl: Literal["native", "te"] = Field(
         "native", description="Megatron --cross-entropy-fusion-impl: 'native' (Megatron's fused vocab-parallel "
                               "cross entropy, bf16 logits + fp32 copy kept) or 'te' (Transformer Engine "

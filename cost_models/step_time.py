@@ -45,9 +45,9 @@ constant (module)                            value     range       mainly constr
 ``ELEMENTWISE_PASSES`` deepspeed             40        8-40        BLOOM rows (edge)
 ``TP_OVERLAP_EXPOSED`` megatron / torchtitan 0 / 0.58  0-0.5/0-0.7 NeMo recipes / torchtitan async TP
 ``EP_OVERLAP_EXPOSED`` (collectives)         0.33      0-1         MoE rows with EP overlap
-``HOST_QUANTIZE_S`` mx / cs                  74/277 us 10-120/     FP8 MoE rows; cs near its range's top (one row)
+``HOST_QUANTIZE_S`` mx / cs                  74/300 us 10-120/     FP8 MoE rows; cs at its range's top (one row)
                                                        20-300 us
-``MOE_TOKEN_COPY_S`` (moe_overhead)          16.7 ns   0-50 ns     MoE rows (Qwen3, DeepSeek-V3)
+``MOE_TOKEN_COPY_S`` (moe_overhead)          12.5 ns   0-50 ns     MoE rows (Qwen3, DeepSeek-V3)
 ===========================================  ========  ==========  ==============================================
 
 ``OVERLAP_COMPUTE_SLOWDOWN`` (0.189) is not fitted: Lee et al. 2025 (arXiv 2507.03114) average measured slowdown of

@@ -62,6 +62,8 @@ class JobOptions(TypedDict, total=False):
     expert_load_imbalance: float | None
     capacity_factor: float | None
     software_date: str | None
+    moe_flex_dispatcher_backend: Literal["deepep", "hybridep"] | None
+    moe_flex_dispatcher_num_sms: int | None
 
 
 class LayoutOptions(JobOptions, total=False):
@@ -195,7 +197,8 @@ def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = No
                 precision: str = "bf16", flash_attention: bool = True, dropout: bool = False,
                 framework: str | None = None, full_model_init: bool = False,
                 expert_load_imbalance: float | None = None, capacity_factor: float | None = None,
-                software_date: str | None = None) -> Inputs:
+                software_date: str | None = None, moe_flex_dispatcher_backend: str | None = None,
+                moe_flex_dispatcher_num_sms: int | None = None) -> Inputs:
     """Resolve the model (default ``llama3.1-8b``), the cluster (default ``dgx-h100``), the GPU count (``gpus`` or
     ``nodes``; default the cluster's default node count: a multiple of the node size, or a divisor of it for a job
     on part of one node) and the job (``full_model_init``: every rank first materializes its whole 16-bit model,
@@ -204,7 +207,10 @@ def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = No
     ``capacity_factor``: drop-and-pad MoE routing to that capacity, Megatron-LM ``--moe-expert-capacity-factor`` with
     ``--moe-pad-expert-input-to-capacity``, None = dropless; ``software_date``: ``YYYY-MM`` of the container or
     framework release the run uses, which picks the kernel library's generation in the efficiency tables,
-    ``cluster_specs/data/efficiency/attention.yaml``, None = the newest). ``seq_length`` None: ``DEFAULT_SEQ_LENGTH``
+    ``cluster_specs/data/efficiency/attention.yaml``, None = the newest; ``moe_flex_dispatcher_backend``:
+    ``deepep`` or ``hybridep``, Megatron-LM's flex token dispatcher, timed inside one NVLink domain from its measured
+    throughput, ``cluster_specs/data/efficiency/ep_dispatch.yaml``, with ``moe_flex_dispatcher_num_sms`` SMs, None =
+    the backend's default; None = plan3d's choice). ``seq_length`` None: ``DEFAULT_SEQ_LENGTH``
     (4096), or the model's ``max_position_embeddings`` when it has a shorter learned position table (GPT-3, OPT).
 
     Raises ``ModelSpecError`` / ``ClusterSpecError`` (unreadable or invalid files, unknown names, a GPU count that
@@ -276,6 +282,8 @@ def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = No
                              "the busiest expert then receives every token")
     if capacity_factor is not None:
         _check_capacity_factor(m, fw, capacity_factor, expert_load_imbalance)
+    if moe_flex_dispatcher_backend is not None or moe_flex_dispatcher_num_sms is not None:
+        _check_flex_dispatcher(m, fw, moe_flex_dispatcher_backend, moe_flex_dispatcher_num_sms, capacity_factor)
     if software_date is not None and (not isinstance(software_date, str)
                                       or re.fullmatch(SOFTWARE_DATE_PATTERN, software_date) is None):
         raise PlanInputError(f"--software-date {software_date!r}: give YYYY-MM (a year 2010-2099), the month of the "
@@ -288,12 +296,14 @@ def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = No
                           dropout=check_bool("dropout", dropout), framework=fw,
                           full_model_init=check_bool("full_model_init", full_model_init),
                           expert_load_imbalance=expert_load_imbalance, moe_expert_capacity_factor=capacity_factor,
-                          software_date=software_date)
+                          software_date=software_date, moe_flex_dispatcher_backend=moe_flex_dispatcher_backend,
+                          moe_flex_dispatcher_num_sms=moe_flex_dispatcher_num_sms)
     except ValidationError as e:  # a plausible range (cost_models/config.py): "--seq-length V is outside [lo, hi]"
         from .errors import option_error
         raise option_error(e, {"global_batch_size": "--global-batch-size", "seq_length": "--seq-length",
                                "expert_load_imbalance": "--expert-load-imbalance",
-                               "moe_expert_capacity_factor": "--capacity-factor"}) from None
+                               "moe_expert_capacity_factor": "--capacity-factor",
+                               "moe_flex_dispatcher_num_sms": "--moe-flex-dispatcher-num-sms"}) from None
     return Inputs(m, c, n, job)
 
 
@@ -326,6 +336,14 @@ def _check_routing_ratio(flag: str, model: Any, value: float, at_most: str) -> N
                              f"({at_most})")
 
 
+def _megatron_only(flag: str, framework: str, what: str, megatron_flag: str) -> None:
+    """A ``PlanInputError`` when ``flag`` (``what``, which plan3d costs and emits as Megatron-LM's ``megatron_flag``)
+    is given with another ``framework``."""
+    if framework != "megatron":
+        raise PlanInputError(f"{flag} with --framework {framework}: {what} is costed and emitted for Megatron-LM "
+                             f"({megatron_flag}); drop {flag} or use --framework megatron")
+
+
 def _check_capacity_factor(model: Any, framework: str, capacity_factor: float,
                            expert_load_imbalance: float | None) -> None:
     """Drop-and-pad routing's own rules (``--capacity-factor``): a MoE model, at most ``num_experts / top_k`` (the
@@ -334,20 +352,39 @@ def _check_capacity_factor(model: Any, framework: str, capacity_factor: float,
     costs and emits), and no ``--expert-load-imbalance`` (a dropless setting: padded, every expert holds its
     capacity). Raises ``PlanInputError``."""
     _check_routing_ratio("--capacity-factor", model, capacity_factor, "every expert then holds every token")
-    if framework != "megatron":
-        raise PlanInputError(f"--capacity-factor with --framework {framework}: drop-and-pad routing is costed and "
-                             f"emitted for Megatron-LM (--moe-expert-capacity-factor); drop --capacity-factor or use "
-                             f"--framework megatron")
+    _megatron_only("--capacity-factor", framework, "drop-and-pad routing", "--moe-expert-capacity-factor")
     if expert_load_imbalance is not None:
         raise PlanInputError("--expert-load-imbalance with --capacity-factor: the imbalance is dropless routing's; "
                              "padded to capacity, every expert holds its capacity; give one of them")
+
+
+def _check_flex_dispatcher(model: Any, framework: str, backend: Any, num_sms: Any,
+                           capacity_factor: float | None) -> None:
+    """A stated flex dispatcher (``--moe-flex-dispatcher-backend``, ``--moe-flex-dispatcher-num-sms``) is one
+    Megatron-LM runs: a backend of ``FLEX_DISPATCHER_BACKENDS``, a MoE model, dropless routing (Megatron-LM's flex
+    dispatcher has no drop-and-pad path), SMs only with a backend. Raises ``PlanInputError``."""
+    from cluster_specs.efficiency import FLEX_DISPATCHER_BACKENDS
+    if backend is None:
+        raise PlanInputError("--moe-flex-dispatcher-num-sms without --moe-flex-dispatcher-backend: give the backend "
+                             f"({', '.join(FLEX_DISPATCHER_BACKENDS)}) whose kernels run on those SMs")
+    check_choice("moe_flex_dispatcher_backend", backend, FLEX_DISPATCHER_BACKENDS)
+    if num_sms is not None and (isinstance(num_sms, bool) or not isinstance(num_sms, int) or num_sms < 1):
+        raise PlanInputError(f"--moe-flex-dispatcher-num-sms {num_sms!r}: must be a positive integer")
+    if model.moe is None:
+        raise PlanInputError(f"--moe-flex-dispatcher-backend: {model.name} has no experts (a MoE model's token "
+                             f"dispatcher); drop the option")
+    _megatron_only("--moe-flex-dispatcher-backend", framework, "the flex dispatcher", "--moe-token-dispatcher-type flex")
+    if capacity_factor is not None:
+        raise PlanInputError("--moe-flex-dispatcher-backend with --capacity-factor: Megatron-LM's flex dispatcher "
+                             "routes dropless (no pad-to-capacity); give one of them")
 
 
 def job_kwargs(options: dict[str, Any]) -> dict[str, Any]:
     """The ``load_inputs`` keywords among ``options``."""
     return {k: options[k] for k in ("gpus", "nodes", "global_batch_size", "seq_length", "precision",
                                     "flash_attention", "dropout", "framework", "full_model_init",
-                                    "expert_load_imbalance", "capacity_factor", "software_date") if k in options}
+                                    "expert_load_imbalance", "capacity_factor", "software_date",
+                                    "moe_flex_dispatcher_backend", "moe_flex_dispatcher_num_sms") if k in options}
 
 
 def _fraction(field: str, value: float | None, default: float) -> float:

@@ -38,7 +38,9 @@ from .uncertainty import step_class, step_interval
 #:     dropless)
 #: 1.6 (additive): input.job.software_date (--software-date: the kernel-library generation the plans were timed
 #:     with, cluster_specs/data/efficiency/attention.yaml; null = the newest)
-SCHEMA_VERSION = "1.6"
+#: 1.7 (additive): input.job.moe_flex_dispatcher_backend / moe_flex_dispatcher_num_sms (the MoE flex dispatcher
+#:     the plans were timed with, cluster_specs/data/efficiency/ep_dispatch.yaml; null = plan3d's choice)
+SCHEMA_VERSION = "1.7"
 
 
 def readable_schema_version(version: str) -> str:
@@ -109,6 +111,11 @@ class JobInfo(_Strict):
     software_date: str | None = Field(
         None, description="YYYY-MM of the run's container or framework release (--software-date): the kernel "
                           "library's generation the plans were timed with; null: the newest")
+    moe_flex_dispatcher_backend: str | None = Field(
+        None, description="MoE flex token dispatcher (--moe-flex-dispatcher-backend: deepep, hybridep) the plans were "
+                          "timed with; null: plan3d's choice (DeepEP across NVLink domains, NCCL all-to-all inside one)")
+    moe_flex_dispatcher_num_sms: int | None = Field(
+        None, description="SMs of the flex dispatcher (--moe-flex-dispatcher-num-sms); null: the backend's default")
     requested_global_batch_size: int | None = Field(
         None, description="plan --global-batch-size-tolerance: the global batch asked for (global_batch_size is the "
                           "one planned, within the tolerance of it); null without a tolerance")
@@ -309,6 +316,8 @@ def input_info(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpu
                     flash_attention=job.flash_attention, dropout=job.dropout,
                     expert_load_imbalance=job.expert_load_imbalance,
                     moe_expert_capacity_factor=job.moe_expert_capacity_factor, software_date=job.software_date,
+                    moe_flex_dispatcher_backend=job.moe_flex_dispatcher_backend,
+                    moe_flex_dispatcher_num_sms=job.moe_flex_dispatcher_num_sms,
                     requested_global_batch_size=requested_global_batch_size))
 
 

@@ -237,7 +237,7 @@ def fallback(model: Any = None, cluster: Any = None, *, plan: Any = None, max_lo
     from cluster_specs import load_cluster, nodes_holding
     from model_zoo import load_model
 
-    from .api_options import FLOPS_CONVENTIONS, at_risk_option, check_choice, headroom_option, load_inputs
+    from .api_options import FLOPS_CONVENTIONS, at_risk_option, check_choice, headroom_option, job_kwargs, load_inputs
     from .evaluation import evaluate
     from .fallback_search import best_fallbacks, keep_layout, min_gpus
     from .space import SearchSpace
@@ -269,7 +269,9 @@ def fallback(model: Any = None, cluster: Any = None, *, plan: Any = None, max_lo
         for k, doc_k in (("flash_attention", "flash_attention"), ("dropout", "dropout"), ("framework", "framework"),
                          ("expert_load_imbalance", "expert_load_imbalance"),
                          ("capacity_factor", "moe_expert_capacity_factor"),
-                         ("software_date", "software_date")):  # the option, else the doc's
+                         ("software_date", "software_date"),
+                         ("moe_flex_dispatcher_backend", "moe_flex_dispatcher_backend"),
+                         ("moe_flex_dispatcher_num_sms", "moe_flex_dispatcher_num_sms")):  # the option, else the doc's
             v = o[k] if o.get(k) is not None else getattr(i.job, doc_k)
             if v is not None:
                 job_kw[k] = v
@@ -293,9 +295,7 @@ def fallback(model: Any = None, cluster: Any = None, *, plan: Any = None, max_lo
         if rank != 1:
             raise PlanInputError("--rank selects a plan of --plan's document; without --plan the best plan is used")
         first = api_plan(model, cluster, **{**o, "top_k": 1})
-        keys = ("gpus", "nodes", "global_batch_size", "seq_length", "precision", "flash_attention", "dropout",
-                "framework", "expert_load_imbalance", "capacity_factor", "software_date")
-        inputs = load_inputs(model, cluster, **{k: o[k] for k in keys if o.get(k) is not None})
+        inputs = load_inputs(model, cluster, **{k: v for k, v in job_kwargs(o).items() if v is not None})
         par = _parallel_of(first.plans[0])
     m, c, job = inputs.model, inputs.cluster, inputs.job
     fw = job.framework

@@ -67,6 +67,10 @@ class RowSetup(BaseModel):
     full_cuda_graph: bool | None = None
     moe_router_force_load_balancing: bool | None = None
     moe_expert_capacity_factor: float | None = Field(None, ge=1.0)
+    #: Megatron-LM ``moe_flex_dispatcher_backend`` / ``moe_flex_dispatcher_num_sms`` (``moe_deepep_num_sms``,
+    #: ``moe_hybridep_num_sms``) of the run (``TrainingJob.moe_flex_dispatcher_backend``)
+    moe_flex_dispatcher_backend: Literal["deepep", "hybridep"] | None = None
+    moe_flex_dispatcher_num_sms: int | None = Field(None, gt=0)
     #: YYYY-MM of the run's container or framework release (``TrainingJob.software_date``)
     software_date: str | None = Field(None, pattern=SOFTWARE_DATE_PATTERN)
     sources: dict[str, str] = Field(default_factory=dict)
@@ -175,6 +179,13 @@ def row_options(row: dict[str, Any], framework: str = "megatron") -> RowOptions:
         out.job["moe_expert_capacity_factor"] = s.moe_expert_capacity_factor
         out.notes.append(f"MoE drop-and-pad routing, capacity factor {s.moe_expert_capacity_factor:g} "
                          f"({setup_source(s, 'moe_expert_capacity_factor')})")
+    if s.moe_flex_dispatcher_backend is not None:
+        out.job["moe_flex_dispatcher_backend"] = s.moe_flex_dispatcher_backend
+        sms = "" if s.moe_flex_dispatcher_num_sms is None else f" on {s.moe_flex_dispatcher_num_sms} SMs"
+        out.notes.append(f"MoE dispatcher {s.moe_flex_dispatcher_backend}{sms} "
+                         f"({setup_source(s, 'moe_flex_dispatcher_backend')})")
+    if s.moe_flex_dispatcher_num_sms is not None:
+        out.job["moe_flex_dispatcher_num_sms"] = s.moe_flex_dispatcher_num_sms
     if s.software_date is not None:
         out.job["software_date"] = s.software_date
         out.notes.append(f"software of {s.software_date} ({setup_source(s, 'software_date')})")

@@ -7,8 +7,8 @@ from typing import Annotated, Optional
 import typer
 
 from .app import app
-from .options import (AT_RISK_DEFAULT, AtRiskOpt, FlopsOpt, Fmt, FmtOpt, Framework, GpusOpt, HEADROOM_DEFAULT,
-                      HeadroomOpt, NodesOpt, OutOpt, Precision, SoftwareDateOpt, enum_value)
+from .options import (AT_RISK_DEFAULT, AtRiskOpt, DispatcherOpt, DispatcherSmsOpt, FlopsOpt, Fmt, FmtOpt, Framework,
+                      GpusOpt, HEADROOM_DEFAULT, HeadroomOpt, NodesOpt, OutOpt, Precision, SoftwareDateOpt, enum_value)
 from .output import write_output
 
 
@@ -27,6 +27,7 @@ def fallback(
     flash_attention: Annotated[Optional[bool], typer.Option("--flash-attention/--no-flash-attention")] = None,
     dropout: Annotated[Optional[bool], typer.Option("--dropout/--no-dropout")] = None,
     software_date: SoftwareDateOpt = None,
+    moe_flex_dispatcher_backend: DispatcherOpt = None, moe_flex_dispatcher_num_sms: DispatcherSmsOpt = None,
     framework: Annotated[Optional[Framework], typer.Option(
         "--framework", help="rules and resharding path (default megatron)")] = None,
     memory_headroom: HeadroomOpt = HEADROOM_DEFAULT, at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT,
@@ -43,7 +44,9 @@ def fallback(
         require_matplotlib("--plot")
     job = {k: v for k, v in dict(gpus=gpus, nodes=nodes, global_batch_size=global_batch_size, seq_length=seq_length,
                                  precision=enum_value(precision), flash_attention=flash_attention, dropout=dropout,
-                                 framework=enum_value(framework), software_date=software_date).items()
+                                 framework=enum_value(framework), software_date=software_date,
+                                 moe_flex_dispatcher_backend=moe_flex_dispatcher_backend,
+                                 moe_flex_dispatcher_num_sms=moe_flex_dispatcher_num_sms).items()
            if v is not None}
     doc = api_fallback(model, cluster, plan=plan_file, max_lost_nodes=max_lost_nodes, rank=rank,
                        memory_headroom=memory_headroom, at_risk_margin=at_risk_margin,

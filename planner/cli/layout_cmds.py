@@ -8,7 +8,8 @@ from typing import Annotated, Optional
 import typer
 
 from .app import app
-from .options import (AT_RISK_DEFAULT, AsyncCkptOpt, AtRiskOpt, CapacityOpt, ClusterOpt, CpOpt, DropoutOpt, Emit,
+from .options import (AT_RISK_DEFAULT, AsyncCkptOpt, AtRiskOpt, CapacityOpt, ClusterOpt, CpOpt, DispatcherOpt,
+                      DispatcherSmsOpt, DropoutOpt, Emit,
                       EpOpt, EtpOpt, FirstOpt, FlashOpt, FlopsOpt, Fmt, FmtOpt, Framework, FrameworkOpt, FullInitOpt,
                       GbsOpt, GpusOpt, HEADROOM_DEFAULT, HeadroomOpt, ImbalanceOpt, LastOpt, Launcher, LauncherOpt,
                       LayoutStrOpt, MasterDtypeOpt, MbsOpt, ModelOpt, MomentDtypeOpt, NodesOpt, OffloadModulesOpt,
@@ -46,6 +47,7 @@ def evaluate(
     exp_avg_dtype: MomentDtypeOpt = "fp32", exp_avg_sq_dtype: MomentDtypeOpt = "fp32",
     main_params_dtype: MasterDtypeOpt = "fp32", expert_load_imbalance: ImbalanceOpt = None,
     capacity_factor: CapacityOpt = None, software_date: SoftwareDateOpt = None,
+    moe_flex_dispatcher_backend: DispatcherOpt = None, moe_flex_dispatcher_num_sms: DispatcherSmsOpt = None,
     train_tokens: TrainTokensOpt = None, gpu_hour_price: PriceOpt = None, async_checkpoint: AsyncCkptOpt = False,
     interruption_rate: RateOpt = None, restart_s: RestartOpt = None, pue: PueOpt = None,
 ) -> None:
@@ -89,6 +91,7 @@ def memory(
     exp_avg_dtype: MomentDtypeOpt = "fp32", exp_avg_sq_dtype: MomentDtypeOpt = "fp32",
     main_params_dtype: MasterDtypeOpt = "fp32", expert_load_imbalance: ImbalanceOpt = None,
     software_date: SoftwareDateOpt = None,
+    moe_flex_dispatcher_backend: DispatcherOpt = None, moe_flex_dispatcher_num_sms: DispatcherSmsOpt = None,
 ) -> None:
     """Per-stage memory breakdown of one configuration (largest terms first, the total of each phase: init,
     forward, backward, optimizer; the backend buffers named).
@@ -144,6 +147,7 @@ def explain(
     exp_avg_dtype: MomentDtypeOpt = "fp32", exp_avg_sq_dtype: MomentDtypeOpt = "fp32",
     main_params_dtype: MasterDtypeOpt = "fp32", expert_load_imbalance: ImbalanceOpt = None,
     capacity_factor: CapacityOpt = None, software_date: SoftwareDateOpt = None,
+    moe_flex_dispatcher_backend: DispatcherOpt = None, moe_flex_dispatcher_num_sms: DispatcherSmsOpt = None,
 ) -> None:
     """List every constraint of one given configuration with its slack (same options as ``evaluate``).
 

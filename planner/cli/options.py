@@ -219,6 +219,15 @@ SoftwareDateOpt = Annotated[Optional[str], typer.Option(
     help="month of the container or framework release the run uses (e.g. 2024-07 for NeMo 24.07): attention is "
          "timed with that generation of the kernel library (cuDNN on H100: 22-25% slower forward in 2024 than in "
          "2026); default: today's kernels")]
+DispatcherOpt = Annotated[Optional[str], typer.Option(
+    "--moe-flex-dispatcher-backend", metavar="deepep|hybridep",
+    help="MoE flex token dispatcher (Megatron --moe-token-dispatcher-type flex --moe-flex-dispatcher-backend): inside "
+         "one NVLink domain timed from its measured throughput (DeepEP's Hybrid-EP tables, B200/GB200); default: "
+         "DeepEP across NVLink domains, NCCL all-to-all inside one")]
+DispatcherSmsOpt = Annotated[Optional[int], typer.Option(
+    "--moe-flex-dispatcher-num-sms", min=1,
+    help="SMs of the flex dispatcher's kernels (Megatron --moe-flex-dispatcher-num-sms; default: the backend's, "
+         "HybridEP 16, DeepEP 20)")]
 MasterDtypeOpt = Annotated[str, typer.Option(
     "--main-params-dtype", help="master-weight dtype: fp32, fp16 (Megatron --main-params-dtype), bf16 "
                                 "(Megatron-FSDP --megatron-fsdp-main-params-dtype)")]
@@ -230,7 +239,8 @@ _LAYOUT_PASSED = ("model", "cluster", "gpus", "nodes", "global_batch_size", "seq
                   "recompute_num_layers", "sequence_parallel", "first_stage_layers", "last_stage_layers",
                   "at_risk_margin", "full_model_init", "expert_load_imbalance", "capacity_factor", "pipeline_layout",
                   "recompute_method", "optimizer_cpu_offload", "param_cpu_offload", "exp_avg_dtype",
-                  "exp_avg_sq_dtype", "main_params_dtype", "software_date")
+                  "exp_avg_sq_dtype", "main_params_dtype", "software_date", "moe_flex_dispatcher_backend",
+                  "moe_flex_dispatcher_num_sms")
 #: ... passed on as the choice's value (None when the command has no such option)
 _LAYOUT_CHOICES = ("precision", "framework", "recompute", "flops_convention", "pipeline_schedule")
 #: ... given as comma-separated module names

@@ -10,7 +10,8 @@ import typer
 
 from ..api_options import MAX_TOP_K  # light: planner.api_options imports only planner.errors at module level
 from .app import app
-from .options import (AT_RISK_DEFAULT, AsyncCkptOpt, AtRiskOpt, CapacityOpt, ClusterOpt, DropoutOpt, Emit, FlashOpt,
+from .options import (AT_RISK_DEFAULT, AsyncCkptOpt, AtRiskOpt, CapacityOpt, ClusterOpt, DispatcherOpt,
+                      DispatcherSmsOpt, DropoutOpt, Emit, FlashOpt,
                       FlopsOpt, Fmt, FmtOpt, Framework, GbsOpt, GpusOpt, HEADROOM_DEFAULT, HeadroomOpt, ImbalanceOpt,
                       Launcher, LauncherOpt, ModelOpt, NodesOpt, ObjectiveOpt, OutOpt, PrecOpt, Precision, PriceOpt,
                       PueOpt, RateOpt, RecomputeOpt, RestartOpt, ScheduleOptT, SeqOpt, SoftwareDateOpt, SolverOpt,
@@ -63,6 +64,7 @@ def plan(
     flops_convention: FlopsOpt = None, at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT,
     expert_load_imbalance: ImbalanceOpt = None,
     capacity_factor: CapacityOpt = None, software_date: SoftwareDateOpt = None,
+    moe_flex_dispatcher_backend: DispatcherOpt = None, moe_flex_dispatcher_num_sms: DispatcherSmsOpt = None,
     train_tokens: TrainTokensOpt = None, gpu_hour_price: PriceOpt = None, async_checkpoint: AsyncCkptOpt = False,
     interruption_rate: RateOpt = None, restart_s: RestartOpt = None, pue: PueOpt = None,
     deadline_days: Annotated[Optional[float], typer.Option(
@@ -104,7 +106,9 @@ def plan(
                                 ("--target-tokens-per-day", target_tokens_per_day), ("--train-tokens", train_tokens),
                                 ("--deadline-days", deadline_days), ("--plot", plot)) if v is not None]
         routing = [f for f, v in (("--expert-load-imbalance", expert_load_imbalance),
-                                  ("--capacity-factor", capacity_factor)) if v is not None]
+                                  ("--capacity-factor", capacity_factor),
+                                  ("--moe-flex-dispatcher-backend", moe_flex_dispatcher_backend),
+                                  ("--moe-flex-dispatcher-num-sms", moe_flex_dispatcher_num_sms)) if v is not None]
         if routing:
             raise PlanInputError(f"{', '.join(routing)}: not available over pools (--cluster NAME:NODES,...): the pool "
                                  f"planner costs dropless MoE routing at its default expert imbalance; drop "
@@ -159,7 +163,9 @@ def plan(
                 train_tokens=train_tokens, gpu_hour_price=gpu_hour_price, async_checkpoint=async_checkpoint,
                 interruption_rate=interruption_rate, restart_s=restart_s, pue=pue, deadline_days=deadline_days,
                 at_risk_margin=at_risk_margin, expert_load_imbalance=expert_load_imbalance,
-                capacity_factor=capacity_factor, software_date=software_date, time_budget_s=time_budget)
+                capacity_factor=capacity_factor, software_date=software_date,
+                moe_flex_dispatcher_backend=moe_flex_dispatcher_backend,
+                moe_flex_dispatcher_num_sms=moe_flex_dispatcher_num_sms, time_budget_s=time_budget)
     if choice.kind != "single":
         if emit is not None:
             raise PlanInputError("--emit writes one plan: give one --cluster")

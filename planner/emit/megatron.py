@@ -340,14 +340,20 @@ def fp8_args(model: ModelSpec, par: ParallelConfig, cluster: ClusterSpec | None 
 
 def dispatcher_args(job: TrainingJob, par: ParallelConfig, cluster: ClusterSpec | None) -> list[str]:
     """``--moe-token-dispatcher-type``: the dispatcher whose traffic the step-time model charged
-    (``collectives.moe_token_dispatcher``): ``flex`` with the DeepEP backend for dropless routing over an EP group
-    that spans NVLink domains (DeepEP must be installed, as in Megatron-LM's MoE recipes), else ``alltoall``.
-    Without a cluster the EP group's placement is unknown: ``alltoall``."""
-    kind = "alltoall"
+    (``collectives.moe_token_dispatcher``): ``flex`` for dropless routing with the job's stated backend
+    (``--moe-flex-dispatcher-backend``, and ``--moe-flex-dispatcher-num-sms`` when set), or with DeepEP over an EP
+    group that spans NVLink domains (DeepEP / HybridEP must be installed, as in Megatron-LM's MoE recipes), else
+    ``alltoall``. Without a cluster the EP group's placement is unknown: ``alltoall`` unless a backend is stated."""
+    kind = "flex" if job.moe_flex_dispatcher_backend is not None and job.moe_expert_capacity_factor is None \
+        else "alltoall"
     if cluster is not None:
         kind = moe_token_dispatcher(job, group_placement("ep", par, cluster.node.nvlink_domain_size))
     if kind == "flex":
-        return ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep"]
+        out = ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend",
+               job.moe_flex_dispatcher_backend or "deepep"]
+        if job.moe_flex_dispatcher_num_sms is not None:
+            out += ["--moe-flex-dispatcher-num-sms", str(job.moe_flex_dispatcher_num_sms)]
+        return out
     return ["--moe-token-dispatcher-type", "alltoall"]
 
 

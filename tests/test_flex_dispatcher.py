@@ -1,0 +1,99 @@
+"""MoE flex token dispatchers (DeepEP, HybridEP) timed from their measured in-domain throughput
+(``cluster_specs/data/efficiency/ep_dispatch.yaml``: NVIDIA's Hybrid-EP tables in deepseek-ai/DeepEP
+``Hybrid-EP_Implementation.md``), stated by the job and emitted as stated."""
+from __future__ import annotations
+
+import pytest
+
+from cluster_specs import get_cluster
+from cluster_specs.efficiency import ep_dispatch_bandwidth, flex_dispatcher_default_sms
+from cost_models.collectives import ep_domain_copies
+from cost_models.config import ParallelConfig, TrainingJob
+from cost_models.step_time import estimate_step
+from model_zoo import get_model
+from planner.emit.megatron import megatron_args
+from planner.errors import PlanInputError
+
+GB200 = get_cluster("gb200-nvl72")
+Q30 = get_model("qwen3-30b-a3b")
+
+
+def test_table_values_are_the_published_figures():
+    # GB200, HybridEP, Torch API, BF16 dispatch / combine (GB/s): 16 ranks at 16 SMs 472.84 / 474.48, at 32 SMs
+    # 523.48 / 521.55; 8 ranks at 32 SMs 545.71 / 568.94
+    assert ep_dispatch_bandwidth("GB200", "hybridep", 16, 16) == pytest.approx((472.84e9, 474.48e9))
+    assert ep_dispatch_bandwidth("GB200", "hybridep", 16, 32) == pytest.approx((523.48e9, 521.55e9))
+    assert ep_dispatch_bandwidth("GB200", "hybridep", 8, 32) == pytest.approx((545.71e9, 568.94e9))
+    # between measured rank counts: linear (12 ranks, 16 SMs: halfway between 8 and 16)
+    assert ep_dispatch_bandwidth("GB200", "hybridep", 12, 16)[0] == pytest.approx((550.10e9 + 472.84e9) / 2)
+    # beyond the last measured count (36 ranks) held: a 64-rank NVL72 group reads the 36-rank figure
+    assert ep_dispatch_bandwidth("GB200", "hybridep", 64, 32) == pytest.approx((479.02e9, 447.89e9))
+    # DeepEP on B200 at its default 20 SMs: between the 16- and 24-SM figures (348 / 302 and 494 / 420)
+    assert flex_dispatcher_default_sms("deepep") == 20 and flex_dispatcher_default_sms("hybridep") == 16
+    assert ep_dispatch_bandwidth("B200", "deepep", 8) == pytest.approx((421e9, 361e9))
+    # no published series: None (the caller keeps the NCCL all-to-all estimate)
+    assert ep_dispatch_bandwidth("H100", "hybridep", 8) is None
+    with pytest.raises(ValueError, match="allowed deepep, hybridep"):
+        ep_dispatch_bandwidth("GB200", "nccl", 8)
+
+
+def test_in_domain_hybridep_time_is_bytes_over_measured_throughput():
+    par = ParallelConfig(dp=16, ep=16, micro_batch_size=4, zero_stage=1)
+    plain = TrainingJob(global_batch_size=512, precision="fp8", expert_load_imbalance=1.0)
+    hybrid = plain.model_copy(update={"moe_flex_dispatcher_backend": "hybridep"})
+    s_plain = estimate_step(Q30, GB200, plain, par, fp8_recipe="mx")
+    s_hyb = estimate_step(Q30, GB200, hybrid, par, fp8_recipe="mx")
+    # one micro-batch's 16384 tokens, each to its expected distinct destination ranks (128 experts over 16 ranks,
+    # top-8: 6.44), 2048 x 2 bytes, dispatched and combined forward and again backward, on 48 MoE layers and
+    # 32 / 4 = 8 micro-batches; EP is not overlapped here, so all of it is exposed
+    ranks = ep_domain_copies(128, 8, 16)
+    assert ranks == pytest.approx(16 * (1 - (15 / 16) ** 8))
+    nbytes = 16384 * ranks * 2048 * 2
+    per_layer = 2 * (nbytes / 472.84e9 + nbytes / 474.48e9)
+    assert s_hyb.exposed_comm_s["ep"] == pytest.approx(per_layer * 48 * 8, rel=1e-6)
+    # slower than the NCCL all-to-all estimate of all 8 copies at NVLink's bus rate, as measured (0.74 TB/s there)
+    assert s_hyb.exposed_comm_s["ep"] > 1.2 * s_plain.exposed_comm_s["ep"]
+    # more SMs: faster (523 / 522 GB/s at 32 SMs)
+    more = hybrid.model_copy(update={"moe_flex_dispatcher_num_sms": 32})
+    assert estimate_step(Q30, GB200, more, par, fp8_recipe="mx").exposed_comm_s["ep"] == pytest.approx(
+        2 * (nbytes / 523.48e9 + nbytes / 521.55e9) * 48 * 8, rel=1e-6)
+
+
+def test_stated_backend_is_emitted():
+    par = ParallelConfig(dp=16, ep=16, micro_batch_size=4, zero_stage=1)
+    job = TrainingJob(global_batch_size=512, moe_flex_dispatcher_backend="hybridep", moe_flex_dispatcher_num_sms=32)
+    args = megatron_args(Q30, job, par, GB200)
+    i = args.index("--moe-token-dispatcher-type")
+    assert args[i + 1] == "flex"
+    assert args[args.index("--moe-flex-dispatcher-backend") + 1] == "hybridep"
+    assert args[args.index("--moe-flex-dispatcher-num-sms") + 1] == "32"
+    # not stated, inside one domain: the NCCL all-to-all dispatcher, as before
+    plain = megatron_args(Q30, TrainingJob(global_batch_size=512), par, GB200)
+    assert plain[plain.index("--moe-token-dispatcher-type") + 1] == "alltoall"
+    assert "--moe-flex-dispatcher-num-sms" not in plain
+
+
+@pytest.mark.parametrize("kwargs, msg", [
+    ({"moe_flex_dispatcher_backend": "nccl"}, "must be one of deepep, hybridep"),
+    ({"moe_flex_dispatcher_num_sms": 24}, "without --moe-flex-dispatcher-backend"),
+    ({"moe_flex_dispatcher_backend": "deepep", "moe_flex_dispatcher_num_sms": 0}, "positive integer"),
+    ({"moe_flex_dispatcher_backend": "deepep", "capacity_factor": 1.25}, "routes dropless"),
+    ({"moe_flex_dispatcher_backend": "deepep", "framework": "torchtitan"}, "--framework torchtitan"),
+])
+def test_bad_dispatcher_options_are_one_line_errors(kwargs, msg):
+    from planner.api_options import load_inputs
+    with pytest.raises(PlanInputError, match=msg):
+        load_inputs("qwen3-30b-a3b", "gb200-nvl72", gpus=16, **kwargs)
+    with pytest.raises(PlanInputError, match="has no experts"):
+        load_inputs("llama3.1-8b", "gb200-nvl72", gpus=16, moe_flex_dispatcher_backend="hybridep")
+
+
+def test_cli_option_reaches_the_document_and_the_step(run_cli):
+    import json
+    base = ["evaluate", "-m", "qwen3-30b-a3b", "-c", "gb200-nvl72", "--gpus", "16", "--global-batch-size", "512",
+            "--ep", "16", "--micro-batch-size", "4", "--precision", "fp8", "--zero-stage", "1", "--format", "json"]
+    plain = json.loads(run_cli(*base).stdout)
+    hyb = json.loads(run_cli(*base, "--moe-flex-dispatcher-backend", "hybridep").stdout)
+    assert hyb["input"]["job"]["moe_flex_dispatcher_backend"] == "hybridep"
+    assert plain["input"]["job"]["moe_flex_dispatcher_backend"] is None
+    assert hyb["plans"][0]["time"]["step_s"] > plain["plans"][0]["time"]["step_s"]
