@@ -106,9 +106,12 @@ def selective_recompute_s(x: LayerCost, par: ParallelConfig, framework: str = "m
 
     Megatron-LM / NeMo: the modules of ``--recompute-modules``
     (``TransformerConfig.recompute_modules``; default ``core_attn``, Korthikanti et al. 2022 Sec. 5):
-    ``core_attn`` the attention core, ``mlp``/``moe`` the MLP or MoE block's GEMMs and activation,
-    ``mla_up_proj`` MLA's up-projections, ``moe_act`` the expert activation; ``layernorm`` and ``shared_experts``
-    are small and counted as the MLP's memory-bound share.
+    ``core_attn`` the attention core, ``mlp`` a dense layer's MLP and ``moe`` a MoE layer's MoE block (GEMMs and
+    activation: megatron-core ``TransformerLayer`` sets ``recompute_mlp`` for ``mlp`` only ``if not
+    self.is_moe_layer``, and ``TransformerConfig.recompute_modules``: "mlp: recompute the dense MLP submodule",
+    "moe: recompute the MoE layer"; Megatron-LM d48bd6be), ``mla_up_proj`` MLA's up-projections, ``moe_act`` a MoE
+    layer's expert activation; ``layernorm`` and ``shared_experts`` are small and counted as the MLP's memory-bound
+    share (``_mlp_recomputed``).
 
     torchtitan (``OP_SAC_FRAMEWORKS``): per-op checkpointing saves the outputs of the attention kernel and of every
     other ``aten.mm`` and recomputes all else: the other GEMMs (``LayerCost.gemm_sac``) and all memory-bound work
@@ -117,16 +120,26 @@ def selective_recompute_s(x: LayerCost, par: ParallelConfig, framework: str = "m
     if uses_op_sac(framework):
         return x.gemm_sac + x.mem
     mods = set(getattr(par, "recompute_modules", None) or ("core_attn",))
+    block, act = _mlp_recomputed(x, mods)
     t = 0.0
     if "core_attn" in mods:
         t += x.attn_f
-    if mods & {"mlp", "moe"}:
+    if block:
         t += x.gemm_mlp + x.mem_mlp
-    elif mods & {"moe_act", "layernorm", "shared_experts"}:
+    elif act:
         t += x.mem_mlp
     if "mla_up_proj" in mods:
         t += x.gemm_up
     return t
+
+
+def _mlp_recomputed(x: LayerCost, mods: set[str]) -> tuple[bool, bool]:
+    """(whole MLP block, its memory-bound share only) that selective recompute's ``mods`` re-run in layer ``x``:
+    the block under ``moe`` in a MoE layer and ``mlp`` in a dense one (``selective_recompute_s``); the activation
+    share under ``moe_act`` / ``shared_experts`` (MoE layers) or ``layernorm`` (both)."""
+    block = ("moe" if x.moe else "mlp") in mods
+    act = bool(mods & ({"moe_act", "layernorm", "shared_experts"} if x.moe else {"layernorm"}))
+    return block, act
 
 
 def recompute_breakdown_s(x: LayerCost, par: ParallelConfig, full: bool,
@@ -136,8 +149,8 @@ def recompute_breakdown_s(x: LayerCost, par: ParallelConfig, full: bool,
     if not full and par.recompute == "selective" and uses_op_sac(framework):
         return x.gemm_sac, 0.0, x.mem
     mods = set(getattr(par, "recompute_modules", None) or ("core_attn",)) if par.recompute == "selective" else set()
-    gemm = x.gemm if full else (x.gemm_mlp if mods & {"mlp", "moe"} else 0.0) + (
-        x.gemm_up if "mla_up_proj" in mods else 0.0)
+    block, act = _mlp_recomputed(x, mods)
+    gemm = x.gemm if full else (x.gemm_mlp if block else 0.0) + (x.gemm_up if "mla_up_proj" in mods else 0.0)
     attn = x.attn_f if full or "core_attn" in mods else 0.0
-    mem = x.mem if full else (x.mem_mlp if mods & {"mlp", "moe", "moe_act", "layernorm", "shared_experts"} else 0.0)
+    mem = x.mem if full else (x.mem_mlp if block or act else 0.0)
     return gemm, attn, mem

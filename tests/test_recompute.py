@@ -192,3 +192,34 @@ def test_uniform_method_groups_layers_and_recomputes_all():
     args = launch_fields(M8, JOB, uni, 8)["megatron"]
     assert args[args.index("--recompute-method") + 1] == "uniform"
     assert args[args.index("--recompute-num-layers") + 1] == "4"
+
+
+def test_selective_mlp_recompute_reruns_dense_layers_only():
+    # megatron-core TransformerLayer: "mlp" sets recompute_mlp only `if not self.is_moe_layer`; a MoE layer's block
+    # is re-run by "moe" (TransformerConfig.recompute_modules: "mlp: recompute the dense MLP submodule", "moe:
+    # recompute the MoE layer"), as the activation memory model already keeps them
+    from cluster_specs import get_cluster
+    from cost_models.config import ParallelConfig, TrainingJob
+    from cost_models.layer_cost import layer_cost, selective_recompute_s
+    from cost_models.layout import group_placement
+    from model_zoo import get_model
+    m, c = get_model("deepseek-v3"), get_cluster("dgx-b200")
+    job = TrainingJob(global_batch_size=64)
+
+    def rerun(layer, mods):
+        par = ParallelConfig(dp=8, ep=8, recompute="selective", recompute_modules=mods)
+        groups = {d: group_placement(d, par, 8) for d in ("tp", "cp", "ep", "pp", "dp")}
+        x = layer_cost(m, c, job, par, layer, "megatron", groups)
+        return x, selective_recompute_s(x, par)
+
+    dense, moe = 0, 3  # DeepSeek-V3: 3 dense layers first
+    x, t = rerun(dense, ("mlp",))
+    assert not x.moe and t == pytest.approx(x.gemm_mlp + x.mem_mlp)
+    x, t = rerun(moe, ("mlp",))
+    assert x.moe and t == 0.0
+    x, t = rerun(moe, ("moe",))
+    assert t == pytest.approx(x.gemm_mlp + x.mem_mlp)
+    x, t = rerun(dense, ("moe",))
+    assert t == 0.0
+    x, t = rerun(moe, ("mla_up_proj", "mlp"))
+    assert t == pytest.approx(x.gemm_up)
