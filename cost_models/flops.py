@@ -29,17 +29,22 @@ def attention_widths(model: ModelSpec) -> tuple[int, int]:
     return a * model.head_dim, a * model.head_dim
 
 
-def layer_gemm_flops_per_token(model: ModelSpec, layer: int) -> float:
+def layer_gemm_flops_per_token(model: ModelSpec, layer: int, router: bool = True) -> float:
     """Forward GEMM FLOPs per token of decoder layer ``layer``: 2 x (matrix weights a token passes through).
 
-    Norm weights and biases are excluded (element-wise, not GEMMs); the router GEMM is included.
+    Norm weights and biases are excluded (element-wise, not GEMMs); the router GEMM (``h x E``) is included unless
+    ``router`` is False (the model-FLOP count of Megatron's loggers leaves it out: ``model_flops_per_token``).
     """
     lp = model.layer_params(layer)
-    # replicated params are norms/biases/router; count only the router (h x E) as GEMM work
-    router = 0
-    if model.moe is not None and model.is_moe_layer(layer):
-        router = model.hidden_size * model.moe.num_experts
-    return 2.0 * (lp.tp_sharded + lp.expert_active + router)
+    return 2.0 * (lp.tp_sharded + lp.expert_active) + (router_flops_per_token(model, layer) if router else 0.0)
+
+
+def router_flops_per_token(model: ModelSpec, layer: int) -> float:
+    """Forward FLOPs per token of a MoE layer's router GEMM, ``2*h*E``; 0 for a dense layer. (The router is
+    replicated: ``layer_params`` counts its weights with the norms and biases, not as sharded GEMM weights.)"""
+    if model.moe is None or not model.is_moe_layer(layer):
+        return 0.0
+    return 2.0 * model.hidden_size * model.moe.num_experts
 
 
 def attention_core_flops_per_token(model: ModelSpec, seq_length: int, causal_halved: bool,
@@ -75,7 +80,11 @@ def logits_flops_per_token(model: ModelSpec, vocab: int | None = None) -> float:
 def model_flops_per_token(model: ModelSpec, seq_length: int, convention: FlopsConvention = "megatron") -> float:
     """Training (forward + backward) model FLOPs per token, no recompute.
 
-    ``megatron``: 3 x (GEMMs + causal-halved attention core + logits) — Megatron-LM's reported TFLOP/s.
+    ``megatron``: 3 x (GEMMs + causal-halved attention core + logits) — Megatron-LM's reported TFLOP/s. The MoE
+    router GEMM is not counted, as neither Megatron-LM's ``num_floating_point_operations``
+    (``megatron/training/training.py`` at d48bd6be: dense and routed / shared expert FFNs, attention, MTP, logits)
+    nor Megatron-Bridge's ``flop_utils.py`` (commit 067f987d) counts it; the hardware count
+    (``step_hardware_flops``) and the step time do.
     ``palm``: ``6*N + 6*L*H*(d_qk + d_v)*T`` with N the active parameters minus the input embedding
     (PaLM App. B; torchtitan's ``get_dense_model_nparams_and_flops``, formulas.md Sec. 3.5).
     """
@@ -85,10 +94,28 @@ def model_flops_per_token(model: ModelSpec, seq_length: int, convention: FlopsCo
             n += model.vocab_size * model.hidden_size
         qk, v = attention_widths(model)
         return 6.0 * n + 6.0 * model.num_layers * seq_length * (qk + v)
-    fwd = sum(n * layer_gemm_flops_per_token(model, i) for i, n in model.layer_kinds())  # per kind: O(1) in depth
+    # per kind: O(1) in depth
+    fwd = sum(n * layer_gemm_flops_per_token(model, i, router=False) for i, n in model.layer_kinds())
     fwd += attention_core_flops_all_layers(model, seq_length)
     fwd += logits_flops_per_token(model)
-    return 3.0 * fwd
+    return 3.0 * (fwd + mtp_flops_per_token(model, seq_length))
+
+
+def mtp_flops_per_token(model: ModelSpec, seq_length: int) -> float:
+    """Forward model FLOPs per token of the multi-token-prediction modules (DeepSeek-V3 Sec. 2.2), as Megatron-LM
+    counts them (``num_floating_point_operations`` at d48bd6be: each MTP module one more layer of the last layer's
+    kind, attention included, plus ``2*(3h + 2h^2)`` for its norms and ``eh_proj``, plus one more pass through the
+    shared output head); 0 without MTP. The layer's GEMMs come from ``mtp_layer_params`` (the last layer's, with
+    ``eh_proj``), router excluded as in ``model_flops_per_token``."""
+    k = model.num_mtp_layers
+    if not k:
+        return 0.0
+    last = model.num_layers - 1
+    mp = model.mtp_layer_params()
+    per_module = (2.0 * (mp.tp_sharded + mp.expert_active) + 2.0 * 3 * model.hidden_size
+                  + attention_core_flops_per_token(model, seq_length, True, model.attention_window(last))
+                  + logits_flops_per_token(model))
+    return k * per_module
 
 
 def recomputed_layers(model: ModelSpec, par: ParallelConfig) -> list[int]:
@@ -154,8 +181,10 @@ def padded_expert_flops_per_token(model: ModelSpec, job: TrainingJob, par: Paral
 
 
 def step_hardware_flops(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> float:
-    """Hardware FLOPs of one step (Megatron counting plus recompute and drop-and-pad's padded expert slots)."""
+    """Hardware FLOPs of one step (Megatron counting plus the MoE router GEMMs, recompute and drop-and-pad's padded
+    expert slots)."""
     return (model_flops_per_token(model, job.seq_length, "megatron")
+            + 3.0 * sum(n * router_flops_per_token(model, i) for i, n in model.layer_kinds())
             + recompute_flops_per_token(model, job.seq_length, par)
             + padded_expert_flops_per_token(model, job, par)) * job.tokens_per_step
 
@@ -183,7 +212,7 @@ def model_flops_per_token_variant(model: ModelSpec, seq_length: int, convention:
         return model_flops_per_token(model, seq_length, "palm")
     if convention not in ROW_FLOP_CONVENTIONS:
         raise ValueError(f"convention must be one of {', '.join(ROW_FLOP_CONVENTIONS)}, got {convention!r}")
-    layers = sum(n * layer_gemm_flops_per_token(model, i) for i, n in model.layer_kinds())
+    layers = sum(n * layer_gemm_flops_per_token(model, i, router=False) for i, n in model.layer_kinds())
     layers += model.num_layers * attention_core_flops_per_token(model, seq_length, causal_halved=False)
     logits = logits_flops_per_token(model)
     if convention == "full_attention":

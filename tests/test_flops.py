@@ -66,3 +66,49 @@ def test_deepseek_v3_active_flops():
 def test_unknown_convention_is_rejected():
     with pytest.raises(ValueError, match="convention must be one of"):
         model_flops_per_token_variant(get_model("llama3.1-8b"), 4096, "bogus")
+
+
+def megatron_logger_flops_per_token(m, s):
+    """Megatron-LM ``num_floating_point_operations`` (``megatron/training/training.py`` at d48bd6be,
+    ``transformer_flops``) per token, transcribed for a GQA model with swiglu MoE layers (no shared experts, no MLA):
+    3 x 2 x [h x (dense FFN x 3 x dense layers + moe_ffn x top_k x 3 x MoE layers) + attention projections x layers
+    + MTP norms/projection + logits x (1 + MTP)] + the causal core. No router GEMM."""
+    h, a, g, d = m.hidden_size, m.num_attention_heads, m.num_kv_heads, m.head_dim
+    moe_layers = sum(1 for i in range(m.num_layers) if m.is_moe_layer(i))
+    dense_layers = m.num_layers - moe_layers
+    q, kv = d * a, d * g
+    attn = 3 * 2 * (h * (q + 2 * kv) + q * h)
+    core = 3 * 2 * q / 2 * 2
+    ffn = h * (m.ffn_hidden_size * 3 * dense_layers + m.moe.expert_ffn_hidden_size * m.moe.top_k * 3 * moe_layers)
+    return 3 * 2 * ffn + attn * m.num_layers + 3 * 2 * h * m.vocab_size + s * core * m.num_layers
+
+
+def test_megatron_convention_is_megatron_loggers_count():
+    # Qwen3-30B-A3B (48 MoE layers, GQA 32/4 x 128, 128 experts top-8 x 768): the router GEMM (h x E) is not in
+    # Megatron-LM's count (nor Megatron-Bridge's flop_utils.py): the megatron convention leaves it out
+    m = get_model("qwen3-30b-a3b")
+    assert model_flops_per_token(m, 4096, "megatron") == pytest.approx(megatron_logger_flops_per_token(m, 4096),
+                                                                       rel=1e-12)
+    # the hardware count keeps it (3 x 2 x h x E per MoE layer and token)
+    from cost_models.config import ParallelConfig, TrainingJob
+    from cost_models.flops import step_hardware_flops, step_model_flops
+    job = TrainingJob(global_batch_size=8, seq_length=4096)
+    extra = step_hardware_flops(m, job, ParallelConfig(dp=8)) - step_model_flops(m, job)
+    assert extra == pytest.approx(3 * 2 * 2048 * 128 * 48 * job.tokens_per_step, rel=1e-9)
+
+
+def test_megatron_counts_the_mtp_module():
+    # Megatron-LM counts each MTP module as one more layer of the last layer's kind (attention included), plus
+    # 3 x 2 x (3h + 2h^2) for its norms and eh_proj, plus one more pass through the output head
+    from cost_models.flops import attention_core_flops_per_token, logits_flops_per_token
+    m = get_model("deepseek-v3")
+    assert m.num_mtp_layers == 1
+    without = m.model_copy(update={"num_mtp_layers": 0})
+    h, last = m.hidden_size, m.num_layers - 1
+    layer = layer_gemm_flops_per_token(m, last, router=False) + attention_core_flops_per_token(m, 4096, True)
+    mtp = 3 * (layer + 2 * (3 * h + 2 * h * h) + logits_flops_per_token(m))
+    assert model_flops_per_token(m, 4096, "megatron") - model_flops_per_token(without, 4096, "megatron") == \
+        pytest.approx(mtp, rel=1e-12)
+    # ~4% of DeepSeek-V3's count at 4k (a MoE layer of 61 plus a second pass through the 129k-token head): what
+    # Megatron's logged TFLOP/s includes and plan3d's megatron convention left out before 2026-12
+    assert 0.035 < mtp / model_flops_per_token(without, 4096, "megatron") < 0.045
