@@ -44,8 +44,8 @@ constant (module)                            value     range       mainly constr
 ``UNFUSED_SCORE_PASSES`` (attention)         6         4-8         SC21, BLOOM (unfused softmax; their dropout apart)
 ``ELEMENTWISE_PASSES`` deepspeed             40        8-40        BLOOM rows (edge)
 ``TP_OVERLAP_EXPOSED`` megatron / torchtitan 0 / 0.58  0-0.5/0-0.7 NeMo recipes / torchtitan async TP
-``EP_OVERLAP_EXPOSED`` (collectives)         0.33      0-1         MoE rows with EP overlap
-``HOST_QUANTIZE_S`` mx / cs                  74/300 us 10-120/     FP8 MoE rows; cs at its range's top (one row)
+``EP_OVERLAP_EXPOSED`` (collectives)         0.5       0-1         MoE rows with EP overlap
+``HOST_QUANTIZE_S`` mx / cs                  74/277 us 10-120/     FP8 MoE rows; cs near its range's top (one row)
                                                        20-300 us
 ``MOE_TOKEN_COPY_S`` (moe_overhead)          12.5 ns   0-50 ns     MoE rows (Qwen3, DeepSeek-V3)
 ===========================================  ========  ==========  ==============================================
@@ -233,13 +233,17 @@ def _stage_times(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: 
                 out.exposed["cp"][r] += 3 * x.cp
                 out.exposed["ep"][r] += ep_exp * (2 * x.ep + (x.ep if full_i else 0))
             if k == n - 1:
-                lf, lb, lw = output_layer_s(model, cluster, job, par, framework, lc, tp_exp, ep_exp, tp_b)
+                lf, lb, lw = output_layer_s(model, cluster, job, par, framework, lc, tp_exp, ep_exp, tp_b,
+                                            fp8_recipe, full_cuda_graph)
                 f += lf
                 bw += lb
                 out.wgt[k] += lw
-                if model.num_mtp_layers:  # the MTP layers' TP / EP communication that ``output_layer_s`` charged
+                if model.num_mtp_layers:  # the MTP layers' TP / CP / EP communication ``output_layer_s`` charged
                     xm = lc(model.num_layers - 1)
-                    out.exposed["tp"][r] += model.num_mtp_layers * (xm.tp * tp_exp + xm.tp_backward_s(tp_b))
+                    rc_tp = OP_SAC_TP_SHARE if par.recompute == "selective" and sac else 0.0
+                    out.exposed["tp"][r] += model.num_mtp_layers * ((1 + rc_tp) * xm.tp * tp_exp
+                                                                    + xm.tp_backward_s(tp_b))
+                    out.exposed["cp"][r] += model.num_mtp_layers * 3 * xm.cp
                     out.exposed["ep"][r] += model.num_mtp_layers * 2 * ep_exp * xm.ep
             if k == 0:
                 emb = embedding_s(model, cluster, job, par)
@@ -273,21 +277,26 @@ def layer_pass_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: 
 
 
 def output_layer_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, framework: str,
-                   lc, tp_exp: float, ep_exp: float, tp_b: tuple[float, float]) -> tuple[float, float, float]:
+                   lc, tp_exp: float, ep_exp: float, tp_b: tuple[float, float], fp8_recipe: str,
+                   full_cuda_graph: bool) -> tuple[float, float, float]:
     """(forward, backward, the backward's logits weight-gradient GEMMs) seconds of the output layer (logits GEMM +
     cross-entropy over the ``V/tp`` logits, ``elementwise.cross_entropy_s``) and of each multi-token-prediction
     module (DeepSeek-V3 Sec. 2.2: projection 2h -> h, one more decoder layer, its own logits), which run on the last
-    stage (Megatron-LM ``mtp_num_layers``). ``tp_b``: as in ``layer_pass_s``."""
+    stage (Megatron-LM ``mtp_num_layers``). The MTP decoder layer is a layer of the last layer's kind, costed as one
+    (``layer_pass_s``: its MoE routing and host time included; not recomputed). ``tp_b``, ``fp8_recipe``,
+    ``full_cuda_graph``: as in ``layer_pass_s``."""
     lg = logits_gemm_s(model, cluster, job, par, framework)
     ce_f, ce_b = cross_entropy_s(model, cluster, job, par, framework)
     n_heads = 1 + model.num_mtp_layers
     f = n_heads * (lg + ce_f)
     bw = n_heads * (2 * lg + ce_b)
+    last = model.num_layers - 1
     for _ in range(model.num_mtp_layers):
-        x = lc(model.num_layers - 1)
         proj = mtp_projection_s(model, cluster, job, par, framework)
-        f += x.gemm + x.attn_f + x.mem + proj + x.tp * tp_exp + x.ep * ep_exp
-        bw += 2 * (x.gemm + x.mem + proj) + x.attn_b + x.tp_backward_s(tp_b) + x.ep * ep_exp
+        lf, lb = layer_pass_s(model, cluster, job, par, last, lc(last), framework, tp_exp, ep_exp, fp8_recipe,
+                              full_cuda_graph, False, tp_b)
+        f += lf + proj
+        bw += lb + 2 * proj
     return f, bw, n_heads * lg
 
 

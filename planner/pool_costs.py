@@ -105,7 +105,7 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: P
         per_kind[kind] = f + b
         fwd[kind] = f
     last_f, last_b, _ = stm.output_layer_s(model, cluster, job, par, framework, lambda i: lc[kinds[i]], 1.0, 1.0,
-                                           tp_b)
+                                           tp_b, fp8_recipe, False)
     last = last_f + last_b
     emb = stm.embedding_s(model, cluster, job, par)
     first = 3 * emb

@@ -438,3 +438,31 @@ def test_a_layout_that_does_not_divide_the_batch_is_credited_with_the_samples_it
     assert par.processed_share(1024) == pytest.approx(1008 / 1024)
     assert st.tokens_per_s == pytest.approx(1008 * 4096 / st.step_s)
     assert ParallelConfig(dp=8, micro_batch_size=2, zero_stage=1).processed_share(1024) == 1.0
+
+
+def test_mtp_module_is_costed_as_a_layer_of_the_last_kind():
+    # DeepSeek-V3's MTP module runs one more decoder layer (a MoE layer: its routing bookkeeping and host-issued
+    # per-expert work included, as for every MoE layer), its eh_proj and a second pass through the output head
+    import cost_models.step_time as stm
+    from cost_models.gemm import mtp_projection_s
+    from cost_models.layer_cost import layer_cost
+    from cost_models.layout import group_placement
+    m = get_model("deepseek-v3")
+    c = get_cluster("dgx-h100")
+    job = TrainingJob(global_batch_size=64, precision="fp8")
+    par = ParallelConfig(dp=8, ep=8, micro_batch_size=1, zero_stage=1)
+    groups = {d: group_placement(d, par, 8) for d in ("tp", "cp", "ep", "pp", "dp")}
+    lc = lambda i: layer_cost(m, c, job, par, i, "megatron", groups)  # noqa: E731
+    tp_b = (1.0, 0.0)
+    one = stm.output_layer_s(m, c, job, par, "megatron", lc, 1.0, 1.0, tp_b, "cs", False)
+    none = stm.output_layer_s(m.model_copy(update={"num_mtp_layers": 0}), c, job, par, "megatron", lc, 1.0, 1.0,
+                              tp_b, "cs", False)
+    last = m.num_layers - 1
+    lf, lb = stm.layer_pass_s(m, c, job, par, last, lc(last), "megatron", 1.0, 1.0, "cs", False, False, tp_b)
+    proj = mtp_projection_s(m, c, job, par, "megatron")
+    head_f, head_b, head_w = none
+    assert one[0] - head_f == pytest.approx(head_f + lf + proj)
+    assert one[1] - head_b == pytest.approx(head_b + lb + 2 * proj)
+    # the MoE layer's host time is in it: more than its compute and communication alone
+    x = lc(last)
+    assert lf > x.compute_forward_s() + x.comm_forward_s(1.0, 1.0)

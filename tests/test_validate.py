@@ -72,9 +72,15 @@ def test_packaged_rows_are_the_shared_dev_rows_with_sources():
 #: per destination GPU at 420-570 GB/s, where the NCCL all-to-all estimate moved every routed copy at 740) and the
 #: refit it brings (MOE_TOKEN_COPY_S 16.7 -> 12.5 ns, HOST_QUANTIZE_S cs 277 -> 300 us): the two GB200 Qwen3-30B-A3B
 #: rows at EP 8 and EP 16 now differ as measured (MoE recipes 5.92 -> 6.50%, Bridge 5.64 -> 5.91% in-sample; held
-#: out, the test below, MoE recipes 12.79 -> 10.38%).
-ACHIEVED_MAX_MAPE = 5.05
-ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 6.51, "nemo_bridge_perf_summary": 6.0, "nemo_2407_perf_summary": 5.0,
+#: out, the test below, MoE recipes 12.79 -> 10.38%). 5.05 -> 5.12% with three corrections from the frameworks' source,
+#: none a fit: selective recompute's ``mlp`` re-runs dense layers only (megatron-core TransformerLayer: ``if not
+#: self.is_moe_layer``; ``moe`` re-runs a MoE block), so the DeepSeek-V3 rows with ``mla_up_proj, mlp`` no longer
+#: recompute their 58 MoE blocks (recipe B200 -0.6 -> +12.8%, Bridge H100 -1.3 -> +1.0% at the old constants); model
+#: FLOPs counted as Megatron's loggers count them (the MTP module in, the router GEMM out); the MTP decoder layer
+#: costed as a layer (its MoE routing and host time). The refit moves EP_OVERLAP_EXPOSED 1/3 -> 0.5 and
+#: HOST_QUANTIZE_S cs back to 277 us: MoE recipes 6.50 -> 6.83%, Bridge 5.91 -> 6.37%.
+ACHIEVED_MAX_MAPE = 5.13
+ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 6.84, "nemo_bridge_perf_summary": 6.38, "nemo_2407_perf_summary": 5.0,
                        "megatron_h100_weak_scaling": 7.4}
 
 
@@ -271,9 +277,11 @@ def test_duplicate_row_ids_are_refused(run_cli, tmp_path):
 #: (none at expert TP 1 without shared experts; the ratchet above): MoE recipes held out 12.23 -> 12.79%. 6.34 ->
 #: 6.26% with BLOOM split as Megatron-DeepSpeed splits it: BLOOM held out 5.57 -> 3.04%. 6.26 -> 6.14% with the
 #: stated flex dispatchers timed from their measured in-domain throughput (ep_dispatch.yaml): MoE recipes held out
-#: 12.79 -> 10.38%, Bridge 8.81 -> 8.90%.
-ACHIEVED_LOGO_MAPE = 6.15
-ACHIEVED_LOGO_GROUP_MAPE = {"megatron_moe_recipes": 10.4}
+#: 12.79 -> 10.38%, Bridge 8.81 -> 8.90%. 6.14 -> 6.40% with the recompute-module, model-FLOP and MTP corrections
+#: above (not fits; the ratchets move up for them): MoE recipes held out 10.38 -> 11.62%, Bridge 8.90 -> 10.38%
+#: (held out, each group's EP-overlap rows set EP_OVERLAP_EXPOSED for the other: the B200 DeepEP rows now want 0.5).
+ACHIEVED_LOGO_MAPE = 6.41
+ACHIEVED_LOGO_GROUP_MAPE = {"megatron_moe_recipes": 11.7, "nemo_bridge_perf_summary": 10.4}
 
 
 @pytest.fixture(scope="module")
