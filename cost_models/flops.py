@@ -80,7 +80,8 @@ def logits_flops_per_token(model: ModelSpec, vocab: int | None = None) -> float:
 def model_flops_per_token(model: ModelSpec, seq_length: int, convention: FlopsConvention = "megatron") -> float:
     """Training (forward + backward) model FLOPs per token, no recompute.
 
-    ``megatron``: 3 x (GEMMs + causal-halved attention core + logits) — Megatron-LM's reported TFLOP/s. The MoE
+    ``megatron``: 3 x (GEMMs + causal-halved attention core + logits + MTP modules, ``mtp_flops_per_token``) —
+    Megatron-LM's reported TFLOP/s. The MoE
     router GEMM is not counted, as neither Megatron-LM's ``num_floating_point_operations``
     (``megatron/training/training.py`` at d48bd6be: dense and routed / shared expert FFNs, attention, MTP, logits)
     nor Megatron-Bridge's ``flop_utils.py`` (commit 067f987d) counts it; the hardware count
