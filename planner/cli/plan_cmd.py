@@ -105,17 +105,17 @@ def plan(
                                 ("--target-step-s", target_step_s), ("--within", within),
                                 ("--target-tokens-per-day", target_tokens_per_day), ("--train-tokens", train_tokens),
                                 ("--deadline-days", deadline_days), ("--plot", plot)) if v is not None]
-        routing = [f for f, v in (("--expert-load-imbalance", expert_load_imbalance),
-                                  ("--capacity-factor", capacity_factor),
-                                  ("--moe-flex-dispatcher-backend", moe_flex_dispatcher_backend),
-                                  ("--moe-flex-dispatcher-num-sms", moe_flex_dispatcher_num_sms)) if v is not None]
-        if routing:
-            raise PlanInputError(f"{', '.join(routing)}: not available over pools (--cluster NAME:NODES,...): the pool "
-                                 f"planner costs dropless MoE routing at its default expert imbalance; drop "
-                                 f"{', '.join(routing)} or plan one cluster")
-        if software_date is not None:
-            raise PlanInputError("--software-date: not available over pools (--cluster NAME:NODES,...): the pool "
-                                 "planner times today's kernels; drop --software-date or plan one cluster")
+        for flags, why in (((("--expert-load-imbalance", expert_load_imbalance), ("--capacity-factor", capacity_factor)),
+                            "costs dropless MoE routing at its default expert imbalance"),
+                           ((("--moe-flex-dispatcher-backend", moe_flex_dispatcher_backend),
+                             ("--moe-flex-dispatcher-num-sms", moe_flex_dispatcher_num_sms)),
+                            "times plan3d's default dispatcher (DeepEP across NVLink domains, the NCCL all-to-all "
+                            "inside one)"),
+                           ((("--software-date", software_date),), "times today's kernels")):
+            named = ", ".join(f for f, v in flags if v is not None)
+            if named:
+                raise PlanInputError(f"{named}: not available over pools (--cluster NAME:NODES,...): the pool planner "
+                                     f"{why}; drop {named} or plan one cluster")
         if given or objective != ObjectiveOpt.throughput or solver != SolverOpt.cpsat:
             what = ', '.join(given) or '--objective/--solver'
             raise PlanInputError(f"{what}: not available over pools (--cluster NAME:NODES,...): a plan over pools "
