@@ -163,7 +163,7 @@ def cp_layer_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: Pa
     return max(0.0, (par.cp - 1) * step - attn_fwd_s * (par.cp - 1) / par.cp)
 
 
-def moe_token_dispatcher(job: TrainingJob, ep_group: GroupPlacement) -> str:
+def moe_token_dispatcher(job: TrainingJob, ep_group: GroupPlacement | None) -> str:
     """Megatron-LM ``--moe-token-dispatcher-type`` whose traffic ``ep_layer_s`` charges (and the Megatron emitter
     writes): ``flex`` (DeepEP) for dropless routing over an EP group that spans NVLink domains, where its
     node-level dedup sends a token once per domain (the Megatron MoE recipes run it); ``alltoall`` for drop-and-pad
@@ -174,9 +174,10 @@ def moe_token_dispatcher(job: TrainingJob, ep_group: GroupPlacement) -> str:
     one domain it is charged from that backend's measured throughput (``flex_in_domain_s``): one copy per
     destination GPU (5.25 of 8 for top-8 over 8 GPUs) at the rate its SMs reach (GB200: 420-570 GB/s, where NCCL's
     all-to-all bus rate is 740). (Counting DeepEP's deduplicated bytes at NCCL's rate instead, 2026-12, made the dev
-    rows worse: in-sample 5.08 -> 5.17%.)"""
-    if job.moe_expert_capacity_factor is None and (ep_group.num_domains > 1
-                                                   or job.moe_flex_dispatcher_backend is not None):
+    rows worse: in-sample 5.08 -> 5.17%.) ``ep_group`` None: the placement is unknown (no cluster), taken as one
+    domain."""
+    spans = ep_group is not None and ep_group.num_domains > 1
+    if job.moe_expert_capacity_factor is None and (spans or job.moe_flex_dispatcher_backend is not None):
         return "flex"
     return "alltoall"
 

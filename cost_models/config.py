@@ -20,6 +20,9 @@ Schedule = Literal["1f1b", "interleaved", "gpipe", "zb-h1", "zb-v", "dualpipe", 
 FlopsConvention = Literal["megatron", "palm"]
 #: Megatron-LM ``--recompute-modules`` choices (megatron/training/arguments.py; megatron-core
 #: ``TransformerConfig.recompute_modules``).
+#: Megatron-LM ``--moe-flex-dispatcher-backend`` values plan3d times
+#: (``cluster_specs.efficiency.FLEX_DISPATCHER_BACKENDS``, whose measured tables they read)
+FlexDispatcherBackend = Literal["deepep", "hybridep"]
 RecomputeModule = Literal["core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"]
 #: Megatron-LM ``--offload-modules`` choices (fine-grained activation offloading; cost_models/activation_offload.py).
 OffloadModule = Literal["attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act",
@@ -93,7 +96,7 @@ class TrainingJob(BaseModel):
                           "--moe-pad-expert-input-to-capacity): every expert's input is cut or padded to this "
                           "multiple of the balanced share, so the expert GEMMs and the EP all-to-all carry that many "
                           "token copies and no host synchronisation waits for the token counts; None = dropless")
-    moe_flex_dispatcher_backend: Literal["deepep", "hybridep"] | None = Field(
+    moe_flex_dispatcher_backend: FlexDispatcherBackend | None = Field(
         None, description="Megatron-LM --moe-token-dispatcher-type flex with --moe-flex-dispatcher-backend: DeepEP or "
                           "NVIDIA's HybridEP (dropless routing only). Inside one NVLink domain the EP term then reads "
                           "the backend's measured throughput (cluster_specs/data/efficiency/ep_dispatch.yaml); None = "

@@ -15,7 +15,7 @@ from .errors import PlanInputError
 
 if TYPE_CHECKING:  # heavy imports stay lazy: the CLI's start-up only pays for what a command uses
     from cluster_specs.spec import ClusterSpec
-    from cost_models.config import ParallelConfig, TrainingJob
+    from cost_models.config import FlexDispatcherBackend, ParallelConfig, TrainingJob
     from model_zoo.spec import ModelSpec
 
     #: a built-in name, a file path, or a built model / cluster
@@ -62,7 +62,7 @@ class JobOptions(TypedDict, total=False):
     expert_load_imbalance: float | None
     capacity_factor: float | None
     software_date: str | None
-    moe_flex_dispatcher_backend: Literal["deepep", "hybridep"] | None
+    moe_flex_dispatcher_backend: FlexDispatcherBackend | None
     moe_flex_dispatcher_num_sms: int | None
 
 

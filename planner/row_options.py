@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from cluster_specs.efficiency import SOFTWARE_DATE_PATTERN
 from cluster_specs.spec import ClusterSpec
-from cost_models.config import ParallelConfig, RecomputeModule, TrainingJob
+from cost_models.config import FlexDispatcherBackend, ParallelConfig, RecomputeModule, TrainingJob
 
 from .errors import PlanInputError
 
@@ -69,7 +69,7 @@ class RowSetup(BaseModel):
     moe_expert_capacity_factor: float | None = Field(None, ge=1.0)
     #: Megatron-LM ``moe_flex_dispatcher_backend`` / ``moe_flex_dispatcher_num_sms`` (``moe_deepep_num_sms``,
     #: ``moe_hybridep_num_sms``) of the run (``TrainingJob.moe_flex_dispatcher_backend``)
-    moe_flex_dispatcher_backend: Literal["deepep", "hybridep"] | None = None
+    moe_flex_dispatcher_backend: FlexDispatcherBackend | None = None
     moe_flex_dispatcher_num_sms: int | None = Field(None, gt=0)
     #: YYYY-MM of the run's container or framework release (``TrainingJob.software_date``)
     software_date: str | None = Field(None, pattern=SOFTWARE_DATE_PATTERN)

@@ -97,3 +97,11 @@ def test_cli_option_reaches_the_document_and_the_step(run_cli):
     assert hyb["input"]["job"]["moe_flex_dispatcher_backend"] == "hybridep"
     assert plain["input"]["job"]["moe_flex_dispatcher_backend"] is None
     assert hyb["plans"][0]["time"]["step_s"] > plain["plans"][0]["time"]["step_s"]
+
+
+def test_backend_type_and_measured_tables_name_the_same_backends():
+    # the job's Literal (cost_models) and the tables' backends (cluster_specs, which imports nothing of ours) are twins
+    from typing import get_args
+    from cluster_specs.efficiency import FLEX_DISPATCHER_BACKENDS
+    from cost_models.config import FlexDispatcherBackend
+    assert get_args(FlexDispatcherBackend) == FLEX_DISPATCHER_BACKENDS

@@ -344,11 +344,8 @@ def dispatcher_args(job: TrainingJob, par: ParallelConfig, cluster: ClusterSpec 
     (``--moe-flex-dispatcher-backend``, and ``--moe-flex-dispatcher-num-sms`` when set), or with DeepEP over an EP
     group that spans NVLink domains (DeepEP / HybridEP must be installed, as in Megatron-LM's MoE recipes), else
     ``alltoall``. Without a cluster the EP group's placement is unknown: ``alltoall`` unless a backend is stated."""
-    kind = "flex" if job.moe_flex_dispatcher_backend is not None and job.moe_expert_capacity_factor is None \
-        else "alltoall"
-    if cluster is not None:
-        kind = moe_token_dispatcher(job, group_placement("ep", par, cluster.node.nvlink_domain_size))
-    if kind == "flex":
+    placement = None if cluster is None else group_placement("ep", par, cluster.node.nvlink_domain_size)
+    if moe_token_dispatcher(job, placement) == "flex":
         out = ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend",
                job.moe_flex_dispatcher_backend or "deepep"]
         if job.moe_flex_dispatcher_num_sms is not None:
