@@ -372,6 +372,150 @@ def attention_gqa_section(device: str, dry: bool, timer: Timer) -> list[dict]:
     return rows
 
 
+#: Training-shape attention (``attention_shape``): query heads per GPU after tensor parallelism, and sequence lengths.
+SHAPE_HEADS = (4, 8, 16, 32, 64)
+SHAPE_SEQ = (2048, 4096, 8192, 16384, 32768)
+#: (head dim, micro-batch, sequence lengths) of ``attention_shape``: the main sweep, then micro-batch 2 / 4 and head
+#: dim 64 at two lengths each.
+SHAPE_VARIANTS = ((128, 1, SHAPE_SEQ), (128, 2, (2048, 8192)), (128, 4, (2048, 8192)), (64, 1, (2048, 8192)))
+#: The decoder stack ``layer_step`` trains: Llama 3 8B's layer (hidden 4096, 32 query / 8 KV heads of 128, SwiGLU
+#: FFN 14336; Meta, ``config.json`` of meta-llama/Meta-Llama-3-8B), 4 layers, one 8192-token sequence.
+LAYER_SHAPE = {"hidden": 4096, "heads": 32, "kv_heads": 8, "ffn": 14336, "layers": 4, "seq": 8192}
+
+
+def attention_shape_section(device: str, dry: bool, timer: Timer) -> list[dict]:
+    """Fused causal attention at the shapes a training step calls it with, against the published benchmarks' shape
+    at the same sequence length and head dim: the share of the benchmark rate that the call's shape and layout alone
+    leave.
+
+    Benchmark shape (FA3 paper Sec. 4.1; the ``attention`` section): 16,384 tokens per batch (batch 1 beyond
+    16k), 2048 wide (2048 / head dim heads), contiguous ``[b, h, s, d]``. Training shape: ``B`` sequences
+    (micro-batch), ``H`` query heads per GPU with ``max(1, H / 4)`` KV heads (GQA, ``enable_gqa``), q / k / v as the
+    ``[b, s, h, d]`` projections a framework transposes to ``[b, h, s, d]`` views (torchtitan
+    ``Attention.forward``: ``xq.transpose(1, 2)``), so the kernel sees strided operands. ``SHAPE_VARIANTS`` lists the
+    (head dim, micro-batch, sequence lengths) measured: head dim 128 at micro-batch 1 over ``SHAPE_SEQ``, and fewer
+    lengths at micro-batch 2 and 4 and at head dim 64, to check that the ratio follows the work units (batch x heads x
+    query tiles) alone. FLOPs as the ``attention`` section counts them."""
+    from torch.nn.attention import SDPBackend
+
+    backends = {"math": SDPBackend.MATH} if dry else {"cudnn": SDPBackend.CUDNN_ATTENTION,
+                                                       "flash2": SDPBackend.FLASH_ATTENTION}
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    heads_list = (2, 4) if dry else SHAPE_HEADS
+    variants = ((32, 1, (64,)), (16, 2, (64,))) if dry else SHAPE_VARIANTS
+    bench_tokens, bench_width = (128, 64) if dry else (ATTN_TOKENS, ATTN_HIDDEN)
+    rows = []
+    for name, backend in backends.items():
+        for hd, mb, seqs in variants:
+            for s in seqs:
+                b, bh = max(1, bench_tokens // s), bench_width // hd
+                rec = {"backend": name, "shape": "benchmark", "head_dim": hd, "heads": bh, "kv_heads": bh,
+                       "batch": b, "seq": s}
+                if not any(r.get("shape") == "benchmark" and r["head_dim"] == hd and r["seq"] == s
+                           and r["backend"] == name for r in rows):
+                    try:
+                        q, k, v = (torch.randn(b, bh, s, hd, device=device, dtype=dtype, requires_grad=True)
+                                   for _ in range(3))
+                        rec.update(sdpa_times(timer, backend, q, k, v, 4.0 * b * bh * s * s * hd / 2.0,
+                                              is_causal=True))
+                        del q, k, v
+                    except Exception as exc:  # noqa: BLE001
+                        rec["error"] = repr(exc)[:300]
+                    rows.append(rec)
+                for h in heads_list:
+                    hkv = max(1, h // 4)
+                    rec = {"backend": name, "shape": "training", "head_dim": hd, "heads": h, "kv_heads": hkv,
+                           "batch": mb, "seq": s}
+                    try:
+                        q = torch.randn(mb, s, h, hd, device=device, dtype=dtype).transpose(1, 2).requires_grad_()
+                        k, v = (torch.randn(mb, s, hkv, hd, device=device, dtype=dtype).transpose(1, 2)
+                                .requires_grad_() for _ in range(2))
+                        rec.update(sdpa_times(timer, backend, q, k, v, 4.0 * mb * h * s * s * hd / 2.0,
+                                              is_causal=True, enable_gqa=hkv != h))
+                        del q, k, v
+                    except Exception as exc:  # noqa: BLE001
+                        rec["error"] = repr(exc)[:300]
+                    rows.append(rec)
+        log(f"attention shape {name}: {len(rows)} records")
+    return rows
+
+
+def _kernel_class(name: str) -> str:
+    """Kernel name -> 'attention', 'gemm' or 'other' (cuDNN / flash attention kernels; cuBLAS / CUTLASS GEMMs)."""
+    low = name.lower()
+    if any(t in low for t in ("flash", "fmha", "attention", "sdpa", "cudnn_generated")):
+        return "attention"
+    if any(t in low for t in ("gemm", "nvjet", "xmma", "cutlass", "matmul", "sm90_", "cublas")):
+        return "gemm"
+    return "other"
+
+
+def layer_step_section(device: str, dry: bool, timer: Timer) -> list[dict]:
+    """Forward + backward of a small Llama-3-8B decoder stack (``LAYER_SHAPE``; eager PyTorch, BF16, RMSNorm,
+    SDPA causal GQA on the flash backend as torchtitan calls it, SwiGLU), timed whole, and its GPU kernel time by
+    class under ``torch.profiler``: the attention kernels' time inside a training step, set against the same call
+    timed alone (``attention_shape``). RoPE is left out (a few elementwise kernels)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    cfg = dict(LAYER_SHAPE)
+    if dry:
+        cfg.update(hidden=64, heads=4, kv_heads=2, ffn=128, layers=2, seq=32)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    h, nh, nkv, ffn, seq = cfg["hidden"], cfg["heads"], cfg["kv_heads"], cfg["ffn"], cfg["seq"]
+    hd = h // nh
+
+    def w(*shape):
+        return (torch.randn(*shape, device=device, dtype=dtype) * shape[-1] ** -0.5).requires_grad_()
+
+    layers = [dict(wqkv=w((nh + 2 * nkv) * hd, h), wo=w(h, h), w13=w(2 * ffn, h), w2=w(h, ffn),
+                   n1=torch.ones(h, device=device, dtype=dtype, requires_grad=True),
+                   n2=torch.ones(h, device=device, dtype=dtype, requires_grad=True)) for _ in range(cfg["layers"])]
+    x0 = torch.randn(1, seq, h, device=device, dtype=dtype, requires_grad=True)
+    backend = SDPBackend.MATH if dry else SDPBackend.FLASH_ATTENTION
+
+    def step():
+        x = x0
+        with sdpa_kernel(backend):
+            for p in layers:
+                y = F.rms_norm(x, (h,), p["n1"])
+                qkv = F.linear(y, p["wqkv"])
+                q, k, v = qkv.split((nh * hd, nkv * hd, nkv * hd), dim=-1)
+                q = q.view(1, seq, nh, hd).transpose(1, 2)
+                k = k.view(1, seq, nkv, hd).transpose(1, 2)
+                v = v.view(1, seq, nkv, hd).transpose(1, 2)
+                a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+                x = x + F.linear(a.transpose(1, 2).reshape(1, seq, h), p["wo"])
+                y = F.rms_norm(x, (h,), p["n2"])
+                g, u = F.linear(y, p["w13"]).chunk(2, dim=-1)
+                x = x + F.linear(F.silu(g) * u, p["w2"])
+        x.float().square().mean().backward()
+
+    step_s = timer(step)
+    rec = {"model": "llama3-8b-layer", **cfg, "step_s": step_s}
+    if device == "cuda":
+        from torch.profiler import ProfilerActivity, profile
+
+        step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                step()
+            torch.cuda.synchronize()
+        by_class: dict[str, float] = {}
+        kernels: dict[str, float] = {}
+        for ev in prof.key_averages():
+            t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0.0)
+            if t <= 0 or ev.key.startswith("aten::"):
+                continue
+            cls = _kernel_class(ev.key)
+            by_class[cls] = by_class.get(cls, 0.0) + t / 3 / 1e6
+            if cls == "attention":
+                kernels[ev.key[:120]] = round(t / 3 / 1e6, 6)
+        rec.update(kernel_s_by_class=by_class, attention_kernels_s=kernels)
+    log(f"layer step: {rec.get('step_s')}")
+    return [rec]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="output JSON path")
@@ -380,7 +524,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     sections = {"hbm": hbm_section, "memory_bound": memory_bound_section, "gemm": gemm_section,
                 "attention": attention_section, "grouped_gemm": grouped_gemm_section,
-                "sustained_gemm": sustained_gemm_section, "attention_gqa": attention_gqa_section}
+                "sustained_gemm": sustained_gemm_section, "attention_gqa": attention_gqa_section,
+                "attention_shape": attention_shape_section, "layer_step": layer_step_section}
     unknown = [name for name in args.sections.split(",") if name not in sections]
     if unknown:
         print(f"error: --sections {','.join(unknown)}: allowed {', '.join(sections)}", file=sys.stderr)

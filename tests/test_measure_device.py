@@ -24,9 +24,11 @@ def test_dry_run_measures_every_section_with_its_flop_accounting(tmp_path):
     mod = _module()
     out = tmp_path / "m.json"
     assert mod.main(["--dry-run", "--out", str(out),
-                     "--sections", "gemm,attention,grouped_gemm,hbm,memory_bound,sustained_gemm,attention_gqa"]) == 0
+                     "--sections", "gemm,attention,grouped_gemm,hbm,memory_bound,sustained_gemm,attention_gqa,"
+                     "attention_shape,layer_step"]) == 0
     doc = json.loads(out.read_text())
-    for section in ("gemm", "attention", "grouped_gemm", "hbm", "memory_bound", "sustained_gemm", "attention_gqa"):
+    for section in ("gemm", "attention", "grouped_gemm", "hbm", "memory_bound", "sustained_gemm", "attention_gqa",
+                    "attention_shape", "layer_step"):
         assert isinstance(doc[section], list) and doc[section], section
         assert not [r for r in doc[section] if "error" in r], section  # every code path ran
     for r in doc["gemm"]:  # 2 M N K FLOPs per product
@@ -36,6 +38,10 @@ def test_dry_run_measures_every_section_with_its_flop_accounting(tmp_path):
         assert r["forward_tflops"] == pytest.approx(fwd / r["forward_s"] / 1e12)
         assert r["backward_tflops"] == pytest.approx(2.5 * fwd / r["backward_s"] / 1e12)
         assert r["batch"] * r["seq"] == 256  # the dry run's tokens per batch, as the papers hold 16k fixed
+    for r in doc["attention_shape"]:  # causal FLOPs of the call's own shape: batch x heads, halved
+        fwd = 4.0 * r["batch"] * r["heads"] * r["seq"] ** 2 * r["head_dim"] / 2.0
+        assert r["forward_tflops"] == pytest.approx(fwd / r["forward_s"] / 1e12)
+    assert {r["shape"] for r in doc["attention_shape"]} == {"benchmark", "training"}
     copy = next(r for r in doc["hbm"] if r["kernel"] == "copy")
     assert copy["bytes_moved"] == 2 * copy["buffer_bytes"]  # read + write
     adam = next(r for r in doc["memory_bound"] if r["kernel"] == "adamw_fused_fp32")
