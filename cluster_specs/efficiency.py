@@ -2,7 +2,9 @@
 
 ``attention.yaml``: fused-attention kernel TFLOP/s against sequence length per GPU and kernel (published kernel
 benchmarks, each series with its source in the file), by kernel-library generation where more than one is published, and for sliding-window attention where measured.
-``attention_tflops`` and ``attention_window_tflops`` interpolate them.
+``attention_tflops`` and ``attention_window_tflops`` interpolate them. Its ``occupancy`` table (measured by plan3d on
+an H200) gives the share of the saturated rate a call reaches against its parallel work per SM;
+``attention_occupancy`` interpolates it, and both rate functions take the call's work units to read it.
 
 ``ep_dispatch.yaml``: the MoE flex dispatchers' (DeepEP, HybridEP) dispatch and combine throughput inside one
 NVLink domain against expert-parallel ranks and SM count (NVIDIA's Hybrid-EP measurements in DeepEP);
@@ -80,6 +82,46 @@ def _months(date: str) -> int:
     return 12 * int(m.group(1)) + int(m.group(2)) - 1
 
 
+def attention_sm_count(gpu: str) -> int | None:
+    """Streaming multiprocessors of ``gpu`` (``attention.yaml`` ``sm_count`` of its entry); None when the table has no
+    entry for it."""
+    hit = _gpu_entry(_table("attention")["gpus"], gpu)
+    return None if hit is None else int(hit[1]["sm_count"])
+
+
+def attention_occupancy(kernel: str, units_per_sm: float) -> tuple[float, float]:
+    """(forward, backward) share of the saturated TFLOP/s that fused-attention ``kernel`` reaches with
+    ``units_per_sm`` work units (batch x query heads x query tiles of ``occupancy.query_tile`` rows, one thread block
+    each) per SM: ``attention.yaml`` ``occupancy``, measured by plan3d on an H200, interpolated in log units per SM
+    and held at the ends (1.0 from 15.5 units per SM on: the benchmarks' 16k-token shape). A kernel without a
+    measured curve: (1, 1)."""
+    occ = _table("attention")["occupancy"]
+    curve = occ["kernels"].get(kernel)
+    if curve is None:
+        return 1.0, 1.0
+    xs = [float(x) for x in occ["units_per_sm"]]
+    x = max(float(units_per_sm), 1e-9)
+    return (_interp_log(xs, [float(v) for v in curve["forward"]], x),
+            _interp_log(xs, [float(v) for v in curve["backward"]], x))
+
+
+def attention_query_tile() -> int:
+    """Query rows per thread block of the fused-attention kernels (``attention.yaml`` ``occupancy.query_tile``)."""
+    return int(_table("attention")["occupancy"]["query_tile"])
+
+
+def _saturated(gen: dict[str, Any], kernel: str, sm_count: int, n: int) -> dict[str, Any]:
+    """A series generation with each point divided by the occupancy of the benchmark it was measured with
+    (``benchmark_units``: its work units at each sequence length, on a GPU of ``sm_count`` SMs): the rate at
+    saturated occupancy. A generation without ``benchmark_units`` is taken as saturated."""
+    units = gen.get("benchmark_units")
+    if units is None:
+        return gen
+    occ = [attention_occupancy(kernel, float(u) / sm_count) for u in units[:n]]
+    return {**gen, "forward": [float(v) / o[0] for v, o in zip(gen["forward"], occ)],
+            "backward": [float(v) / o[1] for v, o in zip(gen["backward"], occ)]}
+
+
 def _generation(series: dict[str, Any], software_date: str | None) -> tuple[list[float], list[float]]:
     """(forward, backward) values of a kernel's series for software of ``software_date`` (``YYYY-MM``): the series
     itself (the newest generation) when undated or when it has no ``earlier`` generations; else the generations by
@@ -103,7 +145,8 @@ def _generation(series: dict[str, Any], software_date: str | None) -> tuple[list
 
 def attention_tflops(gpu: str, kernel: str, seq_length: float, head_dim: float,
                      software_date: str | None = None,
-                     half_rate_tokens: float | None = None) -> tuple[float, float] | None:
+                     half_rate_tokens: float | None = None,
+                     units: float | None = None) -> tuple[float, float] | None:
     """(forward, backward) TFLOP/s of the fused attention ``kernel`` on ``gpu`` at key length ``seq_length``
     (tokens) and ``head_dim``, interpolated in log sequence length (held at the table's ends) and scaled by the
     head-dim factor; None when the table has no series for them. ``half_rate_tokens``: below the table's shortest
@@ -111,7 +154,10 @@ def attention_tflops(gpu: str, kernel: str, seq_length: float, head_dim: float,
     model) instead of holding it. A GPU listed as ``scaled_from`` another uses that
     GPU's curve shape scaled to its own long-sequence value. ``software_date`` (``YYYY-MM``, the run's container or
     release) picks the kernel library's generation where the table has more than one (``_generation``); None = the
-    newest.
+    newest. ``units`` (the call's batch x query heads x query tiles; None: the benchmark's own shape, the table as
+    published): the rate of a call with that much parallel work, each generation's points first divided by the
+    occupancy of their benchmark shape (``benchmark_units`` on the benchmark GPU's SMs) and the result multiplied by
+    the call's (``attention_occupancy`` at ``units`` over ``gpu``'s SMs).
 
     Raises:
         ValueError: ``software_date`` is not ``YYYY-MM``.
@@ -121,6 +167,7 @@ def attention_tflops(gpu: str, kernel: str, seq_length: float, head_dim: float,
     if hit is None:
         return None
     _, entry = hit
+    bench_sms = int(entry["sm_count"])
     xs = [float(x) for x in t["sequence_lengths"]]
     scale = 1.0
     if "scaled_from" in entry:
@@ -129,10 +176,15 @@ def attention_tflops(gpu: str, kernel: str, seq_length: float, head_dim: float,
             return None
         series = t["gpus"][src["gpu"]]["kernels"][kernel]
         scale = float(src["asymptote_tflops"]) / float(series["forward"][-1])
+        bench_sms = int(t["gpus"][src["gpu"]]["sm_count"])
     else:
         series = entry["kernels"].get(kernel)
         if series is None:
             return None
+    if units is not None:
+        n = len(xs)
+        series = {**_saturated(series, kernel, bench_sms, n),
+                  "earlier": [_saturated(g, kernel, bench_sms, n) for g in series.get("earlier", [])]}
     fwd_s, bwd_s = _generation(series, software_date)
     f_hd = _head_dim_factor(t, head_dim)
     fwd = _interp_log(xs, fwd_s, seq_length) * scale * f_hd
@@ -140,6 +192,9 @@ def attention_tflops(gpu: str, kernel: str, seq_length: float, head_dim: float,
     if half_rate_tokens is not None and seq_length < xs[0]:
         below = (seq_length / (seq_length + half_rate_tokens)) / (xs[0] / (xs[0] + half_rate_tokens))
         fwd, bwd = fwd * below, bwd * below
+    if units is not None:
+        occ = attention_occupancy(kernel, units / int(entry["sm_count"]))
+        fwd, bwd = fwd * occ[0], bwd * occ[1]
     return fwd, bwd
 
 
@@ -152,7 +207,8 @@ def _head_dim_factor(t: dict[str, Any], head_dim: float) -> float:
 
 def attention_window_tflops(gpu: str, kernel: str, window: int, seq_length: float, head_dim: float,
                             software_date: str | None = None,
-                            half_rate_tokens: float | None = None) -> tuple[float, float] | None:
+                            half_rate_tokens: float | None = None,
+                            units: float | None = None) -> tuple[float, float] | None:
     """(forward, backward) TFLOP/s, over the window's FLOPs, of ``kernel``'s sliding-window attention on ``gpu``
     with a window of ``window`` keys, ``seq_length`` query tokens and ``head_dim``, from the kernel's measured
     ``sliding_window`` series (``attention.yaml``); None when the GPU's kernel has none.
@@ -161,7 +217,9 @@ def attention_window_tflops(gpu: str, kernel: str, window: int, seq_length: floa
     factor. A window other than the measured ``w0`` scales by the kernel's causal rate at twice each window
     (``attention_tflops`` at ``2w`` over ``2w0``, ``half_rate_tokens`` below the table): a causal query block sees
     half the sequence's keys on average and a windowed one its window, so the per-block work of a window ``w`` is
-    that of a causal sequence of ``2w`` (an assumption; the measurement anchors the level).
+    that of a causal sequence of ``2w`` (an assumption; the measurement anchors the level). The series were measured
+    at saturated occupancy (at least 15.5 work units per SM); ``units`` (the call's work units, None: as measured)
+    scales them by ``attention_occupancy``.
 
     Raises:
         ValueError: ``software_date`` is not ``YYYY-MM``.
@@ -183,6 +241,9 @@ def attention_window_tflops(gpu: str, kernel: str, window: int, seq_length: floa
         at_w0 = attention_tflops(gpu, kernel, 2 * w0, 128, software_date, half_rate_tokens)
         if at_w is not None and at_w0 is not None:
             fwd, bwd = fwd * at_w[0] / at_w0[0], bwd * at_w[1] / at_w0[1]
+    if units is not None:
+        occ = attention_occupancy(kernel, units / int(hit[1]["sm_count"]))
+        fwd, bwd = fwd * occ[0], bwd * occ[1]
     return fwd, bwd
 
 

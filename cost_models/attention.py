@@ -1,7 +1,10 @@
 """Attention core time (``softmax(QK^T)V``, the part without weights) of one layer, on one GPU (seconds).
 
-Fused flash attention: causal FLOPs (the kernel skips the masked half) at ``attention_efficiency`` x the 16-bit
-peak; backward ``ATTN_BWD_FACTOR`` x the forward (FlashAttention-2's backward runs 5 matmuls to the forward's 2,
+Fused flash attention: causal FLOPs (the kernel skips the masked half) at the kernel's measured rate
+(``attention.yaml``) for the sequence length, brought to the occupancy of the call: the rate falls when the call has
+few thread blocks per SM (micro-batch x heads per GPU x query tiles, ``attention_work_units``; e.g. 8 heads of a
+70B model at TP 8 and 4k tokens: 256 blocks on 132 SMs, 0.67 of the saturated rate), as plan3d measured on an H200;
+backward ``ATTN_BWD_FACTOR`` x the forward FLOPs (FlashAttention-2's backward runs 5 matmuls to the forward's 2,
 Dao 2023 Sec. 3.1). Unfused attention (SC21 / BLOOM era, ``TrainingJob.flash_attention`` False) runs the two
 batched GEMMs at the GEMM rate and streams the ``s x s`` scores ``UNFUSED_SCORE_PASSES`` times through HBM, plus
 ``DROPOUT_SCORE_PASSES`` with attention dropout (``TrainingJob.dropout``). Fused attention with dropout generates the
@@ -9,7 +12,9 @@ mask inside the kernel: ``FUSED_DROPOUT_SLOWDOWN``.
 """
 from __future__ import annotations
 
-from cluster_specs.efficiency import attention_kernels, attention_tflops, attention_window_tflops
+import math
+
+from cluster_specs.efficiency import attention_kernels, attention_query_tile, attention_tflops, attention_window_tflops
 from cluster_specs.spec import ClusterSpec
 from model_zoo.spec import ModelSpec
 
@@ -59,19 +64,21 @@ WINDOWED_RATE_SHARE = 0.71
 #: through Transformer Engine's ``FusedAttention`` (cuDNN), torchtitan and DeepSpeed through PyTorch SDPA's flash
 #: backend (FlashAttention-2). A GPU without that kernel's series uses the one it has.
 ATTENTION_KERNEL = {"megatron": "cudnn", "nemo": "cudnn", "torchtitan": "flash2", "deepspeed": "flash2"}
-#: Achieved fraction of the published kernel benchmark's rate (``attention.yaml``) inside a training step: the
-#: benchmarks run one kernel alone at boost clocks (FA3 paper: 16k tokens x 2048 width; cudnn-frontend: one sequence
-#: x 64 heads x 128); in training the GPU runs at the clock its power cap allows under sustained GEMMs, with the
-#: per-GPU heads left after TP and the framework's layout transposes around the call. Fitted on the dev rows.
+#: Achieved fraction of the kernel's benchmark rate (``attention.yaml``, brought to the call's occupancy) inside a
+#: training step, beyond the clock its power cap allows (``gemm.clock_fraction``, applied separately). Measured on
+#: one H200 (2026-12-04, ``benchmarks/measure_device.py`` section ``layer_step``: a 4-layer Llama 3 8B stack, 8k
+#: tokens, eager PyTorch): FlashAttention-2 took 1.94 ms forward and 5.61 ms backward per layer inside the step
+#: against 1.74 / 4.83 ms for the same call alone, 0.90 / 0.86, clocks included. Fitted on the dev rows (0.6): the
+#: rows' attention also loses what plan3d does not model (kernel releases between the published series, context
+#: parallelism's per-step output corrections, communication kernels sharing the SMs).
 ATTENTION_TRAINING_SHARE = 0.6
 
 #: Plausible ranges of the fitted constants above (``planner/calibration.py`` fits inside them).
 FIT_RANGES = {
     "ATTENTION_TRAINING_SHARE": FitRange(0.4, 1.0, "fraction of the kernel benchmark's TFLOP/s",
-                                         "1: the isolated benchmark rate; 0.4: H100 sustained training clocks "
-                                         "(~1.4-1.75 GHz under a 700 W cap vs 1.98 GHz boost) times the wave "
-                                         "quantisation of a few heads per GPU and the q/k/v layout copies around "
-                                         "the call"),
+                                         "1: the isolated benchmark rate at the call's occupancy; 0.86-0.90: "
+                                         "measured inside a one-GPU training step (H200, clocks included); 0.4: "
+                                         "with communication kernels sharing the SMs and older kernel releases"),
     "UNFUSED_SCORE_PASSES": FitRange(4.0, 8.0, "HBM passes over the s x s scores without dropout",
                                      "count of the unfused kernels: QK^T write, softmax read + write, scores x V "
                                      "read = 4, each streaming the scores once; <= 8: each pass twice (the batched "
@@ -96,11 +103,13 @@ def attention_core_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, p
     (``a/tp`` heads, ``b·s/cp`` query tokens); ``layer`` None: a full-attention layer.
 
     Flash attention: the kernel's rate rises with the key length it streams per query block (fixed per-block
-    setup, tail tiles of the causal triangle): ``eff(s) = eff_inf x s / (s + ATTN_HALF_SEQ)``. Under context
-    parallelism each kernel call sees only one ring step's keys, ``s / cp`` (the sequence is split into 2 cp chunks
-    for causal load balance and each rank holds two of them: Megatron-LM ``docs/source/api-guide/
-    context_parallel.rst``; Transformer Engine ``AttnFuncWithCPAndKVP2P`` runs one flash-attention call per ring
-    step and chunk half).
+    setup, tail tiles of the causal triangle): the measured series of ``attention.yaml``, else
+    ``eff(s) = eff_inf x s / (s + ATTN_HALF_SEQ)``. Under context parallelism each kernel call sees only one ring
+    step's keys, ``s / cp`` (the sequence is split into 2 cp chunks for causal load balance and each rank holds two
+    of them: Megatron-LM ``docs/source/api-guide/context_parallel.rst``; Transformer Engine
+    ``AttnFuncWithCPAndKVP2P`` runs one flash-attention call per ring step and chunk half). A measured series is
+    read at the call's occupancy (``attention_work_units``: micro-batch x heads per GPU x query tiles of the rank's
+    ``s / cp`` tokens; ``efficiency.attention_occupancy``); the fallback curve (a GPU without a series) has none.
 
     Sliding-window layers (``ModelSpec.attention_window``) shorter than the sequence: the fused kernel skips the
     key blocks outside the window (FlashAttention-2 ``window_size``; cuDNN's sliding-window band through Transformer
@@ -144,8 +153,9 @@ def _fused_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: Para
     # 16-bit over the TF32 peak (the same tensor cores at the TF32 rate)
     slow = (cluster.gpu.peak_flops[half_dtype(cluster)] / cluster.gpu.peak_flops[peak_dtype(cluster, job.precision)]
             if job.precision == "fp32" else 1.0)
-    rates = (_kernel_tflops(model, cluster, framework, s_key, job.software_date) if window is None else
-             _window_tflops(model, cluster, framework, window, s / par.cp, job.software_date))
+    units = attention_work_units(model, par, s / par.cp)
+    rates = (_kernel_tflops(model, cluster, framework, s_key, job.software_date, units) if window is None else
+             _window_tflops(model, cluster, framework, window, s / par.cp, job.software_date, units))
     if rates is not None:
         # the benchmarks ran at the TDP clock; under a power cap each kernel runs at the clock its own switching
         # activity allows (gemm.clock_fraction: its FLOP rate over the GEMM's)
@@ -173,32 +183,43 @@ def _kernel_choice(model: ModelSpec, cluster: ClusterSpec, framework: str) -> tu
     return (want if want in kernels else kernels[0]), (qk + v) / 2 / model.num_attention_heads
 
 
+def attention_work_units(model: ModelSpec, par: ParallelConfig, query_tokens: float) -> int:
+    """Thread blocks one fused-attention call runs in parallel on one GPU: micro-batch x query heads per GPU
+    (``ceil(a / tp)``) x query tiles (``ceil(query_tokens / query_tile)``, ``attention.yaml`` ``occupancy``). Under
+    context parallelism ``query_tokens`` is the rank's ``s / cp`` (each ring step's call)."""
+    heads = math.ceil(model.num_attention_heads / par.tp)
+    return par.micro_batch_size * heads * math.ceil(query_tokens / attention_query_tile())
+
+
 def _window_tflops(model: ModelSpec, cluster: ClusterSpec, framework: str, window: int, s_query: float,
-                   software_date: str | None = None) -> tuple[float, float] | None:
+                   software_date: str | None = None, units: float | None = None) -> tuple[float, float] | None:
     """(forward, backward) TFLOP/s over the window's FLOPs of the framework's kernel with a ``window``-key sliding
     window at ``s_query`` query tokens: the measured sliding-window series (``efficiency.attention_window_tflops``),
-    else ``WINDOWED_RATE_SHARE`` x the causal rate at ``2 x window`` keys; None when the GPU has no series."""
+    else ``WINDOWED_RATE_SHARE`` x the causal rate at ``2 x window`` keys; None when the GPU has no series.
+    ``units``: the call's work units (``attention_work_units``; None: the benchmark's shape)."""
     choice = _kernel_choice(model, cluster, framework)
     if choice is None:
         return None
     kernel, head_dim = choice
     got = attention_window_tflops(cluster.gpu.name, kernel, window, s_query, head_dim, software_date,
-                                  half_rate_tokens=ATTN_HALF_SEQ)
+                                  half_rate_tokens=ATTN_HALF_SEQ, units=units)
     if got is not None:
         return got
     causal = attention_tflops(cluster.gpu.name, kernel, 2.0 * window, head_dim, software_date,
-                              half_rate_tokens=ATTN_HALF_SEQ)
+                              half_rate_tokens=ATTN_HALF_SEQ, units=units)
     return None if causal is None else (WINDOWED_RATE_SHARE * causal[0], WINDOWED_RATE_SHARE * causal[1])
 
 
 def _kernel_tflops(model: ModelSpec, cluster: ClusterSpec, framework: str, s_key: float,
-                   software_date: str | None = None) -> tuple[float, float] | None:
+                   software_date: str | None = None, units: float | None = None) -> tuple[float, float] | None:
     """(forward, backward) TFLOP/s of the framework's fused-attention kernel on the cluster's GPU at key length
     ``s_key`` and the model's head size (mean of the query/key and value head dims), from
     ``cluster_specs/data/efficiency/attention.yaml``, in the kernel library's generation of ``software_date``
-    (``YYYY-MM``; None = the newest); None when the GPU has no series."""
+    (``YYYY-MM``; None = the newest), at the occupancy of a call with ``units`` work units (``attention_work_units``;
+    None: the benchmark's shape); None when the GPU has no series."""
     choice = _kernel_choice(model, cluster, framework)
     if choice is None:
         return None
     kernel, head_dim = choice
-    return attention_tflops(cluster.gpu.name, kernel, s_key, head_dim, software_date, half_rate_tokens=ATTN_HALF_SEQ)
+    return attention_tflops(cluster.gpu.name, kernel, s_key, head_dim, software_date, half_rate_tokens=ATTN_HALF_SEQ,
+                            units=units)

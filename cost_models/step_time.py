@@ -54,8 +54,9 @@ constant (module)                            value     range       mainly constr
 compute under overlapped NCCL collectives (FSDP / ZeRO layer-wise traffic and the overlapped gradient reduction and
 parameter gather alike). Measured, not fitted: NCCL over Jean Zay's Omni-Path reaches 0.40 of a 100 Gb/s port (cluster
 YAML jean-zay-a100, BigScience's all-reduce benchmark on that partition); the host time of one expert GEMM call, 16.5
-us (``moe_overhead.HOST_GEMM_S``: eager GEMM calls timed on an H200 machine, ``benchmarks/gemm_measured.py``).
-Counted: dropout's extra score passes and masks (``attention.DROPOUT_SCORE_PASSES``,
+us (``moe_overhead.HOST_GEMM_S``: eager GEMM calls timed on an H200 machine, ``benchmarks/gemm_measured.py``); the
+share of its saturated rate a fused-attention call reaches against its thread blocks per SM (``attention.yaml``
+``occupancy``, timed on an H200, ``benchmarks/measure_device.py`` section ``attention_shape``). Counted: dropout's extra score passes and masks (``attention.DROPOUT_SCORE_PASSES``,
 ``elementwise.DROPOUT_MASK_BYTES``), FSDP2's copy-out of each gathered layer (``FSDP2_COPY_OUT_PASSES``), the share of
 the board power that does not follow the clock under a power cap (``gemm.UNCORE_POWER_FRACTION``). Read from the rows'
 recipes (each row's ``setup`` block, ``planner/row_options.py``): DeepSeek-V3 node-limited routing in the EP

@@ -40,14 +40,16 @@ def test_llama_405b_on_131072_h100s_finds_cp_8():
     # 1.30 s / 1.34 s with it overlapped, as plan3d's Megatron launch runs it: planner/launch_options.py; 1.32 s /
     # 1.35 s with H100 attention read in cuDNN 9.19, whose causal backward at CP 8's 1,024-token chunks is slower than
     # the 2024 series' non-causal figure: attention.yaml; 1.35 s / 1.38 s since its 1,024-token point is measured,
-    # backward 223 TFLOP/s, not 325 as assumed from the 2024 series' shape)
+    # backward 223 TFLOP/s, not 325 as assumed from the 2024 series' shape; 1.47 s / 1.48 s with each attention call
+    # at its measured occupancy: 16 heads x 8 query tiles = 128 thread blocks on 132 SMs run cuDNN at 0.54 / 0.43 of
+    # its saturated rate, attention.yaml ``occupancy``)
     job = TrainingJob(global_batch_size=2048, seq_length=8192)
     res = solve(get_model("llama3.1-405b"), H100, job, 131072, top_k=5)
     best = res.plans[0]
     assert (best.parallel.tp, best.parallel.cp) == (8, 8)
-    assert best.step.step_s == pytest.approx(1.349, abs=0.01)
+    assert best.step.step_s == pytest.approx(1.465, abs=0.01)
     pp16 = [e for e in res.plans if (e.parallel.tp, e.parallel.pp, e.parallel.cp) == (8, 16, 8)]
-    assert pp16 and pp16[0].step.step_s == pytest.approx(1.378, abs=0.01)
+    assert pp16 and pp16[0].step.step_s == pytest.approx(1.480, abs=0.01)
 
 
 def test_doubling_the_gpus_does_not_slow_llama_405b():

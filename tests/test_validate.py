@@ -78,10 +78,17 @@ def test_packaged_rows_are_the_shared_dev_rows_with_sources():
 #: recompute their 58 MoE blocks (recipe B200 +0.1 -> +12.8%, Bridge H100 -2.2 -> +1.0% at the old constants); model
 #: FLOPs counted as Megatron's loggers count them (the MTP module in, the router GEMM out); the MTP decoder layer
 #: costed as a layer (its MoE routing and host time). The refit moves EP_OVERLAP_EXPOSED 1/3 -> 0.5 and
-#: HOST_QUANTIZE_S cs back to 277 us: MoE recipes 6.50 -> 6.83%, Bridge 5.91 -> 6.37%.
-ACHIEVED_MAX_MAPE = 5.13
+#: HOST_QUANTIZE_S cs back to 277 us: MoE recipes 6.50 -> 6.83%, Bridge 5.91 -> 6.37%. 5.12 -> 5.28% with each
+#: fused-attention call timed at its own occupancy (attention.yaml ``occupancy``: the share of the saturated rate
+#: against thread blocks per SM, measured on an H200; a measurement, not a fit, and no constant moved): the H100
+#: Megatron rows at TP 4-8 with 4k-8k tokens (6-16 heads per GPU) get 1-3 points slower, H100 weak scaling 7.32 ->
+#: 8.04% (its 32B and 70B rows, already too slow, -21.5 -> -23.9% and -8.9 -> -11.8%; its 1.7B and 7.1B rows, too
+#: fast, +9.2 -> +5.9% and +9.5 -> +7.2%), the Llama example 7.40 -> 8.68%; a refit from the middle of the ranges
+#: gives 5.27% (KAPPA 2.25 -> 1.96, POWER_CLOCK_EXPONENT 2.33 -> 2.0, two constants at their range's top), so the
+#: constants stay.
+ACHIEVED_MAX_MAPE = 5.29
 ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 6.84, "nemo_bridge_perf_summary": 6.38, "nemo_2407_perf_summary": 5.0,
-                       "megatron_h100_weak_scaling": 7.4}
+                       "megatron_h100_weak_scaling": 8.05}
 
 
 def test_mape_does_not_regress(report):
@@ -280,8 +287,11 @@ def test_duplicate_row_ids_are_refused(run_cli, tmp_path):
 #: 12.79 -> 10.38%, Bridge 8.81 -> 8.90%. 6.14 -> 6.40% with the recompute-module, model-FLOP and MTP corrections
 #: above (not fits; the ratchets move up for them): MoE recipes held out 10.38 -> 11.62%, Bridge 8.90 -> 10.38%
 #: (held out, each group's EP-overlap rows set EP_OVERLAP_EXPOSED for the other: the B200 DeepEP rows now want 0.5).
-ACHIEVED_LOGO_MAPE = 6.41
-ACHIEVED_LOGO_GROUP_MAPE = {"megatron_moe_recipes": 11.7, "nemo_bridge_perf_summary": 10.4}
+#: 6.40 -> 6.59% with fused attention at each call's measured occupancy (the ratchet above; a measurement, not a
+#: fit): Bridge held out 10.38 -> 9.93%, the Llama example 8.85 -> 10.08%, H100 weak scaling 8.53 -> 9.22%.
+ACHIEVED_LOGO_MAPE = 6.60
+ACHIEVED_LOGO_GROUP_MAPE = {"megatron_moe_recipes": 11.7, "nemo_bridge_perf_summary": 10.0,
+                            "megatron_llama_example": 10.1}
 
 
 @pytest.fixture(scope="module")
