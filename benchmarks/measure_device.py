@@ -378,9 +378,14 @@ SHAPE_SEQ = (2048, 4096, 8192, 16384, 32768)
 #: (head dim, micro-batch, sequence lengths) of ``attention_shape``: the main sweep, then micro-batch 2 / 4 and head
 #: dim 64 at two lengths each.
 SHAPE_VARIANTS = ((128, 1, SHAPE_SEQ), (128, 2, (2048, 8192)), (128, 4, (2048, 8192)), (64, 1, (2048, 8192)))
-#: The decoder stack ``layer_step`` trains: Llama 3 8B's layer (hidden 4096, 32 query / 8 KV heads of 128, SwiGLU
-#: FFN 14336; Meta, ``config.json`` of meta-llama/Meta-Llama-3-8B), 4 layers, one 8192-token sequence.
-LAYER_SHAPE = {"hidden": 4096, "heads": 32, "kv_heads": 8, "ffn": 14336, "layers": 4, "seq": 8192}
+#: The decoder stacks ``layer_step`` trains, 4 layers each, one sequence: Llama 3 8B's layer (hidden 4096, 32 query /
+#: 8 KV heads of 128, SwiGLU FFN 14336; Meta, ``config.json`` of meta-llama/Meta-Llama-3-8B) at 8192 tokens, and one
+#: tensor-parallel rank's share of Llama 3 70B's layer at TP 8 (hidden 8192; 64 / 8 heads and FFN 28672 over 8 ranks:
+#: 8 query heads, 1 KV head, FFN 3584; no communication) at 4096 tokens: 256 attention thread blocks, low occupancy.
+LAYER_SHAPES = ({"model": "llama3-8b-layer", "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn": 14336, "layers": 4,
+                 "seq": 8192},
+                {"model": "llama3-70b-layer-tp8-rank", "hidden": 8192, "heads": 8, "kv_heads": 1, "ffn": 3584,
+                 "layers": 4, "seq": 4096})
 
 
 def attention_shape_section(device: str, dry: bool, timer: Timer) -> list[dict]:
@@ -451,23 +456,33 @@ def _kernel_class(name: str) -> str:
 
 
 def layer_step_section(device: str, dry: bool, timer: Timer) -> list[dict]:
-    """Forward + backward of a small Llama-3-8B decoder stack (``LAYER_SHAPE``; eager PyTorch, BF16, RMSNorm,
-    SDPA causal GQA on the flash backend as torchtitan calls it, SwiGLU), timed whole, and its GPU kernel time by
-    class under ``torch.profiler``: the attention kernels' time inside a training step, set against the same call
-    timed alone (``attention_shape``). RoPE is left out (a few elementwise kernels)."""
+    """Forward + backward of small decoder stacks (``LAYER_SHAPES``; eager PyTorch, BF16, RMSNorm, SDPA causal GQA
+    on the flash backend as torchtitan calls it, SwiGLU), timed whole, and their GPU kernel time by class under
+    ``torch.profiler``: the attention kernels' time inside a training step, set against the same call timed alone
+    (``attention_shape``). RoPE is left out (a few elementwise kernels)."""
+    rows = []
+    for shape in LAYER_SHAPES:
+        cfg = dict(shape)
+        if dry:
+            cfg.update(hidden=64, heads=4, kv_heads=2, ffn=128, layers=2, seq=32)
+        rows.append(_layer_step(device, dry, timer, cfg))
+        log(f"layer step {cfg['model']}: {rows[-1]['step_s']}")
+    return rows
+
+
+def _layer_step(device: str, dry: bool, timer: Timer, cfg: dict) -> dict:
+    """One ``layer_step`` record: the stack of ``cfg`` timed, and profiled on a GPU."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    cfg = dict(LAYER_SHAPE)
-    if dry:
-        cfg.update(hidden=64, heads=4, kv_heads=2, ffn=128, layers=2, seq=32)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     h, nh, nkv, ffn, seq = cfg["hidden"], cfg["heads"], cfg["kv_heads"], cfg["ffn"], cfg["seq"]
-    hd = h // nh
+    hd = 128 if not dry else 16
+    width = nh * hd
 
     def w(*shape):
         return (torch.randn(*shape, device=device, dtype=dtype) * shape[-1] ** -0.5).requires_grad_()
 
-    layers = [dict(wqkv=w((nh + 2 * nkv) * hd, h), wo=w(h, h), w13=w(2 * ffn, h), w2=w(h, ffn),
+    layers = [dict(wqkv=w((nh + 2 * nkv) * hd, h), wo=w(h, width), w13=w(2 * ffn, h), w2=w(h, ffn),
                    n1=torch.ones(h, device=device, dtype=dtype, requires_grad=True),
                    n2=torch.ones(h, device=device, dtype=dtype, requires_grad=True)) for _ in range(cfg["layers"])]
     x0 = torch.randn(1, seq, h, device=device, dtype=dtype, requires_grad=True)
@@ -478,20 +493,18 @@ def layer_step_section(device: str, dry: bool, timer: Timer) -> list[dict]:
         with sdpa_kernel(backend):
             for p in layers:
                 y = F.rms_norm(x, (h,), p["n1"])
-                qkv = F.linear(y, p["wqkv"])
-                q, k, v = qkv.split((nh * hd, nkv * hd, nkv * hd), dim=-1)
+                q, k, v = F.linear(y, p["wqkv"]).split((nh * hd, nkv * hd, nkv * hd), dim=-1)
                 q = q.view(1, seq, nh, hd).transpose(1, 2)
                 k = k.view(1, seq, nkv, hd).transpose(1, 2)
                 v = v.view(1, seq, nkv, hd).transpose(1, 2)
-                a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-                x = x + F.linear(a.transpose(1, 2).reshape(1, seq, h), p["wo"])
+                a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=nkv != nh)
+                x = x + F.linear(a.transpose(1, 2).reshape(1, seq, width), p["wo"])
                 y = F.rms_norm(x, (h,), p["n2"])
                 g, u = F.linear(y, p["w13"]).chunk(2, dim=-1)
                 x = x + F.linear(F.silu(g) * u, p["w2"])
         x.float().square().mean().backward()
 
-    step_s = timer(step)
-    rec = {"model": "llama3-8b-layer", **cfg, "step_s": step_s}
+    rec = {**cfg, "head_dim": hd, "step_s": timer(step)}
     if device == "cuda":
         from torch.profiler import ProfilerActivity, profile
 
@@ -512,9 +525,7 @@ def layer_step_section(device: str, dry: bool, timer: Timer) -> list[dict]:
             if cls == "attention":
                 kernels[ev.key[:120]] = round(t / 3 / 1e6, 6)
         rec.update(kernel_s_by_class=by_class, attention_kernels_s=kernels)
-    log(f"layer step: {rec.get('step_s')}")
-    return [rec]
-
+    return rec
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

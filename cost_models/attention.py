@@ -66,11 +66,13 @@ WINDOWED_RATE_SHARE = 0.71
 ATTENTION_KERNEL = {"megatron": "cudnn", "nemo": "cudnn", "torchtitan": "flash2", "deepspeed": "flash2"}
 #: Achieved fraction of the kernel's benchmark rate (``attention.yaml``, brought to the call's occupancy) inside a
 #: training step, beyond the clock its power cap allows (``gemm.clock_fraction``, applied separately). Measured on
-#: one H200 (2026-12-04, ``benchmarks/measure_device.py`` section ``layer_step``: a 4-layer Llama 3 8B stack, 8k
-#: tokens, eager PyTorch): FlashAttention-2 took 1.94 ms forward and 5.61 ms backward per layer inside the step
-#: against 1.74 / 4.83 ms for the same call alone, 0.90 / 0.86, clocks included. Fitted on the dev rows (0.6): the
-#: rows' attention also loses what plan3d does not model (kernel releases between the published series, context
-#: parallelism's per-step output corrections, communication kernels sharing the SMs).
+#: one H200 (2026-12-04, ``benchmarks/measure_device.py`` section ``layer_step``: 4-layer stacks, eager PyTorch):
+#: FlashAttention-2 in a Llama 3 8B stack at 8k tokens took 1.92 ms forward and 5.41 ms backward per layer inside the
+#: step against 1.74 / 4.83 ms for the same call alone (0.91 / 0.89; 0.90 / 0.86 in an earlier run), and in one TP-8
+#: rank's share of a Llama 3 70B stack at 4k tokens (8 heads: 256 thread blocks) 0.22 / 0.52 ms against 0.20 / 0.48
+#: (0.91 / 0.93): the occupancy loss stays inside the step. Fitted on the dev rows (0.6): the rows' attention also
+#: loses what plan3d does not model (kernel releases between the published series, context parallelism's per-step
+#: output corrections, communication kernels sharing the SMs).
 ATTENTION_TRAINING_SHARE = 0.6
 
 #: Plausible ranges of the fitted constants above (``planner/calibration.py`` fits inside them).

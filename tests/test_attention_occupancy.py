@@ -102,3 +102,34 @@ def test_work_units_follow_tensor_and_context_parallelism():
     tp8 = _kernel_tflops(model, cluster, "megatron", 4096, None, 256)
     tp1 = _kernel_tflops(model, cluster, "megatron", 4096, None, 2048)
     assert (tp8[0] / tp1[0], tp8[1] / tp1[1]) == pytest.approx((0.67, 0.65), abs=0.003)
+
+
+def test_occupancy_holds_inside_a_training_step():
+    # benchmarks/data/measured_h200_20261204_layer_step.json: FlashAttention-2 kernel time inside the forward +
+    # backward of two 4-layer stacks on one H200: Llama 3 8B at 8k tokens (32 heads: 2048 blocks, saturated) and one
+    # TP-8 rank's share of Llama 3 70B at 4k tokens (8 heads: 256 blocks, 1.94 per SM). The model, which reads the
+    # occupancy curve, must give the same ratio between the two as the step measured.
+    doc = json.loads((ROOT / "benchmarks" / "data" / "measured_h200_20261204_layer_step.json").read_text())
+    step = {r["model"]: r for r in doc["layer_step"]}
+
+    def measured(name):
+        k = step[name]["attention_kernels_s"]
+        fwd = sum(v for n, v in k.items() if "fwd" in n)
+        return fwd, sum(k.values()) - fwd
+
+    from cost_models.attention import attention_core_s
+    from cost_models.config import TrainingJob
+    cluster = get_cluster("dgx-h200")
+
+    def model(name, tp, seq):
+        return attention_core_s(get_model(name), cluster, TrainingJob(global_batch_size=8, seq_length=seq),
+                                ParallelConfig(tp=tp, pp=1, dp=8 // tp, micro_batch_size=1), "torchtitan")
+
+    m8, m70 = measured("llama3-8b-layer"), measured("llama3-70b-layer-tp8-rank")
+    p8, p70 = model("llama3.1-8b", 1, 8192), model("llama3.1-70b", 8, 4096)
+    for i in (0, 1):  # forward, backward
+        assert p70[i] / p8[i] == pytest.approx(m70[i] / m8[i], rel=0.05), i
+    # without the occupancy (both calls at the saturated rate) the 70B rank's share would be 0.58 / 0.71 of that
+    occ = attention_occupancy("flash2", 256 / 132)
+    for i in (0, 1):
+        assert p70[i] / p8[i] * occ[i] < 0.8 * m70[i] / m8[i], i
