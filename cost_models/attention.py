@@ -78,7 +78,7 @@ ATTENTION_TRAINING_SHARE = 0.6
 #: Plausible ranges of the fitted constants above (``planner/calibration.py`` fits inside them).
 FIT_RANGES = {
     "ATTENTION_TRAINING_SHARE": FitRange(0.4, 1.0, "fraction of the kernel benchmark's TFLOP/s",
-                                         "1: the isolated benchmark rate at the call's occupancy; 0.86-0.90: "
+                                         "1: the isolated benchmark rate at the call's occupancy; 0.86-0.93: "
                                          "measured inside a one-GPU training step (H200, clocks included); 0.4: "
                                          "with communication kernels sharing the SMs and older kernel releases"),
     "UNFUSED_SCORE_PASSES": FitRange(4.0, 8.0, "HBM passes over the s x s scores without dropout",
