@@ -105,6 +105,19 @@ def attention_occupancy(kernel: str, units_per_sm: float) -> tuple[float, float]
             _interp_log(xs, [float(v) for v in curve["backward"]], x))
 
 
+def attention_non_causal_ratio(kernel: str, seq_length: float) -> tuple[float, float]:
+    """(forward, backward) TFLOP/s of fused-attention ``kernel`` without a mask over its causal TFLOP/s at key length
+    ``seq_length`` (``attention.yaml`` ``non_causal_ratio``, measured by plan3d on an H200), interpolated in log length
+    and held at the ends; (1, 1) for a kernel without a measurement."""
+    t = _table("attention")
+    curve = t["non_causal_ratio"].get(kernel)
+    if curve is None:
+        return 1.0, 1.0
+    xs = [float(x) for x in t["sequence_lengths"]]
+    return (_interp_log(xs, [float(v) for v in curve["forward"]], seq_length),
+            _interp_log(xs, [float(v) for v in curve["backward"]], seq_length))
+
+
 def attention_query_tile() -> int:
     """Query rows per thread block of the fused-attention kernels (``attention.yaml`` ``occupancy.query_tile``)."""
     return int(_table("attention")["occupancy"]["query_tile"])

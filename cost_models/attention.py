@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import math
 
-from cluster_specs.efficiency import attention_kernels, attention_query_tile, attention_tflops, attention_window_tflops
+from cluster_specs.efficiency import (attention_kernels, attention_non_causal_ratio, attention_query_tile,
+                                      attention_tflops, attention_window_tflops)
 from cluster_specs.spec import ClusterSpec
 from model_zoo.spec import ModelSpec
 
@@ -107,11 +108,12 @@ def attention_core_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, p
     Flash attention: the kernel's rate rises with the key length it streams per query block (fixed per-block
     setup, tail tiles of the causal triangle): the measured series of ``attention.yaml``, else
     ``eff(s) = eff_inf x s / (s + ATTN_HALF_SEQ)``. Under context parallelism each kernel call sees only one ring
-    step's keys, ``s / cp`` (the sequence is split into 2 cp chunks for causal load balance and each rank holds two
-    of them: Megatron-LM ``docs/source/api-guide/context_parallel.rst``; Transformer Engine
-    ``AttnFuncWithCPAndKVP2P`` runs one flash-attention call per ring step and chunk half). A measured series is
-    read at the call's occupancy (``attention_work_units``: micro-batch x heads per GPU x query tiles of the rank's
-    ``s / cp`` tokens; ``efficiency.attention_occupancy``); the fallback curve (a GPU without a series) has none.
+    step's keys and the rank's queries (the sequence is split into 2 cp chunks for causal load balance and each rank
+    holds two of them: Megatron-LM ``docs/source/api-guide/context_parallel.rst``): one causal call over the rank's
+    ``s / cp`` tokens and unmasked calls over half of its keys or half of its queries (``ring_attention_calls``),
+    unmasked at the measured ``efficiency.attention_non_causal_ratio``. A measured series is read at each call's
+    occupancy (``attention_work_units``: micro-batch x heads per GPU x query tiles of the call's queries;
+    ``efficiency.attention_occupancy``); the fallback curve (a GPU without a series) has neither.
 
     Sliding-window layers (``ModelSpec.attention_window``) shorter than the sequence: the fused kernel skips the
     key blocks outside the window (FlashAttention-2 ``window_size``; cuDNN's sliding-window band through Transformer
@@ -144,9 +146,10 @@ def attention_core_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, p
 
 def _fused_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, framework: str,
              window: int | None) -> tuple[float, float]:
-    """(forward, backward) seconds of one micro-batch's fused-attention kernel on one GPU, causal over the whole
+    """(forward, backward) seconds of one micro-batch's fused-attention kernels on one GPU, causal over the whole
     sequence (``window`` None) or over a ``window``-key band (``window`` < sequence length); see
-    ``attention_core_s``."""
+    ``attention_core_s``. Under context parallelism the causal work is that of the ring's calls
+    (``ring_attention_calls``)."""
     s = job.seq_length
     tok = par.micro_batch_size * s / par.cp
     fl = attention_core_flops_per_token(model, s, causal_halved=True, window=window) * tok / par.tp
@@ -155,23 +158,62 @@ def _fused_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: Para
     # 16-bit over the TF32 peak (the same tensor cores at the TF32 rate)
     slow = (cluster.gpu.peak_flops[half_dtype(cluster)] / cluster.gpu.peak_flops[peak_dtype(cluster, job.precision)]
             if job.precision == "fp32" else 1.0)
-    units = attention_work_units(model, par, s / par.cp)
-    rates = (_kernel_tflops(model, cluster, framework, s_key, job.software_date, units) if window is None else
-             _window_tflops(model, cluster, framework, window, s / par.cp, job.software_date, units))
-    if rates is not None:
-        # the benchmarks ran at the TDP clock; under a power cap each kernel runs at the clock its own switching
-        # activity allows (gemm.clock_fraction: its FLOP rate over the GEMM's)
-        gemm = mamf_rate(cluster, half_dtype(cluster))
-        share_f = ATTENTION_TRAINING_SHARE * clock_fraction(cluster, rates[0] * 1e12 / gemm)
-        share_b = ATTENTION_TRAINING_SHARE * clock_fraction(cluster, rates[1] * 1e12 / gemm)
-        slow *= FUSED_DROPOUT_SLOWDOWN if job.dropout else 1.0
-        fwd = slow * fl / (rates[0] * 1e12 * share_f)
-        return fwd, slow * ATTN_BWD_FACTOR * fl / (rates[1] * 1e12 * share_b)
+    slow *= FUSED_DROPOUT_SLOWDOWN if job.dropout else 1.0
+    calls = (ring_attention_calls(s, par.cp) if window is None else
+             ((1.0, s_key, s / par.cp, True),))
+    per_flop = [_seconds_per_flop(model, cluster, job, par, framework, window, key, query, causal)
+                for _, key, query, causal in calls]
+    if all(pf is not None for pf in per_flop):
+        fwd = sum(w * pf[0] for (w, *_), pf in zip(calls, per_flop))
+        bwd = sum(w * pf[1] for (w, *_), pf in zip(calls, per_flop))
+        return slow * fl * fwd, slow * ATTN_BWD_FACTOR * fl * bwd
     eff = attention_efficiency(cluster) * s_key / (s_key + ATTN_HALF_SEQ)
     eff *= WINDOWED_RATE_SHARE if window is not None else 1.0
     fwd = fl / (cluster.gpu.peak_flops[peak_dtype(cluster, job.precision)] * eff)  # TF32 peak in fp32
     fwd *= FUSED_DROPOUT_SLOWDOWN if job.dropout else 1.0
     return fwd, ATTN_BWD_FACTOR * fwd
+
+
+def ring_attention_calls(seq_length: float, cp: int) -> tuple[tuple[float, float, float, bool], ...]:
+    """The fused-attention calls of one causal layer on one context-parallel rank, as (share of the rank's causal
+    attention FLOPs, key tokens, query tokens, causal mask): the load-balanced ring of Transformer Engine
+    (``AttnFuncWithCPAndKVP2P``, ``cp_p2p_fwd_prepare_qkv`` in ``attention/dot_product_attention/
+    context_parallel.py``, v2.8) and of PyTorch (``_templated_ring_attention`` in ``torch/distributed/tensor/
+    experimental/_context_parallel/_attention.py``): each rank holds two of the sequence's ``2 cp`` chunks; step 0
+    runs its ``s / cp`` queries against its own keys under the causal mask ("diagonal"); of the other ``cp - 1``
+    steps, those from a lower rank run all its queries against the first chunk of keys (``s / 2cp``) and those from a
+    higher rank its second chunk of queries against all the keys, both unmasked. Each call has the same FLOPs, so
+    over the ranks the diagonal holds ``1 / cp`` of the work and the two kinds ``(cp - 1) / 2cp`` each. ``cp`` 1:
+    one causal call."""
+    local = seq_length / cp
+    if cp == 1:
+        return ((1.0, local, local, True),)
+    side = (cp - 1) / (2.0 * cp)
+    return ((1.0 / cp, local, local, True), (side, local / 2.0, local, False), (side, local, local / 2.0, False))
+
+
+def _seconds_per_flop(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, framework: str,
+                      window: int | None, key_tokens: float, query_tokens: float,
+                      causal: bool) -> tuple[float, float] | None:
+    """(forward, backward) seconds per forward FLOP of one fused-attention call with ``key_tokens`` keys and
+    ``query_tokens`` queries per sequence: the kernel's measured rate (``_kernel_tflops`` / ``_window_tflops``) at the
+    call's occupancy, unmasked calls at ``efficiency.attention_non_causal_ratio`` of the causal rate, times
+    ``ATTENTION_TRAINING_SHARE`` and the clock the call's own activity allows under a power cap; None when the GPU
+    has no series."""
+    units = attention_work_units(model, par, query_tokens)
+    rates = (_kernel_tflops(model, cluster, framework, key_tokens, job.software_date, units) if window is None else
+             _window_tflops(model, cluster, framework, window, query_tokens, job.software_date, units))
+    if rates is None:
+        return None
+    if not causal:
+        ratio = attention_non_causal_ratio(_kernel_choice(model, cluster, framework)[0], key_tokens)
+        rates = (rates[0] * ratio[0], rates[1] * ratio[1])
+    # the benchmarks ran at the TDP clock; under a power cap each kernel runs at the clock its own switching
+    # activity allows (gemm.clock_fraction: its FLOP rate over the GEMM's)
+    gemm = mamf_rate(cluster, half_dtype(cluster))
+    share_f = ATTENTION_TRAINING_SHARE * clock_fraction(cluster, rates[0] * 1e12 / gemm)
+    share_b = ATTENTION_TRAINING_SHARE * clock_fraction(cluster, rates[1] * 1e12 / gemm)
+    return 1.0 / (rates[0] * 1e12 * share_f), 1.0 / (rates[1] * 1e12 * share_b)
 
 
 def _kernel_choice(model: ModelSpec, cluster: ClusterSpec, framework: str) -> tuple[str, float] | None:

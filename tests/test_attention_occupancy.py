@@ -133,3 +133,28 @@ def test_occupancy_holds_inside_a_training_step():
     occ = attention_occupancy("flash2", 256 / 132)
     for i in (0, 1):
         assert p70[i] / p8[i] * occ[i] < 0.8 * m70[i] / m8[i], i
+
+
+def test_non_causal_ratio_is_the_h200_measurement():
+    # benchmarks/data/measured_h200_20261204.json, section attention: 16 heads x 16,384 tokens, head dim 128
+    from cluster_specs.efficiency import attention_non_causal_ratio
+    doc = json.loads((ROOT / "benchmarks" / "data" / "measured_h200_20261204.json").read_text())
+    for kernel in ("cudnn", "flash2"):
+        rows = {(r["seq"], r["causal"]): r for r in doc["attention"]
+                if r["backend"] == kernel and r["head_dim"] == 128 and "error" not in r}
+        for seq in (512, 1024, 2048, 4096, 8192, 16384):
+            fwd = rows[(seq, False)]["forward_tflops"] / rows[(seq, True)]["forward_tflops"]
+            bwd = rows[(seq, False)]["backward_tflops"] / rows[(seq, True)]["backward_tflops"]
+            assert attention_non_causal_ratio(kernel, seq) == pytest.approx((fwd, bwd), abs=0.006), (kernel, seq)
+    assert attention_non_causal_ratio("cudnn", 65536) == (1.09, 1.0)  # held at the longest measured length
+    assert attention_non_causal_ratio("no-such-kernel", 4096) == (1.0, 1.0)
+
+
+def test_ring_calls_are_the_load_balanced_ring_of_te_and_pytorch():
+    from cost_models.attention import ring_attention_calls
+    assert ring_attention_calls(8192, 1) == ((1.0, 8192, 8192, True),)
+    # CP 4 at 8k: 2048 tokens a rank; the diagonal (causal) call, then calls from lower ranks (all 2048 queries
+    # against the first 1024-key chunk) and from higher ranks (the second 1024-query chunk against all 2048 keys)
+    calls = ring_attention_calls(8192, 4)
+    assert calls == ((0.25, 2048, 2048, True), (0.375, 1024, 2048, False), (0.375, 2048, 1024, False))
+    assert sum(c[0] for c in calls) == pytest.approx(1.0)

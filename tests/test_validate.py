@@ -85,8 +85,12 @@ def test_packaged_rows_are_the_shared_dev_rows_with_sources():
 #: 8.04% (its 32B and 70B rows, already too slow, -21.5 -> -23.9% and -8.9 -> -11.8%; its 1.7B and 7.1B rows, too
 #: fast, +9.2 -> +5.9% and +9.5 -> +7.2%), the Llama example 7.40 -> 8.68%; a refit from the middle of the ranges
 #: gives 5.27% (KAPPA 2.25 -> 1.96, POWER_CLOCK_EXPONENT 2.33 -> 2.0, two constants at their range's top), so the
-#: constants stay.
-ACHIEVED_MAX_MAPE = 5.29
+#: constants stay. 5.28 -> 5.34% with context parallelism's ring calls as Transformer Engine and PyTorch run them (one
+#: causal call over the rank's s / cp tokens, the others unmasked over half its keys or half its queries, at the
+#: measured unmasked / causal ratio and their own occupancy; not a fit, and a refit moves no constant): the torchtitan
+#: 2024-12 CP rows, already too fast, +7.3 -> +9.0% (CP 4), +10.2 -> +12.3% (CP 8, 8B) and +13.9 -> +15.9% (CP 8, 405B);
+#: torchtitan 5.10 -> 5.34%.
+ACHIEVED_MAX_MAPE = 5.35
 ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 6.84, "nemo_bridge_perf_summary": 6.38, "nemo_2407_perf_summary": 5.0,
                        "megatron_h100_weak_scaling": 8.05}
 
@@ -288,9 +292,11 @@ def test_duplicate_row_ids_are_refused(run_cli, tmp_path):
 #: above (not fits; the ratchets move up for them): MoE recipes held out 10.38 -> 11.62%, Bridge 8.90 -> 10.38%
 #: (held out, each group's EP-overlap rows set EP_OVERLAP_EXPOSED for the other: the B200 DeepEP rows now want 0.5).
 #: 6.40 -> 6.59% with fused attention at each call's measured occupancy (the ratchet above; a measurement, not a
-#: fit): Bridge held out 10.38 -> 9.93%, the Llama example 8.85 -> 10.08%, H100 weak scaling 8.53 -> 9.22%.
-ACHIEVED_LOGO_MAPE = 6.60
-ACHIEVED_LOGO_GROUP_MAPE = {"megatron_moe_recipes": 11.7, "nemo_bridge_perf_summary": 10.0,
+#: fit): Bridge held out 10.38 -> 9.93%, the Llama example 8.85 -> 10.08%, H100 weak scaling 8.53 -> 9.22%. 6.59 ->
+#: 6.67% with context parallelism's ring calls (the ratchet above): torchtitan held out 5.61 -> 5.86%, Bridge 9.93 ->
+#: 9.88%.
+ACHIEVED_LOGO_MAPE = 6.68
+ACHIEVED_LOGO_GROUP_MAPE = {"megatron_moe_recipes": 11.7, "nemo_bridge_perf_summary": 9.9,
                             "megatron_llama_example": 10.1}
 
 
