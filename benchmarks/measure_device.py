@@ -25,6 +25,11 @@ What it measures (one GPU, PyTorch only: no plan3d import, so it runs on a bare 
   each batch: the burst rate of a cold GPU against the rate at its board power limit.
 - ``attention_gqa`` (not run by default): SDPA with grouped-query heads (64 query / 8 KV heads, batch 1), the
   shape of NVIDIA's cudnn-frontend benchmark, to set this machine's figures against those published ones.
+- ``attention_shape`` (not run by default): causal SDPA at training shapes (4-64 heads per GPU, GQA, strided views,
+  micro-batch 1-4, head dim 64 / 128) against the benchmark shape at the same length: the occupancy curve of
+  ``cluster_specs/data/efficiency/attention.yaml``.
+- ``layer_step`` (not run by default): forward + backward of two small decoder stacks, kernel time by class under
+  ``torch.profiler`` (``benchmarks/layer_step_measured.py`` sets the model's terms against it).
 
 Run on a GPU: ``python3 benchmarks/measure_device.py --out measurements.json``. ``--dry-run`` runs every code path on
 tiny shapes on the CPU (the test of this script). Each section records its own error and the others still run.
