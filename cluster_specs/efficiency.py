@@ -1,10 +1,11 @@
 """Per-operation efficiency tables shipped with the cluster specs (``cluster_specs/data/efficiency/*.yaml``).
 
 ``attention.yaml``: fused-attention kernel TFLOP/s against sequence length per GPU and kernel (published kernel
-benchmarks, each series with its source in the file), by kernel-library generation where more than one is published, and for sliding-window attention where measured.
-``attention_tflops`` and ``attention_window_tflops`` interpolate them. Its ``occupancy`` table (measured by plan3d on
-an H200) gives the share of the saturated rate a call reaches against its parallel work per SM;
-``attention_occupancy`` interpolates it, and both rate functions take the call's work units to read it.
+benchmarks, each series with its source in the file), by kernel-library generation where more than one is
+published, and for sliding-window attention where measured. ``attention_tflops`` and ``attention_window_tflops``
+interpolate them. Its ``occupancy`` table (measured by plan3d on an H200) gives the share of the saturated rate a call
+reaches against its parallel work per SM (``attention_occupancy``; both rate functions take the call's work units to
+read it), and ``non_causal_ratio`` an unmasked call's rate over a causal one's (``attention_non_causal_ratio``).
 
 ``ep_dispatch.yaml``: the MoE flex dispatchers' (DeepEP, HybridEP) dispatch and combine throughput inside one
 NVLink domain against expert-parallel ranks and SM count (NVIDIA's Hybrid-EP measurements in DeepEP);
@@ -96,13 +97,7 @@ def attention_occupancy(kernel: str, units_per_sm: float) -> tuple[float, float]
     and held at the ends (1.0 from 15.5 units per SM on: the benchmarks' 16k-token shape). A kernel without a
     measured curve: (1, 1)."""
     occ = _table("attention")["occupancy"]
-    curve = occ["kernels"].get(kernel)
-    if curve is None:
-        return 1.0, 1.0
-    xs = [float(x) for x in occ["units_per_sm"]]
-    x = max(float(units_per_sm), 1e-9)
-    return (_interp_log(xs, [float(v) for v in curve["forward"]], x),
-            _interp_log(xs, [float(v) for v in curve["backward"]], x))
+    return _curve_at(occ["kernels"].get(kernel), occ["units_per_sm"], max(float(units_per_sm), 1e-9))
 
 
 def attention_non_causal_ratio(kernel: str, seq_length: float) -> tuple[float, float]:
@@ -110,17 +105,42 @@ def attention_non_causal_ratio(kernel: str, seq_length: float) -> tuple[float, f
     ``seq_length`` (``attention.yaml`` ``non_causal_ratio``, measured by plan3d on an H200), interpolated in log length
     and held at the ends; (1, 1) for a kernel without a measurement."""
     t = _table("attention")
-    curve = t["non_causal_ratio"].get(kernel)
+    return _curve_at(t["non_causal_ratio"].get(kernel), t["sequence_lengths"], seq_length)
+
+
+def _curve_at(curve: dict[str, Any] | None, xs: list[float], x: float) -> tuple[float, float]:
+    """(forward, backward) of a ``{forward, backward}`` curve over ``xs`` at ``x``, interpolated in log ``x`` and held
+    at the ends; (1, 1) without a curve."""
     if curve is None:
         return 1.0, 1.0
-    xs = [float(x) for x in t["sequence_lengths"]]
-    return (_interp_log(xs, [float(v) for v in curve["forward"]], seq_length),
-            _interp_log(xs, [float(v) for v in curve["backward"]], seq_length))
+    xs = [float(v) for v in xs]
+    return (_interp_log(xs, [float(v) for v in curve["forward"]], x),
+            _interp_log(xs, [float(v) for v in curve["backward"]], x))
+
+
+def _at_occupancy(rates: tuple[float, float], kernel: str, units: float | None,
+                  sm_count: int) -> tuple[float, float]:
+    """``rates`` (saturated) at the occupancy of a call with ``units`` work units on ``sm_count`` SMs
+    (``attention_occupancy``); unchanged when ``units`` is None."""
+    if units is None:
+        return rates
+    occ = attention_occupancy(kernel, units / sm_count)
+    return rates[0] * occ[0], rates[1] * occ[1]
 
 
 def attention_query_tile() -> int:
     """Query rows per thread block of the fused-attention kernels (``attention.yaml`` ``occupancy.query_tile``)."""
     return int(_table("attention")["occupancy"]["query_tile"])
+
+
+@functools.lru_cache(maxsize=None)
+def _saturated_series(gpu_key: str, kernel: str) -> dict[str, Any]:
+    """The ``attention.yaml`` series of ``kernel`` under the GPU entry ``gpu_key``, every generation brought to
+    saturated occupancy (``_saturated``, on that entry's SM count, where its benchmarks ran); computed once."""
+    entry = _table("attention")["gpus"][gpu_key]
+    series, sms, n = entry["kernels"][kernel], int(entry["sm_count"]), len(_table("attention")["sequence_lengths"])
+    return {**_saturated(series, kernel, sms, n),
+            "earlier": [_saturated(g, kernel, sms, n) for g in series.get("earlier", [])]}
 
 
 def _saturated(gen: dict[str, Any], kernel: str, sm_count: int, n: int) -> dict[str, Any]:
@@ -179,25 +199,22 @@ def attention_tflops(gpu: str, kernel: str, seq_length: float, head_dim: float,
     hit = _gpu_entry(t["gpus"], gpu)
     if hit is None:
         return None
-    _, entry = hit
-    bench_sms = int(entry["sm_count"])
+    key, entry = hit
     xs = [float(x) for x in t["sequence_lengths"]]
     scale = 1.0
     if "scaled_from" in entry:
         src = entry["scaled_from"]
         if kernel != src["kernel"]:
             return None
-        series = t["gpus"][src["gpu"]]["kernels"][kernel]
+        key = src["gpu"]
+        series = t["gpus"][key]["kernels"][kernel]
         scale = float(src["asymptote_tflops"]) / float(series["forward"][-1])
-        bench_sms = int(t["gpus"][src["gpu"]]["sm_count"])
     else:
         series = entry["kernels"].get(kernel)
         if series is None:
             return None
     if units is not None:
-        n = len(xs)
-        series = {**_saturated(series, kernel, bench_sms, n),
-                  "earlier": [_saturated(g, kernel, bench_sms, n) for g in series.get("earlier", [])]}
+        series = _saturated_series(key, kernel)
     fwd_s, bwd_s = _generation(series, software_date)
     f_hd = _head_dim_factor(t, head_dim)
     fwd = _interp_log(xs, fwd_s, seq_length) * scale * f_hd
@@ -205,10 +222,7 @@ def attention_tflops(gpu: str, kernel: str, seq_length: float, head_dim: float,
     if half_rate_tokens is not None and seq_length < xs[0]:
         below = (seq_length / (seq_length + half_rate_tokens)) / (xs[0] / (xs[0] + half_rate_tokens))
         fwd, bwd = fwd * below, bwd * below
-    if units is not None:
-        occ = attention_occupancy(kernel, units / int(entry["sm_count"]))
-        fwd, bwd = fwd * occ[0], bwd * occ[1]
-    return fwd, bwd
+    return _at_occupancy((fwd, bwd), kernel, units, int(entry["sm_count"]))
 
 
 def _head_dim_factor(t: dict[str, Any], head_dim: float) -> float:
@@ -254,10 +268,7 @@ def attention_window_tflops(gpu: str, kernel: str, window: int, seq_length: floa
         at_w0 = attention_tflops(gpu, kernel, 2 * w0, 128, software_date, half_rate_tokens)
         if at_w is not None and at_w0 is not None:
             fwd, bwd = fwd * at_w[0] / at_w0[0], bwd * at_w[1] / at_w0[1]
-    if units is not None:
-        occ = attention_occupancy(kernel, units / int(hit[1]["sm_count"]))
-        fwd, bwd = fwd * occ[0], bwd * occ[1]
-    return fwd, bwd
+    return _at_occupancy((fwd, bwd), kernel, units, int(hit[1]["sm_count"]))
 
 
 #: MoE flex dispatcher backends with a throughput table (Megatron-LM ``--moe-flex-dispatcher-backend``).

@@ -18,11 +18,11 @@ Precision = Literal["bf16", "fp16", "fp8", "fp32"]
 Recompute = Literal["none", "selective", "full"]
 Schedule = Literal["1f1b", "interleaved", "gpipe", "zb-h1", "zb-v", "dualpipe", "dualpipev", "combined-1f1b"]
 FlopsConvention = Literal["megatron", "palm"]
-#: Megatron-LM ``--recompute-modules`` choices (megatron/training/arguments.py; megatron-core
-#: ``TransformerConfig.recompute_modules``).
 #: Megatron-LM ``--moe-flex-dispatcher-backend`` values plan3d times
 #: (``cluster_specs.efficiency.FLEX_DISPATCHER_BACKENDS``, whose measured tables they read)
 FlexDispatcherBackend = Literal["deepep", "hybridep"]
+#: Megatron-LM ``--recompute-modules`` choices (megatron/training/arguments.py; megatron-core
+#: ``TransformerConfig.recompute_modules``).
 RecomputeModule = Literal["core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"]
 #: Megatron-LM ``--offload-modules`` choices (fine-grained activation offloading; cost_models/activation_offload.py).
 OffloadModule = Literal["attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act",

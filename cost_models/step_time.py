@@ -56,16 +56,19 @@ parameter gather alike). Measured, not fitted: NCCL over Jean Zay's Omni-Path re
 YAML jean-zay-a100, BigScience's all-reduce benchmark on that partition); the host time of one expert GEMM call, 16.5
 us (``moe_overhead.HOST_GEMM_S``: eager GEMM calls timed on an H200 machine, ``benchmarks/gemm_measured.py``); the
 share of its saturated rate a fused-attention call reaches against its thread blocks per SM (``attention.yaml``
-``occupancy``, timed on an H200, ``benchmarks/measure_device.py`` section ``attention_shape``). Counted: dropout's extra score passes and masks (``attention.DROPOUT_SCORE_PASSES``,
-``elementwise.DROPOUT_MASK_BYTES``), FSDP2's copy-out of each gathered layer (``FSDP2_COPY_OUT_PASSES``), the share of
-the board power that does not follow the clock under a power cap (``gemm.UNCORE_POWER_FRACTION``). Read from the rows'
+``occupancy``) and an unmasked call's rate over a causal one's (``non_causal_ratio``), both timed on an H200
+(``benchmarks/measure_device.py``). Counted: dropout's extra score passes and masks
+(``attention.DROPOUT_SCORE_PASSES``, ``elementwise.DROPOUT_MASK_BYTES``), FSDP2's copy-out of each gathered layer
+(``FSDP2_COPY_OUT_PASSES``), the share of the board power that does not follow the clock under a power cap
+(``gemm.UNCORE_POWER_FRACTION``). Read from the rows'
 recipes (each row's ``setup`` block, ``planner/row_options.py``): DeepSeek-V3 node-limited routing in the EP
 all-to-all (``ep_domain_copies``), Megatron pipeline layouts and the Megatron-Bridge DeepSeek-V3 presets (EP overlap,
 full-iteration CUDA graph).
 
-Result on the dev rows (``plan3d validate --cross-validate``, 91 evaluated rows): MAPE 4.98% in-sample, 6.26%
-leave-one-source-group-out, each fold fitted from the middle of the ranges (the Megatron-LM MoE recipes 12.8%, the
-only group of >= 3 rows above 10%: held out, their host-time constants come from the Megatron-Bridge MoE rows);
+Result on the dev rows (``plan3d validate --cross-validate``, 91 evaluated rows): MAPE 5.34% in-sample, 6.67%
+leave-one-source-group-out, each fold fitted from the middle of the ranges (above 10% held out: the Megatron-LM MoE
+recipes, 11.7%, whose host-time and EP-overlap constants then come from the Megatron-Bridge MoE rows, and the
+Megatron-LM Llama example, 10.1%, three H100 rows predicted 5-13% slow);
 Korthikanti et al. 2022 Table 5 (held out, ``tests/test_korthikanti_table5.py``): 2.08% mean, 4.87% max.
 """
 from __future__ import annotations
