@@ -55,12 +55,14 @@ HOST_GEMM_S = 16.5e-6
 #: cast.cpp``). ``mx`` (MXFP8 / blockwise): the outputs of all experts are bulk-allocated at once and each split
 #: gets a light ``*TensorStorage`` object and one cast launch (the block scales come out of the cast kernel).
 #: ``cs`` (per-tensor current scaling): each expert's output is allocated on its own (data, transpose, scale) as a
-#: ``Float8Tensor`` (a ``torch.Tensor`` subclass) and quantized by three launches: amax, scale, cast. Fitted; ``cs``
-#: sits near the top of its range, held there by one row (Bridge H100 Qwen3-30B-A3B FP8-CS, pp 2 x vpp 24).
-HOST_QUANTIZE_S = {"mx": 74.17e-6, "cs": 276.7e-6}
+#: ``Float8Tensor`` (a ``torch.Tensor`` subclass) and quantized by three launches: amax, scale, cast. Fitted
+#: (78 / 294 us; 74 / 277 us on the coarser grid before 2026-12-04); ``cs`` sits near the top of its range, held
+#: there by one row (Bridge H100 Qwen3-30B-A3B FP8-CS, pp 2 x vpp 24).
+HOST_QUANTIZE_S = {"mx": 77.604e-6, "cs": 294.168e-6}
 #: Seconds per routed token copy per MoE layer (forward + backward) of routing bookkeeping that is neither GEMM
-#: nor HBM-bandwidth bound (top-k, sort by expert, index computation, scatter). Fitted on the dev rows.
-MOE_TOKEN_COPY_S = 1.25e-8
+#: nor HBM-bandwidth bound (top-k, sort by expert, index computation, scatter). Fitted on the dev rows (11.5 ns;
+#: 12.5 ns on the coarser grid before 2026-12-04).
+MOE_TOKEN_COPY_S = 1.14585e-8
 
 #: Plausible ranges of the fitted constants above (``planner/calibration.py`` fits inside them).
 FIT_RANGES = {

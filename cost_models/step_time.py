@@ -38,16 +38,16 @@ inside those ranges, by ``planner/calibration.py`` on the dev rows of ``planner/
 ===========================================  ========  ==========  ==============================================
 constant (module)                            value     range       mainly constrained by
 ===========================================  ========  ==========  ==============================================
-``KAPPA`` (gemm)                             2.25      0.5-4       small GEMMs: SC21 1.7-18B, H100 weak scaling
-``POWER_CLOCK_EXPONENT`` (gemm)              2.33      1-3         torchtitan on 500 W H100s vs 700 W H200s
-``ATTENTION_TRAINING_SHARE`` (attention)     0.6       0.4-1       long-sequence CP rows, 8k Llama rows
-``UNFUSED_SCORE_PASSES`` (attention)         6         4-8         SC21, BLOOM (unfused softmax; their dropout apart)
+``KAPPA`` (gemm)                             1.99      0.5-4       small GEMMs: SC21 1.7-18B, H100 weak scaling
+``POWER_CLOCK_EXPONENT`` (gemm)              2.19      1-3         torchtitan on 500 W H100s vs 700 W H200s
+``ATTENTION_TRAINING_SHARE`` (attention)     0.59      0.4-1       long-sequence CP rows, 8k Llama rows
+``UNFUSED_SCORE_PASSES`` (attention)         6.42      4-8         SC21, BLOOM (unfused softmax; their dropout apart)
 ``ELEMENTWISE_PASSES`` deepspeed             40        8-40        BLOOM rows (edge)
-``TP_OVERLAP_EXPOSED`` megatron / torchtitan 0 / 0.58  0-0.5/0-0.7 NeMo recipes / torchtitan async TP
-``EP_OVERLAP_EXPOSED`` (collectives)         0.5       0-1         MoE rows with EP overlap
-``HOST_QUANTIZE_S`` mx / cs                  74/277 us 10-120/     FP8 MoE rows; cs near its range's top (one row)
+``TP_OVERLAP_EXPOSED`` megatron / torchtitan 0 / 0.7   0-0.5/0-0.7 NeMo recipes / torchtitan async TP (edge)
+``EP_OVERLAP_EXPOSED`` (collectives)         0.55      0-1         MoE rows with EP overlap
+``HOST_QUANTIZE_S`` mx / cs                  78/294 us 10-120/     FP8 MoE rows; cs near its range's top (one row)
                                                        20-300 us
-``MOE_TOKEN_COPY_S`` (moe_overhead)          12.5 ns   0-50 ns     MoE rows (Qwen3, DeepSeek-V3)
+``MOE_TOKEN_COPY_S`` (moe_overhead)          11.5 ns   0-50 ns     MoE rows (Qwen3, DeepSeek-V3)
 ===========================================  ========  ==========  ==============================================
 
 ``OVERLAP_COMPUTE_SLOWDOWN`` (0.189) is not fitted: Lee et al. 2025 (arXiv 2507.03114) average measured slowdown of
@@ -65,11 +65,10 @@ recipes (each row's ``setup`` block, ``planner/row_options.py``): DeepSeek-V3 no
 all-to-all (``ep_domain_copies``), Megatron pipeline layouts and the Megatron-Bridge DeepSeek-V3 presets (EP overlap,
 full-iteration CUDA graph).
 
-Result on the dev rows (``plan3d validate --cross-validate``, 91 evaluated rows): MAPE 5.34% in-sample, 6.67%
+Result on the dev rows (``plan3d validate --cross-validate``, 91 evaluated rows): MAPE 5.26% in-sample, 6.54%
 leave-one-source-group-out, each fold fitted from the middle of the ranges (above 10% held out: the Megatron-LM MoE
-recipes, 11.7%, whose host-time and EP-overlap constants then come from the Megatron-Bridge MoE rows, and the
-Megatron-LM Llama example, 10.1%, three H100 rows predicted 5-13% slow);
-Korthikanti et al. 2022 Table 5 (held out, ``tests/test_korthikanti_table5.py``): 2.08% mean, 4.87% max.
+recipes, 11.5%, whose host-time and EP-overlap constants then come from the Megatron-Bridge MoE rows);
+Korthikanti et al. 2022 Table 5 (held out, ``tests/test_korthikanti_table5.py``): 1.72% mean, 3.22% max.
 """
 from __future__ import annotations
 

@@ -580,8 +580,8 @@ def validate(dataset: str | os.PathLike[str] | None = None, cross_validate: bool
     """Run the step-time model over published, measured training runs (default: the packaged dev rows) and
     return the per-row and per-group errors (``ValidationReport.mape``, ``group_mape()``, ``failures(...)``).
     ``cross_validate``: also refit the model's constants without each source group and predict the group with them
-    (``ValidationReport.cross_validation``, ``planner.calibration.cross_validate``; one process, about 70 s on a
-    2-core machine), ``progress`` called with each fold's name. Raises ``PlanInputError`` for an unreadable dataset
+    (``ValidationReport.cross_validation``, ``planner.calibration.cross_validate``; one process, about three minutes
+    on a 2-core machine), ``progress`` called with each fold's name. Raises ``PlanInputError`` for an unreadable dataset
     or one with no evaluable row."""
     from .validation import load_rows, run_validation
     rep = run_validation(dataset)

@@ -89,10 +89,14 @@ def test_packaged_rows_are_the_shared_dev_rows_with_sources():
 #: causal call over the rank's s / cp tokens, the others unmasked over half its keys or half its queries, at the
 #: measured unmasked / causal ratio and their own occupancy; not a fit, and a refit moves no constant): the torchtitan
 #: 2024-12 CP rows, already too fast, +7.3 -> +9.0% (CP 4), +10.2 -> +12.3% (CP 8, 8B) and +13.9 -> +15.9% (CP 8, 405B);
-#: torchtitan 5.10 -> 5.34%.
-ACHIEVED_MAX_MAPE = 5.35
-ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 6.84, "nemo_bridge_perf_summary": 6.38, "nemo_2407_perf_summary": 5.0,
-                       "megatron_h100_weak_scaling": 8.05}
+#: torchtitan 5.10 -> 5.34%. 5.34 -> 5.26% with the constants refitted on all rows at the fit's finer resolution (1/96
+#: of each range, planner/calibration.py; the shipped constants are again that fit): KAPPA 2.25 -> 1.99,
+#: POWER_CLOCK_EXPONENT 2.33 -> 2.19, UNFUSED_SCORE_PASSES 6 -> 6.42, TP_OVERLAP_EXPOSED torchtitan 0.58 -> 0.7 (its
+#: range's top), EP_OVERLAP_EXPOSED 0.5 -> 0.55: H100 weak scaling 8.04 -> 6.96%, the Llama example 8.66 -> 7.61%,
+#: MoE recipes 6.67 -> 6.35%, SC21 2.67 -> 3.48%, Bridge 6.08 -> 6.16%.
+ACHIEVED_MAX_MAPE = 5.26
+ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 6.36, "nemo_bridge_perf_summary": 6.17, "nemo_2407_perf_summary": 4.83,
+                       "megatron_h100_weak_scaling": 6.97}
 
 
 def test_mape_does_not_regress(report):
@@ -294,10 +298,13 @@ def test_duplicate_row_ids_are_refused(run_cli, tmp_path):
 #: 6.40 -> 6.59% with fused attention at each call's measured occupancy (the ratchet above; a measurement, not a
 #: fit): Bridge held out 10.38 -> 9.93%, the Llama example 8.85 -> 10.08%, H100 weak scaling 8.53 -> 9.22%. 6.59 ->
 #: 6.67% with context parallelism's ring calls (the ratchet above): torchtitan held out 5.61 -> 5.86%, Bridge 9.93 ->
-#: 9.88%.
-ACHIEVED_LOGO_MAPE = 6.68
-ACHIEVED_LOGO_GROUP_MAPE = {"megatron_moe_recipes": 11.7, "nemo_bridge_perf_summary": 9.9,
-                            "megatron_llama_example": 10.1}
+#: 9.88%. 6.67 -> 6.54% with the fit resolving 1/96 of each constant's range (13 grid points, then bisections,
+#: planner/calibration.py; 7 points and one bisection before, 1/24) and its row dependencies found without the shipped
+#: values: H100 weak scaling held out 9.22 -> 8.48%, the Llama example 10.07 -> 9.57%, Bridge 9.88 -> 9.43%, MoE
+#: recipes 11.66 -> 11.52%, SC21 4.41 -> 4.55%, BLOOM 3.04 -> 3.26%.
+ACHIEVED_LOGO_MAPE = 6.55
+ACHIEVED_LOGO_GROUP_MAPE = {"megatron_moe_recipes": 11.6, "nemo_bridge_perf_summary": 9.5,
+                            "megatron_llama_example": 9.6}
 
 
 @pytest.fixture(scope="module")

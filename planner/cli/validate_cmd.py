@@ -21,7 +21,7 @@ def validate(
         "--max-group-mape", min=0.0, help="MAPE threshold per source group with >= 3 rows, percent")] = 10.0,
     cross_validate: Annotated[bool, typer.Option(
         "--cross-validate", help="also report leave-one-source-group-out MAPE (constants refitted without each "
-                                 "group; one process, ~70 s on a 2-core machine); the thresholds then apply to it "
+                                 "group; one process, ~3 min on a 2-core machine); the thresholds then apply to it "
                                  "too")] = False,
     fmt: FmtOpt = Fmt.table, output: OutOpt = None,
 ) -> None:
