@@ -16,7 +16,7 @@ pre-training tokens (Llama 3 paper, Sec. 3.4). Assumptions, each from the paper 
   ZeRO-1). Meta's FSDP also shards the gradients (ZeRO-2 memory, Sec. 3.3.2); plan3d's ZeRO-2 reduce-scatters them
   in every micro-batch, exposed (2.2 s of an 8.0 s step), which gives 325 TFLOP/s per GPU where Meta measured 400
   (Table 4) and 37.0M GPU-hours (+20%). With ZeRO-1 the 8K step gives 441 TFLOP/s, 10.3% above the measured 400
-  (434, +8.5%, with the constants of the coarser fit grid before 2026-12-04; 415 while the planner costed Megatron's
+  (435, +8.7%, with the constants of the coarser fit grid before 2026-12-04; 415 while the planner costed Megatron's
   DP reduction exposed; plan3d's launch overlaps it, ``planner/launch_options.py``), and that is the step the
   GPU-hours below use (``test_llama31_405b_step_matches_meta_tflops``);
 * failures: Meta's 419 interruptions in 54 days (1.97e-5 per GPU-hour), 6.47-min restarts, synchronous checkpoints
