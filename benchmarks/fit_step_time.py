@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{b.source}")
 
     # (2) in-sample vs LOGO per group
-    cv = cross_validate(rows, fold_progress=lambda g, k, n: print(f"  fold {k + 1}/{n}: without {g}",
+    cv = cross_validate(rows, fold_progress=lambda g, k, n: print(f"  fold {k}/{n} done: without {g}",
                                                                   file=sys.stderr, flush=True))
     print(f"\n{'group':30s} {'rows':>5s} {'in-sample':>10s} {'LOGO':>8s}")
     for g, (n, ins, lg) in cv.group_table().items():

@@ -11,7 +11,8 @@ that the fit resolves 1/96 of each range. Sweeps run until no constant moves (at
 middle of every range (``start_at_midpoints``), minimising the mean of the per-source-group MAPEs plus half the overall
 MAPE (so that a large group does not drown a small one). Each row's prediction is recomputed only when a constant it
 depends on changes (found once by perturbing each constant), and each (row, constants) pair only once across the folds
-(``RowErrors.predict``): a full cross-validation takes about three minutes on one core.
+(``RowErrors.predict``) within a process. The folds are independent and run in parallel processes
+(``cross_validate``'s ``workers``): a full cross-validation takes 170 s on one core, 97 s on two (2026-12-04).
 
 Leave-one-source-group-out (LOGO) cross-validation: for every source group, the constants are refitted on the
 other groups, from the middle of their ranges (not from the shipped values, which the held-out group helped fit: a
@@ -24,6 +25,9 @@ on the rows the constants were fitted on.
 from __future__ import annotations
 
 import math
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -322,35 +326,100 @@ class CrossValidation:
         return report
 
 
+def _fold(data: RowErrors, params: Sequence[Parameter], shipped: dict[str, float], group: str,
+          rounds: int) -> tuple[dict[str, float], dict[int, float]]:
+    """One LOGO fold: fit ``params`` on every group but ``group`` (from the middle of the ranges: the shipped values
+    carry the held-out group's evidence) and predict ``group``'s rows with them. Returns the fitted values and the
+    held-out rows' errors by row index; leaves the constants at ``shipped`` and ``data.errors`` as it found them."""
+    train = [i for i, x in enumerate(data.groups) if x != group]
+    test = [i for i, x in enumerate(data.groups) if x == group]
+    errors = list(data.errors)
+    try:
+        values = fit(data, train, params, rounds)
+        data.predict(test)
+        return values, {i: data.errors[i] for i in test}
+    finally:
+        for p in params:
+            p.set(shipped[p.name])
+        data.errors = errors
+
+
+#: The fold worker's copy of the rows, their errors and dependencies (``_init_fold_worker``).
+_WORKER: RowErrors | None = None
+
+
+def _init_fold_worker(rows: list[dict[str, Any]], ids: list[str], groups: list[str], errors: list[float],
+                      depends: dict[str, list[int]], memo: dict[tuple[int, tuple[float, ...]], float],
+                      values: dict[str, float]) -> None:
+    """Give a spawned fold worker the parent's rows, their errors, dependencies and memoised predictions
+    (``RowErrors``), and the parent's constants."""
+    global _WORKER
+    _WORKER = RowErrors(rows, ids, groups, errors, depends, memo)
+    for p in parameters():
+        p.set(values[p.name])
+
+
+def _run_fold_in_worker(group: str, rounds: int) -> tuple[str, dict[str, float], dict[int, float]]:
+    """Run one fold in a worker set up by ``_init_fold_worker``; returns (group, fitted values, held-out errors)."""
+    assert _WORKER is not None, "fold worker not initialised"
+    params = parameters()
+    values, held_out = _fold(_WORKER, params, current_values(params), group, rounds)
+    return group, values, held_out
+
+
+def default_workers(folds: int) -> int:
+    """Processes for ``folds`` folds: one per CPU this process may use (``os.sched_getaffinity`` where the platform
+    has it, else ``os.cpu_count``), at most one per fold."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(folds, cpus))
+
+
 def cross_validate(rows: Sequence[dict[str, Any]], rounds: int = ROUNDS,
-                   fold_progress: Callable[[str, int, int], None] | None = None) -> CrossValidation:
-    """LOGO cross-validation of the fitted constants over the source groups of ``rows`` (see module docstring);
-    ``fold_progress(group, done, total)`` is called before each fold. The constants are restored to their shipped
-    values afterwards."""
+                   fold_progress: Callable[[str, int, int], None] | None = None,
+                   workers: int | None = None) -> CrossValidation:
+    """LOGO cross-validation of the fitted constants over the source groups of ``rows`` (see module docstring).
+
+    The folds are independent fits, so they run in ``workers`` processes (default ``default_workers``: one per
+    CPU, at most one per fold; 1 runs them in this process). The result does not depend on ``workers``: each fold
+    is a function of the rows and the ranges alone. ``fold_progress(group, done, total)`` is called as each fold
+    finishes (``done`` folds of ``total``). The constants are restored to their shipped values afterwards.
+
+    Raises:
+        ValueError: ``workers`` below 1.
+    """
+    if workers is not None and workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
     params = parameters()
     shipped = current_values(params)
     data = RowErrors.of(rows)
     in_sample = list(data.errors)
     data.find_dependencies(params)
+    names = sorted(set(data.groups))
+    workers = default_workers(len(names)) if workers is None else workers
     logo = [math.nan] * len(data.rows)
     folds: dict[str, dict[str, float]] = {}
+
+    def done(group: str, values: dict[str, float], held_out: dict[int, float]) -> None:
+        folds[group] = values
+        for i, e in held_out.items():
+            logo[i] = e
+        if fold_progress is not None:
+            fold_progress(group, len(folds), len(names))
+
     try:
-        names = sorted(set(data.groups))
-        for k, g in enumerate(names):
-            if fold_progress is not None:
-                fold_progress(g, k, len(names))
-            train = [i for i, x in enumerate(data.groups) if x != g]
-            test = [i for i, x in enumerate(data.groups) if x == g]
-            # ``fit`` starts from the middle of every range: the shipped values carry the held-out group's evidence
-            folds[g] = fit(data, train, params, rounds)
-            data.predict(test)
-            for i in test:
-                logo[i] = data.errors[i]
-            # back to the shipped constants for the next fold
-            for p in params:
-                p.set(shipped[p.name])
-            data.errors = list(in_sample)
+        if workers == 1:
+            for g in names:
+                done(g, *_fold(data, params, shipped, g, rounds))
+        else:
+            # spawned (not forked) workers, each given the rows, their errors, dependencies and memoised predictions
+            # and this process's constants once; the folds are gathered by group, so the result's order is fixed
+            ctx = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_fold_worker,
+                                     initargs=(data.rows, data.ids, data.groups, in_sample, data.depends,
+                                               data._memo, shipped)) as pool:
+                for fut in as_completed([pool.submit(_run_fold_in_worker, g, rounds) for g in names]):
+                    done(*fut.result())
     finally:
         for p in params:
             p.set(shipped[p.name])
-    return CrossValidation(data.ids, data.groups, in_sample, logo, shipped, folds)
+    return CrossValidation(data.ids, data.groups, in_sample, logo, shipped, {g: folds[g] for g in names})

@@ -40,3 +40,19 @@ def test_fit_does_not_depend_on_the_shipped_constants(restored):
 def test_fit_resolves_a_96th_of_each_range():
     # 13 grid points (12 steps) and three bisections: the finest step is 1/96 of the range
     assert (GRID_POINTS - 1) * 2 ** REFINE_LEVELS == 96
+
+
+def test_cross_validation_is_the_same_in_worker_processes():
+    # the folds are independent fits: run in two spawned processes, they give the serial result exactly (and
+    # the parent's constants come back unchanged)
+    from planner.calibration import cross_validate
+    rows = [r for r in load_rows(None) if r["source"]["group"] in GROUPS]
+    before = current_values()
+    serial = cross_validate(rows, workers=1)
+    parallel = cross_validate(rows, workers=2)
+    assert parallel.logo == serial.logo
+    assert parallel.folds == serial.folds
+    assert list(parallel.folds) == sorted(GROUPS)
+    assert current_values() == before
+    with pytest.raises(ValueError, match="workers"):
+        cross_validate(rows, workers=0)

@@ -176,7 +176,8 @@ def test_bad_picture_suffix_fails_before_the_work(run_cli, tmp_path, monkeypatch
 def test_validate_help_states_the_cross_validation_time(run_cli):
     r = run_cli("validate", "--help")
     text = " ".join(r.stdout.split())
-    assert r.exit_code == 0 and "~3 min on a 2-core machine" in text and "~70 s" not in text
+    assert r.exit_code == 0 and "~100 s on a 2-core machine" in text and "~3 min" not in text
+    assert "--workers" in text
 
 
 # --- first/last stage layers: say what is wrong ------------------------------------------------------------------
