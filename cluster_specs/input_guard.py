@@ -34,10 +34,11 @@ MAX_INT_BITS = 1024
 
 
 def fmt_number(v: Any) -> str:
-    """A number in at most ~12 characters (6 significant digits), ints too large for a float included."""
+    """A number as an error message quotes it: an int of up to 18 digits as typed, a longer one or a float to 6
+    significant digits (ints too large for a float included)."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return repr(v)[:40]
-    if isinstance(v, int) and abs(v) < 10**12:
+    if isinstance(v, int) and abs(v) < 10**18:
         return str(v)
     if isinstance(v, int):
         return format(Decimal(v), ".6g") if v.bit_length() <= 4 * MAX_INT_BITS else f"an integer of {v.bit_length()} bits"

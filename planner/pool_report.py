@@ -7,6 +7,7 @@ from pathlib import Path
 from rich.table import Table
 
 from .pools import PoolsDocument
+from .uncertainty import step_cell
 
 
 def _pools_cell(p) -> str:
@@ -39,7 +40,7 @@ def plans_table(doc: PoolsDocument) -> Table:
         peak = f"{p.memory.peak_bytes / 2**30:.1f}/{p.memory.capacity_bytes / 2**30:.1f}" if p.memory else "-"
         t.add_row(str(p.rank), _pools_cell(p), _layers_cell(p), str(q.tp), str(q.pp), str(q.dp), str(q.cp), str(q.ep),
                   str(q.micro_batch_size), str(q.zero_stage), "y" if q.sequence_parallel else "n", q.recompute,
-                  str(p.launch.world_size), str(p.idle_gpus), peak, f"{p.time.step_s:.3f}",
+                  str(p.launch.world_size), str(p.idle_gpus), peak, step_cell(p.time),
                   f"{p.throughput.tokens_per_s:,.0f}", f"{p.throughput.mfu:.1%}", p.source)
     return t
 

@@ -124,6 +124,28 @@ def tied_with_best(plans: Sequence[tuple[float, float, float]]) -> int:
     return n
 
 
+def step_cell(tim: Any) -> str:
+    """A plan table's step cell: step seconds with the half-width of its uncertainty interval
+    (``time.step_s_high``, a plan document's ``TimeInfo``), e.g. ``24.176 ±14%``; ``-`` without a time."""
+    if tim is None:
+        return "-"
+    if not tim.step_s_high or not tim.step_s:
+        return f"{tim.step_s:.3f}"
+    return f"{tim.step_s:.3f} ±{100 * (tim.step_s_high / tim.step_s - 1):.0f}%"
+
+
+def tie_note(plans: Sequence[Any]) -> str | None:
+    """The line under a plans table (``plan``, ``plan`` over pools) when its top plans lie within each other's
+    uncertainty interval (``tied_with_best`` over the feasible plans with an interval, best first); None otherwise."""
+    spans = [(p.time.step_s, p.time.step_s_low, p.time.step_s_high) for p in plans
+             if p.feasible and p.time is not None and p.time.step_s_low is not None]
+    n = tied_with_best(spans)
+    if n < 2:
+        return None
+    return (f"plans 1-{n} are effectively tied: their step times lie within each other's ± interval (the "
+            f"cross-validated error of 80% of published runs like these)")
+
+
 def write_residuals(cv: Any, rows: Sequence[dict[str, Any]], path: Path | None = None) -> Path:
     """Write the cross-validated residuals (``planner.calibration.CrossValidation`` of ``rows``) and their class
     table to ``path`` (default: the packaged ``step_time_residuals.json``). Deterministic output."""

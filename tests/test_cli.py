@@ -137,6 +137,12 @@ def test_models_and_clusters_lists(run_cli):
     (("plan", "--objective", "min-gpus", "--target-step-s", "inf"), "--target-step-s inf: must be a positive finite"),
     (("plan", "--objective", "min-gpus", "--target-tokens-per-day", "inf"), "--target-tokens-per-day inf"),
     (("validate", "--dataset", "/"), "is a directory"),
+    # inf passes min=0 and would switch the threshold off
+    (("validate", "--max-mape", "inf"), "'--max-mape': inf: must be a finite number"),
+    (("validate", "--max-group-mape", "inf"), "'--max-group-mape': inf: must be a finite number"),
+    (("validate", "--cross-validate", "--workers", "0"), "--workers"),
+    # an integer is quoted as typed, not in float notation
+    (("plan", "--global-batch-size", "10000000000000"), "--global-batch-size 10000000000000 is outside [1, 1638400]"),
     # learned absolute positions (GPT-3: 2048): a longer sequence would be another model
     (("plan", "--model", "gpt3-175b", "--gpus", "64", "--seq-length", "4096"), "exceeds gpt3-175b's learned position embeddings"),
 ])

@@ -76,3 +76,15 @@ def test_plan_says_when_the_top_plans_are_tied(run_cli):
     # Hopper runs' interval
     r = run_cli("plan", "--model", "llama3.1-8b", "--gpus", "16")
     assert r.exit_code == 0 and "effectively tied" in r.stdout
+
+
+def test_plan_over_pools_shows_the_interval_and_the_tie(run_cli):
+    # the pools table carries the same ± cell and tie line as plan's (the JSON already had the interval)
+    args = ("plan", "--model", "llama3.1-70b", "--cluster", "dgx-h100:4,dgx-a100-80g:4", "--global-batch-size", "512")
+    doc = run_cli(*args, "--format", "json").json()
+    t = doc["plans"][0]["time"]
+    table = run_cli(*args)
+    assert table.exit_code == 0
+    pct = round(100 * (t["step_s_high"] / t["step_s"] - 1))
+    assert f"{t['step_s']:.3f} ±{pct}%" in table.stdout
+    assert "effectively tied" in table.stdout

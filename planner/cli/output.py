@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from ..uncertainty import step_cell, tie_note
 from .options import AT_RISK_DEFAULT, Emit, Fmt, Framework, Launcher
 
 
@@ -104,33 +105,12 @@ def _plans_table(doc, title: str, at_risk_margin: float = AT_RISK_DEFAULT):
                   str(q.micro_batch_size), str(q.zero_stage), "y" if q.sequence_parallel else "n",
                   q.recompute if q.recompute_num_layers is None else f"full {q.recompute_num_layers}/chunk",
                   *([q.pipeline_schedule] if sched else []),
-                  peak, _step_cell(p.time),
+                  peak, step_cell(p.time),
                   f"{p.throughput.tokens_per_s:,.0f}" if p.throughput else "-",
                   f"{p.throughput.tflops_per_gpu:.0f}" if p.throughput else "-",
                   f"{p.throughput.mfu:.1%}" if p.throughput else "-",
                   "yes" if p.feasible else "NO", *extra)
     return t
-
-
-def _step_cell(tim) -> str:
-    """Step seconds with the half-width of its uncertainty interval (time.step_s_high), e.g. ``24.176 ±14%``."""
-    if tim is None:
-        return "-"
-    if not tim.step_s_high or not tim.step_s:
-        return f"{tim.step_s:.3f}"
-    return f"{tim.step_s:.3f} ±{100 * (tim.step_s_high / tim.step_s - 1):.0f}%"
-
-
-def _tie_note(doc) -> str | None:
-    """The line under ``plan``'s table when the top plans lie within each other's uncertainty interval."""
-    from ..uncertainty import tied_with_best
-    plans = [(p.time.step_s, p.time.step_s_low, p.time.step_s_high) for p in doc.plans
-             if p.feasible and p.time is not None and p.time.step_s_low is not None]
-    n = tied_with_best(plans)
-    if n < 2:
-        return None
-    return (f"plans 1-{n} are effectively tied: their step times lie within each other's ± interval (the "
-            f"cross-validated error of 80% of published runs like these)")
 
 
 def _split_str(q) -> str:
@@ -238,7 +218,7 @@ def render_plans(doc, fmt: Fmt, output: Path | None, emit: Emit | None, title: s
         con.print(_plans_table(doc, title, at_risk_margin))
         for line in cost_lines(doc):
             con.print(line, highlight=False)
-        note = _tie_note(doc)
+        note = tie_note(doc.plans)
         if note is not None:
             con.print(note)
         write_output(buf.getvalue(), output)  # one-line error naming the path and the OS reason
@@ -248,7 +228,7 @@ def render_plans(doc, fmt: Fmt, output: Path | None, emit: Emit | None, title: s
     for p in doc.plans:
         for v in p.violations:
             console.print(f"  plan {p.rank}: {v}")
-    note = _tie_note(doc)
+    note = tie_note(doc.plans)
     if note is not None:
         console.print(note)
     for line in cost_lines(doc):

@@ -219,9 +219,13 @@ def _plan_pools(model, cluster, opts: dict, fmt: Fmt, output: Path | None, emit:
         from rich.console import Console
 
         from ..pool_report import plans_table, subsets_table
+        from ..uncertainty import tie_note
         buf = io.StringIO() if output is not None else None
         con = Console(file=buf, width=200) if buf is not None else Console(width=max(200, Console().width))
         con.print(plans_table(doc))
+        note = tie_note(doc.plans)
+        if note is not None:
+            con.print(note)
         con.print(subsets_table(doc))
         if buf is not None:
             write_output(buf.getvalue(), output)

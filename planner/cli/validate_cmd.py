@@ -1,6 +1,7 @@
 """``plan3d validate``: predictions against the published runs, with the leave-one-group-out figure."""
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -12,13 +13,22 @@ from .options import Fmt, FmtOpt, OutOpt
 from .output import open_output, write_output
 
 
+def _finite(ctx: typer.Context, param: typer.CallbackParam, value: float) -> float:
+    """Refuse an infinite threshold (``inf`` passes ``min=0`` and would switch the check off without a word)."""
+    if not math.isfinite(value):
+        raise typer.BadParameter(f"{value}: must be a finite number")
+    return value
+
+
 @app.command()
 def validate(
     dataset: Annotated[Optional[Path], typer.Option(
         "--dataset", help="published-runs YAML (default: the packaged dev rows)")] = None,
-    max_mape: Annotated[float, typer.Option("--max-mape", min=0.0, help="overall MAPE threshold, percent")] = 7.0,
+    max_mape: Annotated[float, typer.Option("--max-mape", min=0.0, callback=_finite,
+                                            help="overall MAPE threshold, percent")] = 7.0,
     max_group_mape: Annotated[float, typer.Option(
-        "--max-group-mape", min=0.0, help="MAPE threshold per source group with >= 3 rows, percent")] = 10.0,
+        "--max-group-mape", min=0.0, callback=_finite,
+        help="MAPE threshold per source group with >= 3 rows, percent")] = 10.0,
     cross_validate: Annotated[bool, typer.Option(
         "--cross-validate", help="also report leave-one-source-group-out MAPE (constants refitted without each "
                                  "group, the groups in parallel processes: ~100 s on a 2-core machine); the "
