@@ -585,13 +585,13 @@ def validate(dataset: str | os.PathLike[str] | None = None, cross_validate: bool
     total)`` called as each fold finishes. Raises ``PlanInputError`` for an unreadable dataset, one with no evaluable
     row, or ``workers`` below 1."""
     from .validation import load_rows, run_validation
+    if workers is not None and workers < 1:
+        raise PlanInputError(f"--workers: {workers}; allowed: an integer >= 1 (processes for the cross-validation)")
     rep = run_validation(dataset)
     if not rep.evaluated:
         reasons = sorted({r.skipped for r in rep.rows if r.skipped})
         raise PlanInputError(f"--dataset: no row could be evaluated ({len(rep.rows)} rows"
                              + (f"; skipped: {'; '.join(reasons[:3])}" if reasons else "") + ")")
-    if workers is not None and workers < 1:
-        raise PlanInputError(f"--workers: {workers}; allowed: an integer >= 1 (processes for the cross-validation)")
     if cross_validate:
         from .calibration import cross_validate as run_cross_validation
         rep.cross_validation = run_cross_validation(load_rows(dataset), fold_progress=progress, workers=workers)

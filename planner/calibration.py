@@ -354,7 +354,7 @@ def _init_fold_worker(rows: list[dict[str, Any]], ids: list[str], groups: list[s
     """Give a spawned fold worker the parent's rows, their errors, dependencies and memoised predictions
     (``RowErrors``), and the parent's constants."""
     global _WORKER
-    _WORKER = RowErrors(rows, ids, groups, errors, depends, memo)
+    _WORKER = RowErrors(rows=rows, ids=ids, groups=groups, errors=errors, depends=depends, _memo=memo)
     for p in parameters():
         p.set(values[p.name])
 
