@@ -6,6 +6,7 @@ deepspeed 0.19.8, torchtitan 0.2.2).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import tomllib
@@ -168,7 +169,35 @@ def megatron_core_config(a: dict, vpp: int | None):
         kw["normalization"] = a["normalization"]
     if isinstance(kw.get("recompute_modules"), str):
         kw["recompute_modules"] = [kw["recompute_modules"]]
-    return cls(**kw)
+    with _transformer_engine_permutation_present(bool(kw.get("moe_permute_fusion"))):
+        return cls(**kw)
+
+
+#: Transformer Engine's fused permutation functions whose presence ``TransformerConfig.__post_init__`` checks under
+#: ``moe_permute_fusion`` (megatron-core 0.16 ``transformer_config.py``: "fused permutation is not available. Please
+#: install TE >= 2.1.0.").
+TE_PERMUTATION_FUNCTIONS = ("fused_permute", "fused_permute_with_probs", "fused_sort_chunks_by_index",
+                            "fused_sort_chunks_by_index_with_probs", "fused_unpermute")
+
+
+@contextlib.contextmanager
+def _transformer_engine_permutation_present(needed: bool):
+    """While the config is built: stand-ins for TE's fused permutation functions where TE is not installed (no GPU
+    library on the test machine; the launch machine has TE, as ``--moe-permute-fusion`` requires). The check is of
+    the environment, not of the configuration; every other rule of ``__post_init__`` still runs."""
+    from megatron.core.transformer.moe import moe_utils
+    missing = [n for n in TE_PERMUTATION_FUNCTIONS if getattr(moe_utils, n, None) is None] if needed else []
+    saved = {n: getattr(moe_utils, n) for n in missing if hasattr(moe_utils, n)}
+    for n in missing:
+        setattr(moe_utils, n, object())
+    try:
+        yield
+    finally:
+        for n in missing:
+            if n in saved:
+                setattr(moe_utils, n, saved[n])
+            else:
+                delattr(moe_utils, n)
 
 
 def megatron_layers_per_rank(cfg) -> list[list[int]]:

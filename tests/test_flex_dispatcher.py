@@ -105,3 +105,14 @@ def test_backend_type_and_measured_tables_name_the_same_backends():
     from cluster_specs.efficiency import FLEX_DISPATCHER_BACKENDS
     from cost_models.config import FlexDispatcherBackend
     assert get_args(FlexDispatcherBackend) == FLEX_DISPATCHER_BACKENDS
+
+
+def test_moe_runs_are_emitted_with_the_fused_routing_kernels_the_model_charges():
+    """Megatron-LM's MoE recipes set moe_router_fusion and moe_permute_fusion (examples/moe_recipes/*.yaml at
+    d48bd6be); moe_overhead.moe_routing_s charges those kernels, so the emitted run must ask for them (Megatron-LM's
+    defaults are False: the unfused PyTorch permutation, measured 3-7x slower on an H200)."""
+    par = ParallelConfig(dp=16, ep=16, micro_batch_size=4, zero_stage=1)
+    args = megatron_args(Q30, TrainingJob(global_batch_size=512), par, GB200)
+    assert "--moe-router-fusion" in args and "--moe-permute-fusion" in args  # names: test_emit's parser check
+    dense = megatron_args(get_model("llama3.1-8b"), TrainingJob(global_batch_size=512), ParallelConfig(dp=8), GB200)
+    assert "--moe-router-fusion" not in dense and "--moe-permute-fusion" not in dense

@@ -36,6 +36,11 @@ Choices (each the framework's documented behaviour):
   top-k weights are not renormalised (HF ``norm_topk_prob`` false; megatron-core ``topk_routing_with_score_
   function`` renormalises sigmoid top-k scores, so sigmoid without renormalisation is refused); drop-and-pad routing
   (``--capacity-factor``) as ``--moe-expert-capacity-factor F --moe-pad-expert-input-to-capacity``.
+* MoE routing kernels: ``--moe-router-fusion --moe-permute-fusion`` (Transformer Engine's fused top-k router, TE >=
+  2.7, and its Triton permutation kernels, TE >= 2.1; Megatron-LM ``TransformerConfig``), the kernels the step-time
+  model charges (``moe_overhead.moe_routing_s``) and the MoE recipes run (``examples/moe_recipes/*.yaml``: both
+  true). Measured on an H200 (``benchmarks/moe_routing_device.py``), the unfused PyTorch path takes 3-7x the fused
+  permutation's GPU time, and Megatron-LM's unfused router 1.3-3x that of two top-k kernels.
 * Pipeline schedule: 1F1B, interleaved 1F1B (``vpp`` > 1) or, for ``combined-1f1b``,
   ``--overlap-moe-expert-parallel-comm --delay-wgrad-compute`` (``combined_1f1b.py``); other schedules (GPipe,
   ZB-H1, ZB-V, DualPipe, DualPipeV) are refused: Megatron-LM does not run them (``check_megatron``).
@@ -401,6 +406,8 @@ def parallel_args(model: ModelSpec, job: TrainingJob, par: ParallelConfig,
     if model.moe is not None:
         add(["--expert-model-parallel-size", str(par.ep), "--expert-tensor-parallel-size", str(par.expert_tp)])
         add(dispatcher_args(job, par, cluster))
+        # the fused router and permutation kernels whose time moe_overhead.moe_routing_s charges
+        add(["--moe-router-fusion", "--moe-permute-fusion"])
     elif par.ep > 1:
         raise EmitError(f"ep {par.ep}: expert parallelism needs a mixture-of-experts model ({model.name} is dense)")
     if par.sequence_parallel:
