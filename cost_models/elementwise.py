@@ -1,6 +1,7 @@
 """Memory-bound work of a layer and of the model's ends, on one GPU (seconds): HBM traffic at the HBM bandwidth.
 
-Norms, residual adds, activation functions, rotary, dropout, MoE permutation: ``layer_passes`` x 2 bytes x the
+Norms, residual adds, activation functions, rotary, dropout (the MoE token permutation is ``moe_overhead``'s):
+``layer_passes`` x 2 bytes x the
 hidden state (divided by TP only under sequence parallelism, else replicated on every TP rank) and x the local
 attention heads' width (rotary, head layout copies), plus the MLP
 activation over the TP-sharded FFN width, plus FP8 casts of GEMM inputs and weights; backward = 2 x forward (the
@@ -102,8 +103,6 @@ def layer_passes(model: ModelSpec, framework: str) -> Passes:
                   ffn=UNFUSED_ACTIVATION_PASSES.get(model.activation, 0.0))
 
 
-#: Passes over the top_k token copies in MoE permute/unpermute (write + read at dispatch and at combine).
-MOE_PERMUTE_PASSES = 4.0
 #: HBM bytes per element of one FP8 cast (read 16-bit, write 8-bit).
 FP8_CAST_BYTES = 3.0
 #: HBM bytes per logit of one micro-batch's cross-entropy (forward, backward) by implementation
@@ -142,20 +141,17 @@ def layer_memory_bound_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJo
     h = model.hidden_size
     passes = layer_passes(model, framework)
     hid = tok * h / (par.tp if par.sequence_parallel else 1)
-    extra = 0.0
-    if model.moe is not None and model.is_moe_layer(layer):
+    if model.moe is not None and model.is_moe_layer(layer):  # the token permutation: moe_overhead.moe_routing_s
         ffn_act = model.moe.top_k * model.moe.expert_ffn_hidden_size / par.tp
         ffn_act += model.moe.shared_expert_ffn_hidden_size / par.tp
-        # permute + unpermute: top_k copies of each hidden state written and read, each way
-        extra += MOE_PERMUTE_PASSES * model.moe.top_k * tok * h / par.tp
     else:
         ffn_act = model.ffn_hidden_size / par.tp
     act = (3 + passes.ffn if model.gated_mlp else 2 + passes.ffn) * tok * ffn_act
     ab = compute_bytes(job.precision)  # 4 bytes per activation element in fp32 training
-    mem = ab * (passes.hidden * hid + passes.heads * tok * h / par.tp + act + extra) / hbm
+    mem = ab * (passes.hidden * hid + passes.heads * tok * h / par.tp + act) / hbm
     if job.dropout and framework.split("_")[0] != "torchtitan":
         mem += DROPOUT_MASK_BYTES * hid / hbm
-    mlp = ab * (act + extra) / hbm
+    mlp = ab * act / hbm
     if job.precision == "fp8":
         mem += fp8_cast_s(model, cluster, job, par, layer)
     return mem, mlp

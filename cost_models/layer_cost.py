@@ -11,12 +11,13 @@ from cluster_specs.spec import ClusterSpec
 from model_zoo.spec import ModelSpec
 
 from .attention import attention_core_s
-from .collectives import TP_BACKWARD_OVERLAP_WINDOW, cp_layer_s, ep_layer_s, tp_layer_s
+from .collectives import TP_BACKWARD_OVERLAP_WINDOW, cp_layer_s, ep_layer_s, moe_token_dispatcher, tp_layer_s
 from .config import ParallelConfig, TrainingJob
 from .data_parallel import overlapped_exposed_s
 from .elementwise import layer_memory_bound_s
 from .gemm import layer_gemms_s, op_sac_recomputed_gemms_s
 from .layout import GroupPlacement
+from .moe_overhead import moe_routing_s
 
 
 @dataclass
@@ -37,6 +38,8 @@ class LayerCost:
     cp: float = 0.0
     ep: float = 0.0
     moe: bool = False  # a MoE layer: only its attention block's GEMMs hide the backward TP collectives
+    routing_f: float = 0.0  # MoE routing bookkeeping (router kernel, token permutation), forward
+    routing_b: float = 0.0  # the same, backward
 
     def compute_forward_s(self) -> float:
         """GEMMs + attention + memory-bound work, forward."""
@@ -84,6 +87,8 @@ def layer_cost(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: Pa
     c.tp, c.tp_blocking = tp_layer_s(model, cluster, job, par, groups, layer, framework.split("_")[0])
     c.cp = cp_layer_s(model, cluster, job, par, groups, c.attn_f)
     c.ep = ep_layer_s(model, cluster, job, par, layer, groups)
+    c.routing_f, c.routing_b = moe_routing_s(model, cluster, job, par, layer,
+                                             moe_token_dispatcher(job, groups.get("ep")))
     return c
 
 
@@ -125,7 +130,7 @@ def selective_recompute_s(x: LayerCost, par: ParallelConfig, framework: str = "m
     if "core_attn" in mods:
         t += x.attn_f
     if block:
-        t += x.gemm_mlp + x.mem_mlp
+        t += x.gemm_mlp + x.mem_mlp + x.routing_f
     elif act:
         t += x.mem_mlp
     if "mla_up_proj" in mods:
@@ -152,5 +157,5 @@ def recompute_breakdown_s(x: LayerCost, par: ParallelConfig, full: bool,
     block, act = _mlp_recomputed(x, mods)
     gemm = x.gemm if full else (x.gemm_mlp if block else 0.0) + (x.gemm_up if "mla_up_proj" in mods else 0.0)
     attn = x.attn_f if full or "core_attn" in mods else 0.0
-    mem = x.mem if full else (x.mem_mlp if block or act else 0.0)
+    mem = x.mem + x.routing_f if full else (x.mem_mlp if block or act else 0.0) + (x.routing_f if block else 0.0)
     return gemm, attn, mem

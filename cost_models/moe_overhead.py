@@ -1,5 +1,6 @@
-"""MoE work that is neither a GEMM, an HBM stream nor a collective, per MoE layer on one GPU (seconds per
-micro-batch): routing bookkeeping per routed token copy, and the host time of the per-expert work that the GPU
+"""MoE work that is neither a GEMM nor a collective, per MoE layer on one GPU (seconds per micro-batch): the routing
+bookkeeping (the fused router kernel, the token permutation's HBM traffic at the share of the bandwidth its kernels
+were measured to reach, and a fitted remainder per routed copy), and the host time of the per-expert work that the GPU
 cannot hide.
 
 Host-bound expert blocks. Dropless routing copies the per-expert token counts to the host and synchronises before
@@ -35,7 +36,7 @@ from __future__ import annotations
 from cluster_specs.spec import ClusterSpec
 from model_zoo.spec import ModelSpec
 
-from .config import ParallelConfig, TrainingJob
+from .config import ParallelConfig, TrainingJob, compute_bytes
 from .fit_range import FitRange
 from .gemm import expert_gemms_s
 
@@ -56,13 +57,38 @@ HOST_GEMM_S = 16.5e-6
 #: gets a light ``*TensorStorage`` object and one cast launch (the block scales come out of the cast kernel).
 #: ``cs`` (per-tensor current scaling): each expert's output is allocated on its own (data, transpose, scale) as a
 #: ``Float8Tensor`` (a ``torch.Tensor`` subclass) and quantized by three launches: amax, scale, cast. Fitted
-#: (78 / 294 us; 74 / 277 us on the coarser grid before 2026-12-04); ``cs`` sits near the top of its range, held
+#: (71 / 280 us since the MoE routing kernels are measured, 2026-12-04; 78 / 294 us before; 74 / 277 us on the coarser
+#: grid before that); ``cs`` sits near the top of its range, held
 #: there by one row (Bridge H100 Qwen3-30B-A3B FP8-CS, pp 2 x vpp 24).
-HOST_QUANTIZE_S = {"mx": 77.604e-6, "cs": 294.168e-6}
-#: Seconds per routed token copy per MoE layer (forward + backward) of routing bookkeeping that is neither GEMM
-#: nor HBM-bandwidth bound (top-k, sort by expert, index computation, scatter). Fitted on the dev rows (11.5 ns;
-#: 12.5 ns on the coarser grid before 2026-12-04).
-MOE_TOKEN_COPY_S = 1.14585e-8
+HOST_QUANTIZE_S = {"mx": 70.7292e-6, "cs": 279.584e-6}
+#: Share of the datasheet HBM bandwidth that the token permutation kernels reach, counting the bytes they must move
+#: (``permute_passes``). Measured, not fitted: Transformer Engine 2.8's Triton kernels (``--moe-permute-fusion``:
+#: ``make_row_id_map``, ``permute_with_mask_map``, ``sort_chunks_by_map``, ``unpermute_with_mask_map``, forward and
+#: backward) on one H200, 2026-12-04, for the routing shapes of Qwen3-30B-A3B, Qwen3-235B-A22B, DeepSeek-V3 and
+#: Mixtral 8x7B at 2,048-16,384 tokens: 0.56-0.74 of 4.8 TB/s, median 0.676 over the 21 shapes with 4,096 tokens or
+#: more per GPU (training micro-batches; 0.674 over all 27) (a plain copy of the same bytes: 0.76-0.89)
+#: (``benchmarks/moe_routing_device.py``, data ``benchmarks/data/measured_h200_20261204_moe_routing.json``,
+#: ``benchmarks/moe_routing_measured.py``). Taken as the kernels' share on every GPU (one GPU measured). Before: 4 HBM
+#: passes at the datasheet rate in the memory-bound term and a fitted 11.5 ns per routed copy on top.
+PERMUTE_HBM_FRACTION = 0.676
+#: GPU seconds of one fused router kernel (``--moe-router-fusion``: Transformer Engine's
+#: ``fused_topk_with_score_function``, one kernel forward and one backward) over ``[tokens, experts]`` logits:
+#: ``a + per_token x tokens + per_score x tokens x experts``. Not measured directly (TE's CUDA kernels were not on the
+#: measuring machine): ``torch.topk`` over the same logits, the kernel's dominant step, measured on one H200,
+#: 2026-12-04 (same run as ``PERMUTE_HBM_FRACTION``), least squares over 16 shapes (max error 14%): 10.0 us + 1.14 ns
+#: per token + 41 ps per token-expert score. Megatron-LM's unfused router (PyTorch top-k, softmax / sigmoid, scatter,
+#: load-balancing loss, autograd: ~25 kernels) took 92-606 us forward + backward on the same shapes; the MoE recipes
+#: all set ``moe_router_fusion: true``.
+ROUTER_KERNEL_S = (10.04e-6, 1.143e-9, 41.31e-12)
+#: Seconds per routed token copy per MoE layer (forward + backward, 1/3 and 2/3) of routing work in a multi-GPU
+#: training step beyond the router and permutation kernels measured alone (``ROUTER_KERNEL_S``,
+#: ``PERMUTE_HBM_FRACTION``). Fitted on the dev rows' MoE runs: 14.1 ns (2026-12-04). It is larger than what the
+#: measured kernels themselves cost per copy under the flex dispatchers the MoE recipes run (Qwen3-30B-A3B, 4,096
+#: tokens: 7.9 ns forward + backward), so it carries something the kernels alone do not show: the permutation sharing
+#: the GPU with the dispatcher's communication kernels, or the host synchronisation of dropless routing (not
+#: measured on one GPU). Before the kernels were measured it was 11.5 ns on top of 4 forward HBM passes at the
+#: datasheet rate (``benchmarks/moe_routing_measured.py`` prints both against the measurement).
+MOE_TOKEN_COPY_S = 1.40626e-8
 
 #: Plausible ranges of the fitted constants above (``planner/calibration.py`` fits inside them).
 FIT_RANGES = {
@@ -76,7 +102,9 @@ FIT_RANGES = {
                                    "creation, 3 allocations, quantizer conversion: up to ~5 eager-op overheads of "
                                    "up to 60 us)"),
     "MOE_TOKEN_COPY_S": FitRange(0.0, 5.0e-8, "s per routed token copy per layer",
-                                 "top-k, sort and scatter kernels: a few ns to tens of ns per copy at HBM speed"),
+                                 "0: the router and permutation kernels measured alone are the whole cost; 50 ns: "
+                                 "the same work again several times over (the measured kernels cost 5-60 ns per "
+                                 "copy forward + backward at hidden 2,048-7,168)"),
 }
 
 
@@ -93,14 +121,44 @@ def quantize_host_s(job: TrainingJob, fp8_recipe: str) -> float:
     return HOST_QUANTIZE_S[fp8_recipe]
 
 
-def moe_routing_s(model: ModelSpec, job: TrainingJob, par: ParallelConfig, layer: int) -> float:
-    """Routing bookkeeping of one MoE layer, forward + backward seconds per micro-batch (1/3 forward, 2/3
-    backward): ``MOE_TOKEN_COPY_S`` per routed token copy (top-k, sort by expert, index/scatter kernels); 0 for
-    dense layers."""
+def permute_passes(top_k: int, chunk_sort: bool) -> float:
+    """HBM passes over the routed copies (``top_k x tokens x hidden`` elements) of one direction (forward or
+    backward) of a MoE layer's token permutation, counted from Megatron-LM's token dispatchers with
+    ``--moe-permute-fusion`` (``megatron/core/transformer/moe/token_dispatcher.py``, ``moe_utils.py`` at d98e8a64dd;
+    TE 2.8 ``pytorch/permutation.py``): the permutation reads each token once and writes its ``top_k`` copies
+    (``1 + 1/top_k``), the un-permutation reads the copies and writes the token (``1 + 1/top_k``); the ``alltoall``
+    dispatcher with several local experts also sorts the received chunks by local expert after the dispatch and back
+    before the combine (``sort_chunks_by_idxs``: read + write, twice: 4). The backward moves the same bytes."""
+    return 2.0 + 2.0 / top_k + (4.0 if chunk_sort else 0.0)
+
+
+def router_kernel_s(tokens: float, experts: int) -> float:
+    """GPU seconds of one fused router kernel over ``[tokens, experts]`` logits (``ROUTER_KERNEL_S``)."""
+    a, per_token, per_score = ROUTER_KERNEL_S
+    return a + per_token * tokens + per_score * tokens * experts
+
+
+def moe_routing_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, layer: int,
+                  dispatcher: str) -> tuple[float, float]:
+    """(forward, backward) seconds of one MoE layer's routing bookkeeping for one micro-batch: the fused router
+    kernel (``router_kernel_s``, each way), the token permutation, ``permute_passes`` over the routed copies in the
+    activation dtype at ``PERMUTE_HBM_FRACTION`` of the datasheet HBM bandwidth, and ``MOE_TOKEN_COPY_S`` per routed
+    copy (1/3 forward, 2/3 backward). The chunk sort runs under
+    ``dispatcher`` ``alltoall`` with more than one local expert (``collectives.moe_token_dispatcher``); the flex
+    dispatchers (DeepEP, HybridEP) permute the received tokens once each way. Tokens per GPU: micro-batch x sequence /
+    CP / TP (sequence parallel); drop-and-pad routing permutes every padded slot (``routed_token_factor``). (0, 0)
+    for dense layers."""
     if model.moe is None or not model.is_moe_layer(layer):
-        return 0.0
-    tok = par.micro_batch_size * job.seq_length / par.cp
-    return MOE_TOKEN_COPY_S * tok * model.moe.top_k / par.tp
+        return 0.0, 0.0
+    tok = par.micro_batch_size * job.seq_length / par.cp / par.tp
+    local = model.moe.num_experts / par.ep
+    chunk_sort = dispatcher == "alltoall" and local > 1
+    copies = tok * model.moe.top_k * job.routed_token_factor
+    rate = cluster.gpu.hbm_bandwidth_bytes_per_s * PERMUTE_HBM_FRACTION
+    permute = permute_passes(model.moe.top_k, chunk_sort) * copies * model.hidden_size * compute_bytes(job.precision)
+    one_way = router_kernel_s(tok, model.moe.num_experts) + permute / rate
+    rest = MOE_TOKEN_COPY_S * copies
+    return one_way + rest / 3, one_way + 2 * rest / 3
 
 
 def moe_host_exposed_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, layer: int,

@@ -5,9 +5,10 @@ Per micro-batch and per pipeline (virtual) stage, on one GPU (seconds), one modu
 * **GEMMs** (``gemm.py``): weight GEMMs at the MAMF rate plus operand streaming (roofline); backward 2x.
 * **Attention core** (``attention.py``): fused flash attention at a sequence-length-dependent efficiency, or the
   unfused batched GEMMs + score passes of the SC21/BLOOM era.
-* **Memory-bound work** (``elementwise.py``): norms, residuals, activations, MoE permutation, FP8 casts, the
+* **Memory-bound work** (``elementwise.py``): norms, residuals, activations, FP8 casts, the
   cross-entropy over the logits and the embedding gather, at the HBM bandwidth.
-* **MoE overhead** (``moe_overhead.py``): routing bookkeeping per token copy, host time per local expert.
+* **MoE overhead** (``moe_overhead.py``): routing bookkeeping (router kernel, token permutation, a fitted remainder
+  per routed copy), host time per local expert.
 * **Recompute** (``layer_cost.py``): full recompute re-runs the forward (compute and its TP / EP collectives) of
   each recomputed layer before its backward: every layer, or with ``recompute_num_layers`` N the first N layers
   of each model chunk (Megatron ``--recompute-method block``; ``flops.recomputed_layers``, the same layers HFU
@@ -38,16 +39,16 @@ inside those ranges, by ``planner/calibration.py`` on the dev rows of ``planner/
 ===========================================  ========  ==========  ==============================================
 constant (module)                            value     range       mainly constrained by
 ===========================================  ========  ==========  ==============================================
-``KAPPA`` (gemm)                             1.99      0.5-4       small GEMMs: SC21 1.7-18B, H100 weak scaling
-``POWER_CLOCK_EXPONENT`` (gemm)              2.19      1-3         torchtitan on 500 W H100s vs 700 W H200s
-``ATTENTION_TRAINING_SHARE`` (attention)     0.59      0.4-1       long-sequence CP rows, 8k Llama rows
-``UNFUSED_SCORE_PASSES`` (attention)         6.42      4-8         SC21, BLOOM (unfused softmax; their dropout apart)
+``KAPPA`` (gemm)                             2.10      0.5-4       small GEMMs: SC21 1.7-18B, H100 weak scaling
+``POWER_CLOCK_EXPONENT`` (gemm)              2.25      1-3         torchtitan on 500 W H100s vs 700 W H200s
+``ATTENTION_TRAINING_SHARE`` (attention)     0.60      0.4-1       long-sequence CP rows, 8k Llama rows
+``UNFUSED_SCORE_PASSES`` (attention)         6.29      4-8         SC21, BLOOM (unfused softmax; their dropout apart)
 ``ELEMENTWISE_PASSES`` deepspeed             40        8-40        BLOOM rows (edge)
-``TP_OVERLAP_EXPOSED`` megatron / torchtitan 0 / 0.7   0-0.5/0-0.7 NeMo recipes / torchtitan async TP (edge)
-``EP_OVERLAP_EXPOSED`` (collectives)         0.55      0-1         MoE rows with EP overlap
-``HOST_QUANTIZE_S`` mx / cs                  78/294 us 10-120/     FP8 MoE rows; cs near its range's top (one row)
+``TP_OVERLAP_EXPOSED`` megatron / torchtitan 0 / 0.67  0-0.5/0-0.7 NeMo recipes / torchtitan async TP
+``EP_OVERLAP_EXPOSED`` (collectives)         0.58      0-1         MoE rows with EP overlap
+``HOST_QUANTIZE_S`` mx / cs                  71/280 us 10-120/     FP8 MoE rows; cs near its range's top (one row)
                                                        20-300 us
-``MOE_TOKEN_COPY_S`` (moe_overhead)          11.5 ns   0-50 ns     MoE rows (Qwen3, DeepSeek-V3)
+``MOE_TOKEN_COPY_S`` (moe_overhead)          14.1 ns   0-50 ns     MoE rows: routing beyond the measured kernels
 ===========================================  ========  ==========  ==============================================
 
 ``OVERLAP_COMPUTE_SLOWDOWN`` (0.189) is not fitted: Lee et al. 2025 (arXiv 2507.03114) average measured slowdown of
@@ -57,7 +58,9 @@ YAML jean-zay-a100, BigScience's all-reduce benchmark on that partition); the ho
 us (``moe_overhead.HOST_GEMM_S``: eager GEMM calls timed on an H200 machine, ``benchmarks/gemm_measured.py``); the
 share of its saturated rate a fused-attention call reaches against its thread blocks per SM (``attention.yaml``
 ``occupancy``) and an unmasked call's rate over a causal one's (``non_causal_ratio``), both timed on an H200
-(``benchmarks/measure_device.py``). Counted: dropout's extra score passes and masks
+(``benchmarks/measure_device.py``); the MoE token permutation's share of the HBM bandwidth and the router kernel's
+time (``moe_overhead.PERMUTE_HBM_FRACTION``, ``ROUTER_KERNEL_S``: Transformer Engine's Triton permutation kernels and
+``torch.topk`` timed on an H200, ``benchmarks/moe_routing_device.py``). Counted: dropout's extra score passes and masks
 (``attention.DROPOUT_SCORE_PASSES``, ``elementwise.DROPOUT_MASK_BYTES``), FSDP2's copy-out of each gathered layer
 (``FSDP2_COPY_OUT_PASSES``), the share of the board power that does not follow the clock under a power cap
 (``gemm.UNCORE_POWER_FRACTION``). Read from the rows'
@@ -65,9 +68,10 @@ recipes (each row's ``setup`` block, ``planner/row_options.py``): DeepSeek-V3 no
 all-to-all (``ep_domain_copies``), Megatron pipeline layouts and the Megatron-Bridge DeepSeek-V3 presets (EP overlap,
 full-iteration CUDA graph).
 
-Result on the dev rows (``plan3d validate --cross-validate``, 91 evaluated rows): MAPE 5.26% in-sample, 6.54%
+Result on the dev rows (``plan3d validate --cross-validate``, 91 evaluated rows): MAPE 5.27% in-sample, 6.49%
 leave-one-source-group-out, each fold fitted from the middle of the ranges (above 10% held out: the Megatron-LM MoE
-recipes, 11.5%, whose host-time and EP-overlap constants then come from the Megatron-Bridge MoE rows);
+recipes, 12.4%, whose routing remainder, host-time and EP-overlap constants then come from the Megatron-Bridge MoE
+rows);
 Korthikanti et al. 2022 Table 5 (held out, ``tests/test_korthikanti_table5.py``): 1.72% mean, 3.22% max.
 """
 from __future__ import annotations
@@ -97,7 +101,7 @@ from .layout import (GroupPlacement, LayoutError, group_placement, rank_chunks, 
                      virtual_stage)
 from .activations import activation_terms_per_layer
 from .memory import stage_params
-from .moe_overhead import MOE_TOKEN_COPY_S, moe_host_exposed_s, moe_routing_s  # noqa: F401 (re-exported)
+from .moe_overhead import moe_host_exposed_s, moe_routing_s  # noqa: F401 (re-exported)
 from .optimizer_offload import offloaded_optimizer_step
 from .optimizer_step import ADAM_HBM_BYTES_PER_PARAM, local_params, optimizer_step_s  # noqa: F401 (re-exported)
 from .pipeline import PAIRING_SCHEDULES, chunks_per_rank, simulate
@@ -266,11 +270,10 @@ def layer_pass_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: 
     routing bookkeeping and the host time of the per-expert work the GPU cannot hide, and what recompute re-runs
     before the backward: the whole forward under full recompute of the layer, else selective recompute's modules
     (with the TP all-gathers of torchtitan's per-op policy)."""
-    routing = moe_routing_s(model, job, par, layer)
     host_f, host_b = moe_host_exposed_s(model, cluster, job, par, layer, framework, fp8_recipe, full_cuda_graph,
                                         (x.compute_forward_s(), x.compute_backward_s()))
-    fwd = x.compute_forward_s() + routing / 3 + host_f + x.comm_forward_s(tp_exp, ep_exp)
-    bwd = x.compute_backward_s() + 2 * routing / 3 + host_b + x.comm_backward_s(tp_b, ep_exp)
+    fwd = x.compute_forward_s() + x.routing_f + host_f + x.comm_forward_s(tp_exp, ep_exp)
+    bwd = x.compute_backward_s() + x.routing_b + host_b + x.comm_backward_s(tp_b, ep_exp)
     if full_recompute:
         return fwd, bwd + fwd
     if par.recompute != "selective":
@@ -305,8 +308,8 @@ def output_layer_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par
 
 def _compute_breakdown_s(model: ModelSpec, par: ParallelConfig, layers, lc, m: int,
                          framework: str) -> dict[str, float]:
-    """Seconds per step of each compute kind (gemm, attention, memory_bound) on the rank holding ``layers``,
-    recompute included."""
+    """Seconds per step of each compute kind (gemm, attention, memory_bound: MoE routing bookkeeping included) on
+    the rank holding ``layers``, recompute included."""
     kinds = {"gemm": 0.0, "attention": 0.0, "memory_bound": 0.0}
     rc_layers = set(recomputed_layers(model, par))
     for i in layers:
@@ -314,7 +317,7 @@ def _compute_breakdown_s(model: ModelSpec, par: ParallelConfig, layers, lc, m: i
         rcg, rca, rcm = recompute_breakdown_s(x, par, i in rc_layers, framework)
         kinds["gemm"] += m * (3 * x.gemm + rcg)
         kinds["attention"] += m * (x.attn_f + x.attn_b + rca)
-        kinds["memory_bound"] += m * (3 * x.mem + rcm)
+        kinds["memory_bound"] += m * (3 * x.mem + x.routing_f + x.routing_b + rcm)  # MoE routing with it
     return kinds
 
 

@@ -44,8 +44,8 @@ def layer_lb(model, cluster, job, par, layer, groups, exposed_comm: bool = False
     (``_layer_cost``) with the framework with the fewest elementwise passes (Megatron) and no host-time floor:
     (forward, backward without recompute, selective recompute, full recompute, forward and backward without the
     context-parallel ring (an MTP layer's), the EP all-to-all of the forward (what a pairing schedule may hide)).
-    MoE layers add the routing bookkeeping per token copy and the host time of the per-expert work
-    (``step_time.layer_pass_s``: ``moe_overhead.moe_routing_s`` and ``moe_host_exposed_s`` with the FP8 recipe the
+    MoE layers add the routing bookkeeping (``LayerCost.routing_f`` / ``routing_b``) and the host time of the
+    per-expert work (``step_time.layer_pass_s``: ``moe_overhead.moe_routing_s`` and ``moe_host_exposed_s`` with the FP8 recipe the
     step model defaults to; the step model drops the host time only under a full-iteration CUDA graph, which the
     search never sets). ``exposed_comm``: TP
     and EP communication exposed as without overlap (the step model's defaults for Megatron-LM, DeepSpeed and
@@ -61,15 +61,14 @@ def layer_lb(model, cluster, job, par, layer, groups, exposed_comm: bool = False
         # (``collectives.tp_backward_shares``; the overlapped share adds only a non-negative slowdown)
         tp_exp_b = min(tp_exp, stm.tp_backward_shares("megatron", False, par.sequence_parallel)[0])
         ep_exp = 1.0 if exposed_comm else min(1.0, float(getattr(stm, "EP_OVERLAP_EXPOSED", 0.0)))
-        routing = stm.moe_routing_s(model, job, par, layer)
         # the FP8 recipe estimate_step assumes when the evaluation gives none
         recipe = default_host_cost_class(cluster, model, par)
         host_f, host_b = stm.moe_host_exposed_s(model, cluster, job, par, layer, "megatron", recipe, False,
                                                 (x.compute_forward_s(), x.compute_backward_s()))
     except Exception:  # pragma: no cover - depends on another module's private API
         return 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
-    comp_f = x.gemm + x.attn_f + x.mem + routing / 3 + host_f
-    comp_b = 2 * x.gemm + x.attn_b + 2 * x.mem + 2 * routing / 3 + host_b
+    comp_f = x.gemm + x.attn_f + x.mem + x.routing_f + host_f
+    comp_b = 2 * x.gemm + x.attn_b + 2 * x.mem + x.routing_b + host_b
     comm_f = x.tp * tp_exp + x.ep * ep_exp
     comm_b = x.tp * tp_exp_b + x.ep * ep_exp
     selective = 0.0 if framework.split("_")[0] in OP_SAC_FRAMEWORKS else x.attn_f

@@ -98,3 +98,58 @@ def test_an_unknown_section_is_refused_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --sections nccl: allowed hbm, memory_bound, gemm,") and "\n" not in err
     assert not (tmp_path / "x.json").exists()
+
+
+def _bench(name: str):
+    """A script of benchmarks/ imported by path (its sibling imports resolve through sys.path)."""
+    import sys
+    pytest.importorskip("torch")
+    if str(ROOT / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_moe_routing_dry_run_times_every_pytorch_path(tmp_path):
+    # benchmarks/moe_routing_device.py on the CPU: Megatron-LM's unfused router and permutation, top-k and the copy
+    # (the Triton path needs a GPU or TRITON_INTERPRET=1 and is skipped here)
+    mod = _bench("moe_routing_device")
+    out = tmp_path / "r.json"
+    assert mod.main(["--dry-run", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["moe_routing"]
+    assert {r["path"] for r in rows} >= {"router", "unfused", "topk", "copy"}
+    assert not [r for r in rows if "error" in r]
+    for r in rows:
+        assert r["routed_copies"] == r["tokens"] * r["top_k"]
+        if r["path"] == "copy":  # read + write of the routed copies, BF16
+            assert r["bytes_moved"] == 2 * 2 * r["routed_copies"] * r["hidden"]
+
+
+def test_moe_routing_chunk_orders_invert_each_other():
+    # MoEAlltoAllTokenDispatcher sorts the received (rank, local expert) chunks to (local expert, rank) and back
+    mod = _bench("moe_routing_device")
+    order, back = mod.chunk_order(128)
+    assert order.tolist()[:3] == [0, 16, 32]  # 8 ranks x 16 local experts: expert 0 of ranks 0, 1, 2 first
+    assert order[back].tolist() == list(range(128))
+
+
+def test_routing_constants_are_what_the_shipped_h200_measurement_gives():
+    # moe_overhead.PERMUTE_HBM_FRACTION and ROUTER_KERNEL_S are measured, not fitted (benchmarks/moe_routing_measured.py)
+    import statistics
+
+    from cost_models.moe_overhead import FIT_RANGES, PERMUTE_HBM_FRACTION, ROUTER_KERNEL_S
+    mod = _bench("moe_routing_measured")
+    env, rows, peak = mod.load()
+    assert env["gpu"] == "NVIDIA H200" and peak == 4.8e12
+    shares = mod.hbm_shares(rows, "fused", peak) + mod.hbm_shares(rows, "fused_nosort", peak)
+    assert len(shares) == 27  # 4 models x 4 token counts, with and without the chunk sort, one compile failure
+    large = [r for r in rows if r["tokens"] >= 4096]  # training micro-batches
+    train = mod.hbm_shares(large, "fused", peak) + mod.hbm_shares(large, "fused_nosort", peak)
+    assert len(train) == 21 and PERMUTE_HBM_FRACTION == pytest.approx(statistics.median(train), abs=0.0005)
+    copy = mod.hbm_shares(rows, "copy", peak)
+    assert max(shares) < min(copy) + 0.01 < 0.9  # the permutation kernels stay below a plain copy of the same bytes
+    coef, worst = mod.router_fit(rows)
+    assert list(ROUTER_KERNEL_S) == pytest.approx(list(coef), rel=0.01) and worst < 0.15
+    assert "PERMUTE_HBM_FRACTION" not in FIT_RANGES and "ROUTER_KERNEL_S" not in FIT_RANGES

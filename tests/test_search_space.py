@@ -45,14 +45,15 @@ def test_llama_405b_on_131072_h100s_finds_cp_8():
     # at its measured occupancy: 16 heads x 8 query tiles = 128 thread blocks on 132 SMs run cuDNN at 0.54 / 0.43 of
     # its saturated rate, attention.yaml ``occupancy``; 1.49 s / 1.50 s with the ring's calls as TE and PyTorch
     # run them: the diagonal causal, the others unmasked over half the keys or half the queries, 64 blocks; 1.45 s /
-    # 1.47 s with the constants refitted on the finer grid, 2026-12-04: GEMMs' HBM passes KAPPA 2.25 -> 1.99)
+    # 1.47 s with the constants refitted on the finer grid, 2026-12-04: GEMMs' HBM passes KAPPA 2.25 -> 1.99; 1.47 s /
+    # 1.48 s with them refitted after the MoE routing kernels were measured: KAPPA 1.99 -> 2.10)
     job = TrainingJob(global_batch_size=2048, seq_length=8192)
     res = solve(get_model("llama3.1-405b"), H100, job, 131072, top_k=5)
     best = res.plans[0]
     assert (best.parallel.tp, best.parallel.cp) == (8, 8)
-    assert best.step.step_s == pytest.approx(1.451, abs=0.01)
+    assert best.step.step_s == pytest.approx(1.466, abs=0.01)
     pp16 = [e for e in res.plans if (e.parallel.tp, e.parallel.pp, e.parallel.cp) == (8, 16, 8)]
-    assert pp16 and pp16[0].step.step_s == pytest.approx(1.469, abs=0.01)
+    assert pp16 and pp16[0].step.step_s == pytest.approx(1.481, abs=0.01)
 
 
 def test_doubling_the_gpus_does_not_slow_llama_405b():

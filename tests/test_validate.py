@@ -93,10 +93,16 @@ def test_packaged_rows_are_the_shared_dev_rows_with_sources():
 #: of each range, planner/calibration.py; the shipped constants are again that fit): KAPPA 2.25 -> 1.99,
 #: POWER_CLOCK_EXPONENT 2.33 -> 2.19, UNFUSED_SCORE_PASSES 6 -> 6.42, TP_OVERLAP_EXPOSED torchtitan 0.58 -> 0.7 (its
 #: range's top), EP_OVERLAP_EXPOSED 0.5 -> 0.55: H100 weak scaling 8.04 -> 6.96%, the Llama example 8.66 -> 7.61%,
-#: MoE recipes 6.67 -> 6.35%, SC21 2.67 -> 3.48%, Bridge 6.08 -> 6.16%.
-ACHIEVED_MAX_MAPE = 5.26
-ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 6.36, "nemo_bridge_perf_summary": 6.17, "nemo_2407_perf_summary": 4.83,
-                       "megatron_h100_weak_scaling": 6.97}
+#: MoE recipes 6.67 -> 6.35%, SC21 2.67 -> 3.48%, Bridge 6.08 -> 6.16%. 5.26 -> 5.27% (5.268) with the MoE routing
+#: kernels measured (a measurement, not a fit; the ratchets move up for it): the router kernel and the token
+#: permutation's counted bytes by dispatcher at the HBM share its kernels reach on an H200 (moe_overhead
+#: ROUTER_KERNEL_S, PERMUTE_HBM_FRACTION, benchmarks/moe_routing_device.py) replace 4 forward HBM passes at the
+#: datasheet rate, MOE_TOKEN_COPY_S stays fitted as the remainder (11.5 -> 14.1 ns) and the constants are refitted
+#: (KAPPA 1.99 -> 2.10, POWER_CLOCK_EXPONENT 2.19 -> 2.25, EP_OVERLAP_EXPOSED 0.55 -> 0.58): Bridge 6.16 -> 5.88%,
+#: MoE recipes 6.35 -> 6.61%, H100 weak scaling 6.96 -> 7.43%, SC21 3.48 -> 3.11%.
+ACHIEVED_MAX_MAPE = 5.27
+ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 6.62, "nemo_bridge_perf_summary": 5.89, "nemo_2407_perf_summary": 4.80,
+                       "megatron_h100_weak_scaling": 7.44}
 
 
 def test_mape_does_not_regress(report):
@@ -301,10 +307,13 @@ def test_duplicate_row_ids_are_refused(run_cli, tmp_path):
 #: 9.88%. 6.67 -> 6.54% with the fit resolving 1/96 of each constant's range (13 grid points, then bisections,
 #: planner/calibration.py; 7 points and one bisection before, 1/24) and its row dependencies found without the shipped
 #: values: H100 weak scaling held out 9.22 -> 8.48%, the Llama example 10.07 -> 9.57%, Bridge 9.88 -> 9.43%, MoE
-#: recipes 11.66 -> 11.52%, SC21 4.41 -> 4.55%, BLOOM 3.04 -> 3.26%.
-ACHIEVED_LOGO_MAPE = 6.55
-ACHIEVED_LOGO_GROUP_MAPE = {"megatron_moe_recipes": 11.6, "nemo_bridge_perf_summary": 9.5,
-                            "megatron_llama_example": 9.6}
+#: recipes 11.66 -> 11.52%, SC21 4.41 -> 4.55%, BLOOM 3.04 -> 3.26%. 6.54 -> 6.49% with the MoE routing kernels
+#: measured (the in-sample ratchet above; the MoE-recipe ratchet moves up for it): Bridge held out 9.43 -> 8.80%, the
+#: Llama example 9.57 -> 9.05%, MoE recipes 11.52 -> 12.40% (held out, MOE_TOKEN_COPY_S is fitted to 0 again and the
+#: flex dispatchers' measured permutation costs less than the 4 passes charged before), H100 weak scaling 8.48 -> 8.63%.
+ACHIEVED_LOGO_MAPE = 6.50
+ACHIEVED_LOGO_GROUP_MAPE = {"megatron_moe_recipes": 12.5, "nemo_bridge_perf_summary": 8.9,
+                            "megatron_llama_example": 9.1}
 
 
 @pytest.fixture(scope="module")
