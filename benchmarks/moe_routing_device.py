@@ -31,7 +31,10 @@ enqueues the calls, then CUDA events around them), and ``wall_s``, host + GPU fr
 synchronised end (as after dropless routing's device-to-host sync, where the host cannot run ahead).
 
 Run on a GPU: ``python3 benchmarks/moe_routing_device.py --out moe_routing.json``; ``--dry-run`` runs the PyTorch
-paths on tiny shapes on the CPU (and the Triton path under ``TRITON_INTERPRET=1`` where Triton is installed).
+paths on tiny shapes on the CPU (under ``TRITON_INTERPRET=1``, where Triton is installed, also the row-id map; Triton
+3.6's interpreter cannot run the permutation kernels' data-dependent loops, so their records carry the error). On the
+H200 run of 2026-12-04 the first ``fused`` call (Qwen3-30B-A3B, 2,048 tokens) failed to compile ("Unsupported function
+referenced: get_int_dtype") and every later one ran; that record keeps its error.
 """
 from __future__ import annotations
 

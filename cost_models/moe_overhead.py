@@ -143,9 +143,9 @@ def moe_routing_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     """(forward, backward) seconds of one MoE layer's routing bookkeeping for one micro-batch: the fused router
     kernel (``router_kernel_s``, each way), the token permutation, ``permute_passes`` over the routed copies in the
     activation dtype at ``PERMUTE_HBM_FRACTION`` of the datasheet HBM bandwidth, and ``MOE_TOKEN_COPY_S`` per routed
-    copy (1/3 forward, 2/3 backward). The chunk sort runs under
-    ``dispatcher`` ``alltoall`` with more than one local expert (``collectives.moe_token_dispatcher``); the flex
-    dispatchers (DeepEP, HybridEP) permute the received tokens once each way. Tokens per GPU: micro-batch x sequence /
+    copy (1/3 forward, 2/3 backward). The chunk sort runs under ``dispatcher`` ``alltoall`` with more than one local
+    expert (``collectives.moe_token_dispatcher``); the flex dispatchers (DeepEP, HybridEP) permute the received tokens
+    once each way. Tokens per GPU: micro-batch x sequence /
     CP / TP (sequence parallel); drop-and-pad routing permutes every padded slot (``routed_token_factor``). (0, 0)
     for dense layers."""
     if model.moe is None or not model.is_moe_layer(layer):

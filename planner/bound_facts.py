@@ -45,8 +45,8 @@ def layer_lb(model, cluster, job, par, layer, groups, exposed_comm: bool = False
     (forward, backward without recompute, selective recompute, full recompute, forward and backward without the
     context-parallel ring (an MTP layer's), the EP all-to-all of the forward (what a pairing schedule may hide)).
     MoE layers add the routing bookkeeping (``LayerCost.routing_f`` / ``routing_b``) and the host time of the
-    per-expert work (``step_time.layer_pass_s``: ``moe_overhead.moe_routing_s`` and ``moe_host_exposed_s`` with the FP8 recipe the
-    step model defaults to; the step model drops the host time only under a full-iteration CUDA graph, which the
+    per-expert work (``step_time.layer_pass_s``: ``moe_overhead.moe_routing_s`` and ``moe_host_exposed_s`` with the
+    FP8 recipe the step model defaults to; the step model drops the host time only under a full-iteration CUDA graph, which the
     search never sets). ``exposed_comm``: TP
     and EP communication exposed as without overlap (the step model's defaults for Megatron-LM, DeepSpeed and
     torchtitan: TP overlap only for NeMo, EP overlap only on request), the backward's TP at its blocking share under
