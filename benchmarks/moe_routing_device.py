@@ -8,7 +8,7 @@ permutation's HBM bytes at the share of the bandwidth these kernels reach; this 
 routed copy). ``benchmarks/moe_routing_measured.py`` derives the constants and sets the model against the figures.
 
 What it runs, per MoE model shape (hidden, experts, top-k, score function) and tokens per GPU (micro-batch x
-sequence / CP):
+sequence / CP, / TP under sequence parallelism):
 
 - ``router``: Megatron-LM's unfused router (``megatron/core/transformer/moe/moe_utils.py``,
   ``topk_routing_with_score_function`` and ``switch_load_balancing_loss_func`` at d98e8a64dd, 2026): top-k then

@@ -10,8 +10,9 @@ copy of the routed copies, for four published MoE models' routing shapes at 2,04
   move (``moe_overhead.permute_passes``): per shape, the median (``PERMUTE_HBM_FRACTION``), and the copy's share;
 - the least-squares fit ``a + b x tokens + c x tokens x experts`` of ``torch.topk``'s time, the stand-in for the
   fused router kernel (``ROUTER_KERNEL_S``), with its largest error;
-- the model's routing kernels (``moe_overhead.moe_routing_s`` without its fitted remainder ``MOE_TOKEN_COPY_S``, which
-  is printed beside them) against the measured fused path (permutation + two top-k calls), shape by shape, next to
+- the model's routing kernels (the kernel part of ``moe_overhead.moe_routing_s``, evaluated here with the same
+  functions: ``router_kernel_s`` each way plus ``permute_passes`` bytes at ``PERMUTE_HBM_FRACTION``; its fitted
+  remainder ``MOE_TOKEN_COPY_S`` is printed beside them) against the measured fused path (permutation + two top-k calls), shape by shape, next to
   Megatron-LM's unfused router and permutation.
 
 Run: ``.venv/bin/python benchmarks/moe_routing_measured.py``.

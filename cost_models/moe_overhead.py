@@ -78,13 +78,14 @@ PERMUTE_HBM_FRACTION = 0.676
 #: 2026-12-04 (same run as ``PERMUTE_HBM_FRACTION``), least squares over 16 shapes (max error 14%): 10.0 us + 1.14 ns
 #: per token + 41 ps per token-expert score. Megatron-LM's unfused router (PyTorch top-k, softmax / sigmoid, scatter,
 #: load-balancing loss, autograd: ~25 kernels) took 92-606 us forward + backward on the same shapes; the MoE recipes
-#: all set ``moe_router_fusion: true``.
+#: all set ``moe_router_fusion: true``. Taken as the kernel's time on every GPU (one GPU measured; a launch-bound
+#: fixed part and a small per-token part, which other GPUs change little).
 ROUTER_KERNEL_S = (10.04e-6, 1.143e-9, 41.31e-12)
 #: Seconds per routed token copy per MoE layer (forward + backward, 1/3 and 2/3) of routing work in a multi-GPU
 #: training step beyond the router and permutation kernels measured alone (``ROUTER_KERNEL_S``,
 #: ``PERMUTE_HBM_FRACTION``). Fitted on the dev rows' MoE runs: 14.1 ns (2026-12-04). It is larger than what the
 #: measured kernels themselves cost per copy under the flex dispatchers the MoE recipes run (Qwen3-30B-A3B, 4,096
-#: tokens: 7.9 ns forward + backward), so it carries something the kernels alone do not show: the permutation sharing
+#: tokens: 8.8 ns forward + backward measured, 7.9 ns as this module charges them), so it carries something the kernels alone do not show: the permutation sharing
 #: the GPU with the dispatcher's communication kernels, or the host synchronisation of dropless routing (not
 #: measured on one GPU). Before the kernels were measured it was 11.5 ns on top of 4 forward HBM passes at the
 #: datasheet rate (``benchmarks/moe_routing_measured.py`` prints both against the measurement).
@@ -103,7 +104,7 @@ FIT_RANGES = {
                                    "up to 60 us)"),
     "MOE_TOKEN_COPY_S": FitRange(0.0, 5.0e-8, "s per routed token copy per layer",
                                  "0: the router and permutation kernels measured alone are the whole cost; 50 ns: "
-                                 "the same work again several times over (the measured kernels cost 5-60 ns per "
+                                 "the same work again several times over (the measured kernels cost 8-58 ns per "
                                  "copy forward + backward at hidden 2,048-7,168)"),
 }
 
@@ -145,12 +146,12 @@ def moe_routing_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     activation dtype at ``PERMUTE_HBM_FRACTION`` of the datasheet HBM bandwidth, and ``MOE_TOKEN_COPY_S`` per routed
     copy (1/3 forward, 2/3 backward). The chunk sort runs under ``dispatcher`` ``alltoall`` with more than one local
     expert (``collectives.moe_token_dispatcher``); the flex dispatchers (DeepEP, HybridEP) permute the received tokens
-    once each way. Tokens per GPU: micro-batch x sequence /
-    CP / TP (sequence parallel); drop-and-pad routing permutes every padded slot (``routed_token_factor``). (0, 0)
+    once each way. Tokens per GPU: micro-batch x sequence / CP, / TP under sequence parallelism (without it every TP
+    rank routes every token); drop-and-pad routing permutes every padded slot (``routed_token_factor``). (0, 0)
     for dense layers."""
     if model.moe is None or not model.is_moe_layer(layer):
         return 0.0, 0.0
-    tok = par.micro_batch_size * job.seq_length / par.cp / par.tp
+    tok = par.micro_batch_size * job.seq_length / par.cp / (par.tp if par.sequence_parallel else 1)
     local = model.moe.num_experts / par.ep
     chunk_sort = dispatcher == "alltoall" and local > 1
     copies = tok * model.moe.top_k * job.routed_token_factor

@@ -237,7 +237,7 @@ def structure_facts(ctx: BoundContext, st: Structure) -> StructureFacts | None:
     """The structure's layout and framework options (None when the framework rules leave it no ZeRO stage or no
     sequence-parallel setting)."""
     zs = zero_options(st, ctx.framework, ctx.space, ctx.model.moe is not None)
-    sps = sp_options(st, ctx.job, ctx.framework, ctx.space)
+    sps = sp_options(st, ctx.job, ctx.framework, ctx.space, ctx.model.moe is not None)
     if not zs or not sps:
         return None
     tp = st.tp

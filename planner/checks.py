@@ -14,7 +14,9 @@ Rules and their sources (formulas.md Sec. 7.1 "Checks enforced"; field_cases.md 
 * sequence by ``2*cp`` (load-balanced causal attention: 2·cp chunks) and by ``cp*tp`` under sequence
   parallelism — NeMo-RL PR #3563 (F21).
 * MoE: experts by ep; the expert grid ``etp*ep*pp`` divides the world (dense and expert grids both tile it,
-  F16); tp > 1 with ep > 1 requires sequence parallelism (Megatron ``arguments.py``; NeMo-Launcher PR #309, F21);
+  F16); tp > 1 requires sequence parallelism in a MoE model (Megatron-LM ``MoELayer.forward`` raises in training
+  without it, whatever ep; Megatron ``arguments.py`` for ep > 1; NeMo-Launcher PR #309, F21); the DeepEP flex
+  dispatcher needs tp x ep > 1 (``MoEFlexTokenDispatcher`` asserts it, ``token_dispatcher.py`` at d98e8a64dd);
   the expert FFN width by etp (Megatron's column-parallel expert linears ``divide`` it); torchtitan's expert tensor
   parallel degree is 1 or tp (``ParallelDims``, formulas.md Sec. 7.3).
 * DeepSpeed's pipeline engine supports ZeRO stage <= 1 only (``deepspeed/runtime/pipe/engine.py``; F19).
@@ -180,9 +182,16 @@ def constraint_report(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, 
             ok = par.expert_tp in (1, par.tp)
             add(Constraint("torchtitan_etp", ok, 0.0 if ok else -1.0, "",
                            f"torchtitan expert_tensor_parallel_degree is 1 or tp ({par.tp}) (etp {par.expert_tp})"))
-        if framework == "megatron" and par.tp > 1 and par.ep > 1:
+        if framework == "megatron" and par.tp > 1:
             add(Constraint("ep_tp_needs_sp", par.sequence_parallel, 0.0 if par.sequence_parallel else -1.0, "",
-                           "tp > 1 with ep > 1 requires sequence parallel (Megatron arguments.py)"))
+                           "a MoE model with tp > 1 requires sequence parallel (Megatron-LM MoELayer.forward raises "
+                           "in training without it)"))
+        deepep = job.moe_flex_dispatcher_backend == "deepep" and job.moe_expert_capacity_factor is None
+        if framework == "megatron" and deepep:
+            ok = par.tp * par.ep > 1
+            add(Constraint("deepep_tp_ep", ok, 0.0 if ok else -1.0, "ranks",
+                           f"the DeepEP flex dispatcher needs tp x ep > 1 (Megatron-LM MoEFlexTokenDispatcher "
+                           f"asserts it; tp {par.tp} x ep {par.ep}): raise ep, or drop the stated backend"))
     if par.recompute_num_layers is not None:
         add(Constraint("recompute_num_layers", par.recompute == "full", 0.0, "",
                        f"recompute_num_layers {par.recompute_num_layers} needs recompute full ({par.recompute})"))

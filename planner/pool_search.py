@@ -356,7 +356,7 @@ def search_pools(model: ModelSpec, mixed: MixedCluster, job: TrainingJob, top_k:
             continue
         for st in structures(model, widest, job, d, sp1, "megatron"):
             mbss = micro_batch_options(st, job, sp1)
-            sps = sp_options(st, job, "megatron", sp1)
+            sps = sp_options(st, job, "megatron", sp1, model.moe is not None)
             fit = [arr for arr in arrs if st.tp <= min(mixed.pools[i].cluster.node.nvlink_domain_size
                                                        for i in arr.order)]
             if not fit:

@@ -275,12 +275,13 @@ def _account_split_fits(num_layers: int, st: Structure, vpp: int, framework: str
 
 
 def sp_options(st: Structure, job: TrainingJob, framework: str = "megatron",
-               space: SearchSpace = SearchSpace()) -> list[bool]:
-    """Sequence parallel on/off: needs tp > 1 and (s/cp) % tp == 0; forced on for tp > 1 with ep > 1 (Megatron) and
-    with any tp > 1 (torchtitan)."""
+               space: SearchSpace = SearchSpace(), moe: bool = False) -> list[bool]:
+    """Sequence parallel on/off: needs tp > 1 and (s/cp) % tp == 0; forced on for tp > 1 in a MoE model (``moe``;
+    Megatron-LM's ``MoELayer.forward`` raises in training without it) or with ep > 1 (Megatron), and with any tp > 1
+    (torchtitan)."""
     ok_on = st.tp > 1 and (job.seq_length // st.cp) % st.tp == 0
     opts = [sp for sp in space.sequence_parallel if (not sp) or ok_on]
-    if (framework == "megatron" and st.tp > 1 and st.ep > 1) or (framework == "torchtitan" and st.tp > 1):
+    if (framework == "megatron" and st.tp > 1 and (st.ep > 1 or moe)) or (framework == "torchtitan" and st.tp > 1):
         # torchtitan's tensor parallel plan shards the norms over the sequence (apply_tp: SequenceParallel)
         opts = [sp for sp in opts if sp]
     if framework == "deepspeed" and st.cp > 1:
@@ -397,5 +398,5 @@ def candidates(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpu
                 for zero in zero_options(st, framework, space, model.moe is not None):
                     for rc in space.recompute:
                         for sched in schedule_options(model, st, m, vpp, zero, rc, framework, space):
-                            for sp in sp_options(st, job, framework, space):
+                            for sp in sp_options(st, job, framework, space, model.moe is not None):
                                 yield to_parallel(st, mbs, vpp, zero, sp, rc, sched)

@@ -206,3 +206,25 @@ def test_expert_tensor_parallel_rules_are_checked():
                                           framework="torchtitan")
     odd = ParallelConfig(tp=6, pp=1, dp=4, ep=8, etp=3, sequence_parallel=True)
     assert "expert_ffn_etp" in _names(m, odd, 24)
+
+
+def test_moe_with_tp_requires_sp_at_ep_1_too():
+    """Megatron-LM MoELayer.forward raises in training when the attention TP group is > 1 without sequence
+    parallelism, whatever ep (megatron/core/transformer/moe/moe_layer.py at d98e8a64dd)."""
+    m = get_model("mixtral-8x7b")
+    par = ParallelConfig(tp=4, pp=1, dp=4, ep=1, sequence_parallel=False)
+    assert "ep_tp_needs_sp" in _names(m, par, 16)
+    assert "ep_tp_needs_sp" not in _names(m, par.model_copy(update={"sequence_parallel": True}), 16)
+    for p in candidates(m, H100, JOB, 16, SearchSpace(micro_batch_size=(1,), zero_stage=(1,), recompute=("full",))):
+        assert not (p.tp > 1 and not p.sequence_parallel)
+
+
+def test_deepep_needs_tp_times_ep_above_1():
+    """Megatron-LM MoEFlexTokenDispatcher: assert tp_size * ep_size > 1, "DeepEP dispatcher requires TPxEP > 1"."""
+    m = get_model("mixtral-8x7b")
+    par = ParallelConfig(tp=1, pp=1, dp=8, ep=1)
+    deepep = TrainingJob(global_batch_size=64, moe_flex_dispatcher_backend="deepep")
+    assert "deepep_tp_ep" in _names(m, par, 8, deepep)
+    assert "deepep_tp_ep" not in _names(m, par.model_copy(update={"ep": 8}), 8, deepep)
+    hybridep = TrainingJob(global_batch_size=64, moe_flex_dispatcher_backend="hybridep")  # no such assert
+    assert "deepep_tp_ep" not in _names(m, par, 8, hybridep)
