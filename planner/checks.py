@@ -192,6 +192,11 @@ def constraint_report(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, 
             add(Constraint("deepep_tp_ep", ok, 0.0 if ok else -1.0, "ranks",
                            f"the DeepEP flex dispatcher needs tp x ep > 1 (Megatron-LM MoEFlexTokenDispatcher "
                            f"asserts it; tp {par.tp} x ep {par.ep}): raise ep, or drop the stated backend"))
+    if par.recompute_modules:
+        # megatron-core reads recompute_modules only under recompute_granularity "selective" (TransformerConfig)
+        add(Constraint("recompute_modules", par.recompute == "selective", 0.0, "",
+                       f"recompute_modules {','.join(par.recompute_modules)} needs recompute selective "
+                       f"({par.recompute})"))
     if par.recompute_num_layers is not None:
         add(Constraint("recompute_num_layers", par.recompute == "full", 0.0, "",
                        f"recompute_num_layers {par.recompute_num_layers} needs recompute full ({par.recompute})"))

@@ -228,3 +228,12 @@ def test_deepep_needs_tp_times_ep_above_1():
     assert "deepep_tp_ep" not in _names(m, par.model_copy(update={"ep": 8}), 8, deepep)
     hybridep = TrainingJob(global_batch_size=64, moe_flex_dispatcher_backend="hybridep")  # no such assert
     assert "deepep_tp_ep" not in _names(m, par, 8, hybridep)
+
+
+def test_recompute_modules_need_selective_recompute():
+    """--recompute-modules is read only under selective recompute (megatron-core TransformerConfig); given with
+    another recompute mode it is reported, as recompute_num_layers without full recompute is."""
+    m = get_model("mixtral-8x7b")
+    par = ParallelConfig(tp=1, pp=1, dp=8, ep=8, recompute="none", recompute_modules=("moe",))
+    assert "recompute_modules" in _names(m, par, 8)
+    assert "recompute_modules" not in _names(m, par.model_copy(update={"recompute": "selective"}), 8)
