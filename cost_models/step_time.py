@@ -72,7 +72,7 @@ Result on the dev rows (``plan3d validate --cross-validate``, 91 evaluated rows)
 leave-one-source-group-out, each fold fitted from the middle of the ranges (above 10% held out: the Megatron-LM MoE
 recipes, 12.4%, whose routing remainder, host-time and EP-overlap constants then come from the Megatron-Bridge MoE
 rows);
-Korthikanti et al. 2022 Table 5 (held out, ``tests/test_korthikanti_table5.py``): 1.72% mean, 3.22% max.
+Korthikanti et al. 2022 Table 5 (held out, ``tests/test_korthikanti_table5.py``): 1.81% mean, 3.95% max.
 """
 from __future__ import annotations
 
