@@ -12,8 +12,8 @@ copy of the routed copies, for four published MoE models' routing shapes at 2,04
   fused router kernel (``ROUTER_KERNEL_S``), with its largest error;
 - the model's routing kernels (the kernel part of ``moe_overhead.moe_routing_s``, evaluated here with the same
   functions: ``router_kernel_s`` each way plus ``permute_passes`` bytes at ``PERMUTE_HBM_FRACTION``; its fitted
-  remainder ``MOE_TOKEN_COPY_S`` is printed beside them) against the measured fused path (permutation + two top-k calls), shape by shape, next to
-  Megatron-LM's unfused router and permutation.
+  remainder ``MOE_TOKEN_COPY_S`` is printed beside them) against the measured fused path (permutation + two top-k
+  calls), shape by shape, next to Megatron-LM's unfused router and permutation.
 
 Run: ``.venv/bin/python benchmarks/moe_routing_measured.py``.
 """
@@ -85,7 +85,8 @@ def main() -> int:
 
     print("\nforward + backward routing per layer: the model's kernels (router x 2 + permutation) vs measured (fused"
           " path + 2 x topk);\nthe fitted remainder MOE_TOKEN_COPY_S x copies comes on top in the model; Megatron-LM's"
-          " unfused router and permutation (its chunk sort\nwhere the model has several local experts at EP 8, on both rows) for comparison")
+          " unfused router and permutation (its chunk sort\nwhere the model has several local experts at EP 8, on"
+          " both rows) for comparison")
     print(f"{'model':16s} {'tokens':>6s} {'sort':>5s} {'kernels us':>10s} {'measured us':>12s} {'ratio':>6s}"
           f" {'remainder us':>13s} {'unfused router us':>18s} {'unfused path us':>16s}")
     by_key = {(r["model"], r["tokens"], r["path"]): r for r in rows}
@@ -95,8 +96,7 @@ def main() -> int:
             continue
         sort = path == "fused" and r["chunk_sort"]
         router = 2 * router_kernel_s(tokens, r["experts"])
-        permute = 2 * permute_passes(r["top_k"], sort) * r["routed_copies"] * r["hidden"] * 2
-        model_s = router + permute / (peak * PERMUTE_HBM_FRACTION)
+        model_s = router + bytes_moved(r) / (peak * PERMUTE_HBM_FRACTION)
         measured = r["gpu_s"] + 2 * by_key[(name, tokens, "topk")]["gpu_s"]
         ratios.append(model_s / measured)
         print(f"{name:16s} {tokens:6d} {str(sort):>5s} {model_s * 1e6:10.0f} {measured * 1e6:12.0f}"

@@ -73,8 +73,9 @@ ATTENTION_KERNEL = {"megatron": "cudnn", "nemo": "cudnn", "torchtitan": "flash2"
 #: step against 1.74 / 4.83 ms for the same call alone (0.91 / 0.89; 0.90 / 0.86 in an earlier run), and in one TP-8
 #: rank's share of a Llama 3 70B stack at 4k tokens (8 heads: 256 thread blocks) 0.22 / 0.52 ms against 0.20 / 0.48
 #: (0.91 / 0.93): the occupancy loss stays inside the step. Fitted on the dev rows (0.60; 0.59 before the MoE routing
-#: kernels were measured, 2026-12-04; 0.6 on the coarser grid before that): the rows' attention also loses what plan3d does not model (kernel releases between the published series,
-#: context parallelism's per-step output corrections, communication kernels sharing the SMs).
+#: kernels were measured, 2026-12-04; 0.6 on the coarser grid before that): the rows' attention also loses what plan3d
+#: does not model (kernel releases between the published series, context parallelism's per-step output corrections,
+#: communication kernels sharing the SMs).
 ATTENTION_TRAINING_SHARE = 0.6
 
 #: Plausible ranges of the fitted constants above (``planner/calibration.py`` fits inside them).

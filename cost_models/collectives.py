@@ -28,9 +28,10 @@ from .config import ParallelConfig, TrainingJob, compute_bytes
 from .layout import GroupPlacement
 
 #: Share of TP communication left exposed when TP communication overlap is on (Megatron ``--tp-comm-overlap``,
-#: torchtitan async TP): Transformer Engine's userbuffers pipeline the collectives with the GEMM chunks; the fit
-#: finds them fully hidden in NeMo/Megatron and 67% exposed with torchtitan's async TP, near the top of its range (70%,
-#: the top, before the MoE routing kernels were measured, 2026-12-04; 58% on the coarser grid before that; 64% before the attention tables carried the causal backward, 2026-12).
+#: torchtitan async TP): Transformer Engine's userbuffers pipeline the collectives with the GEMM chunks; the fit finds
+#: them fully hidden in NeMo/Megatron and 67% exposed with torchtitan's async TP, near the top of its range (70%, the
+#: top, before the MoE routing kernels were measured, 2026-12-04; 58% on the coarser grid before that; 64% before the
+#: attention tables carried the causal backward, 2026-12).
 TP_OVERLAP_EXPOSED = {"megatron": 0.0, "nemo": 0.0, "torchtitan": 0.670833}
 #: Share of EP all-to-all left exposed when the framework overlaps it with another micro-batch's compute (Megatron-LM
 #: ``--overlap-moe-expert-parallel-comm`` / Megatron-Bridge ``moe_a2a_overlap``, DeepSeek-V3 Sec. 3.2.1 "DualPipe"-style
@@ -39,9 +40,9 @@ TP_OVERLAP_EXPOSED = {"megatron": 0.0, "nemo": 0.0, "torchtitan": 0.670833}
 #: ideal timeline of Megatron-LM's per-layer pairing (``model_chunk_schedule_plan.py`` ``schedule_layer_1f1b`` at
 #: d48bd6be: combine_bwd || attn_fwd, dispatch_fwd -> dispatch_bwd || mlp_bwd -> mlp_dw -> mlp_fwd, combine_fwd ||
 #: attn_bwd) would leave only the compute slowdown exposed (0.19 of the all-to-all) on four of those five rows and 0.33
-#: on DeepSeek-V3 B200; the fit's 0.58 (2026-12-04, with the MoE routing kernels measured; 0.55 before them, 0.5 on
-#: the coarser grid, after the recompute-module and MTP corrections) says the runs hide less than that schedule allows (the dispatcher's host synchronisation on the token
-#: counts is one candidate).
+#: on DeepSeek-V3 B200; the fit's 0.58 (2026-12-04, with the MoE routing kernels measured; 0.55 before them, 0.5 on the
+#: coarser grid, after the recompute-module and MTP corrections) says the runs hide less than that schedule allows (the
+#: dispatcher's host synchronisation on the token counts is one candidate).
 EP_OVERLAP_EXPOSED = 0.583333
 
 #: Plausible ranges of the fitted constants above (``planner/calibration.py`` fits inside them).

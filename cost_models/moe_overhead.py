@@ -81,14 +81,14 @@ PERMUTE_HBM_FRACTION = 0.676
 #: all set ``moe_router_fusion: true``. Taken as the kernel's time on every GPU (one GPU measured; a launch-bound
 #: fixed part and a small per-token part, which other GPUs change little).
 ROUTER_KERNEL_S = (10.04e-6, 1.143e-9, 41.31e-12)
-#: Seconds per routed token copy per MoE layer (forward + backward, 1/3 and 2/3) of routing work in a multi-GPU
-#: training step beyond the router and permutation kernels measured alone (``ROUTER_KERNEL_S``,
-#: ``PERMUTE_HBM_FRACTION``). Fitted on the dev rows' MoE runs: 14.1 ns (2026-12-04). It is larger than what the
-#: measured kernels themselves cost per copy under the flex dispatchers the MoE recipes run (Qwen3-30B-A3B, 4,096
-#: tokens: 8.8 ns forward + backward measured, 7.9 ns as this module charges them), so it carries something the kernels alone do not show: the permutation sharing
-#: the GPU with the dispatcher's communication kernels, or the host synchronisation of dropless routing (not
-#: measured on one GPU). Before the kernels were measured it was 11.5 ns on top of 4 forward HBM passes at the
-#: datasheet rate (``benchmarks/moe_routing_measured.py`` prints both against the measurement).
+#: Seconds per routed token copy per MoE layer (forward + backward, 1/3 and 2/3) of routing work in a multi-GPU training
+#: step beyond the router and permutation kernels measured alone (``ROUTER_KERNEL_S``, ``PERMUTE_HBM_FRACTION``). Fitted
+#: on the dev rows' MoE runs: 14.1 ns (2026-12-04). It is larger than what the measured kernels themselves cost per copy
+#: under the flex dispatchers the MoE recipes run (Qwen3-30B-A3B, 4,096 tokens: 8.8 ns forward + backward measured, 7.9
+#: ns as this module charges them), so it carries something the kernels alone do not show: the permutation sharing the
+#: GPU with the dispatcher's communication kernels, or the host synchronisation of dropless routing (not measured on one
+#: GPU). Before the kernels were measured it was 11.5 ns on top of 4 forward HBM passes at the datasheet rate
+#: (``benchmarks/moe_routing_measured.py`` prints both against the measurement).
 MOE_TOKEN_COPY_S = 1.40626e-8
 
 #: Plausible ranges of the fitted constants above (``planner/calibration.py`` fits inside them).

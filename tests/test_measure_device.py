@@ -12,12 +12,20 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _module():
+def _bench(name: str):
+    """A script of benchmarks/ imported by path (its sibling imports resolve through sys.path)."""
+    import sys
     pytest.importorskip("torch")
-    spec = importlib.util.spec_from_file_location("measure_device", ROOT / "benchmarks" / "measure_device.py")
+    if str(ROOT / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _module():
+    return _bench("measure_device")
 
 
 def test_dry_run_measures_every_section_with_its_flop_accounting(tmp_path):
@@ -100,18 +108,6 @@ def test_an_unknown_section_is_refused_in_one_line(tmp_path, capsys):
     assert not (tmp_path / "x.json").exists()
 
 
-def _bench(name: str):
-    """A script of benchmarks/ imported by path (its sibling imports resolve through sys.path)."""
-    import sys
-    pytest.importorskip("torch")
-    if str(ROOT / "benchmarks") not in sys.path:
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_moe_routing_dry_run_times_every_pytorch_path(tmp_path):
     # benchmarks/moe_routing_device.py on the CPU: Megatron-LM's unfused router and permutation, top-k and the copy
     # (the Triton path needs a GPU or TRITON_INTERPRET=1 and is skipped here)
@@ -136,7 +132,8 @@ def test_moe_routing_chunk_orders_invert_each_other():
 
 
 def test_routing_constants_are_what_the_shipped_h200_measurement_gives():
-    # moe_overhead.PERMUTE_HBM_FRACTION and ROUTER_KERNEL_S are measured, not fitted (benchmarks/moe_routing_measured.py)
+    # moe_overhead.PERMUTE_HBM_FRACTION and ROUTER_KERNEL_S are measured, not fitted
+    # (benchmarks/moe_routing_measured.py)
     import statistics
 
     from cost_models.moe_overhead import FIT_RANGES, PERMUTE_HBM_FRACTION, ROUTER_KERNEL_S

@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..uncertainty import step_cell, tie_note
 from .options import AT_RISK_DEFAULT, Emit, Fmt, Framework, Launcher
 
 
@@ -66,6 +65,8 @@ def _gib(x: float) -> str:
 
 def _plans_table(doc, title: str, at_risk_margin: float = AT_RISK_DEFAULT):
     from rich.table import Table
+
+    from ..uncertainty import step_cell  # imported when a table is drawn: it pulls in the cost models
     caption = (f"peak GiB: most loaded stage / GPU capacity (GiB = 2^30 bytes); ! = at risk (within "
                f"{at_risk_margin:.0%} of capacity), OOM = over it; full N/chunk = the first N layers of each model chunk recomputed (Megatron --recompute-method block)")
     thr = next((p.throughput for p in doc.plans if p.throughput), None)
@@ -210,6 +211,7 @@ def render_plans(doc, fmt: Fmt, output: Path | None, emit: Emit | None, title: s
     from rich.console import Console
 
     from ..cost_report import cost_lines
+    from ..uncertainty import tie_note
     width = 190 if any(p.cost is not None for p in doc.plans) else 160  # room for days, GPU-hours and $
     if output is not None:
         import io
