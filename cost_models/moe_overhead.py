@@ -57,10 +57,10 @@ HOST_GEMM_S = 16.5e-6
 #: gets a light ``*TensorStorage`` object and one cast launch (the block scales come out of the cast kernel).
 #: ``cs`` (per-tensor current scaling): each expert's output is allocated on its own (data, transpose, scale) as a
 #: ``Float8Tensor`` (a ``torch.Tensor`` subclass) and quantized by three launches: amax, scale, cast. Fitted
-#: (71 / 280 us since the MoE routing kernels are measured, 2026-12-04; 78 / 294 us before; 74 / 277 us on the coarser
-#: grid before that); ``cs`` sits near the top of its range, held
-#: there by one row (Bridge H100 Qwen3-30B-A3B FP8-CS, pp 2 x vpp 24).
-HOST_QUANTIZE_S = {"mx": 70.7292e-6, "cs": 279.584e-6}
+#: (71 / 277 us since HybridEP's default SM count was corrected, 2026-12-04; 71 / 280 us since the MoE routing kernels
+#: are measured; 78 / 294 us before; 74 / 277 us on the coarser grid before that); ``cs`` sits near the top of its
+#: range, held there by one row (Bridge H100 Qwen3-30B-A3B FP8-CS, pp 2 x vpp 24).
+HOST_QUANTIZE_S = {"mx": 70.7293e-6, "cs": 276.668e-6}
 #: Share of the datasheet HBM bandwidth that the token permutation kernels reach, counting the bytes they must move
 #: (``permute_passes``). Measured, not fitted: Transformer Engine 2.8's Triton kernels (``--moe-permute-fusion``:
 #: ``make_row_id_map``, ``permute_with_mask_map``, ``sort_chunks_by_map``, ``unpermute_with_mask_map``, forward and
@@ -83,13 +83,14 @@ PERMUTE_HBM_FRACTION = 0.676
 ROUTER_KERNEL_S = (10.04e-6, 1.143e-9, 41.31e-12)
 #: Seconds per routed token copy per MoE layer (forward + backward, 1/3 and 2/3) of routing work in a multi-GPU training
 #: step beyond the router and permutation kernels measured alone (``ROUTER_KERNEL_S``, ``PERMUTE_HBM_FRACTION``). Fitted
-#: on the dev rows' MoE runs: 14.1 ns (2026-12-04). It is larger than what the measured kernels themselves cost per copy
+#: on the dev rows' MoE runs: 16.7 ns (2026-12-04, with HybridEP's default SM count corrected to DeepEP's 32; 14.1 ns
+#: before). It is larger than what the measured kernels themselves cost per copy
 #: under the flex dispatchers the MoE recipes run (Qwen3-30B-A3B, 4,096 tokens: 8.8 ns forward + backward measured, 7.9
 #: ns as this module charges them), so it carries something the kernels alone do not show: the permutation sharing the
 #: GPU with the dispatcher's communication kernels, or the host synchronisation of dropless routing (not measured on one
 #: GPU). Before the kernels were measured it was 11.5 ns on top of 4 forward HBM passes at the datasheet rate
 #: (``benchmarks/moe_routing_measured.py`` prints both against the measurement).
-MOE_TOKEN_COPY_S = 1.40626e-8
+MOE_TOKEN_COPY_S = 1.66666e-8
 
 #: Plausible ranges of the fitted constants above (``planner/calibration.py`` fits inside them).
 FIT_RANGES = {

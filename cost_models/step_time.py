@@ -45,10 +45,10 @@ constant (module)                            value     range       mainly constr
 ``UNFUSED_SCORE_PASSES`` (attention)         6.29      4-8         SC21, BLOOM (unfused softmax; their dropout apart)
 ``ELEMENTWISE_PASSES`` deepspeed             40        8-40        BLOOM rows (edge)
 ``TP_OVERLAP_EXPOSED`` megatron / torchtitan 0 / 0.67  0-0.5/0-0.7 NeMo recipes / torchtitan async TP
-``EP_OVERLAP_EXPOSED`` (collectives)         0.58      0-1         MoE rows with EP overlap
-``HOST_QUANTIZE_S`` mx / cs                  71/280 us 10-120/     FP8 MoE rows; cs near its range's top (one row)
+``EP_OVERLAP_EXPOSED`` (collectives)         0.57      0-1         MoE rows with EP overlap
+``HOST_QUANTIZE_S`` mx / cs                  71/277 us 10-120/     FP8 MoE rows; cs near its range's top (one row)
                                                        20-300 us
-``MOE_TOKEN_COPY_S`` (moe_overhead)          14.1 ns   0-50 ns     MoE rows: routing beyond the measured kernels
+``MOE_TOKEN_COPY_S`` (moe_overhead)          16.7 ns   0-50 ns     MoE rows: routing beyond the measured kernels
 ===========================================  ========  ==========  ==============================================
 
 ``OVERLAP_COMPUTE_SLOWDOWN`` (0.189) is not fitted: Lee et al. 2025 (arXiv 2507.03114) average measured slowdown of
@@ -68,9 +68,9 @@ recipes (each row's ``setup`` block, ``planner/row_options.py``): DeepSeek-V3 no
 all-to-all (``ep_domain_copies``), Megatron pipeline layouts and the Megatron-Bridge DeepSeek-V3 presets (EP overlap,
 full-iteration CUDA graph).
 
-Result on the dev rows (``plan3d validate --cross-validate``, 91 evaluated rows): MAPE 5.27% in-sample, 6.49%
+Result on the dev rows (``plan3d validate --cross-validate``, 91 evaluated rows): MAPE 5.28% in-sample, 6.50%
 leave-one-source-group-out, each fold fitted from the middle of the ranges (above 10% held out: the Megatron-LM MoE
-recipes, 12.4%, whose routing remainder, host-time and EP-overlap constants then come from the Megatron-Bridge MoE
+recipes, 13.0%, whose routing remainder, host-time and EP-overlap constants then come from the Megatron-Bridge MoE
 rows);
 Korthikanti et al. 2022 Table 5 (held out, ``tests/test_korthikanti_table5.py``): 1.81% mean, 3.95% max.
 """

@@ -29,7 +29,10 @@ def test_table_values_are_the_published_figures():
     # beyond the last measured count (36 ranks) held: a 64-rank NVL72 group reads the 36-rank figure
     assert ep_dispatch_bandwidth("GB200", "hybridep", 64, 32) == pytest.approx((479.02e9, 447.89e9))
     # DeepEP on B200 at its default 20 SMs: between the 16- and 24-SM figures (348 / 302 and 494 / 420)
-    assert flex_dispatcher_default_sms("deepep") == 20 and flex_dispatcher_default_sms("hybridep") == 16
+    # HybridEP's own default inside one NVLink domain: 32 SMs (DeepEP hybrid-ep 7febc6e2 hybrid_ep_buffer.py:
+    # ``num_sms_dispatch_api = 32 if self.num_of_nodes == 1 else 8``; Megatron-LM passes None when unset)
+    assert flex_dispatcher_default_sms("deepep") == 20 and flex_dispatcher_default_sms("hybridep") == 32
+    assert ep_dispatch_bandwidth("GB200", "hybridep", 16) == ep_dispatch_bandwidth("GB200", "hybridep", 16, 32)
     assert ep_dispatch_bandwidth("B200", "deepep", 8) == pytest.approx((421e9, 361e9))
     # no published series: None (the caller keeps the NCCL all-to-all estimate)
     assert ep_dispatch_bandwidth("H100", "hybridep", 8) is None
@@ -40,7 +43,7 @@ def test_table_values_are_the_published_figures():
 def test_in_domain_hybridep_time_is_bytes_over_measured_throughput():
     par = ParallelConfig(dp=16, ep=16, micro_batch_size=4, zero_stage=1)
     plain = TrainingJob(global_batch_size=512, precision="fp8", expert_load_imbalance=1.0)
-    hybrid = plain.model_copy(update={"moe_flex_dispatcher_backend": "hybridep"})
+    hybrid = plain.model_copy(update={"moe_flex_dispatcher_backend": "hybridep", "moe_flex_dispatcher_num_sms": 16})
     s_plain = estimate_step(Q30, GB200, plain, par, fp8_recipe="mx")
     s_hyb = estimate_step(Q30, GB200, hybrid, par, fp8_recipe="mx")
     # one micro-batch's 16384 tokens, each to its expected distinct destination ranks (128 experts over 16 ranks,
@@ -53,10 +56,11 @@ def test_in_domain_hybridep_time_is_bytes_over_measured_throughput():
     assert s_hyb.exposed_comm_s["ep"] == pytest.approx(per_layer * 48 * 8, rel=1e-6)
     # slower than the NCCL all-to-all estimate of all 8 copies at NVLink's bus rate, as measured (0.74 TB/s there)
     assert s_hyb.exposed_comm_s["ep"] > 1.2 * s_plain.exposed_comm_s["ep"]
-    # more SMs: faster (523 / 522 GB/s at 32 SMs)
-    more = hybrid.model_copy(update={"moe_flex_dispatcher_num_sms": 32})
-    assert estimate_step(Q30, GB200, more, par, fp8_recipe="mx").exposed_comm_s["ep"] == pytest.approx(
-        2 * (nbytes / 523.48e9 + nbytes / 521.55e9) * 48 * 8, rel=1e-6)
+    # more SMs: faster (523 / 522 GB/s at 32 SMs, HybridEP's own default inside one domain when none is set)
+    for more in (hybrid.model_copy(update={"moe_flex_dispatcher_num_sms": 32}),
+                 hybrid.model_copy(update={"moe_flex_dispatcher_num_sms": None})):
+        assert estimate_step(Q30, GB200, more, par, fp8_recipe="mx").exposed_comm_s["ep"] == pytest.approx(
+            2 * (nbytes / 523.48e9 + nbytes / 521.55e9) * 48 * 8, rel=1e-6)
 
 
 def test_stated_backend_is_emitted():
@@ -93,8 +97,10 @@ def test_cli_option_reaches_the_document_and_the_step(run_cli):
     base = ["evaluate", "-m", "qwen3-30b-a3b", "-c", "gb200-nvl72", "--gpus", "16", "--global-batch-size", "512",
             "--ep", "16", "--micro-batch-size", "4", "--precision", "fp8", "--zero-stage", "1", "--format", "json"]
     plain = json.loads(run_cli(*base).stdout)
-    hyb = json.loads(run_cli(*base, "--moe-flex-dispatcher-backend", "hybridep").stdout)
+    hyb = json.loads(run_cli(*base, "--moe-flex-dispatcher-backend", "hybridep", "--moe-flex-dispatcher-num-sms",
+                             "16").stdout)
     assert hyb["input"]["job"]["moe_flex_dispatcher_backend"] == "hybridep"
+    assert hyb["input"]["job"]["moe_flex_dispatcher_num_sms"] == 16
     assert plain["input"]["job"]["moe_flex_dispatcher_backend"] is None
     assert hyb["plans"][0]["time"]["step_s"] > plain["plans"][0]["time"]["step_s"]
 

@@ -99,9 +99,14 @@ def test_packaged_rows_are_the_shared_dev_rows_with_sources():
 #: ROUTER_KERNEL_S, PERMUTE_HBM_FRACTION, benchmarks/moe_routing_device.py) replace 4 forward HBM passes at the
 #: datasheet rate, MOE_TOKEN_COPY_S stays fitted as the remainder (11.5 -> 14.1 ns) and the constants are refitted
 #: (KAPPA 1.99 -> 2.10, POWER_CLOCK_EXPONENT 2.19 -> 2.25, EP_OVERLAP_EXPOSED 0.55 -> 0.58): Bridge 6.16 -> 5.88%,
-#: MoE recipes 6.35 -> 6.61%, H100 weak scaling 6.96 -> 7.43%, SC21 3.48 -> 3.11%.
-ACHIEVED_MAX_MAPE = 5.27
-ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 6.62, "nemo_bridge_perf_summary": 5.89, "nemo_2407_perf_summary": 4.80,
+#: MoE recipes 6.35 -> 6.61%, H100 weak scaling 6.96 -> 7.43%, SC21 3.48 -> 3.11%. 5.268 -> 5.277% with two
+#: corrections of the data (not fits; the ratchets move up for them) and the MoE constants refitted: HybridEP's SM
+#: count when a run sets none is DeepEP's own default inside one NVLink domain, 32, not torchtitan's launcher default 16
+#: (ep_dispatch.yaml; the Qwen3-30B-A3B GB200 recipe row), and the two Qwen3-30B-A3B recipe rows run the plain fp32
+#: Adam moments (their YAMLs set no precision-aware optimizer); EP_OVERLAP_EXPOSED 0.58 -> 0.57, MOE_TOKEN_COPY_S
+#: 14.1 -> 16.7 ns, HOST_QUANTIZE_S cs 280 -> 277 us: Bridge 5.88 -> 6.02%, MoE recipes 6.61 -> 6.45%.
+ACHIEVED_MAX_MAPE = 5.28
+ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 6.62, "nemo_bridge_perf_summary": 6.02, "nemo_2407_perf_summary": 4.80,
                        "megatron_h100_weak_scaling": 7.44}
 
 
@@ -311,8 +316,11 @@ def test_duplicate_row_ids_are_refused(run_cli, tmp_path):
 #: measured (the in-sample ratchet above; the MoE-recipe ratchet moves up for it): Bridge held out 9.43 -> 8.80%, the
 #: Llama example 9.57 -> 9.05%, MoE recipes 11.52 -> 12.40% (held out, MOE_TOKEN_COPY_S is fitted to 0 again and the
 #: flex dispatchers' measured permutation costs less than the 4 passes charged before), H100 weak scaling 8.48 -> 8.63%.
+#: 6.49 -> 6.50% with HybridEP's default SM count corrected (32 inside one NVLink domain) and the Qwen3-30B-A3B recipe
+#: rows' optimizer corrected (see ACHIEVED_MAX_MAPE): MoE recipes 12.40 -> 12.98% (their GB200 Qwen3-30B-A3B row's
+#: dispatch is faster at 32 SMs, and it was already too fast held out), H100 weak scaling 8.63 -> 8.48%.
 ACHIEVED_LOGO_MAPE = 6.50
-ACHIEVED_LOGO_GROUP_MAPE = {"megatron_moe_recipes": 12.5, "nemo_bridge_perf_summary": 8.9,
+ACHIEVED_LOGO_GROUP_MAPE = {"megatron_moe_recipes": 13.0, "nemo_bridge_perf_summary": 8.9,
                             "megatron_llama_example": 9.1}
 
 
