@@ -23,7 +23,8 @@ from typing import Any, Callable
 
 _EXPORTS = {
     "plan": "api", "evaluate": "api", "memory": "api", "explain": "api", "validate": "api",
-    "load_inputs": "api", "parallel_config": "api", "check_launchable": "api", "Inputs": "api", "SearchStats": "api",
+    "load_inputs": "api", "parallel_config": "api", "check_launchable": "api", "launchable_pins": "api",
+    "Inputs": "api", "SearchStats": "api",
     "MemoryReport": "api", "ExplainReport": "api", "compare": "api", "cost_sweep": "api",
     "ComparisonDocument": "comparison", "sweep": "sweeps", "Grid": "sweeps", "SweepRow": "sweeps",
     "PlanDocument": "document", "PlanInputError": "errors", "NoFeasiblePlan": "errors",

@@ -56,7 +56,7 @@ if TYPE_CHECKING:  # heavy imports stay lazy: the CLI's start-up only pays for w
 
 #: the API: its functions and reports, and the options' vocabulary (``planner.api_options``)
 __all__ = ["plan", "compare", "cost_sweep", "evaluate", "memory", "explain", "validate", "check_launchable",
-           "MemoryReport", "ExplainReport", "SearchStats", "Inputs", "load_inputs", "parallel_config", "JobOptions",
+           "launchable_pins", "MemoryReport", "ExplainReport", "SearchStats", "Inputs", "load_inputs", "parallel_config", "JobOptions",
            "LayoutOptions", "CostOptions", "EvaluateOptions", "PlanOptions", "PRECISIONS", "FRAMEWORKS",
            "FLOPS_CONVENTIONS", "RECOMPUTE_CHOICES", "SCHEDULE_CHOICES", "SOLVERS", "OBJECTIVES", "DEFAULT_HEADROOM",
            "DEFAULT_AT_RISK_MARGIN", "DEFAULT_WITHIN", "MAX_TOP_K"]
@@ -140,6 +140,11 @@ class _PlanSetup:
                        at_risk_margin=self.at_risk_margin)
 
 
+def _job_inputs(model: ModelLike | None, cluster: ClusterLike | None, options: dict[str, Any]) -> Inputs:
+    """``load_inputs`` of the job options among ``plan``'s ``options`` (``job_kwargs``; None and the rest ignored)."""
+    return load_inputs(model, cluster, **{k: v for k, v in job_kwargs(options).items() if v is not None})
+
+
 def check_launchable(emit: str, model: ModelLike | None = None, cluster: ClusterLike | None = None,
                      **options: Any) -> None:
     """Refuse, before any search, a job the ``emit`` target (``planner.emit.FRAMEWORKS``) cannot launch whatever
@@ -151,14 +156,52 @@ def check_launchable(emit: str, model: ModelLike | None = None, cluster: Cluster
         PlanInputError / ModelSpecError / ClusterSpecError: as ``load_inputs``.
     """
     from .emit import job_refusal
-    keys = ("gpus", "nodes", "global_batch_size", "seq_length", "precision", "flash_attention", "dropout",
-            "framework", "capacity_factor")
-    inputs = load_inputs(model, cluster, **{k: options[k] for k in keys if options.get(k) is not None})
+    inputs = _job_inputs(model, cluster, options)
     why = job_refusal(emit, inputs.model, inputs.job)
     if why is not None:
         alt = "; change that option, or --emit megatron, which runs it" if emit != "megatron" and job_refusal(
             "megatron", inputs.model, inputs.job) is None else ""
         raise NoFeasiblePlan(f"--emit {emit}: {why}; no parallel layout changes that{alt}")
+
+
+#: The layout a plan must have for ``ds_config.json`` alone to carry it (``planner.emit.deepspeed.
+#: check_ds_config_alone``: the JSON sets data parallelism, ZeRO, batch, precision and pipeline stages; tensor,
+#: context and expert parallelism, sequence parallelism and recompute belong to the script that builds the model).
+#: Recompute is one of the granularities it carries: none, or every layer (its ``activation_checkpointing`` section;
+#: the script checkpoints each layer), not Megatron's selective modules.
+DS_CONFIG_ALONE_PINS: dict[str, Any] = {"tp": 1, "cp": 1, "ep": 1, "recompute": ("none", "full")}
+
+
+def launchable_pins(emit: str, model: ModelLike | None = None, cluster: ClusterLike | None = None,
+                    **options: Any) -> tuple[dict[str, Any], str | None]:
+    """The ``plan`` pins (option -> value) without which no plan of the job can run on ``emit``, and a one-line
+    note saying why; ({}, None) when the target needs none. ``emit="deepspeed"`` for a model that no
+    Megatron-DeepSpeed launch can build (``planner.emit.megatron_deepspeed_refusal``, e.g. Llama 3's RoPE scaling):
+    ``ds_config.json`` is then emitted alone, so the search keeps ``DS_CONFIG_ALONE_PINS``. ``options`` are
+    ``plan``'s options.
+
+    Raises:
+        NoFeasiblePlan: an option pins one of those knobs to another value (the message names it and why).
+        PlanInputError / ModelSpecError / ClusterSpecError: as ``load_inputs``.
+    """
+    if emit != "deepspeed":
+        return {}, None
+    from .emit import megatron_deepspeed_refusal
+    inputs = _job_inputs(model, cluster, options)
+    why = megatron_deepspeed_refusal(inputs.model, inputs.job)
+    if why is None:
+        return {}, None
+    for k, v in DS_CONFIG_ALONE_PINS.items():
+        given = options.get(k)
+        if given is not None and given not in (v if isinstance(v, tuple) else (v,)):
+            raise NoFeasiblePlan(f"--emit deepspeed: {option_flag(k)} {given}: ds_config.json alone does not set it "
+                                 f"(the training script does), and no Megatron-DeepSpeed launch can build this model "
+                                 f"({why}); drop the option, or --emit megatron")
+    pins = {k: v for k, v in DS_CONFIG_ALONE_PINS.items() if options.get(k) is None}
+    note = (f"--emit deepspeed: no Megatron-DeepSpeed launch can build this model ({why}), so ds_config.json is "
+            f"emitted alone and the plans keep to what it carries: tp 1, cp 1, ep 1, recompute none or full (data "
+            f"parallelism, ZeRO, pipeline stages and batch vary)")
+    return pins, note
 
 
 def _check_pinned_split(num_layers: int, o: dict[str, Any]) -> None:
@@ -235,8 +278,9 @@ def _plan_setup(model, cluster, options: dict[str, Any]) -> _PlanSetup:
     _check_price_names(cost, [inputs.cluster.name])
     _check_pinned_split(inputs.model.num_layers, o)
     headroom = headroom_option(o.get("memory_headroom"))
-    if o.get("recompute") is not None:
-        check_choice("recompute", o["recompute"], RECOMPUTE_CHOICES)
+    rc = o.get("recompute")
+    for r in (rc if isinstance(rc, (tuple, list)) else (rc,)) if rc is not None else ():
+        check_choice("recompute", r, RECOMPUTE_CHOICES)
     if o.get("pipeline_schedule") is not None:
         check_choice("pipeline_schedule", o["pipeline_schedule"], SCHEDULE_CHOICES)
         from .space import SEARCH_SCHEDULES
@@ -249,8 +293,8 @@ def _plan_setup(model, cluster, options: dict[str, Any]) -> _PlanSetup:
     sp_kw: dict[str, Any] = {k: one(o.get(k)) for k in ("tp", "pp", "cp", "ep", "vpp", "first_stage_layers",
                                                          "last_stage_layers")}
     for k in ("micro_batch_size", "zero_stage", "recompute", "pipeline_schedule"):
-        if o.get(k) is not None:
-            sp_kw[k] = (o[k],)
+        if o.get(k) is not None:  # recompute may also be a tuple of granularities to search
+            sp_kw[k] = tuple(o[k]) if k == "recompute" and isinstance(o[k], (tuple, list)) else (o[k],)
     from .progress import DEFAULT_BUDGET_S, Budget, no_progress
     seconds = o.get("time_budget_s", DEFAULT_BUDGET_S)
     if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
@@ -559,7 +603,7 @@ class ExplainReport:
         if b.unit == "bytes" and self.explanation.evaluation.memory is not None:
             i = self.inputs
             tries = relief_on_layout(i.model, i.cluster, i.job, self.parallel, i.num_gpus, self.memory_headroom,
-                                     i.job.framework)
+                                     i.job.framework, point_to_plan=True)
             relief = (". Changes: " + "; ".join(tries)) if tries else ""
         raise NoFeasiblePlan(f"configuration infeasible: {b.name} binds ({b.detail}; slack {format_slack(b)})"
                              f"{relief}")

@@ -535,3 +535,30 @@ def test_deepspeed_launch_takes_deepspeeds_own_split_and_refuses_others():
     other = par.model_copy(update={"pipeline_layout": None, "first_stage_layers": 12, "last_stage_layers": 12})
     with pytest.raises(EmitError, match="balances transformer layers over the stages itself"):
         megatron_deepspeed_args(gpt3, JOB, other)
+
+
+def test_emit_deepspeed_for_a_model_megatron_deepspeed_cannot_build_searches_what_ds_config_carries(run_cli, tmp_path):
+    """Llama 3.1's RoPE scaling has no Megatron-DeepSpeed option, so ``--emit deepspeed`` writes ``ds_config.json``
+    alone; the search then keeps to what the JSON carries (tp, cp, ep 1; recompute none or full, the training
+    script checkpointing each layer) instead of ranking plans it cannot emit. Found by a new-user trial: every one
+    of the top 200 plans of Llama 3.1 70B on 64 H100s was refused, and the advice to pin knobs went in a circle."""
+    from planner.api import launchable_pins
+    from planner.errors import NoFeasiblePlan
+    pins, note = launchable_pins("deepspeed", "llama3.1-70b", gpus=64)
+    assert pins == {"tp": 1, "cp": 1, "ep": 1, "recompute": ("none", "full")} and "rope_scaling llama3" in note
+    assert launchable_pins("megatron", "llama3.1-70b", gpus=64) == ({}, None)
+    assert launchable_pins("deepspeed", "llama2-70b", gpus=64) == ({}, None)  # Megatron-DeepSpeed builds it
+    with pytest.raises(NoFeasiblePlan, match="--tp 2: ds_config.json alone does not set it"):
+        launchable_pins("deepspeed", "llama3.1-70b", gpus=64, tp=2)
+    r = run_cli("plan", "--model", "llama3.1-70b", "--gpus", "64", "--global-batch-size", "512", "--seq-length",
+                "8192", "--emit", "deepspeed", "--output", str(tmp_path))
+    assert r.exit_code == 0, r.stderr
+    cfg = json.loads((tmp_path / "ds_config.json").read_text())
+    assert cfg["train_batch_size"] == 512
+    note_file = (tmp_path / "megatron_deepspeed_unsupported.txt").read_text()
+    if "activation_checkpointing" in cfg:
+        assert "recompute full: checkpoint every transformer layer in the training script" in note_file
+    from planner.emit.deepspeed import check_ds_config_alone
+    check_ds_config_alone(TrainingJob(global_batch_size=8), ParallelConfig(dp=8, recompute="full"))
+    with pytest.raises(EmitError, match="recompute selective: ds_config.json alone"):
+        check_ds_config_alone(TrainingJob(global_batch_size=8), ParallelConfig(dp=8, recompute="selective"))

@@ -181,8 +181,12 @@ def plan(
                                  f"its row)")
         return
     if emit is not None:  # before the search: a job the target cannot launch under any layout
-        from ..api import check_launchable
+        from ..api import check_launchable, launchable_pins
         check_launchable(emit.value, model, cluster, **opts)
+        pins, note = launchable_pins(emit.value, model, cluster, **opts)  # ... or only with some knobs fixed
+        if note is not None:
+            opts.update(pins)
+            sys.stderr.write(f"plan3d: note: {note}\n")
     with progress_line("plan3d plan") as progress:  # a status line on stderr while it is a terminal
         doc = api_plan(model, cluster, **opts, global_batch_size_tolerance=gbs_tolerance, progress=progress)
     if plot is not None:

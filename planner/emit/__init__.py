@@ -21,8 +21,8 @@ from .megatron import (SCRIPT_DATA_ARGS, SCRIPT_TRAIN_ARGS, EmitError, EmitUnsup
                        pair_args)
 from .torchtitan import torchtitan_overrides, torchtitan_toml
 
-__all__ = ["megatron_args", "deepspeed_config", "megatron_deepspeed_args", "torchtitan_toml",
-           "torchtitan_overrides", "colossalai_config", "launch_fields", "emit_files", "LAUNCHERS", "EmitError",
+__all__ = ["megatron_args", "deepspeed_config", "megatron_deepspeed_args", "megatron_deepspeed_refusal",
+           "torchtitan_toml", "torchtitan_overrides", "colossalai_config", "launch_fields", "emit_files", "LAUNCHERS", "EmitError",
            "EmitUnsupported", "FRAMEWORKS", "check_deepspeed", "job_refusal"]
 
 #: ``--emit`` targets: the frameworks whose rules plan3d models, and Colossal-AI (emitted only; planned under
@@ -76,8 +76,20 @@ def job_refusal(framework: str, model: ModelSpec, job: TrainingJob) -> str | Non
     """
     if framework not in FRAMEWORKS:
         raise EmitError(f"--emit {framework}: choose one of {', '.join(FRAMEWORKS)}")
+    return _bare_unsupported(model, job).get(framework)
+
+
+def megatron_deepspeed_refusal(model: ModelSpec, job: TrainingJob) -> str | None:
+    """Why no Megatron-DeepSpeed launch (``pretrain_gpt.py`` arguments) can build ``model`` for ``job`` whatever the
+    layout (e.g. Llama 3's RoPE scaling, which it has no option for); None when some layout may. Without it
+    ``--emit deepspeed`` writes ``ds_config.json`` alone (``check_ds_config_alone``)."""
+    return _bare_unsupported(model, job).get("megatron_deepspeed")
+
+
+def _bare_unsupported(model: ModelSpec, job: TrainingJob) -> dict[str, str]:
+    """``launch_fields``' refusals for the one-GPU layout of ``job``."""
     bare = ParallelConfig(dp=1, micro_batch_size=1)
-    return launch_fields(model, job.model_copy(update={"global_batch_size": 1}), bare, 1)["unsupported"].get(framework)
+    return launch_fields(model, job.model_copy(update={"global_batch_size": 1}), bare, 1)["unsupported"]
 
 
 def _header(framework: str, model_name: str, rank: int, launch) -> str:
@@ -148,9 +160,13 @@ def emit_files(doc, framework: str, rank: int = 1, launcher: str = "scripts") ->
         if launcher == "k8s":
             raise EmitUnsupported(f"plan #{rank}: --launcher k8s needs a Megatron-DeepSpeed launch: "
                                   f"{launch.unsupported['megatron_deepspeed']}")
+        ckpt = ("# recompute full: checkpoint every transformer layer in the training script "
+                "(deepspeed.checkpointing.checkpoint, configured by ds_config.json's activation_checkpointing; "
+                "Hugging Face: model.gradient_checkpointing_enable())\n"
+                if "activation_checkpointing" in launch.deepspeed else "")
         return {"ds_config.json": json.dumps(launch.deepspeed, indent=2, allow_nan=False) + "\n",
                 "megatron_deepspeed_unsupported.txt": f"# {header}\n# Megatron-DeepSpeed launch not emitted: "
-                                                      f"{launch.unsupported['megatron_deepspeed']}\n"}
+                                                      f"{launch.unsupported['megatron_deepspeed']}\n{ckpt}"}
     configs, entry, args, env, data, train = _parts(framework, launch, header)
     if launcher == "k8s":
         from .k8s import CONFIG_DIR, job_name, pytorchjob_manifest

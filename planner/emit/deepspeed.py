@@ -262,10 +262,14 @@ def megatron_deepspeed_args(model: ModelSpec, job: TrainingJob, par: ParallelCon
 
 def check_ds_config_alone(job: TrainingJob, par: ParallelConfig) -> None:
     """Raise ``EmitError`` when ``ds_config.json`` without a Megatron-DeepSpeed launch would drop a knob: the JSON
-    sets data parallelism, ZeRO, batch, precision and pipeline stages; tensor, context and expert parallelism,
-    sequence parallelism and recompute belong to the training script that builds the model."""
+    sets data parallelism, ZeRO, batch, precision and pipeline stages, and full recompute's
+    ``activation_checkpointing`` section (the training script checkpoints every layer, as any DeepSpeed script can:
+    ``deepspeed.checkpointing.checkpoint``, Hugging Face ``gradient_checkpointing_enable()``); tensor, context and
+    expert parallelism, sequence parallelism and Megatron's selective recompute belong to the training script that
+    builds the model."""
     for knob, on in ((f"tp {par.tp}", par.tp > 1), (f"cp {par.cp}", par.cp > 1), (f"ep {par.ep}", par.ep > 1),
-                     ("sequence_parallel", par.sequence_parallel), (f"recompute {par.recompute}", par.recompute != "none"),
+                     ("sequence_parallel", par.sequence_parallel),
+                     (f"recompute {par.recompute}", par.recompute not in ("none", "full")),
                      ("precision fp8", job.precision == "fp8"), ("unfused attention", not job.flash_attention),
                      ("dropout", job.dropout)):
         if on:
