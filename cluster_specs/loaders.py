@@ -187,8 +187,10 @@ def resolve_num_gpus(cluster: ClusterSpec, gpus: int | None = None, nodes: int |
             raise ClusterSpecError(f"--nodes must be a positive integer; got {nodes!r}")
     if gpus is not None:
         if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus <= 0:
+            parts = ", ".join(str(d) for d in range(1, gpn) if gpn % d == 0)
             raise ClusterSpecError(
-                f"--gpus must be a positive multiple of the node size {gpn} GPUs {where}; got {gpus!r}"
+                f"--gpus must be a positive multiple of the node size {gpn} GPUs {where}"
+                + (f" or a divisor of it ({parts}: part of one node)" if parts else "") + f"; got {gpus!r}"
             )
         if gpus < gpn and gpn % gpus == 0:  # part of one node
             if nodes is not None and nodes != 1:

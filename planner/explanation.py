@@ -9,7 +9,7 @@ from cluster_specs.spec import ClusterSpec
 from cost_models.config import ParallelConfig, TrainingJob
 from model_zoo.spec import ModelSpec
 
-from .checks import DEFAULT_MEMORY_HEADROOM, Constraint, constraint_report
+from .checks import DEFAULT_MEMORY_HEADROOM, Constraint, constraint_report, memory_verdict
 from .evaluation import Evaluation, evaluate
 from .progress import Budget, Progress, no_progress
 
@@ -57,26 +57,50 @@ def explanation_rows(ex: Explanation) -> list[dict]:
     return [{"name": c.name, "ok": c.ok, "slack": c.slack, "unit": c.unit, "detail": c.detail} for c in ex.constraints]
 
 
-def _plan_str(e: Evaluation) -> str:
+def _plan_str(e: Evaluation, memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
+              at_risk_margin: float | None = None) -> str:
+    """One layout and its prediction, with every knob ``plan3d evaluate`` needs to reproduce it (the stage split,
+    the recomputed layers per chunk, vpp) and, given ``at_risk_margin``, "at risk" when its peak is within it."""
     p = e.parallel
     s = f"tp {p.tp} pp {p.pp} dp {p.dp}"
     if p.cp > 1:
         s += f" cp {p.cp}"
     if p.ep > 1:
         s += f" ep {p.ep}"
-    s += f" mbs {p.micro_batch_size} zero {p.zero_stage} recompute {p.recompute}"
+    if p.vpp > 1:
+        s += f" vpp {p.vpp}"
+    if p.first_stage_layers is not None or p.last_stage_layers is not None:
+        s += f" first/last stage layers {p.first_stage_layers or '-'}/{p.last_stage_layers or '-'}"
+    rc = p.recompute if p.recompute_num_layers is None else f"{p.recompute} ({p.recompute_num_layers} layers/chunk)"
+    s += f" mbs {p.micro_batch_size} zero {p.zero_stage} recompute {rc}"
     if e.step is not None:
         s += f": {e.step.tokens_per_s:,.0f} tokens/s, step {e.step.step_s:.2f} s"
     if e.memory is not None:
         s += f", peak {e.memory.peak_bytes / 2**30:.1f} GiB"
+        if at_risk_margin is not None and memory_verdict(e.memory, memory_headroom, at_risk_margin) == "at risk":
+            s += f" (at risk: within {at_risk_margin:.0%} of capacity)"
     return s
+
+
+def states_gpus(model: ModelSpec, cluster: ClusterSpec, frameworks, memory_headroom: float) -> float:
+    """GPUs (a fraction) that the model's parameter, gradient and optimizer states alone need when fully sharded
+    (ZeRO-3: each term over the GPUs, ``cost_models.memory.model_state_terms``), under the most frugal of
+    ``frameworks``, in the usable memory less the CUDA / allocator reserve; activations come on top. inf when
+    nothing is usable."""
+    from cost_models.memory import model_state_terms
+    params = model.num_parameters() + model.mtp_params()
+    limit = cluster.gpu.memory_bytes * (1 - memory_headroom) - cluster.calibration.memory_reserve_bytes
+    if limit <= 0:
+        return float("inf")
+    return min(sum(model_state_terms(fw, 3, params, 1)) for fw in frameworks) / limit
 
 
 def relief_on_layout(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, p: ParallelConfig, num_gpus: int,
                      memory_headroom: float = DEFAULT_MEMORY_HEADROOM, framework: str = "megatron",
-                     where: str = "this layout") -> list[str]:
+                     where: str = "this layout", point_to_plan: bool = False) -> list[str]:
     """Predicted peak memory of ``p`` with ZeRO-3, with full recompute and with micro-batch 1 (each alone), and
-    whether it then fits."""
+    whether it then fits; with ``point_to_plan`` (``evaluate`` / ``explain``), when none fits, a last entry saying
+    so, how many GPUs the model states alone need (``states_gpus``) and that ``plan3d plan`` searches the layouts."""
     usable = cluster.gpu.memory_bytes * (1 - memory_headroom)
     tries = []
     if p.zero_stage < 3 and p.dp * p.cp > 1 and not (framework == "deepspeed" and p.pp > 1):
@@ -92,14 +116,22 @@ def relief_on_layout(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, p
             verdict = "fits" if ev.feasible else f"still over by {(ev.memory.peak_bytes - usable) / 2**30:.1f} GiB"
             extra = f", {ev.step.tokens_per_s:,.0f} tokens/s" if ev.feasible and ev.step is not None else ""
             out.append(f"{what} on {where}: peak {ev.memory.peak_bytes / 2**30:.1f} GiB ({verdict}{extra})")
+    if point_to_plan and not any("(fits" in x for x in out):
+        import math
+        need = states_gpus(model, cluster, {framework}, memory_headroom)
+        more = (f"; the parameter, gradient and optimizer states alone need {math.ceil(need)} GPUs fully sharded "
+                f"(ZeRO-3), before any activation" if need > num_gpus else "")
+        out.append(f"no single change on {where} fits{more}: plan3d plan searches every layout of this job "
+                   f"(and suggests a GPU count when none fits)")
     return out
 
 
 def nearest_changes(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpus: int, space=None,
                     memory_headroom: float = DEFAULT_MEMORY_HEADROOM, framework: str = "megatron",
                     closest: Evaluation | None = None, budget: Budget | None = None,
-                    progress: Progress = no_progress) -> list[str]:
-    """The nearest changes that make the job feasible, each with its predicted best plan (or memory).
+                    progress: Progress = no_progress, at_risk_margin: float | None = None) -> list[str]:
+    """The nearest changes that make the job feasible, each with its predicted best plan (or memory), searched as
+    ``plan`` searches (plans that clear ``at_risk_margin`` first; one that does not is said to be at risk).
 
     Tried in order: the closest layout with ZeRO-3 / full recompute / micro-batch 1 (predicted peak memory),
     lifting a pinned ZeRO stage / recompute / micro-batch, a shorter sequence (halved up to 4 times), and more
@@ -138,12 +170,10 @@ def nearest_changes(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, nu
         tries.append(("gpus", f"--gpus {n}", {"n": n}))
     # every layout holds at least its 1/n share of every parameter's states (fully sharded, ZeRO-3), plus the
     # reserve: a try on n GPUs that cannot hold that much is skipped unsearched (seq and pins change no state)
-    from cost_models.memory import model_state_terms
-    params = model.num_parameters() + model.mtp_params()
-    limit = cluster.gpu.memory_bytes * (1 - memory_headroom) - cluster.calibration.memory_reserve_bytes
+    need = states_gpus(model, cluster, {framework, job.framework}, memory_headroom)
 
     def states_fit(n: int) -> bool:
-        return min(sum(model_state_terms(fw, 3, params, n)) for fw in {framework, job.framework}) <= limit
+        return need <= n
 
     done: set[str] = set()
     for group, label, kw in tries:
@@ -155,9 +185,9 @@ def nearest_changes(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, nu
             break
         progress(f"nothing fits; trying {label}")
         r = run_search(model, cluster, kw.get("jb", job), kw.get("n", num_gpus), 1, kw.get("sp", space),
-                       memory_headroom, framework)
+                       memory_headroom, framework, at_risk_margin=at_risk_margin)
         if r.plans:
-            out.append(f"{label}: {_plan_str(r.plans[0])}")
+            out.append(f"{label}: {_plan_str(r.plans[0], memory_headroom, at_risk_margin)}")
             done.add(group)
     return out
 
@@ -268,7 +298,8 @@ def why_infeasible(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num
         binding = f"{other[0].name} binds on the closest layout ({other[0].message})"
     else:
         binding = "no candidate passes the checks"
-    changes = nearest_changes(model, cluster, job, num_gpus, space, memory_headroom, framework, ev, budget, progress)
+    changes = nearest_changes(model, cluster, job, num_gpus, space, memory_headroom, framework, ev, budget, progress,
+                              at_risk_margin)
     tail = ("; ".join(changes) if changes else
             "no change tried (GPUs x64, ZeRO-3, full recompute, micro-batch 1, seq/16) fits")
     return f"{head}: {binding}. Nearest changes: {tail}"
