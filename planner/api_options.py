@@ -133,7 +133,8 @@ class PlanOptions(JobOptions, CostOptions, total=False):
     vpp: int | None
     micro_batch_size: int | None
     zero_stage: int | None
-    recompute: Literal["none", "selective", "full"] | None
+    #: one granularity, or a tuple of those to search (``launchable_pins``: none or full for ds_config.json alone)
+    recompute: Literal["none", "selective", "full"] | tuple[Literal["none", "selective", "full"], ...] | None
     first_stage_layers: int | None
     last_stage_layers: int | None
     pipeline_schedule: str | None
