@@ -104,8 +104,8 @@ class TrainingJob(BaseModel):
                           "all-to-all inside one)")
     moe_flex_dispatcher_num_sms: int | None = Field(
         None, gt=0, le=1024, description="SMs the flex dispatcher's dispatch/combine kernels run on (Megatron-LM "
-                                         "--moe-flex-dispatcher-num-sms); None = the backend's default (HybridEP 16, "
-                                         "DeepEP 20)")
+                                         "--moe-flex-dispatcher-num-sms); None = the backend's default (HybridEP 32 "
+                                         "inside one NVLink domain, DeepEP 20)")
     cross_entropy_fusion_impl: Literal["native", "te"] = Field(
         "native", description="Megatron --cross-entropy-fusion-impl: 'native' (Megatron's fused vocab-parallel "
                               "cross entropy, bf16 logits + fp32 copy kept) or 'te' (Transformer Engine "

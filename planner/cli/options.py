@@ -227,7 +227,7 @@ DispatcherOpt = Annotated[Optional[str], typer.Option(
 DispatcherSmsOpt = Annotated[Optional[int], typer.Option(
     "--moe-flex-dispatcher-num-sms", min=1,
     help="SMs of the flex dispatcher's kernels (Megatron --moe-flex-dispatcher-num-sms; default: the backend's, "
-         "HybridEP 16, DeepEP 20)")]
+         "HybridEP 32 inside one NVLink domain, DeepEP 20)")]
 MasterDtypeOpt = Annotated[str, typer.Option(
     "--main-params-dtype", help="master-weight dtype: fp32, fp16 (Megatron --main-params-dtype), bf16 "
                                 "(Megatron-FSDP --megatron-fsdp-main-params-dtype)")]
