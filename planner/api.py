@@ -56,8 +56,8 @@ if TYPE_CHECKING:  # heavy imports stay lazy: the CLI's start-up only pays for w
 
 #: the API: its functions and reports, and the options' vocabulary (``planner.api_options``)
 __all__ = ["plan", "compare", "cost_sweep", "evaluate", "memory", "explain", "validate", "check_launchable",
-           "launchable_pins", "MemoryReport", "ExplainReport", "SearchStats", "Inputs", "load_inputs", "parallel_config", "JobOptions",
-           "LayoutOptions", "CostOptions", "EvaluateOptions", "PlanOptions", "PRECISIONS", "FRAMEWORKS",
+           "launchable_pins", "MemoryReport", "ExplainReport", "SearchStats", "Inputs", "load_inputs",
+           "parallel_config", "JobOptions", "LayoutOptions", "CostOptions", "EvaluateOptions", "PlanOptions", "PRECISIONS", "FRAMEWORKS",
            "FLOPS_CONVENTIONS", "RECOMPUTE_CHOICES", "SCHEDULE_CHOICES", "SOLVERS", "OBJECTIVES", "DEFAULT_HEADROOM",
            "DEFAULT_AT_RISK_MARGIN", "DEFAULT_WITHIN", "MAX_TOP_K"]
 
@@ -191,16 +191,35 @@ def launchable_pins(emit: str, model: ModelLike | None = None, cluster: ClusterL
     why = megatron_deepspeed_refusal(inputs.model, inputs.job)
     if why is None:
         return {}, None
+    fw = options.get("framework")  # None: plan under the emit target's rules, as plan3d plan --emit does
+    if fw is not None and fw != "deepspeed":
+        raise NoFeasiblePlan(f"--emit deepspeed with --framework {fw}: no Megatron-DeepSpeed launch can build this "
+                             f"model ({why}), so ds_config.json is emitted alone and the plans must follow "
+                             f"DeepSpeed's own rules; drop --framework, or --emit {fw}")
+    rc = options.get("recompute")
+    rc = tuple(rc) if isinstance(rc, (tuple, list)) else ((rc,) if rc is not None else None)
+    if rc is not None:
+        if not rc:
+            raise PlanInputError(f"--recompute: give at least one of {', '.join(RECOMPUTE_CHOICES)}")
+        for r in rc:
+            check_choice("recompute", r, RECOMPUTE_CHOICES)
+    pins: dict[str, Any] = {}
     for k, v in DS_CONFIG_ALONE_PINS.items():
-        given = options.get(k)
-        if given is not None and given not in (v if isinstance(v, tuple) else (v,)):
-            raise NoFeasiblePlan(f"--emit deepspeed: {option_flag(k)} {given}: ds_config.json alone does not set it "
+        allowed = v if isinstance(v, tuple) else (v,)
+        given = rc if k == "recompute" else options.get(k)
+        if given is None:
+            pins[k] = v
+        elif any(g not in allowed for g in (given if isinstance(given, tuple) else (given,))):
+            shown = ",".join(given) if isinstance(given, tuple) else given
+            raise NoFeasiblePlan(f"--emit deepspeed: {option_flag(k)} {shown}: ds_config.json alone does not set it "
                                  f"(the training script does), and no Megatron-DeepSpeed launch can build this model "
                                  f"({why}); drop the option, or --emit megatron")
-    pins = {k: v for k, v in DS_CONFIG_ALONE_PINS.items() if options.get(k) is None}
+    kept = {k: options.get(k) if k not in pins else v for k, v in DS_CONFIG_ALONE_PINS.items()}
+    kept["recompute"] = kept["recompute"] if "recompute" in pins else rc
+    shown = ", ".join(f"{k} {' or '.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in kept.items())
     note = (f"--emit deepspeed: no Megatron-DeepSpeed launch can build this model ({why}), so ds_config.json is "
-            f"emitted alone and the plans keep to what it carries: tp 1, cp 1, ep 1, recompute none or full (data "
-            f"parallelism, ZeRO, pipeline stages and batch vary)")
+            f"emitted alone and the plans keep to what it carries: {shown} (data parallelism, ZeRO, pipeline "
+            f"stages and batch vary)")
     return pins, note
 
 
@@ -279,6 +298,8 @@ def _plan_setup(model, cluster, options: dict[str, Any]) -> _PlanSetup:
     _check_pinned_split(inputs.model.num_layers, o)
     headroom = headroom_option(o.get("memory_headroom"))
     rc = o.get("recompute")
+    if isinstance(rc, (tuple, list)) and not rc:
+        raise PlanInputError(f"--recompute: give at least one of {', '.join(RECOMPUTE_CHOICES)}")
     for r in (rc if isinstance(rc, (tuple, list)) else (rc,)) if rc is not None else ():
         check_choice("recompute", r, RECOMPUTE_CHOICES)
     if o.get("pipeline_schedule") is not None:

@@ -543,7 +543,7 @@ def test_emit_deepspeed_for_a_model_megatron_deepspeed_cannot_build_searches_wha
     script checkpointing each layer) instead of ranking plans it cannot emit. Found by a new-user trial: every one
     of the top 200 plans of Llama 3.1 70B on 64 H100s was refused, and the advice to pin knobs went in a circle."""
     from planner.api import launchable_pins
-    from planner.errors import NoFeasiblePlan
+    from planner.errors import NoFeasiblePlan, PlanInputError
     pins, note = launchable_pins("deepspeed", "llama3.1-70b", gpus=64)
     assert pins == {"tp": 1, "cp": 1, "ep": 1, "recompute": ("none", "full")} and "rope_scaling llama3" in note
     assert launchable_pins("megatron", "llama3.1-70b", gpus=64) == ({}, None)
@@ -555,9 +555,25 @@ def test_emit_deepspeed_for_a_model_megatron_deepspeed_cannot_build_searches_wha
     assert r.exit_code == 0, r.stderr
     cfg = json.loads((tmp_path / "ds_config.json").read_text())
     assert cfg["train_batch_size"] == 512
+    # 70B at 8k tokens on 64 GPUs without tensor parallelism fits only with every layer recomputed (ZeRO-3, 55 GiB;
+    # 211 GiB without): the JSON carries the checkpointing section and the note tells the script to turn it on
+    assert "activation_checkpointing" in cfg
     note_file = (tmp_path / "megatron_deepspeed_unsupported.txt").read_text()
-    if "activation_checkpointing" in cfg:
-        assert "recompute full: checkpoint every transformer layer in the training script" in note_file
+    assert "recompute full: checkpoint every transformer layer in the training script" in note_file
+    printed = run_cli("plan", "--model", "llama3.1-70b", "--gpus", "64", "--global-batch-size", "512", "--seq-length",
+                      "8192", "--emit", "deepspeed")  # printed, not written: the same instruction on stderr
+    assert json.loads(printed.stdout) == cfg and "recompute full: checkpoint every transformer layer" in printed.stderr
+    # the recompute pin as a string or a tuple inside what the JSON carries; anything else refused by name
+    assert launchable_pins("deepspeed", "llama3.1-70b", gpus=64, recompute=("none", "full"))[0] == \
+        {"tp": 1, "cp": 1, "ep": 1}
+    assert "recompute full (" in launchable_pins("deepspeed", "llama3.1-70b", gpus=64, recompute="full")[1]
+    with pytest.raises(PlanInputError, match="--recompute 'bogus': must be one of"):
+        launchable_pins("deepspeed", "llama3.1-70b", gpus=64, recompute="bogus")
+    with pytest.raises(NoFeasiblePlan, match="--framework megatron: .*DeepSpeed's own rules"):
+        launchable_pins("deepspeed", "llama3.1-70b", gpus=64, framework="megatron")
+    import planner
+    with pytest.raises(PlanInputError, match="--recompute: give at least one of"):
+        planner.plan("llama2-7b", gpus=8, recompute=())
     from planner.emit.deepspeed import check_ds_config_alone
     check_ds_config_alone(TrainingJob(global_batch_size=8), ParallelConfig(dp=8, recompute="full"))
     with pytest.raises(EmitError, match="recompute selective: ds_config.json alone"):

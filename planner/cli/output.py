@@ -173,8 +173,12 @@ def emit_launch(doc, emit: Emit, output: Path | None, rank: int, framework: str 
             text = files["ds_config.json" if emit == Emit.deepspeed else "torchtitan.toml"]
         sys.stdout.write(text)
         if "megatron_deepspeed_unsupported.txt" in files:
-            why = next(p for p in doc.plans if p.rank == rank).launch.unsupported["megatron_deepspeed"]
-            sys.stderr.write(f"plan3d: note: ds_config.json only; no Megatron-DeepSpeed launch: {why}\n")
+            from ..emit import RECOMPUTE_IN_SCRIPT
+            launch = next(p for p in doc.plans if p.rank == rank).launch
+            sys.stderr.write(f"plan3d: note: ds_config.json only; no Megatron-DeepSpeed launch: "
+                             f"{launch.unsupported['megatron_deepspeed']}\n")
+            if "activation_checkpointing" in launch.deepspeed:
+                sys.stderr.write(f"plan3d: note: {RECOMPUTE_IN_SCRIPT}\n")
         return
     if output.suffix.lower() in (".json", ".toml", ".txt", ".yaml", ".yml", ".sh") and not output.is_dir():
         raise PlanInputError(f"--output {output}: with --emit, --output is a directory for the files "

@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..api_options import MAX_TOP_K  # light: planner.api_options imports only planner.errors at module level
+from ..errors import NoFeasiblePlan
 from .app import app
 from .options import (AT_RISK_DEFAULT, AsyncCkptOpt, AtRiskOpt, CapacityOpt, ClusterOpt, DispatcherOpt,
                       DispatcherSmsOpt, DropoutOpt, Emit, FlashOpt,
@@ -176,10 +177,10 @@ def plan(
             draw_cost_sweep(cost_sweep(model, cluster, **opts), plot, cmp.model, train_tokens)
         render_comparison(cmp, fmt, output)
         if all(r.document is None for r in cmp.rows):  # as with one cluster: nothing fits is exit 1
-            from ..errors import NoFeasiblePlan
             raise NoFeasiblePlan(f"no plan on any of the {len(cmp.rows)} clusters (each cluster's reason is in "
                                  f"its row)")
         return
+    pins: dict = {}
     if emit is not None:  # before the search: a job the target cannot launch under any layout
         from ..api import check_launchable, launchable_pins
         check_launchable(emit.value, model, cluster, **opts)
@@ -187,8 +188,15 @@ def plan(
         if note is not None:
             opts.update(pins)
             sys.stderr.write(f"plan3d: note: {note}\n")
-    with progress_line("plan3d plan") as progress:  # a status line on stderr while it is a terminal
-        doc = api_plan(model, cluster, **opts, global_batch_size_tolerance=gbs_tolerance, progress=progress)
+    try:
+        with progress_line("plan3d plan") as progress:  # a status line on stderr while it is a terminal
+            doc = api_plan(model, cluster, **opts, global_batch_size_tolerance=gbs_tolerance, progress=progress)
+    except NoFeasiblePlan as e:
+        if emit is None or not pins:
+            raise
+        shown = ", ".join(f"{k} {' or '.join(v) if isinstance(v, tuple) else v}" for k, v in pins.items())
+        raise NoFeasiblePlan(f"{e} (searched with the pins --emit {emit.value} needs: {shown}; --emit megatron plans "
+                             f"without them)") from None
     if plot is not None:
         draw_cost_sweep(cost_sweep(model, cluster, **opts), plot, doc.input.model.name, train_tokens)
     i, stats = doc.input, doc.search_stats

@@ -22,8 +22,14 @@ from .megatron import (SCRIPT_DATA_ARGS, SCRIPT_TRAIN_ARGS, EmitError, EmitUnsup
 from .torchtitan import torchtitan_overrides, torchtitan_toml
 
 __all__ = ["megatron_args", "deepspeed_config", "megatron_deepspeed_args", "megatron_deepspeed_refusal",
-           "torchtitan_toml", "torchtitan_overrides", "colossalai_config", "launch_fields", "emit_files", "LAUNCHERS", "EmitError",
-           "EmitUnsupported", "FRAMEWORKS", "check_deepspeed", "job_refusal"]
+           "torchtitan_toml", "torchtitan_overrides", "colossalai_config", "launch_fields", "emit_files", "LAUNCHERS",
+           "EmitError", "EmitUnsupported", "FRAMEWORKS", "check_deepspeed", "job_refusal", "RECOMPUTE_IN_SCRIPT"]
+
+#: The note that goes with a ``ds_config.json`` emitted alone for a plan with full recompute: the JSON's
+#: ``activation_checkpointing`` section configures DeepSpeed's checkpointing, the training script turns it on.
+RECOMPUTE_IN_SCRIPT = ("recompute full: checkpoint every transformer layer in the training script "
+                       "(deepspeed.checkpointing.checkpoint, configured by ds_config.json's activation_checkpointing; "
+                       "Hugging Face: model.gradient_checkpointing_enable())")
 
 #: ``--emit`` targets: the frameworks whose rules plan3d models, and Colossal-AI (emitted only; planned under
 #: Megatron-LM's rules)
@@ -160,10 +166,7 @@ def emit_files(doc, framework: str, rank: int = 1, launcher: str = "scripts") ->
         if launcher == "k8s":
             raise EmitUnsupported(f"plan #{rank}: --launcher k8s needs a Megatron-DeepSpeed launch: "
                                   f"{launch.unsupported['megatron_deepspeed']}")
-        ckpt = ("# recompute full: checkpoint every transformer layer in the training script "
-                "(deepspeed.checkpointing.checkpoint, configured by ds_config.json's activation_checkpointing; "
-                "Hugging Face: model.gradient_checkpointing_enable())\n"
-                if "activation_checkpointing" in launch.deepspeed else "")
+        ckpt = f"# {RECOMPUTE_IN_SCRIPT}\n" if "activation_checkpointing" in launch.deepspeed else ""
         return {"ds_config.json": json.dumps(launch.deepspeed, indent=2, allow_nan=False) + "\n",
                 "megatron_deepspeed_unsupported.txt": f"# {header}\n# Megatron-DeepSpeed launch not emitted: "
                                                       f"{launch.unsupported['megatron_deepspeed']}\n{ckpt}"}
