@@ -182,15 +182,16 @@ def resolve_num_gpus(cluster: ClusterSpec, gpus: int | None = None, nodes: int |
     """
     gpn = cluster.node.gpus_per_node
     where = f"({cluster.name})"
+    parts = [d for d in range(1, gpn) if gpn % d == 0]  # part-node world sizes
     if nodes is not None:
         if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes <= 0:
             raise ClusterSpecError(f"--nodes must be a positive integer; got {nodes!r}")
     if gpus is not None:
         if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus <= 0:
-            parts = ", ".join(str(d) for d in range(1, gpn) if gpn % d == 0)
+            divisors = ", ".join(map(str, parts))
             raise ClusterSpecError(
                 f"--gpus must be a positive multiple of the node size {gpn} GPUs {where}"
-                + (f" or a divisor of it ({parts}: part of one node)" if parts else "") + f"; got {gpus!r}"
+                + (f" or a divisor of it ({divisors}: part of one node)" if parts else "") + f"; got {gpus!r}"
             )
         if gpus < gpn and gpn % gpus == 0:  # part of one node
             if nodes is not None and nodes != 1:
@@ -202,7 +203,6 @@ def resolve_num_gpus(cluster: ClusterSpec, gpus: int | None = None, nodes: int |
         if gpus % gpn != 0:
             lower, upper = (gpus // gpn) * gpn, (gpus // gpn + 1) * gpn
             upper = upper if upper <= MAX_GPUS else None
-            parts = [d for d in range(1, gpn) if gpn % d == 0]
             options = (f"{', '.join(map(str, parts))} (part of a node)" if lower == 0 else f"{lower}") + (
                 f" or {upper}" if upper is not None else "")
             raise ClusterSpecError(

@@ -67,11 +67,18 @@ def _plan_str(e: Evaluation, memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
         s += f" cp {p.cp}"
     if p.ep > 1:
         s += f" ep {p.ep}"
+    if p.etp is not None and p.ep > 1:
+        s += f" etp {p.etp}"
     if p.vpp > 1:
         s += f" vpp {p.vpp}"
+    if p.schedule is not None:
+        s += f" schedule {p.schedule}"
     if p.first_stage_layers is not None or p.last_stage_layers is not None:
         s += f" first/last stage layers {p.first_stage_layers or '-'}/{p.last_stage_layers or '-'}"
-    rc = p.recompute if p.recompute_num_layers is None else f"{p.recompute} ({p.recompute_num_layers} layers/chunk)"
+    if p.sequence_parallel:
+        s += " sp"
+    n = p.recompute_num_layers
+    rc = p.recompute if n is None else f"{p.recompute} ({n} layer{'' if n == 1 else 's'} per chunk)"
     s += f" mbs {p.micro_batch_size} zero {p.zero_stage} recompute {rc}"
     if e.step is not None:
         s += f": {e.step.tokens_per_s:,.0f} tokens/s, step {e.step.step_s:.2f} s"
@@ -82,25 +89,27 @@ def _plan_str(e: Evaluation, memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
     return s
 
 
-def states_gpus(model: ModelSpec, cluster: ClusterSpec, frameworks, memory_headroom: float) -> float:
+def states_gpus(model: ModelSpec, cluster: ClusterSpec, frameworks, memory_headroom: float,
+                **state_options: float) -> float:
     """GPUs (a fraction) that the model's parameter, gradient and optimizer states alone need when fully sharded
-    (ZeRO-3: each term over the GPUs, ``cost_models.memory.model_state_terms``), under the most frugal of
-    ``frameworks``, in the usable memory less the CUDA / allocator reserve; activations come on top. inf when
-    nothing is usable."""
+    (ZeRO-3: each term over the GPUs, ``cost_models.memory.model_state_terms`` with ``state_options``, the layout's
+    state dtypes), under the most frugal of ``frameworks``, in the usable memory less the CUDA / allocator reserve;
+    activations come on top. inf when nothing is usable."""
     from cost_models.memory import model_state_terms
     params = model.num_parameters() + model.mtp_params()
     limit = cluster.gpu.memory_bytes * (1 - memory_headroom) - cluster.calibration.memory_reserve_bytes
     if limit <= 0:
         return float("inf")
-    return min(sum(model_state_terms(fw, 3, params, 1)) for fw in frameworks) / limit
+    return min(sum(model_state_terms(fw, 3, params, 1, **state_options)) for fw in frameworks) / limit
 
 
 def relief_on_layout(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, p: ParallelConfig, num_gpus: int,
                      memory_headroom: float = DEFAULT_MEMORY_HEADROOM, framework: str = "megatron",
                      where: str = "this layout", point_to_plan: bool = False) -> list[str]:
     """Predicted peak memory of ``p`` with ZeRO-3, with full recompute and with micro-batch 1 (each alone), and
-    whether it then fits; with ``point_to_plan`` (``evaluate`` / ``explain``), when none fits, a last entry saying
-    so, how many GPUs the model states alone need (``states_gpus``) and that ``plan3d plan`` searches the layouts."""
+    whether it then fits; with ``point_to_plan`` (``explain``'s refusal), when none fits, a last entry saying so,
+    how many GPUs the model states alone fill at the layout's state dtypes (``states_gpus``; left out when states are
+    offloaded to the host) and that ``plan3d plan`` searches the layouts."""
     usable = cluster.gpu.memory_bytes * (1 - memory_headroom)
     tries = []
     if p.zero_stage < 3 and p.dp * p.cp > 1 and not (framework == "deepspeed" and p.pp > 1):
@@ -118,9 +127,13 @@ def relief_on_layout(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, p
             out.append(f"{what} on {where}: peak {ev.memory.peak_bytes / 2**30:.1f} GiB ({verdict}{extra})")
     if point_to_plan and not any("(fits" in x for x in out):
         import math
-        need = states_gpus(model, cluster, {framework}, memory_headroom)
-        more = (f"; the parameter, gradient and optimizer states alone need {math.ceil(need)} GPUs fully sharded "
-                f"(ZeRO-3), before any activation" if need > num_gpus else "")
+
+        from cost_models.memory import precision_state_options, state_options_of
+        opts = {**state_options_of(p), **precision_state_options(job.precision)}
+        offloaded = opts["optimizer_offload_fraction"] > 0 or opts["param_offload"]
+        need = states_gpus(model, cluster, {framework}, memory_headroom, **opts)
+        more = (f"; the parameter, gradient and optimizer states alone fill more than {math.ceil(need) - 1} GPUs "
+                f"fully sharded (ZeRO-3), before any activation" if need > num_gpus and not offloaded else "")
         out.append(f"no single change on {where} fits{more}: plan3d plan searches every layout of this job "
                    f"(and suggests a GPU count when none fits)")
     return out

@@ -486,3 +486,12 @@ def test_jean_zay_network_is_the_measured_omni_path_figure():
     assert jz.network.nic_bandwidth_bytes_per_s * 2 == 12.5e9
     # BigScience experiments/bandwidth/n4_a100_all_reduce_bench.txt: busbw 39.87 Gb/s on one Omni-Path port
     assert jz.effective_nic_bandwidth_bytes_per_s * 2 == pytest.approx(39.87e9 / 8, rel=0.01)
+
+
+def test_a_non_positive_gpu_count_names_the_part_node_sizes_too():
+    """From Python (the CLI's range check stops 0 first) the message names every size ``resolve_num_gpus`` takes:
+    multiples of the node and its divisors, a part of one node."""
+    from cluster_specs.loaders import resolve_num_gpus
+    with pytest.raises(ClusterSpecError, match=r"multiple of the node size 8 GPUs \(dgx-h100\) or a divisor of it "
+                                               r"\(1, 2, 4: part of one node\); got 0"):
+        resolve_num_gpus(get_cluster("dgx-h100"), gpus=0)
