@@ -57,8 +57,8 @@ if TYPE_CHECKING:  # heavy imports stay lazy: the CLI's start-up only pays for w
 #: the API: its functions and reports, and the options' vocabulary (``planner.api_options``)
 __all__ = ["plan", "compare", "cost_sweep", "evaluate", "memory", "explain", "validate", "check_launchable",
            "launchable_pins", "MemoryReport", "ExplainReport", "SearchStats", "Inputs", "load_inputs",
-           "parallel_config", "JobOptions", "LayoutOptions", "CostOptions", "EvaluateOptions", "PlanOptions", "PRECISIONS", "FRAMEWORKS",
-           "FLOPS_CONVENTIONS", "RECOMPUTE_CHOICES", "SCHEDULE_CHOICES", "SOLVERS", "OBJECTIVES", "DEFAULT_HEADROOM",
+           "parallel_config", "JobOptions", "LayoutOptions", "CostOptions", "EvaluateOptions", "PlanOptions",
+           "PRECISIONS", "FRAMEWORKS", "FLOPS_CONVENTIONS", "RECOMPUTE_CHOICES", "SCHEDULE_CHOICES", "SOLVERS", "OBJECTIVES", "DEFAULT_HEADROOM",
            "DEFAULT_AT_RISK_MARGIN", "DEFAULT_WITHIN", "MAX_TOP_K"]
 
 
@@ -172,6 +172,28 @@ def check_launchable(emit: str, model: ModelLike | None = None, cluster: Cluster
 DS_CONFIG_ALONE_PINS: dict[str, Any] = {"tp": 1, "cp": 1, "ep": 1, "recompute": ("none", "full")}
 
 
+def recompute_choices(value: Any) -> tuple[str, ...] | None:
+    """``plan``'s ``recompute`` option as the tuple of granularities to search (one, or several given as a tuple or
+    list); None when not given.
+
+    Raises:
+        PlanInputError: an empty tuple, or a granularity outside ``RECOMPUTE_CHOICES``.
+    """
+    if value is None:
+        return None
+    rc = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+    if not rc:
+        raise PlanInputError(f"--recompute: give at least one of {', '.join(RECOMPUTE_CHOICES)}")
+    for r in rc:
+        check_choice("recompute", r, RECOMPUTE_CHOICES)
+    return rc
+
+
+def pins_text(pins: dict[str, Any]) -> str:
+    """``{"tp": 1, "recompute": ("none", "full")}`` -> ``"tp 1, recompute none or full"``."""
+    return ", ".join(f"{k} {' or '.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in pins.items())
+
+
 def launchable_pins(emit: str, model: ModelLike | None = None, cluster: ClusterLike | None = None,
                     **options: Any) -> tuple[dict[str, Any], str | None]:
     """The ``plan`` pins (option -> value) without which no plan of the job can run on ``emit``, and a one-line
@@ -196,30 +218,19 @@ def launchable_pins(emit: str, model: ModelLike | None = None, cluster: ClusterL
         raise NoFeasiblePlan(f"--emit deepspeed with --framework {fw}: no Megatron-DeepSpeed launch can build this "
                              f"model ({why}), so ds_config.json is emitted alone and the plans must follow "
                              f"DeepSpeed's own rules; drop --framework, or --emit {fw}")
-    rc = options.get("recompute")
-    rc = tuple(rc) if isinstance(rc, (tuple, list)) else ((rc,) if rc is not None else None)
-    if rc is not None:
-        if not rc:
-            raise PlanInputError(f"--recompute: give at least one of {', '.join(RECOMPUTE_CHOICES)}")
-        for r in rc:
-            check_choice("recompute", r, RECOMPUTE_CHOICES)
-    pins: dict[str, Any] = {}
+    given = {k: options.get(k) for k in DS_CONFIG_ALONE_PINS}
+    given["recompute"] = recompute_choices(given["recompute"])
     for k, v in DS_CONFIG_ALONE_PINS.items():
-        allowed = v if isinstance(v, tuple) else (v,)
-        given = rc if k == "recompute" else options.get(k)
-        if given is None:
-            pins[k] = v
-        elif any(g not in allowed for g in (given if isinstance(given, tuple) else (given,))):
-            shown = ",".join(given) if isinstance(given, tuple) else given
-            raise NoFeasiblePlan(f"--emit deepspeed: {option_flag(k)} {shown}: ds_config.json alone does not set it "
-                                 f"(the training script does), and no Megatron-DeepSpeed launch can build this model "
-                                 f"({why}); drop the option, or --emit megatron")
-    kept = {k: options.get(k) if k not in pins else v for k, v in DS_CONFIG_ALONE_PINS.items()}
-    kept["recompute"] = kept["recompute"] if "recompute" in pins else rc
-    shown = ", ".join(f"{k} {' or '.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in kept.items())
+        g = given[k]
+        if g is not None and not set(g if isinstance(g, tuple) else (g,)) <= set(v if isinstance(v, tuple) else (v,)):
+            raise NoFeasiblePlan(f"--emit deepspeed: {option_flag(k)} {','.join(g) if isinstance(g, tuple) else g}: "
+                                 f"ds_config.json alone does not set it (the training script does), and no "
+                                 f"Megatron-DeepSpeed launch can build this model ({why}); drop the option, or "
+                                 f"--emit megatron")
+    pins = {k: v for k, v in DS_CONFIG_ALONE_PINS.items() if given[k] is None}
     note = (f"--emit deepspeed: no Megatron-DeepSpeed launch can build this model ({why}), so ds_config.json is "
-            f"emitted alone and the plans keep to what it carries: {shown} (data parallelism, ZeRO, pipeline "
-            f"stages and batch vary)")
+            f"emitted alone and the plans keep to what it carries: {pins_text({**given, **pins})} (data "
+            f"parallelism, ZeRO, pipeline stages and batch vary)")
     return pins, note
 
 
@@ -297,11 +308,7 @@ def _plan_setup(model, cluster, options: dict[str, Any]) -> _PlanSetup:
     _check_price_names(cost, [inputs.cluster.name])
     _check_pinned_split(inputs.model.num_layers, o)
     headroom = headroom_option(o.get("memory_headroom"))
-    rc = o.get("recompute")
-    if isinstance(rc, (tuple, list)) and not rc:
-        raise PlanInputError(f"--recompute: give at least one of {', '.join(RECOMPUTE_CHOICES)}")
-    for r in (rc if isinstance(rc, (tuple, list)) else (rc,)) if rc is not None else ():
-        check_choice("recompute", r, RECOMPUTE_CHOICES)
+    recompute = recompute_choices(o.get("recompute"))
     if o.get("pipeline_schedule") is not None:
         check_choice("pipeline_schedule", o["pipeline_schedule"], SCHEDULE_CHOICES)
         from .space import SEARCH_SCHEDULES
@@ -313,9 +320,11 @@ def _plan_setup(model, cluster, options: dict[str, Any]) -> _PlanSetup:
     one = lambda x: None if x is None else (x,)  # noqa: E731
     sp_kw: dict[str, Any] = {k: one(o.get(k)) for k in ("tp", "pp", "cp", "ep", "vpp", "first_stage_layers",
                                                          "last_stage_layers")}
-    for k in ("micro_batch_size", "zero_stage", "recompute", "pipeline_schedule"):
-        if o.get(k) is not None:  # recompute may also be a tuple of granularities to search
-            sp_kw[k] = tuple(o[k]) if k == "recompute" and isinstance(o[k], (tuple, list)) else (o[k],)
+    for k in ("micro_batch_size", "zero_stage", "pipeline_schedule"):
+        if o.get(k) is not None:
+            sp_kw[k] = (o[k],)
+    if recompute is not None:
+        sp_kw["recompute"] = recompute
     from .progress import DEFAULT_BUDGET_S, Budget, no_progress
     seconds = o.get("time_budget_s", DEFAULT_BUDGET_S)
     if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
@@ -335,8 +344,10 @@ def plan(model: ModelLike | None = None, cluster: ClusterLike | None = None,
     bf16, ``flash_attention`` True, ``dropout`` False, ``framework`` megatron, ``memory_headroom`` 0.05,
     ``flops_convention`` megatron, ``software_date`` None: today's kernels), the search (``top_k`` 5, ``solver``
     cpsat|enumerate, ``objective`` throughput|headroom|min-gpus|cost with ``within`` / ``target_step_s`` /
-    ``target_tokens_per_day`` / ``deadline_days``), pins (``tp``, ``pp``, ``cp``, ``ep``, ``vpp``, ``micro_batch_size``, ``zero_stage``,
-    ``recompute``, ``first_stage_layers`` / ``last_stage_layers``: the decoder layers of the end stages) and the cost options (``train_tokens``, ...: ``CostOptions``; each plan then has a ``cost``).
+    ``target_tokens_per_day`` / ``deadline_days``), pins (``tp``, ``pp``, ``cp``, ``ep``, ``vpp``,
+    ``micro_batch_size``, ``zero_stage``, ``recompute``: one granularity or a tuple of them to search,
+    ``first_stage_layers`` / ``last_stage_layers``: the decoder layers of the end stages) and the cost options
+    (``train_tokens``, ...: ``CostOptions``; each plan then has a ``cost``).
     With ``gpus`` an upper bound, ``objective`` min-gpus finds the fewest GPUs that meet the target or deadline and
     ``cost`` the fewest GPU-hours that finish by ``deadline_days`` (planner/cost_search.py).
     ``global_batch_size_tolerance`` F (a fraction in [0, 1); objectives throughput and headroom): when the

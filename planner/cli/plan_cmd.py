@@ -194,9 +194,9 @@ def plan(
     except NoFeasiblePlan as e:
         if emit is None or not pins:
             raise
-        shown = ", ".join(f"{k} {' or '.join(v) if isinstance(v, tuple) else v}" for k, v in pins.items())
-        raise NoFeasiblePlan(f"{e} (searched with the pins --emit {emit.value} needs: {shown}; --emit megatron plans "
-                             f"without them)") from None
+        from ..api import pins_text
+        raise NoFeasiblePlan(f"{e} (searched with the pins --emit {emit.value} needs: {pins_text(pins)}; --emit "
+                             f"megatron plans without them)") from None
     if plot is not None:
         draw_cost_sweep(cost_sweep(model, cluster, **opts), plot, doc.input.model.name, train_tokens)
     i, stats = doc.input, doc.search_stats
