@@ -9,7 +9,8 @@ read it), and ``non_causal_ratio`` an unmasked call's rate over a causal one's (
 
 ``ep_dispatch.yaml``: the MoE flex dispatchers' (DeepEP, HybridEP) dispatch and combine throughput inside one
 NVLink domain against expert-parallel ranks and SM count (NVIDIA's Hybrid-EP measurements in DeepEP);
-``ep_dispatch_bandwidth`` interpolates it.
+``ep_dispatch_bandwidth`` interpolates it. Its ``internode`` section: DeepEP's normal kernels across NVLink domains
+against node count (DeepSeek's measurement in DeepEP's README), read by ``ep_internode_bandwidth``.
 """
 from __future__ import annotations
 
@@ -317,3 +318,21 @@ def ep_dispatch_bandwidth(gpu: str, backend: str, ranks: int, num_sms: int | Non
     xs = [float(r) for r in rank_counts]
     return (_interp_lin(xs, [d for d, _ in per_rank], float(ranks)) * 1e9,
             _interp_lin(xs, [c for _, c in per_rank], float(ranks)) * 1e9)
+
+
+def ep_internode_bandwidth(backend: str, domains: int) -> tuple[float, float] | None:
+    """(dispatch, combine) logical throughput in bytes/s of the flex dispatcher ``backend``'s kernels over an
+    expert-parallel group spanning ``domains`` NVLink domains, or None when the backend has no measured internode
+    series or ``domains`` is below 2 (``ep_dispatch.yaml`` ``internode``: DeepEP's normal kernels, DeepSeek's
+    measurement on H800 with a 400 Gb/s CX7 NIC per GPU).
+
+    A figure counts the BF16 bytes of one rank's tokens once per distinct destination domain, its own included, over
+    the call's time. Linear in domains between measured points, held beyond them.
+    """
+    series = _table("ep_dispatch").get("internode", {}).get(backend)
+    if series is None or domains < 2:
+        return None
+    by_nodes = series["nodes"]
+    xs = sorted(int(k) for k in by_nodes)
+    return tuple(_interp_lin([float(x) for x in xs], [float(by_nodes[x][i]) for x in xs], float(domains)) * 1e9
+                 for i in (0, 1))  # type: ignore[return-value]

@@ -10,7 +10,9 @@ pipeline's point-to-point sends. Collective costs come from ``comm.collective_ti
   overlapped with the attention of each ring step; only the excess is exposed.
 * **Expert parallel**: dispatch + combine all-to-all per MoE layer forward and backward, 16-bit both ways (FP8
   GEMMs included: Megatron-LM quantizes after the dispatch); a token routed to several experts of one NVLink domain
-  crosses the network once. With EP overlap ``EP_OVERLAP_EXPOSED`` of it is exposed.
+  crosses the network once. A run's flex backend is charged its measured throughput: inside one domain
+  (``flex_in_domain_s``) and, for DeepEP across domains, no faster than its kernels were measured to go there
+  (``flex_internode_s``). With EP overlap ``EP_OVERLAP_EXPOSED`` of it is exposed.
 * **Pipeline**: one activation send per micro-batch and stage boundary.
 """
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 from functools import lru_cache
 from itertools import combinations
 
-from cluster_specs.efficiency import ep_dispatch_bandwidth
+from cluster_specs.efficiency import ep_dispatch_bandwidth, ep_internode_bandwidth
 from cluster_specs.spec import ClusterSpec
 from model_zoo.spec import ModelSpec
 
@@ -29,10 +31,10 @@ from .layout import GroupPlacement
 
 #: Share of TP communication left exposed when TP communication overlap is on (Megatron ``--tp-comm-overlap``,
 #: torchtitan async TP): Transformer Engine's userbuffers pipeline the collectives with the GEMM chunks; the fit finds
-#: them fully hidden in NeMo/Megatron and 67% exposed with torchtitan's async TP, near the top of its range (70%, the
-#: top, before the MoE routing kernels were measured, 2026-12-04; 58% on the coarser grid before that; 64% before the
+#: them fully hidden in NeMo/Megatron and 69% exposed with torchtitan's async TP, near the top of its range (since
+#: DeepEP's internode throughput is charged, 2026-12-04; 67% before; 70%, the top, before the MoE routing kernels were measured, 2026-12-04; 58% on the coarser grid before that; 64% before the
 #: attention tables carried the causal backward, 2026-12).
-TP_OVERLAP_EXPOSED = {"megatron": 0.0, "nemo": 0.0, "torchtitan": 0.670833}
+TP_OVERLAP_EXPOSED = {"megatron": 0.0, "nemo": 0.0, "torchtitan": 0.692709}
 #: Share of EP all-to-all left exposed when the framework overlaps it with another micro-batch's compute (Megatron-LM
 #: ``--overlap-moe-expert-parallel-comm`` / Megatron-Bridge ``moe_a2a_overlap``, DeepSeek-V3 Sec. 3.2.1 "DualPipe"-style
 #: overlap). Fitted (benchmarks/fit_step_time.py) on the rows that run it: Megatron MoE recipes marked "EP overlap"
@@ -40,11 +42,12 @@ TP_OVERLAP_EXPOSED = {"megatron": 0.0, "nemo": 0.0, "torchtitan": 0.670833}
 #: ideal timeline of Megatron-LM's per-layer pairing (``model_chunk_schedule_plan.py`` ``schedule_layer_1f1b`` at
 #: d48bd6be: combine_bwd || attn_fwd, dispatch_fwd -> dispatch_bwd || mlp_bwd -> mlp_dw -> mlp_fwd, combine_fwd ||
 #: attn_bwd) would leave only the compute slowdown exposed (0.19 of the all-to-all) on four of those five rows and 0.33
-#: on DeepSeek-V3 B200; the fit's 0.57 (2026-12-04, with HybridEP's default SM count corrected to DeepEP's 32; 0.58
+#: on DeepSeek-V3 B200; the fit's 0.47 (2026-12-04, with DeepEP's measured internode throughput charged across
+#: domains, ``flex_internode_s``; 0.57 with HybridEP's default SM count corrected to DeepEP's 32; 0.58
 #: with the MoE routing kernels measured; 0.55 before them, 0.5 on the coarser grid, after the recompute-module and MTP
 #: corrections) says the runs hide less than that schedule allows (the dispatcher's host synchronisation on the token
 #: counts is one candidate).
-EP_OVERLAP_EXPOSED = 0.572917
+EP_OVERLAP_EXPOSED = 0.468751
 
 #: Plausible ranges of the fitted constants above (``planner/calibration.py`` fits inside them).
 FIT_RANGES = {
@@ -194,7 +197,8 @@ def ep_layer_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: Pa
     permutes them in the activation dtype). The dispatcher is ``moe_token_dispatcher``'s: DeepEP (``flex``) sends a
     token routed to several experts of one NVLink domain across the network once (node-level dedup,
     ``ep_domain_copies``); ``alltoall`` sends every routed copy, and under drop-and-pad every padded slot
-    (``TrainingJob.routed_token_factor``). Backward: the same."""
+    (``TrainingJob.routed_token_factor``). Across domains DeepEP takes no less than its measured internode time
+    (``flex_internode_s``). Backward: the same."""
     if par.ep <= 1 or model.moe is None or not model.is_moe_layer(layer):
         return 0.0
     tok = par.micro_batch_size * job.seq_length / par.cp
@@ -206,8 +210,10 @@ def ep_layer_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: Pa
     copies = (ep_domain_copies(model.moe.num_experts, model.moe.top_k, g.num_domains, model.moe.n_group,
                                model.moe.topk_group)
               if moe_token_dispatcher(job, g) == "flex" else float(model.moe.top_k))
-    return collective_time("all_to_all", disp * tok * copies * job.routed_token_factor * model.hidden_size / par.tp,
-                           g, cluster)
+    network = collective_time("all_to_all", disp * tok * copies * job.routed_token_factor * model.hidden_size / par.tp,
+                              g, cluster)
+    kernel = flex_internode_s(model, job, par, g, tok)
+    return network if kernel is None else max(network, kernel)
 
 
 def flex_in_domain_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
@@ -228,6 +234,32 @@ def flex_in_domain_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, p
     moe = model.moe
     ranks = ep_domain_copies(moe.num_experts, moe.top_k, par.ep, moe.n_group, moe.topk_group)
     nbytes = compute_bytes(job.precision) * tokens * ranks * model.hidden_size / par.tp
+    return nbytes / bw[0] + nbytes / bw[1]
+
+
+def flex_internode_s(model: ModelSpec, job: TrainingJob, par: ParallelConfig, g: GroupPlacement,
+                     tokens: float) -> float | None:
+    """Forward seconds of one MoE layer's dispatch + combine by DeepEP's normal kernels when the EP group spans NVLink
+    domains (``moe_token_dispatcher`` ``flex`` there; Megatron-LM's flex dispatcher runs DeepEP unless the run names
+    another backend), at DeepEP's measured internode throughput (``cluster_specs.efficiency.ep_internode_bandwidth``:
+    DeepSeek's figures by node count, H800 with a 400 Gb/s CX7 NIC per GPU); None inside one domain, under
+    drop-and-pad routing, or for a backend without a measured internode series. Bytes: the 16-bit hidden state of
+    each of the ``tokens`` (``/ tp``) once per destination domain, its own included (``ep_domain_copies``: the
+    measurement's byte count), each way.
+
+    The figures are what DeepEP's forwarding pipeline reaches, not a NIC limit: at 2 nodes the NIC carries half the
+    counted bytes, ~21.5 GB/s on a 50 GB/s link. So ``ep_layer_s`` charges the slower of this and the all-to-all's
+    network time at the cluster's NIC rate (a slower network makes the NIC the limit; a faster one is not assumed to
+    speed the kernels up)."""
+    backend = job.moe_flex_dispatcher_backend or "deepep"
+    if g.num_domains <= 1 or moe_token_dispatcher(job, g) != "flex":
+        return None
+    bw = ep_internode_bandwidth(backend, g.num_domains)
+    if bw is None:
+        return None
+    moe = model.moe
+    copies = ep_domain_copies(moe.num_experts, moe.top_k, g.num_domains, moe.n_group, moe.topk_group)
+    nbytes = compute_bytes(job.precision) * tokens * copies * model.hidden_size / par.tp
     return nbytes / bw[0] + nbytes / bw[1]
 
 

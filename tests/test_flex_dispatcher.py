@@ -1,12 +1,13 @@
 """MoE flex token dispatchers (DeepEP, HybridEP) timed from their measured in-domain throughput
 (``cluster_specs/data/efficiency/ep_dispatch.yaml``: NVIDIA's Hybrid-EP tables in deepseek-ai/DeepEP
-``Hybrid-EP_Implementation.md``), stated by the job and emitted as stated."""
+``Hybrid-EP_Implementation.md``) and DeepEP across NVLink domains from DeepSeek's internode figures (its README),
+stated by the job and emitted as stated."""
 from __future__ import annotations
 
 import pytest
 
 from cluster_specs import get_cluster
-from cluster_specs.efficiency import ep_dispatch_bandwidth, flex_dispatcher_default_sms
+from cluster_specs.efficiency import ep_dispatch_bandwidth, ep_internode_bandwidth, flex_dispatcher_default_sms
 from cost_models.collectives import ep_domain_copies
 from cost_models.config import ParallelConfig, TrainingJob
 from cost_models.step_time import estimate_step
@@ -122,3 +123,44 @@ def test_moe_runs_are_emitted_with_the_fused_routing_kernels_the_model_charges()
     assert "--moe-router-fusion" in args and "--moe-permute-fusion" in args  # names: test_emit's parser check
     dense = megatron_args(get_model("llama3.1-8b"), TrainingJob(global_batch_size=512), ParallelConfig(dp=8), GB200)
     assert "--moe-router-fusion" not in dense and "--moe-permute-fusion" not in dense
+
+
+def test_internode_table_values_are_deepseeks_published_figures():
+    # deepseek-ai/DeepEP README "Normal kernels with NVLink and RDMA forwarding" (hybrid-ep branch 7febc6e2): H800,
+    # CX7 400 Gb/s, 24 SMs; EP 16 / 32 / 64 over 2 / 4 / 8 nodes: 43 / 43, 58 / 57, 51 / 50 GB/s (dispatch / combine)
+    assert ep_internode_bandwidth("deepep", 2) == pytest.approx((43e9, 43e9))
+    assert ep_internode_bandwidth("deepep", 4) == pytest.approx((58e9, 57e9))
+    assert ep_internode_bandwidth("deepep", 8) == pytest.approx((51e9, 50e9))
+    # between measured node counts linear, beyond them held
+    assert ep_internode_bandwidth("deepep", 3) == pytest.approx((50.5e9, 50e9))
+    assert ep_internode_bandwidth("deepep", 16) == pytest.approx((51e9, 50e9))
+    # inside one domain, or a backend without an internode series (HybridEP's is not published): None
+    assert ep_internode_bandwidth("deepep", 1) is None and ep_internode_bandwidth("hybridep", 2) is None
+
+
+B200 = get_cluster("dgx-b200")
+
+
+def test_deepep_across_nodes_is_no_faster_than_its_measured_kernels():
+    # Qwen3-30B-A3B at EP 16 over two 8-GPU B200 nodes, dropless: Megatron-LM's flex dispatcher (DeepEP by default)
+    par = ParallelConfig(dp=16, ep=16, micro_batch_size=4, zero_stage=1)
+    job = TrainingJob(global_batch_size=512, precision="bf16", expert_load_imbalance=1.0)
+    step = estimate_step(Q30, B200, job, par)
+    # each of the micro-batch's 16384 tokens goes once to each of the 2 nodes holding any of its 8 experts
+    # (2 x (1 - 0.5^8) = 1.99 counted, the own node included: the measurement's byte count), 2048 x 2 bytes, at
+    # 43 GB/s each way; forward and backward, 48 MoE layers, 512 / (16 x 4) = 8 micro-batches, none of it overlapped
+    copies = ep_domain_copies(128, 8, 2)
+    assert copies == pytest.approx(2 * (1 - 0.5 ** 8))
+    nbytes = 16384 * copies * 2048 * 2
+    kernel = 2 * (nbytes / 43e9 + nbytes / 43e9) * 48 * 8
+    assert step.exposed_comm_s["ep"] == pytest.approx(kernel, rel=1e-6)
+    # the NCCL-style estimate (the remote half at 0.94 x 50 GB/s) would be 2.2x faster: DeepEP's pipeline, not the
+    # NIC, bounds it at 2 nodes
+    remote = 2 * nbytes * 8 / 16 / (50e9 * 0.94) + 1 * B200.network.latency_s + 7 * B200.network.nvlink_latency_s
+    assert 2 * remote * 48 * 8 < kernel / 2
+    # on a slow network the NIC binds: A800 with 200 Gb/s RoCE at 0.70 bus efficiency (17.5 GB/s for the remote
+    # half, below the 21.5 GB/s DeepEP's 43 GB/s counted puts on the wire at 2 nodes)
+    roce = get_cluster("a800-roce")
+    slow = estimate_step(Q30, roce, job, par)
+    wire = 2 * nbytes * 8 / 16 / (25e9 * 0.70) + roce.network.latency_s + 7 * roce.network.nvlink_latency_s
+    assert slow.exposed_comm_s["ep"] == pytest.approx(2 * wire * 48 * 8, rel=1e-6)

@@ -104,10 +104,17 @@ def test_packaged_rows_are_the_shared_dev_rows_with_sources():
 #: count when a run sets none is DeepEP's own default inside one NVLink domain, 32, not torchtitan's launcher default 16
 #: (ep_dispatch.yaml; the Qwen3-30B-A3B GB200 recipe row), and the two Qwen3-30B-A3B recipe rows run the plain fp32
 #: Adam moments (their YAMLs set no precision-aware optimizer); EP_OVERLAP_EXPOSED 0.58 -> 0.57, MOE_TOKEN_COPY_S
-#: 14.1 -> 16.7 ns, HOST_QUANTIZE_S cs 280 -> 277 us: Bridge 5.88 -> 6.02%, MoE recipes 6.61 -> 6.45%.
-ACHIEVED_MAX_MAPE = 5.28
-ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 6.62, "nemo_bridge_perf_summary": 6.02, "nemo_2407_perf_summary": 4.80,
-                       "megatron_h100_weak_scaling": 7.44}
+#: 14.1 -> 16.7 ns, HOST_QUANTIZE_S cs 280 -> 277 us: Bridge 5.88 -> 6.02%, MoE recipes 6.61 -> 6.45%. 5.28 -> 5.23%
+#: with DeepEP across NVLink domains charged no faster than its kernels were measured to go there (ep_dispatch.yaml
+#: ``internode``: DeepSeek's figures in DeepEP's README, 43 GB/s counted at 2 nodes, the node's own share included;
+#: collectives.flex_internode_s; a measurement, not a fit): the MoE recipes' Qwen3-235B-A22B on B200 at EP 16 over 2
+#: nodes +13.9 -> -6.3%; then 5.23 -> 5.06% with all constants refitted (KAPPA 2.10 -> 1.96, POWER_CLOCK_EXPONENT
+#: 2.25 -> 2.12, EP_OVERLAP_EXPOSED 0.57 -> 0.47, UNFUSED_SCORE_PASSES 6.29 -> 6.46, TP_OVERLAP_EXPOSED torchtitan
+#: 0.67 -> 0.69): MoE recipes 6.45 -> 3.98%, H100 weak scaling 7.43 -> 6.80%, Bridge 6.02 -> 5.62%, the Llama example
+#: 7.95 -> 7.43%, NeMo 24.07 4.79 -> 4.83%, SC21 3.11 -> 3.61%.
+ACHIEVED_MAX_MAPE = 5.06
+ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 3.99, "nemo_bridge_perf_summary": 5.62, "nemo_2407_perf_summary": 4.83,
+                       "megatron_h100_weak_scaling": 6.81}
 
 
 def test_mape_does_not_regress(report):
@@ -319,9 +326,13 @@ def test_duplicate_row_ids_are_refused(run_cli, tmp_path):
 #: 6.49 -> 6.50% with HybridEP's default SM count corrected (32 inside one NVLink domain) and the Qwen3-30B-A3B recipe
 #: rows' optimizer corrected (see ACHIEVED_MAX_MAPE): MoE recipes 12.40 -> 12.98% (their GB200 Qwen3-30B-A3B row's
 #: dispatch is faster at 32 SMs, and it was already too fast held out), H100 weak scaling 8.63 -> 8.48%.
-ACHIEVED_LOGO_MAPE = 6.50
-ACHIEVED_LOGO_GROUP_MAPE = {"megatron_moe_recipes": 13.0, "nemo_bridge_perf_summary": 8.9,
-                            "megatron_llama_example": 9.1}
+#: 6.50 -> 6.35% with DeepEP's measured internode throughput (see ACHIEVED_MAX_MAPE): MoE recipes held out 12.98 ->
+#: 9.07% (their Qwen3-235B-A22B B200 row +24.4 -> +5.4%), while two groups move up a little (the ratchets with them):
+#: Bridge 8.76 -> 8.99% and the Llama example 9.05 -> 9.40% (held out, the folds' KAPPA and POWER_CLOCK_EXPONENT
+#: move with the MoE rows' new fit); H100 weak scaling 8.48 -> 8.33%.
+ACHIEVED_LOGO_MAPE = 6.35
+ACHIEVED_LOGO_GROUP_MAPE = {"megatron_moe_recipes": 9.1, "nemo_bridge_perf_summary": 9.0,
+                            "megatron_llama_example": 9.41}
 
 
 @pytest.fixture(scope="module")
