@@ -36,7 +36,7 @@ Rules and their sources (formulas.md Sec. 7.1 "Checks enforced"; field_cases.md 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cluster_specs.spec import ClusterSpec
 from cost_models.config import ParallelConfig, TrainingJob
@@ -141,8 +141,13 @@ def constraint_report(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, 
                            f"stage layer counts {sorted(set(counts))} by vpp {par.vpp}"
                            + (f": {bad} not divisible" if bad else "")))
     mb = par.micro_batch_size * par.dp
-    add(_div("batch", job.global_batch_size, mb, "global_batch_size % (micro_batch_size*dp)"))
     m = job.global_batch_size // mb if mb else 0
+    batch = _div("batch", job.global_batch_size, mb, "global_batch_size % (micro_batch_size*dp)")
+    if not batch.ok and m >= 1:
+        # the step time of such a layout is that of the micro-batches it would run (``num_microbatches``, floored)
+        batch = replace(batch, detail=f"{batch.detail} (timed as {m} micro-batches of {par.micro_batch_size} x dp "
+                                      f"{par.dp}: {m * mb} of the {job.global_batch_size} sequences)")
+    add(batch)
     add(Constraint("microbatches", m >= 1, float(m - 1), "micro-batches",
                    f"num_microbatches = {job.global_batch_size} // ({par.micro_batch_size}*{par.dp}) = {m}"))
     if par.pp > 1 and par.vpp > 1 and par.pipeline_schedule in ("interleaved", "combined-1f1b"):

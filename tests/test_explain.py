@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from cluster_specs import get_cluster
 from cost_models.config import TrainingJob
 from model_zoo import get_model
@@ -83,6 +85,19 @@ def test_explain_infeasible_config_exits_1_and_names_the_binding_constraint(run_
     # dp = 1: nothing to shard, so the relief offered on this layout is full recompute, and it is not enough
     assert re.search(r"full recompute on this layout: peak [\d.]+ GiB \(still over by [\d.]+ GiB\)", r.stderr)
     assert "ZeRO-3 on this layout" not in r.stderr
+
+
+def test_a_batch_that_does_not_divide_says_which_sequences_the_step_times(run_cli):
+    # 1000 sequences over micro-batch 3 x dp 8: 41 micro-batches (984 sequences) are timed, 16 left over
+    r = run_cli("evaluate", "--model", "llama3.1-8b", "--gpus", "8", "--global-batch-size", "1000", "--seq-length",
+                "4096", "--tp", "1", "--micro-batch-size", "3", "--zero-stage", "3", "--recompute", "full",
+                "--format", "json")
+    doc = r.json()
+    plan = doc["plans"][0]
+    assert plan["violations"] == ["global_batch_size % (micro_batch_size*dp): 1000 % 24 = 16 (timed as 41 "
+                                  "micro-batches of 3 x dp 8: 984 of the 1000 sequences)"]
+    assert plan["time"]["num_microbatches"] == 41
+    assert plan["throughput"]["tokens_per_s"] * plan["time"]["step_s"] == pytest.approx(984 * 4096, rel=1e-3)
 
 
 def test_binding_memory_stage_is_the_most_over(run_cli):
