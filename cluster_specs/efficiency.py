@@ -326,8 +326,9 @@ def ep_internode_bandwidth(backend: str, domains: int) -> tuple[float, float] | 
     series or ``domains`` is below 2 (``ep_dispatch.yaml`` ``internode``: DeepEP's normal kernels, DeepSeek's
     measurement on H800 with a 400 Gb/s CX7 NIC per GPU).
 
-    A figure counts the BF16 bytes of one rank's tokens once per distinct destination domain, its own included, over
-    the call's time. Linear in domains between measured points, held beyond them.
+    A figure counts the bytes of one rank's tokens once per distinct destination domain, its own included, over the
+    call's time: FP8 (with its 1/128 scales) in the measured dispatch, BF16 in the combine. Linear in domains between
+    measured points, held beyond them.
     """
     series = _table("ep_dispatch").get("internode", {}).get(backend)
     if series is None or domains < 2:

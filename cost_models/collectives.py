@@ -32,8 +32,9 @@ from .layout import GroupPlacement
 #: Share of TP communication left exposed when TP communication overlap is on (Megatron ``--tp-comm-overlap``,
 #: torchtitan async TP): Transformer Engine's userbuffers pipeline the collectives with the GEMM chunks; the fit finds
 #: them fully hidden in NeMo/Megatron and 69% exposed with torchtitan's async TP, near the top of its range (since
-#: DeepEP's internode throughput is charged, 2026-12-04; 67% before; 70%, the top, before the MoE routing kernels were measured, 2026-12-04; 58% on the coarser grid before that; 64% before the
-#: attention tables carried the causal backward, 2026-12).
+#: DeepEP's internode throughput is charged, 2026-12-04; 67% before; 70%, the top, before the MoE routing kernels
+#: were measured, 2026-12-04; 58% on the coarser grid before that; 64% before the attention tables carried the causal
+#: backward, 2026-12).
 TP_OVERLAP_EXPOSED = {"megatron": 0.0, "nemo": 0.0, "torchtitan": 0.692709}
 #: Share of EP all-to-all left exposed when the framework overlaps it with another micro-batch's compute (Megatron-LM
 #: ``--overlap-moe-expert-parallel-comm`` / Megatron-Bridge ``moe_a2a_overlap``, DeepSeek-V3 Sec. 3.2.1 "DualPipe"-style
@@ -115,6 +116,9 @@ def ep_exposed_share(ep_overlap: bool) -> float:
 #: ``MoEAlltoAllTokenDispatcher.token_dispatch`` gathers over it only ``if self.tp_size > 1``; Megatron-LM commit
 #: d98e8a64dd). The shared experts are an MLP on the TP group (``SharedExpertMLP``).
 MCORE_MOE_FRAMEWORKS = ("megatron", "nemo")
+#: NVLink peers of one DeepEP "node" (deepseek-ai/DeepEP ``csrc/kernels/configs.cuh`` at 7febc6e2:
+#: ``#define NUM_MAX_NVL_PEERS 8``): the topology its internode figures were measured on.
+DEEPEP_NVL_PEERS = 8
 
 
 def mlp_block_tp_collectives(model: ModelSpec, par: ParallelConfig, layer: int, fw_base: str) -> tuple[int, int]:
@@ -189,7 +193,7 @@ def moe_token_dispatcher(job: TrainingJob, ep_group: GroupPlacement | None) -> s
 
 
 def ep_layer_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, layer: int,
-               groups: dict[str, GroupPlacement]) -> float:
+               groups: dict[str, GroupPlacement], fw_base: str = "megatron") -> float:
     """Forward seconds of one MoE layer's EP all-to-alls: dispatch + combine of each token's routed copies, 16-bit
     both ways, FP8 runs included (Megatron-LM dispatches the bf16 hidden states and quantizes after: its DeepEP
     path passes them to ``Buffer.dispatch`` as they are and its HybridEP path asserts ``not fp8_dispatch``,
@@ -197,8 +201,9 @@ def ep_layer_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: Pa
     permutes them in the activation dtype). The dispatcher is ``moe_token_dispatcher``'s: DeepEP (``flex``) sends a
     token routed to several experts of one NVLink domain across the network once (node-level dedup,
     ``ep_domain_copies``); ``alltoall`` sends every routed copy, and under drop-and-pad every padded slot
-    (``TrainingJob.routed_token_factor``). Across domains DeepEP takes no less than its measured internode time
-    (``flex_internode_s``). Backward: the same."""
+    (``TrainingJob.routed_token_factor``). Across domains Megatron-Core's DeepEP takes no less than its measured
+    internode time (``flex_internode_s``; ``fw_base``: the framework without its variant suffix). Backward: the
+    same."""
     if par.ep <= 1 or model.moe is None or not model.is_moe_layer(layer):
         return 0.0
     tok = par.micro_batch_size * job.seq_length / par.cp
@@ -212,7 +217,7 @@ def ep_layer_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: Pa
               if moe_token_dispatcher(job, g) == "flex" else float(model.moe.top_k))
     network = collective_time("all_to_all", disp * tok * copies * job.routed_token_factor * model.hidden_size / par.tp,
                               g, cluster)
-    kernel = flex_internode_s(model, job, par, g, tok)
+    kernel = flex_internode_s(model, cluster, job, par, g, tok, fw_base)
     return network if kernel is None else max(network, kernel)
 
 
@@ -237,20 +242,31 @@ def flex_in_domain_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, p
     return nbytes / bw[0] + nbytes / bw[1]
 
 
-def flex_internode_s(model: ModelSpec, job: TrainingJob, par: ParallelConfig, g: GroupPlacement,
-                     tokens: float) -> float | None:
+def flex_internode_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
+                     g: GroupPlacement, tokens: float, fw_base: str = "megatron") -> float | None:
     """Forward seconds of one MoE layer's dispatch + combine by DeepEP's normal kernels when the EP group spans NVLink
-    domains (``moe_token_dispatcher`` ``flex`` there; Megatron-LM's flex dispatcher runs DeepEP unless the run names
-    another backend), at DeepEP's measured internode throughput (``cluster_specs.efficiency.ep_internode_bandwidth``:
-    DeepSeek's figures by node count, H800 with a 400 Gb/s CX7 NIC per GPU); None inside one domain, under
-    drop-and-pad routing, or for a backend without a measured internode series. Bytes: the 16-bit hidden state of
-    each of the ``tokens`` (``/ tp``) once per destination domain, its own included (``ep_domain_copies``: the
-    measurement's byte count), each way.
+    domains, at DeepEP's measured internode throughput (``cluster_specs.efficiency.ep_internode_bandwidth``:
+    DeepSeek's figures by node count, H800 nodes of 8 GPUs with a 400 Gb/s CX7 NIC each). Bytes: the 16-bit hidden
+    state of each of the ``tokens`` (``/ tp``) once per destination domain, its own included (``ep_domain_copies``,
+    as the measurement counts them), each way: Megatron-LM dispatches bf16, so the dispatch moves twice the bytes of
+    the measured FP8 dispatch and is charged them at its GB/s (an assumption: the pipeline bound by bytes, not by
+    tokens; the combine was measured in BF16).
+
+    None where those kernels do not run or were not measured: inside one domain; under drop-and-pad routing or
+    another dispatcher (``moe_token_dispatcher`` not ``flex``); with a backend other than DeepEP (Megatron-LM's flex
+    dispatcher runs DeepEP unless the run names another); in a framework other than Megatron-Core's
+    (``MCORE_MOE_FRAMEWORKS``: torchtitan's and DeepSpeed's launches emit no DeepEP); on a GPU without DeepEP's
+    internode kernels (NVIDIA Hopper or newer, an FP8 peak here: its ``setup.py`` builds them only with the SM90
+    features and NVSHMEM); on nodes other than 8 NVLink peers (DeepEP V1 ``NUM_MAX_NVL_PEERS 8``, the measured
+    topology; an NVL72 domain is not one). The SM count is not varied (one measured point, 24 SMs).
 
     The figures are what DeepEP's forwarding pipeline reaches, not a NIC limit: at 2 nodes the NIC carries half the
     counted bytes, ~21.5 GB/s on a 50 GB/s link. So ``ep_layer_s`` charges the slower of this and the all-to-all's
     network time at the cluster's NIC rate (a slower network makes the NIC the limit; a faster one is not assumed to
     speed the kernels up)."""
+    if (fw_base not in MCORE_MOE_FRAMEWORKS or cluster.gpu.vendor != "nvidia" or "fp8" not in cluster.gpu.peak_flops
+            or cluster.node.nvlink_domain_size != DEEPEP_NVL_PEERS):
+        return None
     backend = job.moe_flex_dispatcher_backend or "deepep"
     if g.num_domains <= 1 or moe_token_dispatcher(job, g) != "flex":
         return None

@@ -86,7 +86,7 @@ def layer_cost(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: Pa
     c.mem, c.mem_mlp = layer_memory_bound_s(model, cluster, job, par, layer, framework)
     c.tp, c.tp_blocking = tp_layer_s(model, cluster, job, par, groups, layer, framework.split("_")[0])
     c.cp = cp_layer_s(model, cluster, job, par, groups, c.attn_f)
-    c.ep = ep_layer_s(model, cluster, job, par, layer, groups)
+    c.ep = ep_layer_s(model, cluster, job, par, layer, groups, framework.split("_")[0])
     c.routing_f, c.routing_b = moe_routing_s(model, cluster, job, par, layer,
                                              moe_token_dispatcher(job, groups.get("ep")))
     return c

@@ -98,6 +98,17 @@ def test_a_batch_that_does_not_divide_says_which_sequences_the_step_times(run_cl
                                   "micro-batches of 3 x dp 8: 984 of the 1000 sequences)"]
     assert plan["time"]["num_microbatches"] == 41
     assert plan["throughput"]["tokens_per_s"] * plan["time"]["step_s"] == pytest.approx(984 * 4096, rel=1e-3)
+    # explain's constraint carries the same text
+    e = run_cli("explain", "--model", "llama3.1-8b", "--gpus", "8", "--global-batch-size", "1000", "--seq-length",
+                "4096", "--tp", "1", "--micro-batch-size", "3", "--zero-stage", "3", "--recompute", "full",
+                "--format", "json")
+    cons = {c["name"]: c for c in e.json()["constraints"]}
+    assert cons["batch"]["detail"].endswith("(timed as 41 micro-batches of 3 x dp 8: 984 of the 1000 sequences)")
+    # fewer sequences than one micro-batch round: nothing is timed, the plain remainder is said
+    few = run_cli("explain", "--model", "llama3.1-8b", "--gpus", "8", "--global-batch-size", "20", "--tp", "1",
+                  "--micro-batch-size", "3", "--format", "json")
+    cons = {c["name"]: c for c in few.json()["constraints"]}
+    assert cons["batch"]["detail"] == "global_batch_size % (micro_batch_size*dp): 20 % 24 = 20"
 
 
 def test_binding_memory_stage_is_the_most_over(run_cli):

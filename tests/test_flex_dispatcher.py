@@ -158,9 +158,39 @@ def test_deepep_across_nodes_is_no_faster_than_its_measured_kernels():
     # NIC, bounds it at 2 nodes
     remote = 2 * nbytes * 8 / 16 / (50e9 * 0.94) + 1 * B200.network.latency_s + 7 * B200.network.nvlink_latency_s
     assert 2 * remote * 48 * 8 < kernel / 2
-    # on a slow network the NIC binds: A800 with 200 Gb/s RoCE at 0.70 bus efficiency (17.5 GB/s for the remote
-    # half, below the 21.5 GB/s DeepEP's 43 GB/s counted puts on the wire at 2 nodes)
-    roce = get_cluster("a800-roce")
-    slow = estimate_step(Q30, roce, job, par)
-    wire = 2 * nbytes * 8 / 16 / (25e9 * 0.70) + roce.network.latency_s + 7 * roce.network.nvlink_latency_s
+    # on a slow network the NIC binds: the same H100 nodes with 100 Gb/s per GPU (11.75 GB/s at 0.94 bus efficiency
+    # for the remote half, below the 21.5 GB/s DeepEP's 43 GB/s counted puts on the wire at 2 nodes)
+    h100 = get_cluster("dgx-h100")
+    slow_net = h100.model_copy(update={"network": h100.network.model_copy(update={"nic_bandwidth_bytes_per_s": 12.5e9})})
+    slow = estimate_step(Q30, slow_net, job, par)
+    wire = 2 * nbytes * 8 / 16 / (12.5e9 * 0.94) + h100.network.latency_s + 7 * h100.network.nvlink_latency_s
     assert slow.exposed_comm_s["ep"] == pytest.approx(2 * wire * 48 * 8, rel=1e-6)
+
+
+def test_deepep_internode_figures_apply_only_where_deepep_runs_as_measured():
+    # the NIC-bound all-to-all alone (the figures do not apply) where DeepEP's internode kernels do not run as
+    # DeepSeek measured them: another backend (HybridEP has no internode series), a framework that launches no
+    # DeepEP (torchtitan, DeepSpeed), a GPU without them (A100: no SM90 features), or NVLink domains that are not
+    # 8-GPU nodes (GB200 NVL72)
+    par = ParallelConfig(dp=16, ep=16, micro_batch_size=4, zero_stage=1)
+    job = TrainingJob(global_batch_size=512, precision="bf16", expert_load_imbalance=1.0)
+    copies = ep_domain_copies(128, 8, 2)
+
+    def network(c, p=par):
+        nbytes = 16384 * copies * 2048 * 2
+        ranks, per_domain = p.ep, c.node.nvlink_domain_size
+        inter = 2 * nbytes * (ranks - per_domain) / ranks / (c.network.nic_bandwidth_bytes_per_s
+                                                             * c.calibration.network_bus_efficiency)
+        return 2 * (inter + c.network.latency_s + (per_domain - 1) * c.network.nvlink_latency_s) * 48 * 8
+
+    hybrid = job.model_copy(update={"moe_flex_dispatcher_backend": "hybridep"})
+    assert estimate_step(Q30, B200, hybrid, par).exposed_comm_s["ep"] == pytest.approx(network(B200), rel=1e-6)
+    for fw in ("torchtitan", "deepspeed"):
+        assert estimate_step(Q30, B200, job, par, framework=fw).exposed_comm_s["ep"] == pytest.approx(
+            network(B200), rel=1e-6)
+    a100 = get_cluster("dgx-a100-80g")
+    assert estimate_step(Q30, a100, job, par).exposed_comm_s["ep"] == pytest.approx(network(a100), rel=1e-6)
+    # 128 ranks over two 72-GPU NVLink domains (64 each)
+    wide = ParallelConfig(dp=128, ep=128, micro_batch_size=4, zero_stage=1)
+    nvl = estimate_step(Q30, GB200, job.model_copy(update={"global_batch_size": 1024}), wide)
+    assert nvl.exposed_comm_s["ep"] == pytest.approx(network(GB200, wide) / 48 / 8 * 48 * 2, rel=1e-6)
