@@ -10,7 +10,8 @@ read it), and ``non_causal_ratio`` an unmasked call's rate over a causal one's (
 ``ep_dispatch.yaml``: the MoE flex dispatchers' (DeepEP, HybridEP) dispatch and combine throughput inside one
 NVLink domain against expert-parallel ranks and SM count (NVIDIA's Hybrid-EP measurements in DeepEP);
 ``ep_dispatch_bandwidth`` interpolates it. Its ``internode`` section: DeepEP's normal kernels across NVLink domains
-against node count (DeepSeek's measurement in DeepEP's README), read by ``ep_internode_bandwidth``.
+against node count (DeepSeek's measurement in DeepEP's README) and HybridEP's against node count and SMs (NVIDIA's,
+in the same repository), read by ``ep_internode_bandwidth``.
 """
 from __future__ import annotations
 
@@ -320,20 +321,34 @@ def ep_dispatch_bandwidth(gpu: str, backend: str, ranks: int, num_sms: int | Non
             _interp_lin(xs, [c for _, c in per_rank], float(ranks)) * 1e9)
 
 
-def ep_internode_bandwidth(backend: str, domains: int) -> tuple[float, float] | None:
+def ep_internode_bandwidth(backend: str, domains: int, num_sms: int | None = None) -> tuple[float, float] | None:
     """(dispatch, combine) logical throughput in bytes/s of the flex dispatcher ``backend``'s kernels over an
-    expert-parallel group spanning ``domains`` NVLink domains, or None when the backend has no measured internode
-    series or ``domains`` is below 2 (``ep_dispatch.yaml`` ``internode``: DeepEP's normal kernels, DeepSeek's
-    measurement on H800 with a 400 Gb/s CX7 NIC per GPU).
+    expert-parallel group spanning ``domains`` NVLink domains (nodes of 8 GPUs) with ``num_sms`` SMs (None: the
+    backend's default across domains), or None when ``domains`` is below 2 (``ep_dispatch.yaml`` ``internode``:
+    DeepEP's normal kernels, DeepSeek's measurement on H800; HybridEP, NVIDIA's on H100; a 400 Gb/s NIC per GPU).
 
     A figure counts the bytes of one rank's tokens once per distinct destination domain, its own included, over the
-    call's time: FP8 (with its 1/128 scales) in the measured dispatch, BF16 in the combine. Linear in domains between
-    measured points, held beyond them.
+    call's time: DeepEP's dispatch was measured in FP8 (with its 1/128 scales), HybridEP's in BF16, both combines in
+    BF16. Linear in domains and in SMs between measured points, held beyond them.
+
+    Raises:
+        ValueError: ``backend`` is not one of ``FLEX_DISPATCHER_BACKENDS``.
     """
-    series = _table("ep_dispatch").get("internode", {}).get(backend)
-    if series is None or domains < 2:
+    if backend not in FLEX_DISPATCHER_BACKENDS:
+        raise ValueError(f"moe_flex_dispatcher_backend {backend!r}: allowed {', '.join(FLEX_DISPATCHER_BACKENDS)}")
+    if domains < 2:
         return None
+    series = _table("ep_dispatch")["internode"][backend]
+    sms = float(series["default_sms"] if num_sms is None else num_sms)
     by_nodes = series["nodes"]
     xs = sorted(int(k) for k in by_nodes)
-    return tuple(_interp_lin([float(x) for x in xs], [float(by_nodes[x][i]) for x in xs], float(domains)) * 1e9
+
+    def at(n: int) -> tuple[float, float]:
+        by_sms = by_nodes[n]
+        s_xs = sorted(int(k) for k in by_sms)
+        return tuple(_interp_lin([float(k) for k in s_xs], [float(by_sms[k][i]) for k in s_xs], sms)
+                     for i in (0, 1))  # type: ignore[return-value]
+
+    per_node = [at(n) for n in xs]
+    return tuple(_interp_lin([float(x) for x in xs], [p[i] for p in per_node], float(domains)) * 1e9
                  for i in (0, 1))  # type: ignore[return-value]

@@ -11,7 +11,7 @@ pipeline's point-to-point sends. Collective costs come from ``comm.collective_ti
 * **Expert parallel**: dispatch + combine all-to-all per MoE layer forward and backward, 16-bit both ways (FP8
   GEMMs included: Megatron-LM quantizes after the dispatch); a token routed to several experts of one NVLink domain
   crosses the network once. A run's flex backend is charged its measured throughput: inside one domain
-  (``flex_in_domain_s``) and, for DeepEP across domains, no faster than its kernels were measured to go there
+  (``flex_in_domain_s``) and, across domains, no faster than its kernels were measured to go there
   (``flex_internode_s``). With EP overlap ``EP_OVERLAP_EXPOSED`` of it is exposed.
 * **Pipeline**: one activation send per micro-batch and stage boundary.
 """
@@ -117,7 +117,7 @@ def ep_exposed_share(ep_overlap: bool) -> float:
 #: d98e8a64dd). The shared experts are an MLP on the TP group (``SharedExpertMLP``).
 MCORE_MOE_FRAMEWORKS = ("megatron", "nemo")
 #: NVLink peers of one DeepEP "node" (deepseek-ai/DeepEP ``csrc/kernels/configs.cuh`` at 7febc6e2:
-#: ``#define NUM_MAX_NVL_PEERS 8``): the topology its internode figures were measured on.
+#: ``#define NUM_MAX_NVL_PEERS 8``): the topology DeepEP's and HybridEP's internode figures were measured on.
 DEEPEP_NVL_PEERS = 8
 
 
@@ -201,8 +201,8 @@ def ep_layer_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: Pa
     permutes them in the activation dtype). The dispatcher is ``moe_token_dispatcher``'s: DeepEP (``flex``) sends a
     token routed to several experts of one NVLink domain across the network once (node-level dedup,
     ``ep_domain_copies``); ``alltoall`` sends every routed copy, and under drop-and-pad every padded slot
-    (``TrainingJob.routed_token_factor``). Across domains Megatron-Core's DeepEP takes no less than its measured
-    internode time (``flex_internode_s``; ``fw_base``: the framework without its variant suffix). Backward: the
+    (``TrainingJob.routed_token_factor``). Across domains Megatron-Core's flex dispatcher takes no less than its
+    measured internode time (``flex_internode_s``; ``fw_base``: the framework without its variant suffix). Backward: the
     same."""
     if par.ep <= 1 or model.moe is None or not model.is_moe_layer(layer):
         return 0.0
@@ -244,33 +244,34 @@ def flex_in_domain_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, p
 
 def flex_internode_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
                      g: GroupPlacement, tokens: float, fw_base: str = "megatron") -> float | None:
-    """Forward seconds of one MoE layer's dispatch + combine by DeepEP's normal kernels when the EP group spans NVLink
-    domains, at DeepEP's measured internode throughput (``cluster_specs.efficiency.ep_internode_bandwidth``:
-    DeepSeek's figures by node count, H800 nodes of 8 GPUs with a 400 Gb/s CX7 NIC each). Bytes: the 16-bit hidden
-    state of each of the ``tokens`` (``/ tp``) once per destination domain, its own included (``ep_domain_copies``,
-    as the measurement counts them), each way: Megatron-LM dispatches bf16, so the dispatch moves twice the bytes of
-    the measured FP8 dispatch and is charged them at its GB/s (an assumption: the pipeline bound by bytes, not by
-    tokens; the combine was measured in BF16).
+    """Forward seconds of one MoE layer's dispatch + combine by the flex dispatcher's kernels when the EP group spans
+    NVLink domains, at the backend's measured internode throughput (``cluster_specs.efficiency.
+    ep_internode_bandwidth``, nodes of 8 GPUs with a 400 Gb/s NIC each: DeepEP's normal kernels, DeepSeek's figures
+    by node count; HybridEP, NVIDIA's by node count and SMs). Megatron-LM's flex dispatcher runs DeepEP unless the
+    run names another backend; the SMs are the run's (``TrainingJob.moe_flex_dispatcher_num_sms``) or the backend's
+    default across domains. Bytes: the 16-bit hidden state of each of the ``tokens`` (``/ tp``) once per destination
+    domain, its own included (``ep_domain_copies``, as the measurements count them), each way. Megatron-LM dispatches
+    bf16: HybridEP's dispatch was measured so; DeepEP's was measured in FP8, and the bf16 bytes are charged at its
+    GB/s (an assumption: the pipeline bound by bytes, not by tokens).
 
     None where those kernels do not run or were not measured: inside one domain; under drop-and-pad routing or
-    another dispatcher (``moe_token_dispatcher`` not ``flex``); with a backend other than DeepEP (Megatron-LM's flex
-    dispatcher runs DeepEP unless the run names another); in a framework other than Megatron-Core's
-    (``MCORE_MOE_FRAMEWORKS``: torchtitan's and DeepSpeed's launches emit no DeepEP); on a GPU without DeepEP's
-    internode kernels (NVIDIA Hopper or newer, an FP8 peak here: its ``setup.py`` builds them only with the SM90
-    features and NVSHMEM); on nodes other than 8 NVLink peers (DeepEP V1 ``NUM_MAX_NVL_PEERS 8``, the measured
-    topology; an NVL72 domain is not one). The SM count is not varied (one measured point, 24 SMs).
+    another dispatcher (``moe_token_dispatcher`` not ``flex``); in a framework other than Megatron-Core's
+    (``MCORE_MOE_FRAMEWORKS``: torchtitan's and DeepSpeed's launches emit no flex dispatcher); on a GPU without
+    the kernels' internode path (NVIDIA Hopper or newer, an FP8 peak here: DeepEP's ``setup.py`` builds its internode
+    kernels only with the SM90 features and NVSHMEM); on nodes other than 8 NVLink peers (DeepEP V1
+    ``NUM_MAX_NVL_PEERS 8``, the measured topology; an NVL72 domain is not one).
 
-    The figures are what DeepEP's forwarding pipeline reaches, not a NIC limit: at 2 nodes the NIC carries half the
-    counted bytes, ~21.5 GB/s on a 50 GB/s link. So ``ep_layer_s`` charges the slower of this and the all-to-all's
-    network time at the cluster's NIC rate (a slower network makes the NIC the limit; a faster one is not assumed to
-    speed the kernels up)."""
+    The figures are what the kernels' forwarding pipelines reach, not a NIC limit: at 2 nodes DeepEP's NIC carries
+    half the counted bytes, ~21.5 GB/s on a 50 GB/s link. So ``ep_layer_s`` charges the slower of this and the
+    all-to-all's network time at the cluster's NIC rate (a slower network makes the NIC the limit; a faster one is not
+    assumed to speed the kernels up)."""
     if (fw_base not in MCORE_MOE_FRAMEWORKS or cluster.gpu.vendor != "nvidia" or "fp8" not in cluster.gpu.peak_flops
             or cluster.node.nvlink_domain_size != DEEPEP_NVL_PEERS):
         return None
-    backend = job.moe_flex_dispatcher_backend or "deepep"
     if g.num_domains <= 1 or moe_token_dispatcher(job, g) != "flex":
         return None
-    bw = ep_internode_bandwidth(backend, g.num_domains)
+    bw = ep_internode_bandwidth(job.moe_flex_dispatcher_backend or "deepep", g.num_domains,
+                                job.moe_flex_dispatcher_num_sms)
     if bw is None:
         return None
     moe = model.moe

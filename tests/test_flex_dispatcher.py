@@ -134,8 +134,20 @@ def test_internode_table_values_are_deepseeks_published_figures():
     # between measured node counts linear, beyond them held
     assert ep_internode_bandwidth("deepep", 3) == pytest.approx((50.5e9, 50e9))
     assert ep_internode_bandwidth("deepep", 16) == pytest.approx((51e9, 50e9))
-    # inside one domain, or a backend without an internode series (HybridEP's is not published): None
-    assert ep_internode_bandwidth("deepep", 1) is None and ep_internode_bandwidth("hybridep", 2) is None
+    # DeepEP's one measured SM count (24) holds for any
+    assert ep_internode_bandwidth("deepep", 2, 8) == ep_internode_bandwidth("deepep", 2, 64)
+    # HybridEP across H100 nodes (DeepEP hybrid-ep docs/README_Hybrid-EP.md, Torch API, BF16 dispatch / combine): 16
+    # ranks at 8 SMs 57.74 / 56.96, 64 ranks at 16 SMs 41.24 / 46.57; its default across domains: 8 SMs
+    assert ep_internode_bandwidth("hybridep", 2, 8) == pytest.approx((57.74e9, 56.96e9))
+    assert ep_internode_bandwidth("hybridep", 8, 16) == pytest.approx((41.24e9, 46.57e9))
+    assert ep_internode_bandwidth("hybridep", 2) == ep_internode_bandwidth("hybridep", 2, 8)
+    # 3 nodes at 12 SMs: halfway in both
+    assert ep_internode_bandwidth("hybridep", 3, 12)[0] == pytest.approx(((57.74 + 54.47) / 2 + (46.54 + 47.36) / 2)
+                                                                          / 2 * 1e9)
+    # inside one domain: None
+    assert ep_internode_bandwidth("deepep", 1) is None and ep_internode_bandwidth("hybridep", 1) is None
+    with pytest.raises(ValueError, match="allowed deepep, hybridep"):
+        ep_internode_bandwidth("nccl", 2)
 
 
 B200 = get_cluster("dgx-b200")
@@ -154,6 +166,9 @@ def test_deepep_across_nodes_is_no_faster_than_its_measured_kernels():
     nbytes = 16384 * copies * 2048 * 2
     kernel = 2 * (nbytes / 43e9 + nbytes / 43e9) * 48 * 8
     assert step.exposed_comm_s["ep"] == pytest.approx(kernel, rel=1e-6)
+    # HybridEP named instead: its own measured internode series, at its default 8 SMs across domains
+    hybrid = estimate_step(Q30, B200, job.model_copy(update={"moe_flex_dispatcher_backend": "hybridep"}), par)
+    assert hybrid.exposed_comm_s["ep"] == pytest.approx(2 * (nbytes / 57.74e9 + nbytes / 56.96e9) * 48 * 8, rel=1e-6)
     # the NCCL-style estimate (the remote half at 0.94 x 50 GB/s) would be 2.2x faster: DeepEP's pipeline, not the
     # NIC, bounds it at 2 nodes
     remote = 2 * nbytes * 8 / 16 / (50e9 * 0.94) + 1 * B200.network.latency_s + 7 * B200.network.nvlink_latency_s
@@ -161,17 +176,17 @@ def test_deepep_across_nodes_is_no_faster_than_its_measured_kernels():
     # on a slow network the NIC binds: the same H100 nodes with 100 Gb/s per GPU (11.75 GB/s at 0.94 bus efficiency
     # for the remote half, below the 21.5 GB/s DeepEP's 43 GB/s counted puts on the wire at 2 nodes)
     h100 = get_cluster("dgx-h100")
-    slow_net = h100.model_copy(update={"network": h100.network.model_copy(update={"nic_bandwidth_bytes_per_s": 12.5e9})})
+    slow_net = h100.model_copy(
+        update={"network": h100.network.model_copy(update={"nic_bandwidth_bytes_per_s": 12.5e9})})
     slow = estimate_step(Q30, slow_net, job, par)
     wire = 2 * nbytes * 8 / 16 / (12.5e9 * 0.94) + h100.network.latency_s + 7 * h100.network.nvlink_latency_s
     assert slow.exposed_comm_s["ep"] == pytest.approx(2 * wire * 48 * 8, rel=1e-6)
 
 
 def test_deepep_internode_figures_apply_only_where_deepep_runs_as_measured():
-    # the NIC-bound all-to-all alone (the figures do not apply) where DeepEP's internode kernels do not run as
-    # DeepSeek measured them: another backend (HybridEP has no internode series), a framework that launches no
-    # DeepEP (torchtitan, DeepSpeed), a GPU without them (A100: no SM90 features), or NVLink domains that are not
-    # 8-GPU nodes (GB200 NVL72)
+    # the NIC-bound all-to-all alone (the figures do not apply) where the flex dispatcher's internode kernels do not
+    # run as measured: a framework that launches no flex dispatcher (torchtitan, DeepSpeed), a GPU without them (A100:
+    # no SM90 features), or NVLink domains that are not 8-GPU nodes (GB200 NVL72)
     par = ParallelConfig(dp=16, ep=16, micro_batch_size=4, zero_stage=1)
     job = TrainingJob(global_batch_size=512, precision="bf16", expert_load_imbalance=1.0)
     copies = ep_domain_copies(128, 8, 2)
@@ -183,8 +198,6 @@ def test_deepep_internode_figures_apply_only_where_deepep_runs_as_measured():
                                                              * c.calibration.network_bus_efficiency)
         return 2 * (inter + c.network.latency_s + (per_domain - 1) * c.network.nvlink_latency_s) * 48 * 8
 
-    hybrid = job.model_copy(update={"moe_flex_dispatcher_backend": "hybridep"})
-    assert estimate_step(Q30, B200, hybrid, par).exposed_comm_s["ep"] == pytest.approx(network(B200), rel=1e-6)
     for fw in ("torchtitan", "deepspeed"):
         assert estimate_step(Q30, B200, job, par, framework=fw).exposed_comm_s["ep"] == pytest.approx(
             network(B200), rel=1e-6)
