@@ -19,6 +19,12 @@ def amount(x: float) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
 
 
+def days(d: float) -> str:
+    """Days in a table column: one decimal, thousands separated (``35.3``, ``1,234.5``), so a column's entries align
+    and keep their trailing zero (``35.0``, not ``35``)."""
+    return f"{d:,.1f}"
+
+
 def money(usd: float | None) -> str:
     """``$1,234,567`` (or ``-`` without a price)."""
     return "-" if usd is None else f"${usd:,.0f}"
@@ -79,7 +85,7 @@ def comparison_table(cmp: ComparisonDocument, title: str):
         price = "-" if c.usd_per_gpu_hour is None else f"{c.usd_per_gpu_hour:.2f} ({c.price_date or 'option'})"
         t.add_row(str(r.rank_by_time or "-"), str(r.rank_by_cost or "-"), r.cluster,
                   str(r.document.input.cluster.num_gpus), str(q.tp), str(q.pp), str(q.dp), str(q.cp), str(q.ep),
-                  f"{p.throughput.tokens_per_s:,.0f}", f"{p.throughput.mfu:.1%}", f"{c.effective_days:.4g}",
+                  f"{p.throughput.tokens_per_s:,.0f}", f"{p.throughput.mfu:.1%}", days(c.effective_days),
                   f"{c.goodput_fraction:.1%}", f"{c.gpu_hours:,.0f}", price, money(c.usd),
                   "-" if c.energy_mwh is None else amount(c.energy_mwh)
                   + (" *" if c.energy_scope == ENERGY_SCOPE_BOARDS_ONLY else ""))

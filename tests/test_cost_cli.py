@@ -248,3 +248,9 @@ def test_compared_clusters_need_distinct_names(run_cli, tmp_path):
     path.write_text(yaml.safe_dump(get_cluster("dgx-h100").to_dict()))
     r = run_cli("plan", "--cluster", f"dgx-h100,{path}", "--train-tokens", "1e12", "--top-k", "1")
     assert r.exit_code == 2 and "dgx-h100 named twice" in r.stderr
+
+
+def test_days_column_keeps_one_decimal():
+    from planner.cost_report import days
+    # one decimal for every entry of a column, so 35.0 does not print as 35 next to 41.83
+    assert (days(35.0), days(41.834), days(1234.56), days(0.04)) == ("35.0", "41.8", "1,234.6", "0.0")

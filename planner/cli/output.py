@@ -78,7 +78,7 @@ def _plans_table(doc, title: str, at_risk_margin: float = AT_RISK_DEFAULT):
     if cf is not None:
         caption += f"; MoE routing: drop-and-pad to capacity factor {cf:g} (no host sync on the token counts)"
     t = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
-    from ..cost_report import money
+    from ..cost_report import days, money
     costed = any(p.cost is not None for p in doc.plans)
     # knobs that only some plans vary get their column when they do, so that no two rows read the same: the expert
     # tensor parallel size of a MoE model, a pipeline schedule other than 1F1B / interleaved 1F1B
@@ -94,7 +94,7 @@ def _plans_table(doc, title: str, at_risk_margin: float = AT_RISK_DEFAULT):
         extra = []
         if costed:
             c = p.cost
-            extra = ["-", "-", "-"] if c is None else [f"{c.effective_days:.4g}", f"{c.gpu_hours:,.0f}", money(c.usd)]
+            extra = ["-", "-", "-"] if c is None else [days(c.effective_days), f"{c.gpu_hours:,.0f}", money(c.usd)]
         q = p.parallel
         peak = f"{_gib(p.memory.peak_bytes)}/{_gib(p.memory.capacity_bytes)}" if p.memory else "-"
         if p.memory and p.memory.at_risk:
