@@ -21,8 +21,8 @@ def amount(x: float) -> str:
 
 def days(d: float) -> str:
     """Days in a table column: one decimal, thousands separated (``35.3``, ``1,234.5``), so a column's entries align
-    and keep their trailing zero (``35.0``, not ``35``)."""
-    return f"{d:,.1f}"
+    and keep their trailing zero (``35.0``, not ``35``); two significant digits under a tenth of a day (``0.042``)."""
+    return f"{d:,.1f}" if d >= 0.1 else f"{d:.2g}"
 
 
 def money(usd: float | None) -> str:

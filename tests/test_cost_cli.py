@@ -253,4 +253,6 @@ def test_compared_clusters_need_distinct_names(run_cli, tmp_path):
 def test_days_column_keeps_one_decimal():
     from planner.cost_report import days
     # one decimal for every entry of a column, so 35.0 does not print as 35 next to 41.83
-    assert (days(35.0), days(41.834), days(1234.56), days(0.04)) == ("35.0", "41.8", "1,234.6", "0.0")
+    assert (days(35.0), days(41.834), days(1234.56)) == ("35.0", "41.8", "1,234.6")
+    # a run shorter than a tenth of a day keeps two significant digits rather than printing 0.0
+    assert days(0.0417) == "0.042"
