@@ -305,7 +305,18 @@ def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = No
                                "expert_load_imbalance": "--expert-load-imbalance",
                                "moe_expert_capacity_factor": "--capacity-factor",
                                "moe_flex_dispatcher_num_sms": "--moe-flex-dispatcher-num-sms"}) from None
+    _check_dispatcher_sms(c, moe_flex_dispatcher_num_sms)
     return Inputs(m, c, n, job)
+
+
+def _check_dispatcher_sms(cluster: Any, num_sms: int | None) -> None:
+    """``--moe-flex-dispatcher-num-sms`` is at most the GPU's SM count where plan3d knows it (``attention.yaml``
+    ``sm_count``: H100 132, B200 148, GB300 160). Raises ``PlanInputError``."""
+    from cluster_specs.efficiency import attention_sm_count
+    sms = attention_sm_count(cluster.gpu.name) if num_sms is not None else None
+    if sms is not None and num_sms > sms:
+        raise PlanInputError(f"--moe-flex-dispatcher-num-sms {num_sms}: the {cluster.gpu.name} has {sms} SMs; give at "
+                             f"most {sms} (the dispatcher's kernels share them with the compute)")
 
 
 def _real(field: str, value: Any, allowed: str) -> float | None:

@@ -82,6 +82,8 @@ def test_stated_backend_is_emitted():
     ({"moe_flex_dispatcher_backend": "nccl"}, "must be one of deepep, hybridep"),
     ({"moe_flex_dispatcher_num_sms": 24}, "without --moe-flex-dispatcher-backend"),
     ({"moe_flex_dispatcher_backend": "deepep", "moe_flex_dispatcher_num_sms": 0}, "positive integer"),
+    # GB200 reads B200's SM count (attention.yaml: 148, 74 of each die's 80 enabled)
+    ({"moe_flex_dispatcher_backend": "deepep", "moe_flex_dispatcher_num_sms": 149}, "the GB200 has 148 SMs"),
     ({"moe_flex_dispatcher_backend": "deepep", "capacity_factor": 1.25}, "routes dropless"),
     ({"moe_flex_dispatcher_backend": "deepep", "framework": "torchtitan"}, "--framework torchtitan"),
 ])
