@@ -277,14 +277,36 @@ def attention_window_tflops(gpu: str, kernel: str, window: int, seq_length: floa
 FLEX_DISPATCHER_BACKENDS = ("deepep", "hybridep")
 
 
+def _check_flex_backend(backend: str) -> None:
+    """Raises ``ValueError`` unless ``backend`` is one of ``FLEX_DISPATCHER_BACKENDS``."""
+    if backend not in FLEX_DISPATCHER_BACKENDS:
+        raise ValueError(f"moe_flex_dispatcher_backend {backend!r}: allowed {', '.join(FLEX_DISPATCHER_BACKENDS)}")
+
+
+def _rates_on_grid(grid: dict[Any, Any], size: float, sms: float) -> tuple[float, float]:
+    """(dispatch, combine) bytes/s from an ``ep_dispatch.yaml`` series ``{size: {sms: [dispatch, combine] GB/s}}``
+    (size: EP ranks in one domain, or nodes across domains): linear in SMs at each measured size, then linear in
+    size, both held beyond the measured points."""
+    sizes = sorted(int(k) for k in grid)
+
+    def at(n: int) -> tuple[float, float]:
+        by_sms = grid[n]
+        s_xs = [float(k) for k in sorted(int(k) for k in by_sms)]
+        return tuple(_interp_lin(s_xs, [float(by_sms[int(k)][i]) for k in s_xs], sms)
+                     for i in (0, 1))  # type: ignore[return-value]
+
+    per_size = [at(n) for n in sizes]
+    return tuple(_interp_lin([float(n) for n in sizes], [p[i] for p in per_size], size) * 1e9
+                 for i in (0, 1))  # type: ignore[return-value]
+
+
 def flex_dispatcher_default_sms(backend: str) -> int:
     """SMs the flex dispatcher ``backend`` runs on when the run sets none (``ep_dispatch.yaml`` ``default_sms``).
 
     Raises:
         ValueError: ``backend`` is not one of ``FLEX_DISPATCHER_BACKENDS``.
     """
-    if backend not in FLEX_DISPATCHER_BACKENDS:
-        raise ValueError(f"moe_flex_dispatcher_backend {backend!r}: allowed {', '.join(FLEX_DISPATCHER_BACKENDS)}")
+    _check_flex_backend(backend)
     return int(_table("ep_dispatch")["backends"][backend]["default_sms"])
 
 
@@ -306,19 +328,7 @@ def ep_dispatch_bandwidth(gpu: str, backend: str, ranks: int, num_sms: int | Non
     hit = _gpu_entry(_table("ep_dispatch")["gpus"], gpu)
     if hit is None or backend not in hit[1]:
         return None
-    series = hit[1][backend]
-    rank_counts = sorted(int(r) for r in series)
-
-    def at(r: int) -> tuple[float, float]:
-        by_sms = series[r]
-        s_xs = sorted(int(k) for k in by_sms)
-        return tuple(_interp_lin([float(k) for k in s_xs], [float(by_sms[k][i]) for k in s_xs], float(sms))
-                     for i in (0, 1))  # type: ignore[return-value]
-
-    per_rank = [at(r) for r in rank_counts]
-    xs = [float(r) for r in rank_counts]
-    return (_interp_lin(xs, [d for d, _ in per_rank], float(ranks)) * 1e9,
-            _interp_lin(xs, [c for _, c in per_rank], float(ranks)) * 1e9)
+    return _rates_on_grid(hit[1][backend], float(ranks), float(sms))
 
 
 def ep_internode_bandwidth(backend: str, domains: int, num_sms: int | None = None) -> tuple[float, float] | None:
@@ -334,21 +344,9 @@ def ep_internode_bandwidth(backend: str, domains: int, num_sms: int | None = Non
     Raises:
         ValueError: ``backend`` is not one of ``FLEX_DISPATCHER_BACKENDS``.
     """
-    if backend not in FLEX_DISPATCHER_BACKENDS:
-        raise ValueError(f"moe_flex_dispatcher_backend {backend!r}: allowed {', '.join(FLEX_DISPATCHER_BACKENDS)}")
+    _check_flex_backend(backend)
     if domains < 2:
         return None
     series = _table("ep_dispatch")["internode"][backend]
-    sms = float(series["default_sms"] if num_sms is None else num_sms)
-    by_nodes = series["nodes"]
-    xs = sorted(int(k) for k in by_nodes)
-
-    def at(n: int) -> tuple[float, float]:
-        by_sms = by_nodes[n]
-        s_xs = sorted(int(k) for k in by_sms)
-        return tuple(_interp_lin([float(k) for k in s_xs], [float(by_sms[k][i]) for k in s_xs], sms)
-                     for i in (0, 1))  # type: ignore[return-value]
-
-    per_node = [at(n) for n in xs]
-    return tuple(_interp_lin([float(x) for x in xs], [p[i] for p in per_node], float(domains)) * 1e9
-                 for i in (0, 1))  # type: ignore[return-value]
+    sms = series["default_sms"] if num_sms is None else num_sms
+    return _rates_on_grid(series["nodes"], float(domains), float(sms))

@@ -236,10 +236,7 @@ def flex_in_domain_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, p
     bw = ep_dispatch_bandwidth(cluster.gpu.name, backend, par.ep, job.moe_flex_dispatcher_num_sms)
     if bw is None:
         return None
-    moe = model.moe
-    ranks = ep_domain_copies(moe.num_experts, moe.top_k, par.ep, moe.n_group, moe.topk_group)
-    nbytes = compute_bytes(job.precision) * tokens * ranks * model.hidden_size / par.tp
-    return nbytes / bw[0] + nbytes / bw[1]
+    return measured_dispatch_combine_s(model, job, par, tokens, par.ep, bw)
 
 
 def flex_internode_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
@@ -274,8 +271,17 @@ def flex_internode_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, p
                                 job.moe_flex_dispatcher_num_sms)
     if bw is None:
         return None
+    return measured_dispatch_combine_s(model, job, par, tokens, g.num_domains, bw)
+
+
+def measured_dispatch_combine_s(model: ModelSpec, job: TrainingJob, par: ParallelConfig, tokens: float,
+                                destinations: int, bw: tuple[float, float]) -> float:
+    """Seconds of one dispatch + combine at a measured (dispatch, combine) throughput ``bw`` in bytes/s counted as
+    DeepEP and HybridEP count it: the 16-bit hidden state of each of the ``tokens`` (``/ tp``: each TP rank routes
+    its sequence-parallel shard) once per distinct destination among ``destinations`` (EP ranks inside a domain,
+    domains across them; ``ep_domain_copies``, node-limited routing included), each way."""
     moe = model.moe
-    copies = ep_domain_copies(moe.num_experts, moe.top_k, g.num_domains, moe.n_group, moe.topk_group)
+    copies = ep_domain_copies(moe.num_experts, moe.top_k, destinations, moe.n_group, moe.topk_group)
     nbytes = compute_bytes(job.precision) * tokens * copies * model.hidden_size / par.tp
     return nbytes / bw[0] + nbytes / bw[1]
 
