@@ -28,6 +28,8 @@ What it measures (one GPU, PyTorch only: no plan3d import, so it runs on a bare 
 - ``attention_shape`` (not run by default): causal SDPA at training shapes (4-64 heads per GPU, GQA, strided views,
   micro-batch 1-4, head dim 64 / 128) against the benchmark shape at the same length: the occupancy curve of
   ``cluster_specs/data/efficiency/attention.yaml``.
+- ``fp8_accumulation`` (not run by default): FP8 GEMMs with fast and with split (FP32-promoting) accumulation, the two
+  modes Transformer Engine runs forward and backward on Hopper, next to BF16 at the same shapes.
 - ``layer_step`` (not run by default): forward + backward of two small decoder stacks, kernel time by class under
   ``torch.profiler`` (``benchmarks/layer_step_measured.py`` sets the model's terms against it).
 
@@ -305,6 +307,47 @@ def grouped_gemm_section(device: str, dry: bool, timer: Timer) -> list[dict]:
     return rows
 
 
+#: (N, K) of the FP8 accumulation comparison: Llama 3 8B / 70B layer GEMMs (QKV, MLP up and down, attention output,
+#: one TP-8 shard) and Qwen3-30B-A3B's expert GEMMs; each at ``FP8_ACC_M`` tokens.
+FP8_ACC_NK = ((4096, 4096), (6144, 4096), (14336, 4096), (4096, 14336), (1024, 4096), (8192, 8192), (28672, 8192),
+              (8192, 28672), (3584, 8192), (768, 2048), (2048, 768))
+FP8_ACC_M = (2048, 4096, 8192, 16384)
+
+
+def fp8_accumulation_section(device: str, dry: bool, timer: Timer) -> list[dict]:
+    """FP8 E4M3 GEMMs (``torch._scaled_mm``, per-tensor scales, BF16 output) with the tensor cores' fast accumulation
+    and with the split ("2x") accumulator that promotes partial sums to FP32 on the CUDA cores (cuBLASLt
+    ``CUBLASLT_MATMUL_DESC_FAST_ACCUM`` 1 / 0; ``use_fast_accum``), and BF16 at the same shape. Transformer Engine
+    runs its Hopper FP8 forward GEMMs with fast accumulation and its backward ones (dgrad, wgrad) with the split
+    accumulator (``transformer_engine/pytorch/module/base.py``: ``_2X_ACC_FPROP = False``, ``_2X_ACC_DGRAD = True``,
+    ``_2X_ACC_WGRAD = True``). The two modes alternate shape by shape (fast, split, fast, split; the median of each),
+    so that both are timed at the same clock under the board's power limit."""
+    ms, nks = ((64,), ((96, 32),)) if dry else (FP8_ACC_M, FP8_ACC_NK)
+    fp8 = device == "cuda" and hasattr(torch, "float8_e4m3fn") and hasattr(torch, "_scaled_mm")
+    one = torch.ones((), device=device, dtype=torch.float32)
+    rows = []
+    for m in ms:
+        for n, k in nks:
+            x = torch.randn(m, k, device=device, dtype=torch.float32).to(torch.bfloat16)
+            w = torch.randn(n, k, device=device, dtype=torch.float32).to(torch.bfloat16)
+            flops = 2.0 * m * n * k
+            rec = {"m": m, "n": n, "k": k, "bf16_s": timer(lambda: F.linear(x, w))}
+            if fp8:
+                xf, wf = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+                times: dict[bool, list[float]] = {True: [], False: []}
+                for _ in range(2):
+                    for fast in (True, False):
+                        times[fast].append(timer(lambda: torch._scaled_mm(
+                            xf, wf.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16, use_fast_accum=fast)))
+                rec["fp8_fast_s"] = statistics.median(times[True])
+                rec["fp8_split_s"] = statistics.median(times[False])
+            for key in [k_ for k_ in rec if k_.endswith("_s")]:
+                rec[key[:-len("_s")] + "_tflops"] = flops / rec[key] / 1e12
+            rows.append(rec)
+        log(f"fp8 accumulation m={m}: {len(rows)} records")
+    return rows
+
+
 def sustained_gemm_section(device: str, dry: bool, timer: Timer) -> list[dict]:
     """One 8192^3 GEMM (BF16, then FP8) back to back for ``SUSTAIN_S`` seconds: the TFLOP/s of each ~0.1 s batch,
     and the SM clock and board power ``nvidia-smi`` reads every 0.5 s beside it (records with ``smi``). Shows the burst rate of a cold GPU against the
@@ -541,7 +584,8 @@ def main(argv: list[str] | None = None) -> int:
     sections = {"hbm": hbm_section, "memory_bound": memory_bound_section, "gemm": gemm_section,
                 "attention": attention_section, "grouped_gemm": grouped_gemm_section,
                 "sustained_gemm": sustained_gemm_section, "attention_gqa": attention_gqa_section,
-                "attention_shape": attention_shape_section, "layer_step": layer_step_section}
+                "attention_shape": attention_shape_section, "layer_step": layer_step_section,
+                "fp8_accumulation": fp8_accumulation_section}
     unknown = [name for name in args.sections.split(",") if name not in sections]
     if unknown:
         print(f"error: --sections {','.join(unknown)}: allowed {', '.join(sections)}", file=sys.stderr)

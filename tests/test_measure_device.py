@@ -33,10 +33,10 @@ def test_dry_run_measures_every_section_with_its_flop_accounting(tmp_path):
     out = tmp_path / "m.json"
     assert mod.main(["--dry-run", "--out", str(out),
                      "--sections", "gemm,attention,grouped_gemm,hbm,memory_bound,sustained_gemm,attention_gqa,"
-                     "attention_shape,layer_step"]) == 0
+                     "attention_shape,layer_step,fp8_accumulation"]) == 0
     doc = json.loads(out.read_text())
     for section in ("gemm", "attention", "grouped_gemm", "hbm", "memory_bound", "sustained_gemm", "attention_gqa",
-                    "attention_shape", "layer_step"):
+                    "attention_shape", "layer_step", "fp8_accumulation"):
         assert isinstance(doc[section], list) and doc[section], section
         assert not [r for r in doc[section] if "error" in r], section  # every code path ran
     for r in doc["gemm"]:  # 2 M N K FLOPs per product
@@ -50,6 +50,8 @@ def test_dry_run_measures_every_section_with_its_flop_accounting(tmp_path):
         fwd = 4.0 * r["batch"] * r["heads"] * r["seq"] ** 2 * r["head_dim"] / 2.0
         assert r["forward_tflops"] == pytest.approx(fwd / r["forward_s"] / 1e12)
     assert {r["shape"] for r in doc["attention_shape"]} == {"benchmark", "training"}
+    for r in doc["fp8_accumulation"]:  # each timing's TFLOP/s key, 2 M N K over its seconds (no FP8 on the CPU)
+        assert r["bf16_tflops"] == pytest.approx(2.0 * r["m"] * r["n"] * r["k"] / r["bf16_s"] / 1e12)
     copy = next(r for r in doc["hbm"] if r["kernel"] == "copy")
     assert copy["bytes_moved"] == 2 * copy["buffer_bytes"]  # read + write
     adam = next(r for r in doc["memory_bound"] if r["kernel"] == "adamw_fused_fp32")
