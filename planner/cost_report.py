@@ -52,7 +52,7 @@ def cost_lines(doc: PlanDocument) -> list[str]:
     energy = "energy unknown" if c.energy_mwh is None else f"{amount(c.energy_mwh)} MWh ({c.energy_scope}, PUE {c.pue:g})"
     return [
         f"cost of plan {top.rank}{infeasible} for {c.train_tokens:.4g} tokens ({c.steps:,} steps) on {n} GPUs: "
-        f"{c.wall_clock_days:.4g} days failure-free, {c.effective_days:.4g} days with interruptions and checkpoints "
+        f"{days(c.wall_clock_days)} days failure-free, {days(c.effective_days)} days with interruptions and checkpoints "
         f"(goodput {c.goodput_fraction:.1%}), {c.gpu_hours:,.0f} GPU-hours, {money(c.usd)}",
         f"  interruptions: one every {_duration(c.mtbf_s)} ({c.expected_interruptions:,.1f} expected), restart "
         f"{_duration(c.restart_s)}; checkpoint {amount(c.checkpoint_bytes / 1e9)} GB {ckpt}, every "

@@ -46,6 +46,10 @@ def test_table_shows_days_dollars_and_the_price_date(run_cli):
     r = run_cli("plan", "-m", "llama3.1-8b", "--gpus", "16", "--top-k", "1", "--train-tokens", "1e12")
     assert r.exit_code == 0, r.stderr
     assert "GPU-hours" in r.stdout and "goodput" in r.stdout and "as of 2026-05-01" in r.stdout
+    # the summary line's days read like the table's: one decimal (cost_report.days), 160.0 not 160
+    import re
+    line = next(x for x in r.stdout.splitlines() if "days failure-free" in x)
+    assert re.search(r": [\d,]+\.\d days failure-free, [\d,]+\.\d days with interruptions", line), line
 
 
 def test_evaluate_price_option_and_async(run_cli):
