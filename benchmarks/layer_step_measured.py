@@ -44,7 +44,7 @@ def main() -> int:
         job = TrainingJob(global_batch_size=8, seq_length=rec["seq"])
         par = ParallelConfig(tp=tp, pp=1, dp=8 // tp, micro_batch_size=1, sequence_parallel=False)
         model = get_model(name)
-        gemm_model = 3.0 * layer_gemms_s(model, cluster, job, par, 0, "torchtitan")[0]
+        gemm_model = sum(layer_gemms_s(model, cluster, job, par, 0, "torchtitan")[i] for i in (0, 3))
         gemm_meas = rec["kernel_s_by_class"]["gemm"] / layers
         att = attention_core_s(model, cluster, job, par, "torchtitan")
         kern = rec["attention_kernels_s"]

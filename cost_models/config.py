@@ -21,6 +21,8 @@ FlopsConvention = Literal["megatron", "palm"]
 #: Megatron-LM ``--moe-flex-dispatcher-backend`` values plan3d times
 #: (``cluster_specs.efficiency.FLEX_DISPATCHER_BACKENDS``, whose measured tables they read)
 FlexDispatcherBackend = Literal["deepep", "hybridep"]
+#: Megatron-LM ``--fp8-recipe`` choices (``megatron/training/arguments.py``; ``cost_models/fp8_recipe.py``).
+Fp8Recipe = Literal["delayed", "tensorwise", "mxfp8", "blockwise"]
 #: Megatron-LM ``--recompute-modules`` choices (megatron/training/arguments.py; megatron-core
 #: ``TransformerConfig.recompute_modules``).
 RecomputeModule = Literal["core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"]
@@ -106,6 +108,11 @@ class TrainingJob(BaseModel):
         None, gt=0, le=1024, description="SMs the flex dispatcher's dispatch/combine kernels run on (Megatron-LM "
                                          "--moe-flex-dispatcher-num-sms); None = the backend's default (HybridEP 32 "
                                          "inside one NVLink domain, DeepEP 20)")
+    fp8_recipe: Fp8Recipe | None = Field(
+        None, description="FP8 scaling recipe (Megatron-LM --fp8-recipe): 'delayed' (amax history; the cast kernel "
+                          "records the amax), 'tensorwise' (per-tensor current scaling: an amax pass over each tensor "
+                          "before its cast; torchao's dynamic tensorwise float8 alike), 'mxfp8', 'blockwise'; None = "
+                          "the framework's default (cost_models/fp8_recipe.py)")
     cross_entropy_fusion_impl: Literal["native", "te"] = Field(
         "native", description="Megatron --cross-entropy-fusion-impl: 'native' (Megatron's fused vocab-parallel "
                               "cross entropy, bf16 logits + fp32 copy kept) or 'te' (Transformer Engine "

@@ -16,8 +16,9 @@ from cluster_specs.spec import ClusterSpec
 from model_zoo.spec import ModelSpec
 
 from .fit_range import FitRange
-from .config import BYTES_FP32, ParallelConfig, TrainingJob, compute_bytes
+from .config import ParallelConfig, TrainingJob, compute_bytes
 from .flops import layer_gemm_shapes
+from .fp8_recipe import CURRENT_SCALING_RECIPES, job_fp8_recipe
 from .gemm import hbm_rate
 
 #: HBM passes over the 16-bit hidden state per layer forward, by framework, without rotary embeddings
@@ -105,6 +106,9 @@ def layer_passes(model: ModelSpec, framework: str) -> Passes:
 
 #: HBM bytes per element of one FP8 cast (read 16-bit, write 8-bit).
 FP8_CAST_BYTES = 3.0
+#: HBM bytes per element of the amax pass that per-tensor current scaling runs before each cast (reads the 16-bit
+#: tensor once more: ``fp8_recipe.CURRENT_SCALING_RECIPES``).
+FP8_AMAX_PASS_BYTES = 2.0
 #: HBM bytes per logit of one micro-batch's cross-entropy (forward, backward) by implementation
 #: (``cross_entropy_impl``), counted kernel by kernel from each source; the logits GEMM writes 16-bit logits.
 #:
@@ -153,13 +157,16 @@ def layer_memory_bound_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJo
         mem += DROPOUT_MASK_BYTES * hid / hbm
     mlp = ab * act / hbm
     if job.precision == "fp8":
-        mem += fp8_cast_s(model, cluster, job, par, layer)
+        mem += fp8_cast_s(model, cluster, job, par, layer, framework)
     return mem, mlp
 
 
-def fp8_cast_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, layer: int) -> float:
+def fp8_cast_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, layer: int,
+               framework: str = "megatron") -> float:
     """FP8 quantisation of each GEMM's activation input (read 16-bit, write 8-bit) and of its weight (Transformer
-    Engine casts per micro-batch): ``FP8_CAST_BYTES`` per element, forward seconds of one layer.
+    Engine casts per micro-batch): ``FP8_CAST_BYTES`` per element, plus ``FP8_AMAX_PASS_BYTES`` under a per-tensor
+    current-scaling recipe (``fp8_recipe.job_fp8_recipe`` in ``CURRENT_SCALING_RECIPES``), forward seconds of one
+    layer.
 
     The input a GPU casts is its local one: the full width ``k`` for a column-parallel GEMM (QKV, MLP up; the
     sequence-parallel all-gather comes first), ``k / tp`` for a row-parallel one (attention output, MLP down: their
@@ -167,16 +174,19 @@ def fp8_cast_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: Pa
     GEMMs whose output width is the hidden size."""
     tok = par.micro_batch_size * job.seq_length / par.cp
     h = model.hidden_size
-    cast = 0.0
+    per_el = FP8_CAST_BYTES
+    if job_fp8_recipe(job, cluster, model, par, framework) in CURRENT_SCALING_RECIPES:
+        per_el += FP8_AMAX_PASS_BYTES
+    elements = 0.0
     for k, n, share, shard, count in layer_gemm_shapes(model, layer):
         if shard == "none":
             continue
         if shard == "tp":
             k_local = k / par.tp if n == h else k
-            cast += FP8_CAST_BYTES * (tok * count * k_local + count * k * n / par.tp)
+            elements += tok * count * k_local + count * k * n / par.tp
         else:  # routed experts: tokens of the ep ranks, etp-sharded weights
-            cast += FP8_CAST_BYTES * (tok * share * count * k / par.tp + count * k * n / (par.ep * par.expert_tp))
-    return cast / hbm_rate(cluster)
+            elements += tok * share * count * k / par.tp + count * k * n / (par.ep * par.expert_tp)
+    return per_el * elements / hbm_rate(cluster)
 
 
 def cross_entropy_impl(job: TrainingJob, framework: str) -> str:

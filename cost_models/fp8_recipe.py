@@ -23,7 +23,20 @@ from __future__ import annotations
 from cluster_specs.spec import ClusterSpec
 from model_zoo.spec import ModelSpec
 
-from .config import ParallelConfig
+from .config import ParallelConfig, TrainingJob
+
+#: Frameworks whose FP8 linears scale each tensor by its own current amax by default: torchtitan's float8 (torchao
+#: ``Float8LinearConfig``: dynamic tensorwise scaling, ``hp_tensor_to_float8_dynamic``).
+CURRENT_SCALING_FRAMEWORKS = frozenset({"torchtitan"})
+#: Recipes that compute each tensor's amax in a pass of its own before the cast (per-tensor current scaling: Transformer
+#: Engine's ``Float8CurrentScalingQuantizer`` runs ``nvte_compute_amax``, then the scale, then ``nvte_quantize``;
+#: torchao's tensorwise ``tensor_to_scale`` reduces the amax before ``hp_tensor_and_scale_to_float8``). Delayed scaling
+#: takes the scale from the amax history and records the new amax inside the cast kernel; the block-scaled recipes
+#: compute each block's amax inside the cast kernel.
+CURRENT_SCALING_RECIPES = frozenset({"tensorwise"})
+#: Recipes with one scale per tensor: their GEMMs take cuBLAS's per-tensor-scaled FP8 path, whose accumulation mode
+#: Transformer Engine and torchao set per GEMM (``gemm.FP8_FAST_ACCUM_SPEEDUP``).
+PER_TENSOR_RECIPES = frozenset({"delayed", "tensorwise"})
 
 #: Megatron-LM ``--fp8-recipe`` value -> per-expert host-cost class of ``moe_overhead.HOST_QUANTIZE_S``.
 HOST_COST_CLASS = {"mxfp8": "mx", "blockwise": "mx", "delayed": "cs", "tensorwise": "cs"}
@@ -76,3 +89,14 @@ def host_cost_class(recipe: str) -> str:
 def default_host_cost_class(cluster: ClusterSpec, model: ModelSpec, par: ParallelConfig) -> str:
     """The host-cost class (``mx`` / ``cs``) of ``default_fp8_recipe``."""
     return host_cost_class(default_fp8_recipe(cluster, model, par))
+
+
+def job_fp8_recipe(job: TrainingJob, cluster: ClusterSpec, model: ModelSpec, par: ParallelConfig,
+                   framework: str = "megatron") -> str:
+    """The ``--fp8-recipe`` an FP8 job runs: ``job.fp8_recipe`` when set, else ``tensorwise`` under a framework of
+    ``CURRENT_SCALING_FRAMEWORKS``, else ``default_fp8_recipe``."""
+    if job.fp8_recipe is not None:
+        return job.fp8_recipe
+    if framework.split("_")[0] in CURRENT_SCALING_FRAMEWORKS:
+        return "tensorwise"
+    return default_fp8_recipe(cluster, model, par)

@@ -14,24 +14,25 @@ from model_zoo.spec import ModelSpec
 
 from .fit_range import FitRange
 from .config import ParallelConfig, TrainingJob, compute_bytes
+from .fp8_recipe import PER_TENSOR_RECIPES, job_fp8_recipe
 from .flops import layer_gemm_shapes
 
-#: GEMM operand-streaming weight (dimensionless): a GEMM costs its MAMF-rate compute time plus ``KAPPA`` times
-#: the time to read A and B and write C once from HBM (a GEMM at the roofline ridge point runs at 1/3 of its MAMF
-#: rate). Fitted on the dev rows (plan3d validate): it sets how much slower small per-GPU GEMMs (Qwen3-30B-A3B's
-#: 768-wide experts, h=2048 at TP 8) run than large ones. It is an in-training figure, not a kernel one: OpenXLA's
-#: published per-shape H100 GEMM table implies a median of 0.63 for GEMMs run alone (14 shapes with every dimension
-#: >= 1024; below 1.2 for all but the two smallest; ``benchmarks/gemm_published.py``), so the fitted value also
-#: carries what slows a GEMM inside a training step. GEMMs plan3d measured alone on an H200 (210 BF16 shapes,
-#: 2026-12-04, ``benchmarks/gemm_measured.py``) imply a median of 1.40 against the MAMF rate and 0.33 against that
-#: board's own sustained large-GEMM rate (661 TFLOP/s, power-bound at 700 W): there, a GEMM's time is mostly the
-#: compute rate its clock holds at the board's power limit, and streaming adds little. 1.96 since DeepEP's measured
-#: internode throughput is charged (2026-12-04, ``collectives.flex_internode_s``); 2.10 since the MoE routing
-#: kernels are measured (2026-12-04: counted permutation bytes at their measured HBM share, ``moe_overhead``); 1.99
-#: when the fit first resolved 1/96 of each range; 2.25 on the 1/24 grid before. Pinned at 0.5 with the rest
-#: refitted (2026-12, before the H100 attention generations), the dev rows' in-sample MAPE went from 5.08% to 7.78%
-#: (LOGO 6.46% -> 9.87%).
-KAPPA = 1.95833
+#: GEMM operand-streaming weight (dimensionless): a GEMM costs its MAMF-rate compute time plus ``KAPPA`` times the time
+#: to read A and B and write C once from HBM (a GEMM at the roofline ridge point runs at 1/3 of its MAMF rate). Fitted
+#: on the dev rows (plan3d validate): it sets how much slower small per-GPU GEMMs (Qwen3-30B-A3B's 768-wide experts,
+#: h=2048 at TP 8) run than large ones. It is an in-training figure, not a kernel one: OpenXLA's published per-shape
+#: H100 GEMM table implies a median of 0.63 for GEMMs run alone (14 shapes with every dimension >= 1024; below 1.2 for
+#: all but the two smallest; ``benchmarks/gemm_published.py``), so the fitted value also carries what slows a GEMM
+#: inside a training step. GEMMs plan3d measured alone on an H200 (210 BF16 shapes, 2026-12-04,
+#: ``benchmarks/gemm_measured.py``) imply a median of 1.40 against the MAMF rate and 0.33 against that board's own
+#: sustained large-GEMM rate (661 TFLOP/s, power-bound at 700 W): there, a GEMM's time is mostly the compute rate its
+#: clock holds at the board's power limit, and streaming adds little. 2.03 since the FP8 forward GEMMs run at the
+#: fast-accumulation rate and current scaling's amax pass is charged (2026-12-04); 1.96 since DeepEP's measured
+#: internode throughput is charged (2026-12-04, ``collectives.flex_internode_s``); 2.10 since the MoE routing kernels
+#: are measured (2026-12-04: counted permutation bytes at their measured HBM share, ``moe_overhead``); 1.99 when the fit
+#: first resolved 1/96 of each range; 2.25 on the 1/24 grid before. Pinned at 0.5 with the rest refitted (2026-12,
+#: before the H100 attention generations), the dev rows' in-sample MAPE went from 5.08% to 7.78% (LOGO 6.46% -> 9.87%).
+KAPPA = 2.03125
 
 #: Share of the board power at the TDP that does not scale with the SM clock under a power limit (HBM, NVLink
 #: SerDes, board and leakage): ~100 W of the H100 SXM's 700 W (its idle draw is 70-120 W in nvidia-smi reports).
@@ -40,19 +41,35 @@ UNCORE_POWER_FRACTION = 100.0 / 700.0
 #: Exponent ``n`` of the SM clock in the dynamic power under sustained dense GEMMs, ``P_dyn ~ f^n``: 1 at a fixed
 #: voltage, up to 3 when the voltage tracks the clock (``P ~ C V^2 f``). Sets the sustained clock under a board power
 #: limit below the TDP (``clock_fraction``). Fitted on the power-capped rows (torchtitan on Grand Teton H100s at 500 W;
-#: the H200 rows of the same recipes at 700 W are the uncapped reference): 2.12 since DeepEP's measured internode
-#: throughput is charged (2026-12-04); 2.25 since the MoE routing kernels are measured (2026-12-04); 2.19 when the
-#: fit first resolved 1/96 of each range (``planner/calibration.py``; the 1/24 grid before stopped at 2.33); 2.33
-#: since the attention tables
-#: carry the causal backward (measured ratio, 2026-12; 2.17 before, with the non-causal figure); 2.17-2.33 since each
-#: kernel is throttled by its own switching activity (attention, below the cap, runs at the full clock) and torchtitan's
-#: loss is costed as it ran (eager in 2024-12, compiled in 2025); 3, the range's edge, while attention was throttled
-#: like a GEMM. Measured beside it (one H200 at its 700 W limit, 2026-12-04, ``benchmarks/measure_device.py``):
-#: back-to-back 8192^3 GEMMs hold the board at 690 W with the SM clock at 1,470-1,530 MHz in BF16 and 1,335-1,365 MHz in
-#: FP8, of 1,980 MHz, so a dense GEMM is power-bound even at the TDP. Every framework runs its weight GEMMs at the same
-#: cuBLAS rate: torchtitan's once fitted "framework compute share" went to 1 once its per-op recompute, its elementwise
-#: kernels and the power cap were modelled, and was removed.
-POWER_CLOCK_EXPONENT = 2.12499
+#: the H200 rows of the same recipes at 700 W are the uncapped reference): 2.37 since the FP8 forward GEMMs run at the
+#: fast-accumulation rate and current scaling's amax pass is charged (2026-12-04); 2.12 since DeepEP's measured
+#: internode throughput is charged (2026-12-04); 2.25 since the MoE routing kernels are measured (2026-12-04); 2.19 when
+#: the fit first resolved 1/96 of each range (``planner/calibration.py``; the 1/24 grid before stopped at 2.33); 2.33
+#: since the attention tables carry the causal backward (measured ratio, 2026-12; 2.17 before, with the non-causal
+#: figure); 2.17-2.33 since each kernel is throttled by its own switching activity (attention, below the cap, runs at
+#: the full clock) and torchtitan's loss is costed as it ran (eager in 2024-12, compiled in 2025); 3, the range's edge,
+#: while attention was throttled like a GEMM. Measured beside it (one H200 at its 700 W limit, 2026-12-04,
+#: ``benchmarks/measure_device.py``): back-to-back 8192^3 GEMMs hold the board at 690 W with the SM clock at 1,470-1,530
+#: MHz in BF16 and 1,335-1,365 MHz in FP8, of 1,980 MHz, so a dense GEMM is power-bound even at the TDP. Every framework
+#: runs its weight GEMMs at the same cuBLAS rate: torchtitan's once fitted "framework compute share" went to 1 once its
+#: per-op recompute, its elementwise kernels and the power cap were modelled, and was removed.
+POWER_CLOCK_EXPONENT = 2.37499
+
+#: FP8 GEMM rate with the tensor cores' fast accumulation over the rate with the split accumulator (partial sums
+#: promoted to FP32 on the CUDA cores every few MMAs; cuBLASLt ``CUBLASLT_MATMUL_DESC_FAST_ACCUM`` 1 / 0), on Hopper.
+#: Transformer Engine runs its FP8 forward GEMMs with fast accumulation and the input- and weight-gradient GEMMs with
+#: the split accumulator (``transformer_engine/pytorch/module/base.py``: ``_2X_ACC_FPROP = False``, ``_2X_ACC_DGRAD =
+#: True``, ``_2X_ACC_WGRAD = True``), and so does torchao's ``Float8Linear`` (torchtitan's float8:
+#: ``Float8LinearConfig`` ``gemm_config_output = Float8GemmConfig(use_fast_accum=True)``, the two gradient GEMMs default
+#: ``False``). The FP8 MAMF of the cluster YAMLs is the split rate: ``mamf-finder.py`` calls ``torch._scaled_mm(A, B,
+#: scale, scale, out=C)``, whose ``use_fast_accum`` defaults to False (stas00/ml-engineering). Measured by plan3d on one
+#: H200 (2026-12-04, ``benchmarks/measure_device.py`` section ``fp8_accumulation``,
+#: ``benchmarks/data/measured_h200_20261204_fp8_accumulation.json``): split / fast time ratio median 0.955 over the 32
+#: Llama / Qwen layer shapes with every dimension >= 2048 (0.87-0.99; the two modes alternated shape by shape at the
+#: board's 700 W limit), so 1 / 0.955. Applied to the compute term of the forward FP8 GEMMs under a per-tensor recipe on
+#: GPUs with FP8 but no block-scaled (FP4) tensor cores (``fprop_rate_factor``); not measured for the block-scaled
+#: recipes or on Blackwell, which keep the MAMF rate.
+FP8_FAST_ACCUM_SPEEDUP = 1.0 / 0.955
 
 #: Plausible ranges of the fitted constants above (``planner/calibration.py`` fits inside them).
 FIT_RANGES = {
@@ -122,6 +139,18 @@ def gemm_rate(cluster: ClusterSpec, precision: str) -> float:
     return mamf_rate(cluster, precision) * clock_fraction(cluster)
 
 
+def fprop_rate_factor(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
+                      framework: str = "megatron") -> float:
+    """Forward GEMM rate over the MAMF-based ``gemm_rate`` (the backward GEMMs' rate): ``FP8_FAST_ACCUM_SPEEDUP``
+    for FP8 on an NVIDIA GPU with FP8 but no FP4 tensor cores (Hopper) under a per-tensor recipe
+    (``fp8_recipe.job_fp8_recipe`` ``delayed`` / ``tensorwise``), else 1."""
+    peak = cluster.gpu.peak_flops
+    if job.precision == "fp8" and cluster.gpu.vendor == "nvidia" and "fp8" in peak and "fp4" not in peak \
+            and job_fp8_recipe(job, cluster, model, par, framework) in PER_TENSOR_RECIPES:
+        return FP8_FAST_ACCUM_SPEEDUP
+    return 1.0
+
+
 def hbm_rate(cluster: ClusterSpec) -> float:
     """Achievable HBM bytes/s: the datasheet bandwidth x the calibrated ``hbm_efficiency`` (1 when unset)."""
     return cluster.gpu.hbm_bandwidth_bytes_per_s * (cluster.calibration.hbm_efficiency or 1.0)
@@ -159,10 +188,13 @@ def _local_gemms(model: ModelSpec, par: ParallelConfig, job: TrainingJob, layer:
 
 
 def layer_gemms_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, layer: int,
-                  framework: str) -> tuple[float, float, float]:
-    """Forward seconds of decoder layer ``layer``'s weight GEMMs for one micro-batch on one GPU:
-    (all GEMMs, the MLP / MoE block's share, MLA's up-projections' share). Shapes: ``flops.layer_gemm_shapes``."""
+                  framework: str) -> tuple[float, float, float, float]:
+    """Seconds of decoder layer ``layer``'s weight GEMMs for one micro-batch on one GPU: (all forward GEMMs, the MLP
+    / MoE block's share of them, MLA's up-projections' share, all backward GEMMs). The backward runs two GEMMs of
+    the forward's shape per forward GEMM (input and weight gradients, SC21 Sec. 5.1) at the MAMF-based rate; the
+    forward at that rate times ``fprop_rate_factor``. Shapes: ``flops.layer_gemm_shapes``."""
     rate = gemm_rate(cluster, job.precision)
+    fwd_rate = rate * fprop_rate_factor(model, cluster, job, par, framework)
     hbm = hbm_rate(cluster)
     el = operand_bytes(job.precision)
     if model.mla is not None:
@@ -170,15 +202,16 @@ def layer_gemms_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
         up_idx = {n_attn - 2} | ({1} if model.mla.q_lora_rank is not None else set())
     else:
         n_attn, up_idx = 2, set()
-    total = mlp = up = 0.0
+    total = mlp = up = backward = 0.0
     for idx, (m, k, n, cnt) in enumerate(_local_gemms(model, par, job, layer)):
-        g = cnt * gemm_time(m, k, n, rate, hbm, el)
+        g = cnt * gemm_time(m, k, n, fwd_rate, hbm, el)
+        backward += 2 * cnt * gemm_time(m, k, n, rate, hbm, el)
         total += g
         if idx >= n_attn:
             mlp += g
         elif idx in up_idx:
             up += g
-    return total, mlp, up
+    return total, mlp, up, backward
 
 
 def op_sac_recomputed_gemms_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
@@ -192,7 +225,7 @@ def op_sac_recomputed_gemms_s(model: ModelSpec, cluster: ClusterSpec, job: Train
     QKV into ``wq, wk, wv`` (by width), a gated MLP's up-projection into ``w1, w3``; in a Llama layer the
     recomputed ones are ``wk``, ``wo`` and ``w3`` (~37% of the forward GEMM FLOPs of Llama 3 8B). Float8 linears
     count the same (the checkpoint's dispatch mode sees ``aten.mm`` on the float8 tensor subclass)."""
-    rate = gemm_rate(cluster, job.precision)
+    rate = gemm_rate(cluster, job.precision) * fprop_rate_factor(model, cluster, job, par, framework)
     hbm, el = hbm_rate(cluster), operand_bytes(job.precision)
     mms: list[tuple[float, float, float, float]] = []  # (m, k, n, count) per aten.mm, execution order
     shapes = _local_gemms(model, par, job, layer)

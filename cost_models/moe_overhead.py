@@ -53,15 +53,16 @@ QUANTIZED_TENSORS_PER_EXPERT = 2
 #: the measured value the held-out MoE recipes went from 13.40% to 12.23% and the Bridge rows from 9.21% to 8.81%.
 HOST_GEMM_S = 16.5e-6
 #: Host seconds per quantized expert tensor, by FP8 recipe (``split_quantize`` in TE 2.8, ``csrc/extensions/
-#: cast.cpp``). ``mx`` (MXFP8 / blockwise): the outputs of all experts are bulk-allocated at once and each split
-#: gets a light ``*TensorStorage`` object and one cast launch (the block scales come out of the cast kernel).
-#: ``cs`` (per-tensor current scaling): each expert's output is allocated on its own (data, transpose, scale) as a
-#: ``Float8Tensor`` (a ``torch.Tensor`` subclass) and quantized by three launches: amax, scale, cast. Fitted
-#: (71 / 280 us since DeepEP's internode throughput is charged, 2026-12-04; 71 / 277 us since HybridEP's default SM
-#: count was corrected; 71 / 280 us since the MoE routing kernels are measured; 78 / 294 us before; 74 / 277 us on
-#: the coarser grid before that); ``cs`` sits near the top of its range, held there by one row (Bridge H100
+#: cast.cpp``). ``mx`` (MXFP8 / blockwise): the outputs of all experts are bulk-allocated at once and each split gets a
+#: light ``*TensorStorage`` object and one cast launch (the block scales come out of the cast kernel). ``cs``
+#: (per-tensor current scaling): each expert's output is allocated on its own (data, transpose, scale) as a
+#: ``Float8Tensor`` (a ``torch.Tensor`` subclass) and quantized by three launches: amax, scale, cast. Fitted (71 / 271
+#: us since the FP8 forward GEMMs run at the fast-accumulation rate and current scaling's amax pass is charged,
+#: 2026-12-04; 71 / 280 us since DeepEP's internode throughput is charged, 2026-12-04; 71 / 277 us since HybridEP's
+#: default SM count was corrected; 71 / 280 us since the MoE routing kernels are measured; 78 / 294 us before; 74 / 277
+#: us on the coarser grid before that); ``cs`` sits near the top of its range, held there by one row (Bridge H100
 #: Qwen3-30B-A3B FP8-CS, pp 2 x vpp 24).
-HOST_QUANTIZE_S = {"mx": 70.7293e-6, "cs": 279.584e-6}
+HOST_QUANTIZE_S = {"mx": 70.7293e-6, "cs": 270.834e-6}
 #: Share of the datasheet HBM bandwidth that the token permutation kernels reach, counting the bytes they must move
 #: (``permute_passes``). Measured, not fitted: Transformer Engine 2.8's Triton kernels (``--moe-permute-fusion``:
 #: ``make_row_id_map``, ``permute_with_mask_map``, ``sort_chunks_by_map``, ``unpermute_with_mask_map``, forward and

@@ -39,14 +39,14 @@ inside those ranges, by ``planner/calibration.py`` on the dev rows of ``planner/
 ===========================================  ========  ==========  ==============================================
 constant (module)                            value     range       mainly constrained by
 ===========================================  ========  ==========  ==============================================
-``KAPPA`` (gemm)                             1.96      0.5-4       small GEMMs: SC21 1.7-18B, H100 weak scaling
-``POWER_CLOCK_EXPONENT`` (gemm)              2.12      1-3         torchtitan on 500 W H100s vs 700 W H200s
+``KAPPA`` (gemm)                             2.03      0.5-4       small GEMMs: SC21 1.7-18B, H100 weak scaling
+``POWER_CLOCK_EXPONENT`` (gemm)              2.37      1-3         torchtitan on 500 W H100s vs 700 W H200s
 ``ATTENTION_TRAINING_SHARE`` (attention)     0.59      0.4-1       long-sequence CP rows, 8k Llama rows
-``UNFUSED_SCORE_PASSES`` (attention)         6.46      4-8         SC21, BLOOM (unfused softmax; their dropout apart)
+``UNFUSED_SCORE_PASSES`` (attention)         6.37      4-8         SC21, BLOOM (unfused softmax; their dropout apart)
 ``ELEMENTWISE_PASSES`` deepspeed             40        8-40        BLOOM rows (edge)
-``TP_OVERLAP_EXPOSED`` megatron / torchtitan 0 / 0.69  0-0.5/0-0.7 NeMo recipes / torchtitan async TP
+``TP_OVERLAP_EXPOSED`` megatron / torchtitan 0 / 0.65  0-0.5/0-0.7 NeMo recipes / torchtitan async TP
 ``EP_OVERLAP_EXPOSED`` (collectives)         0.47      0-1         MoE rows with EP overlap
-``HOST_QUANTIZE_S`` mx / cs                  71/280 us 10-120/     FP8 MoE rows; cs near its range's top (one row)
+``HOST_QUANTIZE_S`` mx / cs                  71/271 us 10-120/     FP8 MoE rows; cs near its range's top (one row)
                                                        20-300 us
 ``MOE_TOKEN_COPY_S`` (moe_overhead)          16.7 ns   0-50 ns     MoE rows: routing beyond the measured kernels
 ===========================================  ========  ==========  ==============================================
@@ -91,7 +91,7 @@ from .data_parallel import (FSDP_REDUCE_EVERY_MICROBATCH, OVERLAP_COMPUTE_SLOWDO
 from .elementwise import (CE_BYTES_PER_LOGIT, ELEMENTWISE_PASSES, cross_entropy_bytes,  # noqa: F401 (re-exported)
                           cross_entropy_s, embedding_s)
 from .flops import recomputed_layers, step_hardware_flops, step_model_flops
-from .fp8_recipe import default_host_cost_class
+from .fp8_recipe import default_host_cost_class, host_cost_class
 from .gemm import (KAPPA, gemm_rate, gemm_time, hbm_rate, peak_dtype,  # noqa: F401 (re-exported)
                    logits_gemm_s, mtp_projection_s)
 from .layer_cost import (OP_SAC_TP_SHARE, LayerCost, layer_cost, recompute_breakdown_s, selective_recompute_s,
@@ -154,13 +154,14 @@ class StepEstimate:
     compute_breakdown_s: dict[str, float] = field(default_factory=dict)
 
 
-def _default_framework_options(framework: str, model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig,
-                               fp8_recipe: str | None, tp_comm_overlap: bool | None,
+def _default_framework_options(framework: str, model: ModelSpec, cluster: ClusterSpec, job: TrainingJob,
+                               par: ParallelConfig, fp8_recipe: str | None, tp_comm_overlap: bool | None,
                                overlap_dp: bool | None) -> tuple[str, bool, bool]:
-    """(fp8 host-cost class, TP overlap, DP overlap) with the framework defaults filled in (see ``estimate_step``)."""
+    """(fp8 host-cost class, TP overlap, DP overlap) with the framework defaults filled in (see ``estimate_step``):
+    the host-cost class of ``job.fp8_recipe`` when the job names one."""
     fw_base = framework.split("_")[0]
     if fp8_recipe is None:
-        fp8_recipe = default_host_cost_class(cluster, model, par)
+        fp8_recipe = host_cost_class(job.fp8_recipe) if job.fp8_recipe else default_host_cost_class(cluster, model, par)
     if tp_comm_overlap is None:
         tp_comm_overlap = fw_base in ("nemo",)
     if overlap_dp is None:
@@ -232,7 +233,7 @@ def _stage_times(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: 
                 rc_tp = 1.0 if full_i else (OP_SAC_TP_SHARE if par.recompute == "selective" and sac else 0.0)
                 f += fwd_i
                 bw += bwd_i
-                out.wgt[k] += x.gemm  # the weight-gradient GEMMs: one of the backward's two per forward GEMM
+                out.wgt[k] += x.gemm_backward / 2  # the weight-gradient GEMMs: one of the backward's two
                 out.hide_f[k] += ep_hide * x.ep
                 out.hide_b[k] += ep_hide * x.ep
                 out.exposed["tp"][r] += (1 + rc_tp) * x.tp * tp_exp + x.tp_backward_s(tp_b)
@@ -314,7 +315,7 @@ def _compute_breakdown_s(model: ModelSpec, par: ParallelConfig, layers, lc, m: i
     for i in layers:
         x = lc(i)
         rcg, rca, rcm = recompute_breakdown_s(x, par, i in rc_layers, framework)
-        kinds["gemm"] += m * (3 * x.gemm + rcg)
+        kinds["gemm"] += m * (x.gemm + x.gemm_backward + rcg)
         kinds["attention"] += m * (x.attn_f + x.attn_b + rca)
         kinds["memory_bound"] += m * (3 * x.mem + x.routing_f + x.routing_b + rcm)  # MoE routing with it
     return kinds
@@ -357,7 +358,7 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     framework = framework or getattr(job, "framework", None) or "megatron"
     fw_base = framework.split("_")[0]
     fp8_recipe, tp_comm_overlap, overlap_dp = _default_framework_options(
-        framework, model, cluster, par, fp8_recipe, tp_comm_overlap, overlap_dp)
+        framework, model, cluster, job, par, fp8_recipe, tp_comm_overlap, overlap_dp)
     m = max(1, par.num_microbatches(job.global_batch_size))
     groups = {d: group_placement(d, par, cluster.node.nvlink_domain_size) for d in ("tp", "cp", "ep", "dp", "pp")}
     cache: dict[tuple, LayerCost] = {}

@@ -68,12 +68,12 @@ def layer_lb(model, cluster, job, par, layer, groups, exposed_comm: bool = False
     except Exception:  # pragma: no cover - depends on another module's private API
         return 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
     comp_f = x.gemm + x.attn_f + x.mem + x.routing_f + host_f
-    comp_b = 2 * x.gemm + x.attn_b + 2 * x.mem + x.routing_b + host_b
+    comp_b = x.gemm_backward + x.attn_b + 2 * x.mem + x.routing_b + host_b
     comm_f = x.tp * tp_exp + x.ep * ep_exp
     comm_b = x.tp * tp_exp_b + x.ep * ep_exp
     selective = 0.0 if framework.split("_")[0] in OP_SAC_FRAMEWORKS else x.attn_f
     return (comp_f + comm_f + x.cp, comp_b + comm_b + 2 * x.cp, selective, comp_f + comm_f + x.cp,
-            x.gemm + x.attn_f + x.mem + comm_f, 2 * (x.gemm + x.mem) + x.attn_b + comm_b, x.ep)
+            x.gemm + x.attn_f + x.mem + comm_f, x.gemm_backward + 2 * x.mem + x.attn_b + comm_b, x.ep)
 
 
 @dataclass

@@ -28,7 +28,7 @@ from model_zoo.hf_config import from_hf_config
 from model_zoo.spec import ModelSpec
 
 from .errors import PlanInputError
-from .row_options import apply_row_options, row_setup, setup_source
+from .row_options import apply_row_options, row_fp8_recipe, row_setup, setup_source
 
 #: FLOP conventions a row's ``setup.flops_convention`` may name (used only for rows without tokens/s or step time):
 #: ``n21_hardware``: Narayanan et al. SC21 eq. (3), 96·B·s·l·h²(1 + s/6h + V/16lh): GEMMs + full (not causal-halved)
@@ -507,15 +507,9 @@ def build_inputs(row: dict[str, Any]) -> tuple[ModelSpec, ClusterSpec, TrainingJ
 
 def fp8_recipe(row: dict[str, Any]) -> str:
     """Host-cost class (``cost_models.fp8_recipe.host_cost_class``: ``mx`` / ``cs``) of the FP8 scaling recipe a
-    row's precision or feature list names: MXFP8 (FP8-MX), DeepSeek-style blockwise / sub-channel scaling, else
-    per-tensor (FP8-CS current scaling, or plain "fp8" = Transformer Engine's default delayed scaling)."""
-    p = row.get("parallel") or {}
-    s = f"{p.get('precision') or ''} {(p.get('other') or {}).get('features') or ''}".lower()
-    if "mx" in s:
-        return host_cost_class("mxfp8")
-    if any(k in s for k in ("blockwise", "subchannel", "sub-channel")):
-        return host_cost_class("blockwise")
-    return host_cost_class("tensorwise")
+    row's precision or feature list names (``row_options.row_fp8_recipe``; per-tensor when it names none: plain "fp8"
+    is Transformer Engine's default delayed scaling)."""
+    return host_cost_class(row_fp8_recipe(row) or "tensorwise")
 
 
 def row_flops_per_token(model: ModelSpec, job: TrainingJob, par: ParallelConfig, convention: str) -> float:

@@ -126,6 +126,21 @@ def setup_source(s: RowSetup, key: str) -> str:
     return re.split(r": | \(", text, maxsplit=1)[0]
 
 
+def row_fp8_recipe(row: dict[str, Any]) -> str | None:
+    """The Megatron-LM ``--fp8-recipe`` a row's precision or feature list names (``TrainingJob.fp8_recipe``): MXFP8
+    (FP8-MX), DeepSeek-style blockwise / sub-channel scaling, per-tensor current scaling (FP8-CS, tensorwise); None
+    when it names none (plain "fp8": the framework's default, ``cost_models.fp8_recipe.job_fp8_recipe``)."""
+    p = row.get("parallel") or {}
+    s = f"{p.get('precision') or ''} {(p.get('other') or {}).get('features') or ''}".lower()
+    if "mx" in s:
+        return "mxfp8"
+    if any(k in s for k in ("blockwise", "subchannel", "sub-channel")):
+        return "blockwise"
+    if any(k in s for k in ("fp8-cs", "fp8cs", "current scaling", "tensorwise")):
+        return "tensorwise"
+    return None
+
+
 def row_options(row: dict[str, Any], framework: str = "megatron") -> RowOptions:
     """The recipe settings of one published-runs row: the published recompute modules, then the ``setup`` block.
 
@@ -169,6 +184,10 @@ def row_options(row: dict[str, Any], framework: str = "megatron") -> RowOptions:
     if s.main_params_dtype is not None:
         out.parallel["main_params_dtype"] = s.main_params_dtype
         out.notes.append(f"master weights {s.main_params_dtype} ({setup_source(s, 'main_params_dtype')})")
+    recipe = row_fp8_recipe(row)
+    if recipe is not None:
+        out.job["fp8_recipe"] = recipe
+        out.notes.append(f"FP8 recipe {recipe} (row precision)")
     if s.moe_router_force_load_balancing:
         # Megatron --moe-router-force-load-balancing routes every token to random, evenly loaded experts: the busiest
         # expert gets the mean (cost_models/moe_imbalance.py)

@@ -111,10 +111,17 @@ def test_packaged_rows_are_the_shared_dev_rows_with_sources():
 #: nodes +13.9 -> -6.3%; then 5.23 -> 5.06% with all constants refitted (KAPPA 2.10 -> 1.96, POWER_CLOCK_EXPONENT
 #: 2.25 -> 2.12, EP_OVERLAP_EXPOSED 0.57 -> 0.47, UNFUSED_SCORE_PASSES 6.29 -> 6.46, TP_OVERLAP_EXPOSED torchtitan
 #: 0.67 -> 0.69): MoE recipes 6.45 -> 3.98%, H100 weak scaling 7.43 -> 6.80%, Bridge 6.02 -> 5.62%, the Llama example
-#: 7.95 -> 7.43%, NeMo 24.07 4.79 -> 4.83%, SC21 3.11 -> 3.61%.
-ACHIEVED_MAX_MAPE = 5.06
-ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 3.99, "nemo_bridge_perf_summary": 5.62, "nemo_2407_perf_summary": 4.83,
-                       "megatron_h100_weak_scaling": 6.81}
+#: 7.95 -> 7.43%, NeMo 24.07 4.79 -> 4.83%, SC21 3.11 -> 3.61%. 5.06 -> 5.01% with two measured / counted FP8 terms
+#: and all constants refitted: Hopper's FP8 forward GEMMs at the fast-accumulation rate, 1 / 0.955 of the MAMF (split
+#: accumulator) rate the backward keeps (gemm.FP8_FAST_ACCUM_SPEEDUP, measured on an H200), and per-tensor current
+#: scaling's amax pass (elementwise.FP8_AMAX_PASS_BYTES: Bridge FP8-CS rows, torchtitan's float8); KAPPA 1.96 -> 2.03,
+#: POWER_CLOCK_EXPONENT 2.12 -> 2.37, UNFUSED_SCORE_PASSES 6.46 -> 6.37, TP_OVERLAP_EXPOSED torchtitan 0.69 -> 0.65,
+#: HOST_QUANTIZE_S cs 280 -> 271 us: Bridge 5.62 -> 4.88%, MoE recipes 3.98 -> 3.85%, while H100 weak scaling 6.80 ->
+#: 7.12% and NeMo 24.07 4.83 -> 4.94% move up (their ratchets with them; held out too, 8.33 -> 8.63% and 4.97 ->
+#: 5.30%: the LOGO ratchet below).
+ACHIEVED_MAX_MAPE = 5.01
+ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 3.86, "nemo_bridge_perf_summary": 4.89, "nemo_2407_perf_summary": 4.95,
+                       "megatron_h100_weak_scaling": 7.13}
 
 
 def test_mape_does_not_regress(report):
@@ -329,10 +336,13 @@ def test_duplicate_row_ids_are_refused(run_cli, tmp_path):
 #: 6.50 -> 6.35% with DeepEP's measured internode throughput (see ACHIEVED_MAX_MAPE): MoE recipes held out 12.98 ->
 #: 9.07% (their Qwen3-235B-A22B B200 row +24.4 -> +5.4%), while two groups move up a little (the ratchets with them):
 #: Bridge 8.76 -> 8.99% and the Llama example 9.05 -> 9.40% (held out, the folds' KAPPA and POWER_CLOCK_EXPONENT
-#: move with the MoE rows' new fit); H100 weak scaling 8.48 -> 8.33%.
-ACHIEVED_LOGO_MAPE = 6.35
-ACHIEVED_LOGO_GROUP_MAPE = {"megatron_moe_recipes": 9.1, "nemo_bridge_perf_summary": 9.0,
-                            "megatron_llama_example": 9.41}
+#: move with the MoE rows' new fit); H100 weak scaling 8.48 -> 8.33%. 6.35 -> 6.21% with the FP8 forward GEMMs at the
+#: fast-accumulation rate and current scaling's amax pass (see ACHIEVED_MAX_MAPE): Bridge 8.99 -> 8.05%, MoE recipes
+#: 9.07 -> 8.39%, the Llama example 9.40 -> 8.44%, while H100 weak scaling 8.33 -> 8.63% and NeMo 24.07 4.97 -> 5.30%
+#: move up.
+ACHIEVED_LOGO_MAPE = 6.22
+ACHIEVED_LOGO_GROUP_MAPE = {"megatron_moe_recipes": 8.40, "nemo_bridge_perf_summary": 8.06,
+                            "megatron_llama_example": 8.45}
 
 
 @pytest.fixture(scope="module")

@@ -472,7 +472,7 @@ def parallel_args(model: ModelSpec, job: TrainingJob, par: ParallelConfig,
     elif job.precision != "fp32":  # fp32 is Megatron's default (no --bf16/--fp16): fp32 params, FP32Optimizer
         a.append("--bf16")
     if job.precision == "fp8":
-        add(fp8_args(model, par, cluster, fp8_recipe))
+        add(fp8_args(model, par, cluster, fp8_recipe or job.fp8_recipe))
         if getattr(par, "fp8_param_gather", False):
             a.append("--fp8-param-gather")
     ce = cross_entropy_impl(job, "megatron")  # the loss the step time charged
