@@ -100,3 +100,9 @@ def job_fp8_recipe(job: TrainingJob, cluster: ClusterSpec, model: ModelSpec, par
     if framework.split("_")[0] in CURRENT_SCALING_FRAMEWORKS:
         return "tensorwise"
     return default_fp8_recipe(cluster, model, par)
+
+
+def job_host_cost_class(job: TrainingJob, cluster: ClusterSpec, model: ModelSpec, par: ParallelConfig) -> str:
+    """The host-cost class (``mx`` / ``cs``) of ``job.fp8_recipe`` when the job names one, else of
+    ``default_fp8_recipe`` (what ``estimate_step`` assumes when its caller gives no class)."""
+    return host_cost_class(job.fp8_recipe) if job.fp8_recipe else default_host_cost_class(cluster, model, par)

@@ -4,8 +4,9 @@ Each weight GEMM of ``M`` tokens, input width ``K`` and output width ``N`` (afte
 ``2MKN / (peak x gemm_efficiency) + KAPPA x bytes(MK + KN + MN) / HBM``: the large-GEMM rate measured by MAMF
 (cluster calibration ``gemm_efficiency``) plus ``KAPPA`` times the time to stream its operands, so small per-GPU
 GEMMs (high TP, small hidden sizes, fine-grained experts) run at a lower fraction of peak (roofline; Williams et
-al. 2009). FP8 GEMMs use the FP8 rate and 1-byte operands. Backward = 2 x forward GEMM work (Narayanan et al. SC21
-Sec. 5.1); the caller applies that factor.
+al. 2009). FP8 GEMMs use the FP8 rate and 1-byte operands. The backward runs two GEMMs of each forward GEMM's shape
+(input and weight gradients; Narayanan et al. SC21 Sec. 5.1), timed by ``layer_gemms_s`` at the MAMF-based rate; on
+Hopper the forward FP8 GEMMs run faster than that (``FP8_FAST_ACCUM_SPEEDUP``).
 """
 from __future__ import annotations
 

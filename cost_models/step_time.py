@@ -91,7 +91,7 @@ from .data_parallel import (FSDP_REDUCE_EVERY_MICROBATCH, OVERLAP_COMPUTE_SLOWDO
 from .elementwise import (CE_BYTES_PER_LOGIT, ELEMENTWISE_PASSES, cross_entropy_bytes,  # noqa: F401 (re-exported)
                           cross_entropy_s, embedding_s)
 from .flops import recomputed_layers, step_hardware_flops, step_model_flops
-from .fp8_recipe import default_host_cost_class, host_cost_class
+from .fp8_recipe import job_host_cost_class
 from .gemm import (KAPPA, gemm_rate, gemm_time, hbm_rate, peak_dtype,  # noqa: F401 (re-exported)
                    logits_gemm_s, mtp_projection_s)
 from .layer_cost import (OP_SAC_TP_SHARE, LayerCost, layer_cost, recompute_breakdown_s, selective_recompute_s,
@@ -161,7 +161,7 @@ def _default_framework_options(framework: str, model: ModelSpec, cluster: Cluste
     the host-cost class of ``job.fp8_recipe`` when the job names one."""
     fw_base = framework.split("_")[0]
     if fp8_recipe is None:
-        fp8_recipe = host_cost_class(job.fp8_recipe) if job.fp8_recipe else default_host_cost_class(cluster, model, par)
+        fp8_recipe = job_host_cost_class(job, cluster, model, par)
     if tp_comm_overlap is None:
         tp_comm_overlap = fw_base in ("nemo",)
     if overlap_dp is None:

@@ -20,7 +20,7 @@ from cost_models import memory as mm
 from cost_models import step_time as stm
 from cost_models.comm import collective_time as comm_time
 from cost_models.config import BYTES_16BIT, BYTES_FP32, ParallelConfig, TrainingJob
-from cost_models.fp8_recipe import default_host_cost_class
+from cost_models.fp8_recipe import job_host_cost_class
 from cost_models.layer_cost import OP_SAC_FRAMEWORKS
 from cost_models.layout import GroupPlacement, group_placement, stage_layer_ranges
 from cost_models.pipeline import PAIRING_SCHEDULES
@@ -62,7 +62,7 @@ def layer_lb(model, cluster, job, par, layer, groups, exposed_comm: bool = False
         tp_exp_b = min(tp_exp, stm.tp_backward_shares("megatron", False, par.sequence_parallel)[0])
         ep_exp = 1.0 if exposed_comm else min(1.0, float(getattr(stm, "EP_OVERLAP_EXPOSED", 0.0)))
         # the FP8 recipe estimate_step assumes when the evaluation gives none
-        recipe = default_host_cost_class(cluster, model, par)
+        recipe = job_host_cost_class(job, cluster, model, par)
         host_f, host_b = stm.moe_host_exposed_s(model, cluster, job, par, layer, "megatron", recipe, False,
                                                 (x.compute_forward_s(), x.compute_backward_s()))
     except Exception:  # pragma: no cover - depends on another module's private API

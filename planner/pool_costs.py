@@ -27,7 +27,7 @@ from functools import lru_cache
 from cluster_specs.spec import ClusterSpec
 from cost_models import step_time as stm
 from cost_models.config import ParallelConfig, TrainingJob, compute_bytes
-from cost_models.fp8_recipe import default_host_cost_class
+from cost_models.fp8_recipe import job_host_cost_class
 from cost_models.layout import group_placement
 from cost_models.activations import activation_bytes_per_layer, expert_buffer_factor, layer_input_bytes
 from cost_models.memory import (TOKEN_ID_BYTES, logits_bytes_per_element, model_state_terms, precision_state_options,
@@ -92,7 +92,7 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: P
     kinds = layer_kinds(model) if kinds is None else kinds
     dom = cluster.node.nvlink_domain_size
     groups = {d: group_placement(d, par, dom) for d in ("tp", "cp", "ep", "dp", "pp")}
-    fp8_recipe = default_host_cost_class(cluster, model, par)
+    fp8_recipe = job_host_cost_class(job, cluster, model, par)
     # the framework's TP schedule without TP communication overlap, as estimate_step defaults it
     tp_b = stm.tp_backward_shares(framework.split("_")[0], False, par.sequence_parallel)
     per_kind, fwd = [0.0] * NUM_LAYER_KINDS, [0.0] * NUM_LAYER_KINDS
