@@ -7,8 +7,8 @@ rank's share of Llama 3 70B's layer at 4096 tokens (8 query heads, 1 KV head, FF
 this script prints the model's time on the ``dgx-h200`` cluster (``torchtitan`` framework, micro-batch 1) next to the
 measured kernel time per layer:
 
-- weight GEMMs: ``cost_models.gemm.layer_gemms_s``'s forward, times 3 for forward + backward (dgrad and wgrad, each
-  the forward's work: Narayanan et al. SC21 Sec. 5.1, as the step-time model charges them);
+- weight GEMMs: ``cost_models.gemm.layer_gemms_s``'s forward plus its backward (dgrad and wgrad, each the forward's
+  work: Narayanan et al. SC21 Sec. 5.1, as the step-time model charges them);
 - fused attention: ``cost_models.attention.attention_core_s`` (forward, backward), which reads the kernel series at
   the call's occupancy and multiplies by ``ATTENTION_TRAINING_SHARE``; the share the step implies is printed beside it.
 

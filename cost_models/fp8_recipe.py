@@ -102,7 +102,8 @@ def job_fp8_recipe(job: TrainingJob, cluster: ClusterSpec, model: ModelSpec, par
     return default_fp8_recipe(cluster, model, par)
 
 
-def job_host_cost_class(job: TrainingJob, cluster: ClusterSpec, model: ModelSpec, par: ParallelConfig) -> str:
-    """The host-cost class (``mx`` / ``cs``) of ``job.fp8_recipe`` when the job names one, else of
-    ``default_fp8_recipe`` (what ``estimate_step`` assumes when its caller gives no class)."""
-    return host_cost_class(job.fp8_recipe) if job.fp8_recipe else default_host_cost_class(cluster, model, par)
+def job_host_cost_class(job: TrainingJob, cluster: ClusterSpec, model: ModelSpec, par: ParallelConfig,
+                        framework: str = "megatron") -> str:
+    """The host-cost class (``mx`` / ``cs``) of the recipe the job runs (``job_fp8_recipe``: ``job.fp8_recipe``, else
+    the framework's default): what ``estimate_step`` assumes when its caller gives no class."""
+    return host_cost_class(job_fp8_recipe(job, cluster, model, par, framework))

@@ -161,7 +161,7 @@ def _default_framework_options(framework: str, model: ModelSpec, cluster: Cluste
     the host-cost class of ``job.fp8_recipe`` when the job names one."""
     fw_base = framework.split("_")[0]
     if fp8_recipe is None:
-        fp8_recipe = job_host_cost_class(job, cluster, model, par)
+        fp8_recipe = job_host_cost_class(job, cluster, model, par, framework)
     if tp_comm_overlap is None:
         tp_comm_overlap = fw_base in ("nemo",)
     if overlap_dp is None:
@@ -345,8 +345,9 @@ def estimate_step(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     ``--cuda-graph-scope full``), removing the host time of the per-expert work
     (``moe_overhead.moe_host_exposed_s``). ``fp8_recipe``:
     host-cost class of the FP8 expert quantization, ``mx`` (MXFP8 / blockwise) or ``cs`` (per-tensor current or
-    delayed scaling), selecting ``moe_overhead.HOST_QUANTIZE_S``; None = the class of
-    ``fp8_recipe.default_fp8_recipe`` (MXFP8 on Blackwell, blockwise for MoE models on Hopper, else per-tensor).
+    delayed scaling), selecting ``moe_overhead.HOST_QUANTIZE_S``; None = the class of the recipe the job runs
+    (``fp8_recipe.job_fp8_recipe``: ``job.fp8_recipe``, else torchtitan's tensorwise, else ``default_fp8_recipe``:
+    MXFP8 on Blackwell, blockwise for MoE models on Hopper, else per-tensor).
     ``par.pipeline_layout`` (Megatron ``--pipeline-model-parallel-layout``) places the layers per model chunk instead
     of the even / first-last split; the embedding sits on the first chunk, the output layer and MTP on the last.
     ``stages``: the pipeline ranks whose per-rank terms are reported (busiest rank, exposed TP/CP/EP, data-parallel

@@ -92,7 +92,7 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: P
     kinds = layer_kinds(model) if kinds is None else kinds
     dom = cluster.node.nvlink_domain_size
     groups = {d: group_placement(d, par, dom) for d in ("tp", "cp", "ep", "dp", "pp")}
-    fp8_recipe = job_host_cost_class(job, cluster, model, par)
+    fp8_recipe = job_host_cost_class(job, cluster, model, par, framework)
     # the framework's TP schedule without TP communication overlap, as estimate_step defaults it
     tp_b = stm.tp_backward_shares(framework.split("_")[0], False, par.sequence_parallel)
     per_kind, fwd = [0.0] * NUM_LAYER_KINDS, [0.0] * NUM_LAYER_KINDS

@@ -188,8 +188,9 @@ def _plan_info(rank: int, p: PoolPlan, model: ModelSpec, mixed: MixedCluster, jo
                             if all(launch_env(fw, par, c, job).get(k) == v for c in used_pools)}
                        for fw, env in base.launch.env.items()}
     if job.precision == "fp8" and base.launch.megatron is not None:
-        # one --fp8-recipe for every pool's GPUs: MXFP8 only where all have block-scaled tensor cores
-        base.launch.megatron = megatron_args(model, job, par, first, shared_fp8_recipe(used_pools, model, par))
+        # one --fp8-recipe for every pool's GPUs: the job's, else MXFP8 only where all have block-scaled tensor cores
+        base.launch.megatron = megatron_args(model, job, par, first,
+                                             job.fp8_recipe or shared_fp8_recipe(used_pools, model, par))
     # the stage with the least headroom at its own pool's capacity (the pools' capacities differ)
     base.memory = memory_info(MemoryEstimate(est.stages, cap), margin).model_copy(update=dict(
         peak_bytes=round(s.total), capacity_bytes=cap, headroom_bytes=round(cap - s.total), peak_stage=b,

@@ -132,12 +132,14 @@ def row_fp8_recipe(row: dict[str, Any]) -> str | None:
     when it names none (plain "fp8": the framework's default, ``cost_models.fp8_recipe.job_fp8_recipe``)."""
     p = row.get("parallel") or {}
     s = f"{p.get('precision') or ''} {(p.get('other') or {}).get('features') or ''}".lower()
-    if "mx" in s:
+    if re.search(r"\b(mxfp8|fp8-mx)\b", s):
         return "mxfp8"
-    if any(k in s for k in ("blockwise", "subchannel", "sub-channel")):
+    if re.search(r"\b(blockwise|sub-?channel)\b", s):
         return "blockwise"
-    if any(k in s for k in ("fp8-cs", "fp8cs", "current scaling", "tensorwise")):
+    if re.search(r"\b(fp8-?cs|current scaling|tensorwise)\b", s):
         return "tensorwise"
+    if re.search(r"\bdelayed\b", s):
+        return "delayed"
     return None
 
 

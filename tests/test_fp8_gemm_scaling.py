@@ -48,7 +48,7 @@ def test_forward_fp8_gemms_run_at_the_fast_rate_only_where_that_was_measured():
     assert fprop_rate_factor(L8, MI300X, FP8, par) == 1.0  # not NVIDIA
 
 
-def test_backward_gemms_keep_the_split_accumulator_rate():
+def test_backward_gemms_keep_the_split_accumulator_rate(monkeypatch):
     # TE _2X_ACC_DGRAD / _2X_ACC_WGRAD: the two backward GEMMs per forward GEMM at the MAMF (split) rate; only the
     # forward's compute term is faster, so in BF16 the backward is exactly twice the forward, in Hopper FP8 more
     from cost_models.gemm import FP8_FAST_ACCUM_SPEEDUP, KAPPA, gemm_rate, hbm_rate, layer_gemms_s
@@ -56,6 +56,12 @@ def test_backward_gemms_keep_the_split_accumulator_rate():
     fwd, _, _, bwd = layer_gemms_s(L8, H100, BF16, par, 0, "megatron")
     assert bwd == pytest.approx(2 * fwd)
     fwd8, _, _, bwd8 = layer_gemms_s(L8, H100, FP8, par, 0, "megatron")
+    import cost_models.gemm as gemm_mod
+    monkeypatch.setattr(gemm_mod, "FP8_FAST_ACCUM_SPEEDUP", 1.0)
+    fwd_split, _, _, bwd_split = layer_gemms_s(L8, H100, FP8, par, 0, "megatron")
+    monkeypatch.undo()
+    assert bwd8 == pytest.approx(bwd_split) and bwd_split == pytest.approx(2 * fwd_split)  # backward: split rate
+    assert fwd_split / FP8_FAST_ACCUM_SPEEDUP < fwd8 < fwd_split  # only the compute term speeds up
     # one GEMM: QKV of Llama 3.1 8B at 8192 tokens (k 4096, n 4096 + 2 x 1024), 1-byte operands
     m, k, n = 8192, 4096, 6144
     rate, hbm = gemm_rate(H100, "fp8"), hbm_rate(H100)
@@ -107,3 +113,19 @@ def test_the_emitted_megatron_flags_name_the_jobs_recipe():
     assert args[args.index("--fp8-recipe") + 1] == "tensorwise"
     args = megatron_args(L8, FP8, par, H100)
     assert args[args.index("--fp8-recipe") + 1] == "delayed"
+
+
+def test_the_host_cost_class_follows_the_recipe_the_job_runs():
+    # torchtitan's float8 is per-tensor (tensorwise) also for a MoE model on Hopper, where Megatron's default is
+    # blockwise: its per-expert quantize host time is the per-tensor class
+    from cost_models.fp8_recipe import job_host_cost_class
+    par = ParallelConfig(dp=8, ep=8)
+    assert job_host_cost_class(FP8, H100, QWEN, par, "megatron") == "mx"
+    assert job_host_cost_class(FP8, H100, QWEN, par, "torchtitan") == "cs"
+    assert job_host_cost_class(FP8.model_copy(update={"fp8_recipe": "tensorwise"}), H100, QWEN, par) == "cs"
+
+
+def test_row_recipe_words_match_whole_words_only():
+    from planner.row_options import row_fp8_recipe
+    assert row_fp8_recipe({"parallel": {"precision": "fp8", "other": {"features": "mxnet-style loader"}}}) is None
+    assert row_fp8_recipe({"parallel": {"precision": "fp8 delayed scaling"}}) == "delayed"
