@@ -17,6 +17,10 @@ Host-cost class (``moe_overhead.HOST_QUANTIZE_S``): Transformer Engine's ``split
 per-expert outputs of the block-scaled recipes (``bulk_allocate_mxfp8_tensors``,
 ``bulk_allocate_fp8_blockwise_tensors`` in ``transformer_engine/pytorch/csrc/extensions/cast.cpp``, TE 2.8-2.14):
 class ``mx``; the per-tensor recipes build one ``Float8Tensor`` per expert: class ``cs``.
+
+``job_fp8_recipe`` is the recipe a job runs: ``TrainingJob.fp8_recipe`` when it names one, else torchtitan's float8
+default (dynamic tensorwise), else ``default_fp8_recipe``; the cost terms that depend on it (the forward GEMMs' fast
+accumulation, current scaling's amax pass, the per-expert host time) all read it.
 """
 from __future__ import annotations
 
@@ -34,12 +38,12 @@ CURRENT_SCALING_FRAMEWORKS = frozenset({"torchtitan"})
 #: takes the scale from the amax history and records the new amax inside the cast kernel; the block-scaled recipes
 #: compute each block's amax inside the cast kernel.
 CURRENT_SCALING_RECIPES = frozenset({"tensorwise"})
-#: Recipes with one scale per tensor: their GEMMs take cuBLAS's per-tensor-scaled FP8 path, whose accumulation mode
-#: Transformer Engine and torchao set per GEMM (``gemm.FP8_FAST_ACCUM_SPEEDUP``).
-PER_TENSOR_RECIPES = frozenset({"delayed", "tensorwise"})
 
 #: Megatron-LM ``--fp8-recipe`` value -> per-expert host-cost class of ``moe_overhead.HOST_QUANTIZE_S``.
 HOST_COST_CLASS = {"mxfp8": "mx", "blockwise": "mx", "delayed": "cs", "tensorwise": "cs"}
+#: Recipes with one scale per tensor (host-cost class ``cs``): their GEMMs take cuBLAS's per-tensor-scaled FP8 path,
+#: whose accumulation mode Transformer Engine and torchao set per GEMM (``gemm.FP8_FAST_ACCUM_SPEEDUP``).
+PER_TENSOR_RECIPES = frozenset(r for r, c in HOST_COST_CLASS.items() if c == "cs")
 
 
 def default_fp8_recipe(cluster: ClusterSpec, model: ModelSpec, par: ParallelConfig) -> str:
@@ -84,11 +88,6 @@ def host_cost_class(recipe: str) -> str:
     if recipe not in HOST_COST_CLASS:
         raise ValueError(f"fp8 recipe {recipe!r}: allowed {', '.join(HOST_COST_CLASS)}")
     return HOST_COST_CLASS[recipe]
-
-
-def default_host_cost_class(cluster: ClusterSpec, model: ModelSpec, par: ParallelConfig) -> str:
-    """The host-cost class (``mx`` / ``cs``) of ``default_fp8_recipe``."""
-    return host_cost_class(default_fp8_recipe(cluster, model, par))
 
 
 def job_fp8_recipe(job: TrainingJob, cluster: ClusterSpec, model: ModelSpec, par: ParallelConfig,

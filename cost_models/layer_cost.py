@@ -26,7 +26,7 @@ class LayerCost:
     ``LayerCost.forward_s`` / ``backward_s``."""
 
     gemm: float = 0.0
-    gemm_b: float | None = None  # the backward's GEMMs (input and weight gradients); None: 2 x ``gemm``
+    gemm_backward: float = 0.0  # the backward's GEMMs: input and weight gradients (``gemm.layer_gemms_s``)
     gemm_mlp: float = 0.0  # the MLP / MoE block's GEMMs (router, experts, shared experts) within ``gemm``
     gemm_up: float = 0.0  # MLA up-projections (q_b, kv_b) within ``gemm``
     gemm_sac: float = 0.0  # GEMMs torchtitan's per-op selective checkpointing re-runs (within ``gemm``)
@@ -41,12 +41,6 @@ class LayerCost:
     moe: bool = False  # a MoE layer: only its attention block's GEMMs hide the backward TP collectives
     routing_f: float = 0.0  # MoE routing bookkeeping (router kernel, token permutation), forward
     routing_b: float = 0.0  # the same, backward
-
-    @property
-    def gemm_backward(self) -> float:
-        """Backward GEMM seconds: the input- and weight-gradient GEMMs (``gemm.layer_gemms_s``), 2 x ``gemm`` when
-        not given (SC21 Sec. 5.1)."""
-        return 2 * self.gemm if self.gemm_b is None else self.gemm_b
 
     def compute_forward_s(self) -> float:
         """GEMMs + attention + memory-bound work, forward."""
@@ -86,7 +80,7 @@ def layer_cost(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: Pa
     """Forward costs of decoder layer ``layer`` for one micro-batch on one GPU (seconds), ``groups`` the rank
     placement of each parallel dimension (``layout.group_placement``)."""
     c = LayerCost(moe=model.moe is not None and model.is_moe_layer(layer))
-    c.gemm, c.gemm_mlp, c.gemm_up, c.gemm_b = layer_gemms_s(model, cluster, job, par, layer, framework)
+    c.gemm, c.gemm_mlp, c.gemm_up, c.gemm_backward = layer_gemms_s(model, cluster, job, par, layer, framework)
     if uses_op_sac(framework):
         c.gemm_sac = op_sac_recomputed_gemms_s(model, cluster, job, par, layer, framework)
     c.attn_f, c.attn_b = attention_core_s(model, cluster, job, par, framework, layer)
