@@ -74,7 +74,8 @@ FIT_RANGES = {
 #: which NeMo runs. Not Megatron-DeepSpeed's BLOOM-era fork (``copy_to_tensor_model_parallel_region``: a blocking
 #: all-reduce) nor PyTorch DTensor TP (torchtitan without async TP).
 ASYNC_TP_BACKWARD_FRAMEWORKS = ("megatron", "nemo")
-#: The column-parallel linears' backward GEMMs that hide those collectives, over the layer's forward GEMM time: their
+#: The column-parallel linears' backward GEMMs that hide those collectives, over the layer's weight-gradient GEMM time
+#: (half its backward GEMMs: ``LayerCost.gemm_backward``; its forward GEMM time where both run at one rate): their
 #: weight-gradient GEMMs alone are 7/12 of GPT-3's layer GEMM FLOPs (QKV 3h^2 + fc1 4h^2 of 12h^2) and 8.5/13 of
 #: Llama 3 8B's; 0.5 is below both (counted, not fitted).
 TP_BACKWARD_OVERLAP_WINDOW = 0.5

@@ -189,9 +189,9 @@ def _local_gemms(model: ModelSpec, par: ParallelConfig, job: TrainingJob, layer:
 
 
 def layer_gemms_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig, layer: int,
-                  framework: str) -> tuple[float, float, float, float]:
+                  framework: str) -> tuple[float, float, float, float, float]:
     """Seconds of decoder layer ``layer``'s weight GEMMs for one micro-batch on one GPU: (all forward GEMMs, the MLP
-    / MoE block's share of them, MLA's up-projections' share, all backward GEMMs). The backward runs two GEMMs of
+    / MoE block's share of them, MLA's up-projections' share, all backward GEMMs, the MLP / MoE block's share of them). The backward runs two GEMMs of
     the forward's shape per forward GEMM (input and weight gradients, SC21 Sec. 5.1) at the MAMF-based rate; the
     forward at that rate times ``fprop_rate_factor``. Shapes: ``flops.layer_gemm_shapes``."""
     rate = gemm_rate(cluster, job.precision)
@@ -203,16 +203,18 @@ def layer_gemms_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
         up_idx = {n_attn - 2} | ({1} if model.mla.q_lora_rank is not None else set())
     else:
         n_attn, up_idx = 2, set()
-    total = mlp = up = backward = 0.0
+    total = mlp = up = backward = backward_mlp = 0.0
     for idx, (m, k, n, cnt) in enumerate(_local_gemms(model, par, job, layer)):
         g = cnt * gemm_time(m, k, n, fwd_rate, hbm, el)
-        backward += 2 * cnt * gemm_time(m, k, n, rate, hbm, el)
+        gb = 2 * cnt * gemm_time(m, k, n, rate, hbm, el)
+        backward += gb
         total += g
         if idx >= n_attn:
             mlp += g
+            backward_mlp += gb
         elif idx in up_idx:
             up += g
-    return total, mlp, up, backward
+    return total, mlp, up, backward, backward_mlp
 
 
 def op_sac_recomputed_gemms_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
@@ -242,20 +244,25 @@ def op_sac_recomputed_gemms_s(model: ModelSpec, cluster: ClusterSpec, job: Train
 
 
 def expert_gemms_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
-                   framework: str) -> tuple[float, float]:
-    """Forward seconds of one local expert's fc1 and fc2 GEMMs for one micro-batch (balanced routing: each expert
-    receives ``top_k / E`` of the tokens of the ``ep`` ranks, times the capacity factor under drop-and-pad), as
-    ``layer_gemms_s`` charges them; (0, 0) for a dense model."""
+                   framework: str) -> tuple[float, float, float, float]:
+    """Seconds of one local expert's fc1 and fc2 GEMMs for one micro-batch (balanced routing: each expert receives
+    ``top_k / E`` of the tokens of the ``ep`` ranks, times the capacity factor under drop-and-pad), as
+    ``layer_gemms_s`` charges them: (fc1 forward, fc2 forward, fc1 dgrad or wgrad, fc2 dgrad or wgrad). The forward
+    at the rate times ``fprop_rate_factor``; each backward GEMM has the forward's shape, at the MAMF-based rate.
+    (0, 0, 0, 0) for a dense model."""
     if model.moe is None:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0, 0.0
     rate = gemm_rate(cluster, job.precision)
+    fwd_rate = rate * fprop_rate_factor(model, cluster, job, par, framework)
     hbm, el = hbm_rate(cluster), operand_bytes(job.precision)
     tok = par.micro_batch_size * job.seq_length / par.cp
     moe, etp, h = model.moe, par.expert_tp, model.hidden_size
     m = tok * moe.top_k / moe.num_experts * job.routed_token_factor * par.ep * etp / par.tp
     up = 2 if model.gated_mlp else 1
-    return (gemm_time(m, h, up * moe.expert_ffn_hidden_size / etp, rate, hbm, el),
-            gemm_time(m, moe.expert_ffn_hidden_size, h / etp, rate, hbm, el))
+    shapes = ((m, h, up * moe.expert_ffn_hidden_size / etp), (m, moe.expert_ffn_hidden_size, h / etp))
+    fwd = [gemm_time(*s, fwd_rate, hbm, el) for s in shapes]
+    bwd = [gemm_time(*s, rate, hbm, el) for s in shapes]
+    return fwd[0], fwd[1], bwd[0], bwd[1]
 
 
 def logits_gemm_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
@@ -274,10 +281,13 @@ def logits_gemm_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
 
 
 def mtp_projection_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
-                     framework: str) -> float:
-    """Forward seconds of one multi-token-prediction module's input projection ``2h -> h`` (DeepSeek-V3 Sec. 2.2),
-    TP-sharded on the output."""
+                     framework: str) -> tuple[float, float]:
+    """Seconds of one multi-token-prediction module's input projection ``2h -> h`` (DeepSeek-V3 Sec. 2.2),
+    TP-sharded on the output, for one micro-batch: (forward at the rate times ``fprop_rate_factor``, backward: its
+    input- and weight-gradient GEMMs at the MAMF-based rate)."""
     rate = gemm_rate(cluster, job.precision)
     tok = par.micro_batch_size * job.seq_length / par.cp
     h = model.hidden_size
-    return gemm_time(tok, 2 * h, h / par.tp, rate, hbm_rate(cluster), operand_bytes(job.precision))
+    hbm, el = hbm_rate(cluster), operand_bytes(job.precision)
+    fwd = gemm_time(tok, 2 * h, h / par.tp, rate * fprop_rate_factor(model, cluster, job, par, framework), hbm, el)
+    return fwd, 2 * gemm_time(tok, 2 * h, h / par.tp, rate, hbm, el)

@@ -27,6 +27,7 @@ class LayerCost:
 
     gemm: float = 0.0
     gemm_backward: float = 0.0  # the backward's GEMMs: input and weight gradients (``gemm.layer_gemms_s``)
+    gemm_backward_mlp: float = 0.0  # the MLP / MoE block's share of ``gemm_backward``
     gemm_mlp: float = 0.0  # the MLP / MoE block's GEMMs (router, experts, shared experts) within ``gemm``
     gemm_up: float = 0.0  # MLA up-projections (q_b, kv_b) within ``gemm``
     gemm_sac: float = 0.0  # GEMMs torchtitan's per-op selective checkpointing re-runs (within ``gemm``)
@@ -58,7 +59,7 @@ class LayerCost:
     def tp_backward_s(self, tp_shares: tuple[float, float]) -> float:
         """Exposed TP seconds of the backward: the ``(exposed, overlapped)`` shares of ``tp``
         (``collectives.tp_backward_shares``), the overlapped part charged what it takes beyond the column-parallel
-        linears' backward GEMMs (``TP_BACKWARD_OVERLAP_WINDOW`` x their block's GEMMs) and the slowdown of the GEMMs
+        linears' backward GEMMs (``TP_BACKWARD_OVERLAP_WINDOW`` x their block's weight-gradient GEMMs) and the slowdown of the GEMMs
         under it (``data_parallel.overlapped_exposed_s``). The blocking share ``tp_blocking`` (a MoE token
         dispatcher's gather and scatter, plain autograd collectives; ``collectives.mlp_block_tp_collectives``) is
         charged in full under that asynchronous schedule; in a MoE layer only the attention block's GEMMs hide the
@@ -67,7 +68,8 @@ class LayerCost:
         if not overlapped:
             return self.tp * exposed
         free = self.tp - self.tp_blocking
-        window = TP_BACKWARD_OVERLAP_WINDOW * (self.gemm - self.gemm_mlp if self.moe else self.gemm)
+        backward = self.gemm_backward - self.gemm_backward_mlp if self.moe else self.gemm_backward
+        window = TP_BACKWARD_OVERLAP_WINDOW * backward / 2  # the weight-gradient GEMMs: half the backward's
         return self.tp_blocking + free * exposed + overlapped_exposed_s(free * overlapped, window)
 
     def comm_backward_s(self, tp_shares: tuple[float, float], ep_exposed: float) -> float:
@@ -80,7 +82,8 @@ def layer_cost(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: Pa
     """Forward costs of decoder layer ``layer`` for one micro-batch on one GPU (seconds), ``groups`` the rank
     placement of each parallel dimension (``layout.group_placement``)."""
     c = LayerCost(moe=model.moe is not None and model.is_moe_layer(layer))
-    c.gemm, c.gemm_mlp, c.gemm_up, c.gemm_backward = layer_gemms_s(model, cluster, job, par, layer, framework)
+    c.gemm, c.gemm_mlp, c.gemm_up, c.gemm_backward, c.gemm_backward_mlp = layer_gemms_s(model, cluster, job, par,
+                                                                                        layer, framework)
     if uses_op_sac(framework):
         c.gemm_sac = op_sac_recomputed_gemms_s(model, cluster, job, par, layer, framework)
     c.attn_f, c.attn_b = attention_core_s(model, cluster, job, par, framework, layer)

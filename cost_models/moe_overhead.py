@@ -171,10 +171,10 @@ def moe_host_exposed_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob,
     """(forward, backward) seconds one MoE layer's host-issued per-expert operations add to its GPU time for one
     micro-batch (module docstring). Dropless routing (host sync before the experts): per local expert,
     ``max(0, HOST_GEMM_S - GEMM time)`` for each expert GEMM (fc1 and fc2 forward; their dgrad and wgrad backward,
-    each as long as the forward GEMM) and ``quantize_host_s`` for each quantized tensor. Drop-and-pad routing
-    (``job.moe_expert_capacity_factor`` set; no sync): the block's whole host time less ``gpu_s``, the layer's
-    (forward, backward) GPU seconds it runs ahead during, floored at 0. (0, 0) for dense layers and under a full
-    CUDA graph."""
+    each of the forward GEMM's shape: ``gemm.expert_gemms_s``) and ``quantize_host_s`` for each quantized tensor.
+    Drop-and-pad routing (``job.moe_expert_capacity_factor`` set; no sync): the block's whole host time less
+    ``gpu_s``, the layer's (forward, backward) GPU seconds it runs ahead during, floored at 0. (0, 0) for dense layers
+    and under a full CUDA graph."""
     if model.moe is None or not model.is_moe_layer(layer) or full_cuda_graph:
         return 0.0, 0.0
     quant = QUANTIZED_TENSORS_PER_EXPERT * quantize_host_s(job, fp8_recipe)
@@ -182,6 +182,7 @@ def moe_host_exposed_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob,
     if job.moe_expert_capacity_factor is not None:
         return (max(0.0, local * (2 * HOST_GEMM_S + quant) - gpu_s[0]),
                 max(0.0, local * (4 * HOST_GEMM_S + quant) - gpu_s[1]))
-    g1, g2 = expert_gemms_s(model, cluster, job, par, framework)
-    gemm = max(0.0, HOST_GEMM_S - g1) + max(0.0, HOST_GEMM_S - g2)
-    return local * (gemm + quant), local * (2 * gemm + quant)
+    f1, f2, b1, b2 = expert_gemms_s(model, cluster, job, par, framework)
+    forward = max(0.0, HOST_GEMM_S - f1) + max(0.0, HOST_GEMM_S - f2)
+    backward = 2 * (max(0.0, HOST_GEMM_S - b1) + max(0.0, HOST_GEMM_S - b2))
+    return local * (forward + quant), local * (backward + quant)

@@ -298,11 +298,11 @@ def output_layer_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par
     bw = n_heads * (2 * lg + ce_b)
     last = model.num_layers - 1
     for _ in range(model.num_mtp_layers):
-        proj = mtp_projection_s(model, cluster, job, par, framework)
+        proj_f, proj_b = mtp_projection_s(model, cluster, job, par, framework)
         lf, lb = layer_pass_s(model, cluster, job, par, last, lc(last), framework, tp_exp, ep_exp, fp8_recipe,
                               full_cuda_graph, False, tp_b)
-        f += lf + proj
-        bw += lb + 2 * proj
+        f += lf + proj_f
+        bw += lb + proj_b
     return f, bw, n_heads * lg
 
 

@@ -53,12 +53,12 @@ def test_backward_gemms_keep_the_split_accumulator_rate(monkeypatch):
     # forward's compute term is faster, so in BF16 the backward is exactly twice the forward, in Hopper FP8 more
     from cost_models.gemm import FP8_FAST_ACCUM_SPEEDUP, KAPPA, gemm_rate, hbm_rate, layer_gemms_s
     par = ParallelConfig(dp=8)
-    fwd, _, _, bwd = layer_gemms_s(L8, H100, BF16, par, 0, "megatron")
+    fwd, _, _, bwd, _ = layer_gemms_s(L8, H100, BF16, par, 0, "megatron")
     assert bwd == pytest.approx(2 * fwd)
-    fwd8, _, _, bwd8 = layer_gemms_s(L8, H100, FP8, par, 0, "megatron")
+    fwd8, _, _, bwd8, _ = layer_gemms_s(L8, H100, FP8, par, 0, "megatron")
     import cost_models.gemm as gemm_mod
     monkeypatch.setattr(gemm_mod, "FP8_FAST_ACCUM_SPEEDUP", 1.0)
-    fwd_split, _, _, bwd_split = layer_gemms_s(L8, H100, FP8, par, 0, "megatron")
+    fwd_split, _, _, bwd_split, _ = layer_gemms_s(L8, H100, FP8, par, 0, "megatron")
     monkeypatch.undo()
     assert bwd8 == pytest.approx(bwd_split) and bwd_split == pytest.approx(2 * fwd_split)  # backward: split rate
     assert fwd_split / FP8_FAST_ACCUM_SPEEDUP < fwd8 < fwd_split  # only the compute term speeds up
@@ -70,6 +70,31 @@ def test_backward_gemms_keep_the_split_accumulator_rate(monkeypatch):
     from cost_models.gemm import gemm_time
     assert gemm_time(m, k, n, rate * FP8_FAST_ACCUM_SPEEDUP, hbm, 1.0) == pytest.approx(
         2 * m * k * n / rate / FP8_FAST_ACCUM_SPEEDUP + stream)
+
+
+def test_expert_gemms_and_the_tp_backward_window_follow_the_two_rates():
+    # the per-expert host time subtracts each expert GEMM's own duration: forward at the fast rate, dgrad / wgrad at
+    # the split rate; the backward TP collectives hide under the weight-gradient GEMMs (half the backward's)
+    from cost_models.collectives import TP_BACKWARD_OVERLAP_WINDOW
+    from cost_models.gemm import FP8_FAST_ACCUM_SPEEDUP, expert_gemms_s
+    from cost_models.layer_cost import LayerCost
+    par = ParallelConfig(dp=2, ep=8)
+    tensorwise = FP8.model_copy(update={"fp8_recipe": "tensorwise"})
+    f1, f2, b1, b2 = expert_gemms_s(QWEN, H100, tensorwise, par, "megatron")
+    assert b1 / FP8_FAST_ACCUM_SPEEDUP < f1 < b1 and b2 / FP8_FAST_ACCUM_SPEEDUP < f2 < b2
+    assert expert_gemms_s(QWEN, H100, BF16, par, "megatron")[:2] == expert_gemms_s(QWEN, H100, BF16, par,
+                                                                                   "megatron")[2:]
+    assert expert_gemms_s(L8, H100, FP8, par, "megatron") == (0.0, 0.0, 0.0, 0.0)
+    # a layer with 3 ms of forward and 8 ms of backward GEMMs (FP8 forward faster) and 1.8 ms of overlapped TP
+    # communication: the window is 0.5 x the 4 ms of weight-gradient GEMMs (2 ms), so only the GEMMs' slowdown is
+    # charged; 0.5 x the forward's 3 ms would have left 0.3 ms exposed
+    x = LayerCost(gemm=3e-3, gemm_backward=8e-3, tp=1.8e-3)
+    from cost_models.data_parallel import OVERLAP_COMPUTE_SLOWDOWN, overlapped_exposed_s
+    assert x.tp_backward_s((0.0, 1.0)) == pytest.approx(OVERLAP_COMPUTE_SLOWDOWN * 1.8e-3)
+    moe = LayerCost(gemm=3e-3, gemm_mlp=2e-3, gemm_backward=8e-3, gemm_backward_mlp=6e-3, tp=1e-3, moe=True)
+    assert moe.tp_backward_s((0.0, 1.0)) == pytest.approx(
+        overlapped_exposed_s(1e-3, TP_BACKWARD_OVERLAP_WINDOW * 1e-3))  # the attention block's wgrad GEMMs only
+    assert TP_BACKWARD_OVERLAP_WINDOW == 0.5
 
 
 def test_current_scaling_reads_each_cast_tensor_once_more():

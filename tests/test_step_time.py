@@ -459,10 +459,15 @@ def test_mtp_module_is_costed_as_a_layer_of_the_last_kind():
                               tp_b, "cs", False)
     last = m.num_layers - 1
     lf, lb = stm.layer_pass_s(m, c, job, par, last, lc(last), "megatron", 1.0, 1.0, "cs", False, False, tp_b)
-    proj = mtp_projection_s(m, c, job, par, "megatron")
+    proj_f, proj_b = mtp_projection_s(m, c, job, par, "megatron")
     head_f, head_b, head_w = none
-    assert one[0] - head_f == pytest.approx(head_f + lf + proj)
-    assert one[1] - head_b == pytest.approx(head_b + lb + 2 * proj)
+    assert one[0] - head_f == pytest.approx(head_f + lf + proj_f)
+    assert one[1] - head_b == pytest.approx(head_b + lb + proj_b)
+    # a Hopper MoE's default recipe is blockwise: one rate both ways; under a per-tensor recipe the projection's
+    # forward runs with fast accumulation and its two backward GEMMs at the split rate
+    assert proj_b == pytest.approx(2 * proj_f)
+    pt_f, pt_b = mtp_projection_s(m, c, job.model_copy(update={"fp8_recipe": "delayed"}), par, "megatron")
+    assert pt_b == pytest.approx(proj_b) and pt_b > 2 * pt_f
     # the MoE layer's host time is in it: more than its compute and communication alone
     x = lc(last)
     assert lf > x.compute_forward_s() + x.comm_forward_s(1.0, 1.0)
