@@ -31,12 +31,13 @@ from .layout import GroupPlacement
 
 #: Share of TP communication left exposed when TP communication overlap is on (Megatron ``--tp-comm-overlap``,
 #: torchtitan async TP): Transformer Engine's userbuffers pipeline the collectives with the GEMM chunks; the fit finds
-#: them fully hidden in NeMo/Megatron and 65% exposed with torchtitan's async TP (since the FP8 forward GEMMs run at the
-#: fast-accumulation rate and current scaling's amax pass is charged, 2026-12-04; 69% since DeepEP's internode
-#: throughput is charged, 2026-12-04; 67% before; 70%, the top, before the MoE routing kernels
-#: were measured, 2026-12-04; 58% on the coarser grid before that; 64% before the attention tables carried the causal
-#: backward, 2026-12).
-TP_OVERLAP_EXPOSED = {"megatron": 0.0, "nemo": 0.0, "torchtitan": 0.648957}
+#: them fully hidden in NeMo/Megatron and 63% exposed with torchtitan's async TP (since the Megatron-LM Llama example
+#: rows state their 16-bit gradient reduction and FP8 parameter gather, 2026-12-04; 65% since the FP8 forward GEMMs run
+#: at the fast-accumulation rate and current scaling's amax pass is charged, 2026-12-04; 69% since DeepEP's internode
+#: throughput is charged, 2026-12-04; 67% before; 70%, the top, before the MoE routing kernels were measured,
+#: 2026-12-04; 58% on the coarser grid before that; 64% before the attention tables carried the causal backward,
+#: 2026-12).
+TP_OVERLAP_EXPOSED = {"megatron": 0.0, "nemo": 0.0, "torchtitan": 0.634374}
 #: Share of EP all-to-all left exposed when the framework overlaps it with another micro-batch's compute (Megatron-LM
 #: ``--overlap-moe-expert-parallel-comm`` / Megatron-Bridge ``moe_a2a_overlap``, DeepSeek-V3 Sec. 3.2.1 "DualPipe"-style
 #: overlap). Fitted (benchmarks/fit_step_time.py) on the rows that run it: Megatron MoE recipes marked "EP overlap"

@@ -59,11 +59,11 @@ class LayerCost:
     def tp_backward_s(self, tp_shares: tuple[float, float]) -> float:
         """Exposed TP seconds of the backward: the ``(exposed, overlapped)`` shares of ``tp``
         (``collectives.tp_backward_shares``), the overlapped part charged what it takes beyond the column-parallel
-        linears' backward GEMMs (``TP_BACKWARD_OVERLAP_WINDOW`` x their block's weight-gradient GEMMs) and the slowdown of the GEMMs
-        under it (``data_parallel.overlapped_exposed_s``). The blocking share ``tp_blocking`` (a MoE token
-        dispatcher's gather and scatter, plain autograd collectives; ``collectives.mlp_block_tp_collectives``) is
-        charged in full under that asynchronous schedule; in a MoE layer only the attention block's GEMMs hide the
-        rest."""
+        linears' backward GEMMs (``TP_BACKWARD_OVERLAP_WINDOW`` x their block's weight-gradient GEMMs, half of
+        ``gemm_backward``) and the slowdown of the GEMMs under it (``data_parallel.overlapped_exposed_s``). The blocking
+        share ``tp_blocking`` (a MoE token dispatcher's gather and scatter, plain autograd collectives;
+        ``collectives.mlp_block_tp_collectives``) is charged in full under that asynchronous schedule; in a MoE layer
+        only the attention block's GEMMs hide the rest."""
         exposed, overlapped = tp_shares
         if not overlapped:
             return self.tp * exposed

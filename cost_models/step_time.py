@@ -39,12 +39,12 @@ inside those ranges, by ``planner/calibration.py`` on the dev rows of ``planner/
 ===========================================  ========  ==========  ==============================================
 constant (module)                            value     range       mainly constrained by
 ===========================================  ========  ==========  ==============================================
-``KAPPA`` (gemm)                             2.03      0.5-4       small GEMMs: SC21 1.7-18B, H100 weak scaling
-``POWER_CLOCK_EXPONENT`` (gemm)              2.37      1-3         torchtitan on 500 W H100s vs 700 W H200s
+``KAPPA`` (gemm)                             1.99      0.5-4       small GEMMs: SC21 1.7-18B, H100 weak scaling
+``POWER_CLOCK_EXPONENT`` (gemm)              2.29      1-3         torchtitan on 500 W H100s vs 700 W H200s
 ``ATTENTION_TRAINING_SHARE`` (attention)     0.59      0.4-1       long-sequence CP rows, 8k Llama rows
-``UNFUSED_SCORE_PASSES`` (attention)         6.37      4-8         SC21, BLOOM (unfused softmax; their dropout apart)
+``UNFUSED_SCORE_PASSES`` (attention)         6.42      4-8         SC21, BLOOM (unfused softmax; their dropout apart)
 ``ELEMENTWISE_PASSES`` deepspeed             40        8-40        BLOOM rows (edge)
-``TP_OVERLAP_EXPOSED`` megatron / torchtitan 0 / 0.65  0-0.5/0-0.7 NeMo recipes / torchtitan async TP
+``TP_OVERLAP_EXPOSED`` megatron / torchtitan 0 / 0.63  0-0.5/0-0.7 NeMo recipes / torchtitan async TP
 ``EP_OVERLAP_EXPOSED`` (collectives)         0.47      0-1         MoE rows with EP overlap
 ``HOST_QUANTIZE_S`` mx / cs                  71/271 us 10-120/     FP8 MoE rows; cs near its range's top (one row)
                                                        20-300 us

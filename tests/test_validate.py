@@ -118,10 +118,15 @@ def test_packaged_rows_are_the_shared_dev_rows_with_sources():
 #: POWER_CLOCK_EXPONENT 2.12 -> 2.37, UNFUSED_SCORE_PASSES 6.46 -> 6.37, TP_OVERLAP_EXPOSED torchtitan 0.69 -> 0.65,
 #: HOST_QUANTIZE_S cs 280 -> 271 us: Bridge 5.62 -> 4.88%, MoE recipes 3.98 -> 3.85%, while H100 weak scaling 6.80 ->
 #: 7.12% and NeMo 24.07 4.83 -> 4.94% move up (their ratchets with them; held out too, 8.33 -> 8.63% and 4.97 ->
-#: 5.30%: the LOGO ratchet below).
-ACHIEVED_MAX_MAPE = 5.01
-ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 3.86, "nemo_bridge_perf_summary": 4.89, "nemo_2407_perf_summary": 4.95,
-                       "megatron_h100_weak_scaling": 7.13}
+#: 5.30%: the LOGO ratchet below). 5.01 -> 4.98% with the Megatron-LM Llama example rows stating what their script
+#: and the NeMo recipes they follow set, 16-bit gradient reduction and the FP8 parameter gather (a correction of the
+#: data, not a fit: their 405B -6.7 -> -4.1%), and the constants refitted (KAPPA 2.03 -> 1.99, POWER_CLOCK_EXPONENT
+#: 2.37 -> 2.29, UNFUSED_SCORE_PASSES 6.37 -> 6.42, TP_OVERLAP_EXPOSED torchtitan 0.65 -> 0.63): the Llama example
+#: 7.17 -> 6.07%, H100 weak scaling 7.12 -> 6.96%, while NeMo 24.07 4.94 -> 5.01% and MoE recipes 3.85 -> 3.92% move up
+#: (their ratchets with them).
+ACHIEVED_MAX_MAPE = 4.99
+ACHIEVED_GROUP_MAPE = {"megatron_moe_recipes": 3.93, "nemo_bridge_perf_summary": 4.85, "nemo_2407_perf_summary": 5.02,
+                       "megatron_h100_weak_scaling": 6.97}
 
 
 def test_mape_does_not_regress(report):
@@ -339,10 +344,11 @@ def test_duplicate_row_ids_are_refused(run_cli, tmp_path):
 #: move with the MoE rows' new fit); H100 weak scaling 8.48 -> 8.33%. 6.35 -> 6.21% with the FP8 forward GEMMs at the
 #: fast-accumulation rate and current scaling's amax pass (see ACHIEVED_MAX_MAPE): Bridge 8.99 -> 8.05%, MoE recipes
 #: 9.07 -> 8.39%, the Llama example 9.40 -> 8.44%, while H100 weak scaling 8.33 -> 8.63% and NeMo 24.07 4.97 -> 5.30%
-#: move up.
-ACHIEVED_LOGO_MAPE = 6.22
+#: move up. 6.21 -> 6.16% with the Llama example rows' 16-bit gradient reduction and FP8 parameter gather (see
+#: ACHIEVED_MAX_MAPE): the Llama example 8.44 -> 7.56%, H100 weak scaling 8.63 -> 8.48%.
+ACHIEVED_LOGO_MAPE = 6.17
 ACHIEVED_LOGO_GROUP_MAPE = {"megatron_moe_recipes": 8.40, "nemo_bridge_perf_summary": 8.06,
-                            "megatron_llama_example": 8.45}
+                            "megatron_llama_example": 7.57}
 
 
 @pytest.fixture(scope="module")
