@@ -46,6 +46,38 @@ HOST_COST_CLASS = {"mxfp8": "mx", "blockwise": "mx", "delayed": "cs", "tensorwis
 PER_TENSOR_RECIPES = frozenset(r for r, c in HOST_COST_CLASS.items() if c == "cs")
 
 
+#: The ``--fp8-recipe`` values each framework's FP8 path runs as plan3d times and launches it. Megatron-LM (and NeMo,
+#: on megatron-core): its four ``--fp8-recipe`` choices (``megatron/training/arguments.py``). Megatron-DeepSpeed:
+#: Transformer Engine's delayed scaling behind ``--fp8-hybrid`` (``planner/emit/deepspeed.py``; no recipe argument).
+#: torchtitan: its float8 converter's dynamic tensorwise scaling (torchao ``Float8LinearConfig``; the rowwise
+#: recipes are not costed).
+FRAMEWORK_FP8_RECIPES = {"megatron": ("delayed", "tensorwise", "mxfp8", "blockwise"),
+                         "nemo": ("delayed", "tensorwise", "mxfp8", "blockwise"),
+                         "deepspeed": ("delayed",), "torchtitan": ("tensorwise",)}
+#: Selective-recompute modules megatron-core refuses under delayed scaling (``TransformerConfig.__post_init__``:
+#: "Delayed scaling does not support moe_act and layernorm recompute for fp8").
+DELAYED_SCALING_REFUSED_RECOMPUTE = frozenset({"moe_act", "layernorm"})
+
+
+def fp8_recipe_problem(recipe: str, cluster: ClusterSpec, framework: str = "megatron") -> str | None:
+    """Why an FP8 job cannot run ``recipe`` on ``cluster`` under ``framework``; None when it can.
+
+    - the framework's FP8 path must offer it (``FRAMEWORK_FP8_RECIPES``);
+    - ``mxfp8`` needs tensor cores that take block-scaled operands: a cluster spec with an ``fp4`` peak, as
+      ``default_fp8_recipe`` assumes (Transformer Engine ``check_mxfp8_support``: compute capability >= 10.0,
+      Blackwell; gfx950 in its ROCm port).
+    """
+    fw = framework.split("_")[0]
+    allowed = FRAMEWORK_FP8_RECIPES.get(fw, FRAMEWORK_FP8_RECIPES["megatron"])
+    if recipe not in allowed:
+        return f"{fw} runs FP8 with {', '.join(allowed)}"
+    peak = cluster.gpu.peak_flops
+    if recipe == "mxfp8" and "fp4" not in peak:
+        return (f"MXFP8 needs block-scaled tensor cores (Blackwell; Transformer Engine check_mxfp8_support), which "
+                f"the {cluster.gpu.name} lacks")
+    return None
+
+
 def default_fp8_recipe(cluster: ClusterSpec, model: ModelSpec, par: ParallelConfig) -> str:
     """The Megatron-LM ``--fp8-recipe`` plan3d assumes (and emits) for an FP8 run of ``model`` on ``cluster``:
     ``mxfp8`` on block-scaled tensor cores (an ``fp4`` peak), else ``blockwise`` for a MoE model, else
@@ -75,8 +107,15 @@ def shared_fp8_recipe(clusters: list[ClusterSpec], model: ModelSpec, par: Parall
 def per_tensor_fp8_recipe(par: ParallelConfig) -> str:
     """``tensorwise`` under ``moe_act`` / ``layernorm`` selective recompute (megatron-core's ``TransformerConfig``:
     "Delayed scaling does not support moe_act and layernorm recompute for fp8"), else ``delayed``."""
-    modules = set(getattr(par, "recompute_modules", None) or ())
-    return "tensorwise" if par.recompute == "selective" and {"moe_act", "layernorm"} & modules else "delayed"
+    return "tensorwise" if delayed_scaling_refused_modules(par) else "delayed"
+
+
+def delayed_scaling_refused_modules(par: ParallelConfig) -> list[str]:
+    """The selective-recompute modules of ``par`` that megatron-core refuses under delayed scaling
+    (``DELAYED_SCALING_REFUSED_RECOMPUTE``), in ``par``'s order; empty when none or not selective."""
+    if par.recompute != "selective":
+        return []
+    return [m for m in (getattr(par, "recompute_modules", None) or ()) if m in DELAYED_SCALING_REFUSED_RECOMPUTE]
 
 
 def host_cost_class(recipe: str) -> str:

@@ -15,7 +15,7 @@ from .errors import PlanInputError
 
 if TYPE_CHECKING:  # heavy imports stay lazy: the CLI's start-up only pays for what a command uses
     from cluster_specs.spec import ClusterSpec
-    from cost_models.config import FlexDispatcherBackend, ParallelConfig, TrainingJob
+    from cost_models.config import FlexDispatcherBackend, Fp8Recipe, ParallelConfig, TrainingJob
     from model_zoo.spec import ModelSpec
 
     #: a built-in name, a file path, or a built model / cluster
@@ -24,6 +24,9 @@ if TYPE_CHECKING:  # heavy imports stay lazy: the CLI's start-up only pays for w
 
 #: Allowed values of the enumerated options (the CLI's choices; the API checks them itself).
 PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
+#: Megatron-LM ``--fp8-recipe`` choices (``cost_models.config.Fp8Recipe``; which framework runs which:
+#: ``cost_models.fp8_recipe.FRAMEWORK_FP8_RECIPES``).
+FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
 FRAMEWORKS = ("megatron", "deepspeed", "torchtitan")
 FLOPS_CONVENTIONS = ("megatron", "palm")
 RECOMPUTE_CHOICES = ("none", "selective", "full")
@@ -64,6 +67,7 @@ class JobOptions(TypedDict, total=False):
     software_date: str | None
     moe_flex_dispatcher_backend: FlexDispatcherBackend | None
     moe_flex_dispatcher_num_sms: int | None
+    fp8_recipe: Fp8Recipe | None
 
 
 class LayoutOptions(JobOptions, total=False):
@@ -199,7 +203,7 @@ def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = No
                 framework: str | None = None, full_model_init: bool = False,
                 expert_load_imbalance: float | None = None, capacity_factor: float | None = None,
                 software_date: str | None = None, moe_flex_dispatcher_backend: str | None = None,
-                moe_flex_dispatcher_num_sms: int | None = None) -> Inputs:
+                moe_flex_dispatcher_num_sms: int | None = None, fp8_recipe: str | None = None) -> Inputs:
     """Resolve the model (default ``llama3.1-8b``), the cluster (default ``dgx-h100``), the GPU count (``gpus`` or
     ``nodes``; default the cluster's default node count: a multiple of the node size, or a divisor of it for a job
     on part of one node) and the job (``full_model_init``: every rank first materializes its whole 16-bit model,
@@ -211,7 +215,10 @@ def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = No
     ``cluster_specs/data/efficiency/attention.yaml``, None = the newest; ``moe_flex_dispatcher_backend``:
     ``deepep`` or ``hybridep``, Megatron-LM's flex token dispatcher, timed inside one NVLink domain from its measured
     throughput, ``cluster_specs/data/efficiency/ep_dispatch.yaml``, with ``moe_flex_dispatcher_num_sms`` SMs, None =
-    the backend's default; None = plan3d's choice). ``seq_length`` None: ``DEFAULT_SEQ_LENGTH``
+    the backend's default; None = plan3d's choice; ``fp8_recipe``: Megatron-LM ``--fp8-recipe`` of an FP8 job,
+    ``delayed`` / ``tensorwise`` / ``mxfp8`` / ``blockwise``, checked against the GPU and the framework,
+    ``cost_models.fp8_recipe.fp8_recipe_problem``; None = the framework's default for the GPU and layout,
+    ``cost_models.fp8_recipe.job_fp8_recipe``). ``seq_length`` None: ``DEFAULT_SEQ_LENGTH``
     (4096), or the model's ``max_position_embeddings`` when it has a shorter learned position table (GPT-3, OPT).
 
     Raises ``ModelSpecError`` / ``ClusterSpecError`` (unreadable or invalid files, unknown names, a GPU count that
@@ -290,6 +297,7 @@ def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = No
         raise PlanInputError(f"--software-date {software_date!r}: give YYYY-MM (a year 2010-2099), the month of the "
                              f"container or framework release the run uses (e.g. 2024-07); leave it out for today's "
                              f"kernels")
+    _check_fp8_recipe(fp8_recipe, precision, c, fw)
     from pydantic import ValidationError
     try:
         job = TrainingJob(global_batch_size=global_batch_size, seq_length=seq_length, precision=precision,
@@ -298,7 +306,7 @@ def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = No
                           full_model_init=check_bool("full_model_init", full_model_init),
                           expert_load_imbalance=expert_load_imbalance, moe_expert_capacity_factor=capacity_factor,
                           software_date=software_date, moe_flex_dispatcher_backend=moe_flex_dispatcher_backend,
-                          moe_flex_dispatcher_num_sms=moe_flex_dispatcher_num_sms)
+                          moe_flex_dispatcher_num_sms=moe_flex_dispatcher_num_sms, fp8_recipe=fp8_recipe)
     except ValidationError as e:  # a plausible range (cost_models/config.py): "--seq-length V is outside [lo, hi]"
         from .errors import option_error
         raise option_error(e, {"global_batch_size": "--global-batch-size", "seq_length": "--seq-length",
@@ -307,6 +315,24 @@ def load_inputs(model: ModelLike | None = None, cluster: ClusterLike | None = No
                                "moe_flex_dispatcher_num_sms": "--moe-flex-dispatcher-num-sms"}) from None
     _check_dispatcher_sms(c, moe_flex_dispatcher_num_sms)
     return Inputs(m, c, n, job)
+
+
+def _check_fp8_recipe(recipe: str | None, precision: str, cluster: Any, framework: str) -> None:
+    """``--fp8-recipe`` names a recipe the job can run: FP8 training, on a GPU and under a framework that offer it
+    (``cost_models.fp8_recipe.fp8_recipe_problem``). Raises ``PlanInputError``."""
+    if recipe is None:
+        return
+    from cost_models.fp8_recipe import FRAMEWORK_FP8_RECIPES, fp8_recipe_problem
+    check_choice("fp8_recipe", recipe, FP8_RECIPES)
+    if precision != "fp8":
+        raise PlanInputError(f"--fp8-recipe {recipe}: an FP8 scaling recipe, with --precision {precision}; add "
+                             f"--precision fp8 or drop --fp8-recipe")
+    problem = fp8_recipe_problem(recipe, cluster, framework)
+    if problem is not None:
+        runnable = [r for r in FRAMEWORK_FP8_RECIPES.get(framework, FP8_RECIPES)
+                    if fp8_recipe_problem(r, cluster, framework) is None]
+        raise PlanInputError(f"--fp8-recipe {recipe}: {problem}; use {' or '.join(runnable)}, or leave it out for "
+                             f"the framework's default")
 
 
 def _check_dispatcher_sms(cluster: Any, num_sms: int | None) -> None:
@@ -396,7 +422,8 @@ def job_kwargs(options: dict[str, Any]) -> dict[str, Any]:
     return {k: options[k] for k in ("gpus", "nodes", "global_batch_size", "seq_length", "precision",
                                     "flash_attention", "dropout", "framework", "full_model_init",
                                     "expert_load_imbalance", "capacity_factor", "software_date",
-                                    "moe_flex_dispatcher_backend", "moe_flex_dispatcher_num_sms") if k in options}
+                                    "moe_flex_dispatcher_backend", "moe_flex_dispatcher_num_sms", "fp8_recipe")
+            if k in options}
 
 
 def _fraction(field: str, value: float | None, default: float) -> float:

@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 
 from cluster_specs.spec import ClusterSpec
 from cost_models.config import ParallelConfig, TrainingJob
+from cost_models.fp8_recipe import delayed_scaling_refused_modules
 from cost_models.layout import LayoutError, chunk_layer_counts, deepspeed_pipeline_layout, stage_layer_counts
 from cost_models.memory import MemoryEstimate
 from model_zoo.spec import ModelSpec
@@ -202,6 +203,12 @@ def constraint_report(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, 
         add(Constraint("recompute_modules", par.recompute == "selective", 0.0, "",
                        f"recompute_modules {','.join(par.recompute_modules)} needs recompute selective "
                        f"({par.recompute})"))
+    refused = delayed_scaling_refused_modules(par) if job.precision == "fp8" and job.fp8_recipe == "delayed" else []
+    if refused:
+        add(Constraint("fp8_delayed_recompute", False, float(-len(refused)), "modules",
+                       f"--fp8-recipe delayed with recompute_modules {','.join(refused)}: megatron-core refuses delayed "
+                       f"scaling with moe_act / layernorm recompute (TransformerConfig); use --fp8-recipe tensorwise, "
+                       f"or drop {','.join(refused)} from the recomputed modules"))
     if par.recompute_num_layers is not None:
         add(Constraint("recompute_num_layers", par.recompute == "full", 0.0, "",
                        f"recompute_num_layers {par.recompute_num_layers} needs recompute full ({par.recompute})"))

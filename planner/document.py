@@ -40,7 +40,9 @@ from .uncertainty import step_class, step_interval
 #:     with, cluster_specs/data/efficiency/attention.yaml; null = the newest)
 #: 1.7 (additive): input.job.moe_flex_dispatcher_backend / moe_flex_dispatcher_num_sms (the MoE flex dispatcher
 #:     the plans were timed with, cluster_specs/data/efficiency/ep_dispatch.yaml; null = plan3d's choice)
-SCHEMA_VERSION = "1.7"
+#: 1.8 (additive): input.job.fp8_recipe (--fp8-recipe: the FP8 scaling recipe the plans were timed and launched with;
+#:     null = the framework's default, cost_models/fp8_recipe.py)
+SCHEMA_VERSION = "1.8"
 
 
 def readable_schema_version(version: str) -> str:
@@ -116,6 +118,10 @@ class JobInfo(_Strict):
                           "timed with; null: plan3d's choice (DeepEP across NVLink domains, NCCL all-to-all inside one)")
     moe_flex_dispatcher_num_sms: int | None = Field(
         None, description="SMs of the flex dispatcher (--moe-flex-dispatcher-num-sms); null: the backend's default")
+    fp8_recipe: str | None = Field(
+        None, description="FP8 scaling recipe (--fp8-recipe: delayed, tensorwise, mxfp8, blockwise) the plans were "
+                          "timed and launched with; null: the framework's default for the GPU and layout "
+                          "(cost_models/fp8_recipe.py)")
     requested_global_batch_size: int | None = Field(
         None, description="plan --global-batch-size-tolerance: the global batch asked for (global_batch_size is the "
                           "one planned, within the tolerance of it); null without a tolerance")
@@ -317,7 +323,7 @@ def input_info(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, num_gpu
                     expert_load_imbalance=job.expert_load_imbalance,
                     moe_expert_capacity_factor=job.moe_expert_capacity_factor, software_date=job.software_date,
                     moe_flex_dispatcher_backend=job.moe_flex_dispatcher_backend,
-                    moe_flex_dispatcher_num_sms=job.moe_flex_dispatcher_num_sms,
+                    moe_flex_dispatcher_num_sms=job.moe_flex_dispatcher_num_sms, fp8_recipe=job.fp8_recipe,
                     requested_global_batch_size=requested_global_batch_size))
 
 

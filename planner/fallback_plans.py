@@ -271,7 +271,8 @@ def fallback(model: Any = None, cluster: Any = None, *, plan: Any = None, max_lo
                          ("capacity_factor", "moe_expert_capacity_factor"),
                          ("software_date", "software_date"),
                          ("moe_flex_dispatcher_backend", "moe_flex_dispatcher_backend"),
-                         ("moe_flex_dispatcher_num_sms", "moe_flex_dispatcher_num_sms")):  # the option, else the doc's
+                         ("moe_flex_dispatcher_num_sms", "moe_flex_dispatcher_num_sms"),
+                         ("fp8_recipe", "fp8_recipe")):  # the option, else the doc's
             v = o[k] if o.get(k) is not None else getattr(i.job, doc_k)
             if v is not None:
                 job_kw[k] = v

@@ -37,7 +37,7 @@ def test_default_plan_runs_on_builtin_default(run_cli):
     r = run_cli("plan", "--format", "json")
     assert r.exit_code == 0, r.stderr
     doc = r.json()
-    assert doc["schema_version"] == "1.7"
+    assert doc["schema_version"] == "1.8"
     assert doc["input"]["model"]["name"] == "llama3.1-8b"
     # HF LlamaForCausalLM parameter count (shared/data/param_counts.json)
     assert doc["input"]["model"]["num_parameters"] == 8_030_261_248

@@ -22,7 +22,7 @@ def test_plan_gets_a_cost_block_consistent_with_its_throughput(run_cli):
                 "--format", "json")
     assert r.exit_code == 0, r.stderr
     doc = r.json()
-    assert doc["schema_version"] == "1.7"
+    assert doc["schema_version"] == "1.8"
     jsonschema.validate(doc, planner.PlanDocument.model_json_schema())
     for p in doc["plans"]:
         c = p["cost"]

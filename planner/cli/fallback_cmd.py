@@ -7,8 +7,9 @@ from typing import Annotated, Optional
 import typer
 
 from .app import app
-from .options import (AT_RISK_DEFAULT, AtRiskOpt, DispatcherOpt, DispatcherSmsOpt, FlopsOpt, Fmt, FmtOpt, Framework,
-                      GpusOpt, HEADROOM_DEFAULT, HeadroomOpt, NodesOpt, OutOpt, Precision, SoftwareDateOpt, enum_value)
+from .options import (AT_RISK_DEFAULT, AtRiskOpt, DispatcherOpt, DispatcherSmsOpt, FlopsOpt, Fmt, FmtOpt,
+                      Fp8RecipeOpt, Framework, GpusOpt, HEADROOM_DEFAULT, HeadroomOpt, NodesOpt, OutOpt, Precision,
+                      SoftwareDateOpt, enum_value)
 from .output import write_output
 
 
@@ -28,6 +29,7 @@ def fallback(
     dropout: Annotated[Optional[bool], typer.Option("--dropout/--no-dropout")] = None,
     software_date: SoftwareDateOpt = None,
     moe_flex_dispatcher_backend: DispatcherOpt = None, moe_flex_dispatcher_num_sms: DispatcherSmsOpt = None,
+    fp8_recipe: Fp8RecipeOpt = None,
     framework: Annotated[Optional[Framework], typer.Option(
         "--framework", help="rules and resharding path (default megatron)")] = None,
     memory_headroom: HeadroomOpt = HEADROOM_DEFAULT, at_risk_margin: AtRiskOpt = AT_RISK_DEFAULT,
@@ -46,7 +48,7 @@ def fallback(
                                  precision=enum_value(precision), flash_attention=flash_attention, dropout=dropout,
                                  framework=enum_value(framework), software_date=software_date,
                                  moe_flex_dispatcher_backend=moe_flex_dispatcher_backend,
-                                 moe_flex_dispatcher_num_sms=moe_flex_dispatcher_num_sms).items()
+                                 moe_flex_dispatcher_num_sms=moe_flex_dispatcher_num_sms, fp8_recipe=fp8_recipe).items()
            if v is not None}
     doc = api_fallback(model, cluster, plan=plan_file, max_lost_nodes=max_lost_nodes, rank=rank,
                        memory_headroom=memory_headroom, at_risk_margin=at_risk_margin,

@@ -9,7 +9,7 @@ import typer
 
 from .app import app
 from .options import (AT_RISK_DEFAULT, AsyncCkptOpt, AtRiskOpt, CapacityOpt, ClusterOpt, CpOpt, DispatcherOpt,
-                      DispatcherSmsOpt, DropoutOpt, Emit,
+                      DispatcherSmsOpt, DropoutOpt, Emit, Fp8RecipeOpt,
                       EpOpt, EtpOpt, FirstOpt, FlashOpt, FlopsOpt, Fmt, FmtOpt, Framework, FrameworkOpt, FullInitOpt,
                       GbsOpt, GpusOpt, HEADROOM_DEFAULT, HeadroomOpt, ImbalanceOpt, LastOpt, Launcher, LauncherOpt,
                       LayoutStrOpt, MasterDtypeOpt, MbsOpt, ModelOpt, MomentDtypeOpt, NodesOpt, OffloadModulesOpt,
@@ -48,6 +48,7 @@ def evaluate(
     main_params_dtype: MasterDtypeOpt = "fp32", expert_load_imbalance: ImbalanceOpt = None,
     capacity_factor: CapacityOpt = None, software_date: SoftwareDateOpt = None,
     moe_flex_dispatcher_backend: DispatcherOpt = None, moe_flex_dispatcher_num_sms: DispatcherSmsOpt = None,
+    fp8_recipe: Fp8RecipeOpt = None,
     train_tokens: TrainTokensOpt = None, gpu_hour_price: PriceOpt = None, async_checkpoint: AsyncCkptOpt = False,
     interruption_rate: RateOpt = None, restart_s: RestartOpt = None, pue: PueOpt = None,
 ) -> None:
@@ -92,6 +93,7 @@ def memory(
     main_params_dtype: MasterDtypeOpt = "fp32", expert_load_imbalance: ImbalanceOpt = None,
     software_date: SoftwareDateOpt = None,
     moe_flex_dispatcher_backend: DispatcherOpt = None, moe_flex_dispatcher_num_sms: DispatcherSmsOpt = None,
+    fp8_recipe: Fp8RecipeOpt = None,
 ) -> None:
     """Per-stage memory breakdown of one configuration (largest terms first, the total of each phase: init,
     forward, backward, optimizer; the backend buffers named).
@@ -148,6 +150,7 @@ def explain(
     main_params_dtype: MasterDtypeOpt = "fp32", expert_load_imbalance: ImbalanceOpt = None,
     capacity_factor: CapacityOpt = None, software_date: SoftwareDateOpt = None,
     moe_flex_dispatcher_backend: DispatcherOpt = None, moe_flex_dispatcher_num_sms: DispatcherSmsOpt = None,
+    fp8_recipe: Fp8RecipeOpt = None,
 ) -> None:
     """List every constraint of one given configuration with its slack (same options as ``evaluate``).
 

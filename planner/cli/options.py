@@ -228,6 +228,12 @@ DispatcherSmsOpt = Annotated[Optional[int], typer.Option(
     "--moe-flex-dispatcher-num-sms", min=1,
     help="SMs of the flex dispatcher's kernels (Megatron --moe-flex-dispatcher-num-sms; default: the backend's, "
          "HybridEP 32 inside one NVLink domain, DeepEP 20)")]
+Fp8RecipeOpt = Annotated[Optional[str], typer.Option(
+    "--fp8-recipe", metavar="delayed|tensorwise|mxfp8|blockwise",
+    help="FP8 scaling recipe with --precision fp8 (Megatron --fp8-recipe): delayed (amax history), tensorwise "
+         "(current scaling: one more read of each cast tensor), mxfp8 (Blackwell), blockwise (DeepSeek-V3 style); "
+         "default: the framework's (MXFP8 on Blackwell, blockwise for MoE on Hopper, else delayed; torchtitan "
+         "tensorwise)")]
 MasterDtypeOpt = Annotated[str, typer.Option(
     "--main-params-dtype", help="master-weight dtype: fp32, fp16 (Megatron --main-params-dtype), bf16 "
                                 "(Megatron-FSDP --megatron-fsdp-main-params-dtype)")]
@@ -240,7 +246,7 @@ _LAYOUT_PASSED = ("model", "cluster", "gpus", "nodes", "global_batch_size", "seq
                   "at_risk_margin", "full_model_init", "expert_load_imbalance", "capacity_factor", "pipeline_layout",
                   "recompute_method", "optimizer_cpu_offload", "param_cpu_offload", "exp_avg_dtype",
                   "exp_avg_sq_dtype", "main_params_dtype", "software_date", "moe_flex_dispatcher_backend",
-                  "moe_flex_dispatcher_num_sms")
+                  "moe_flex_dispatcher_num_sms", "fp8_recipe")
 #: ... passed on as the choice's value (None when the command has no such option)
 _LAYOUT_CHOICES = ("precision", "framework", "recompute", "flops_convention", "pipeline_schedule")
 #: ... given as comma-separated module names

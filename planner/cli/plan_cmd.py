@@ -12,7 +12,7 @@ from ..api_options import MAX_TOP_K  # light: planner.api_options imports only p
 from ..errors import NoFeasiblePlan
 from .app import app
 from .options import (AT_RISK_DEFAULT, AsyncCkptOpt, AtRiskOpt, CapacityOpt, ClusterOpt, DispatcherOpt,
-                      DispatcherSmsOpt, DropoutOpt, Emit, FlashOpt,
+                      DispatcherSmsOpt, DropoutOpt, Emit, FlashOpt, Fp8RecipeOpt,
                       FlopsOpt, Fmt, FmtOpt, Framework, GbsOpt, GpusOpt, HEADROOM_DEFAULT, HeadroomOpt, ImbalanceOpt,
                       Launcher, LauncherOpt, ModelOpt, NodesOpt, ObjectiveOpt, OutOpt, PrecOpt, Precision, PriceOpt,
                       PueOpt, RateOpt, RecomputeOpt, RestartOpt, ScheduleOptT, SeqOpt, SoftwareDateOpt, SolverOpt,
@@ -66,6 +66,7 @@ def plan(
     expert_load_imbalance: ImbalanceOpt = None,
     capacity_factor: CapacityOpt = None, software_date: SoftwareDateOpt = None,
     moe_flex_dispatcher_backend: DispatcherOpt = None, moe_flex_dispatcher_num_sms: DispatcherSmsOpt = None,
+    fp8_recipe: Fp8RecipeOpt = None,
     train_tokens: TrainTokensOpt = None, gpu_hour_price: PriceOpt = None, async_checkpoint: AsyncCkptOpt = False,
     interruption_rate: RateOpt = None, restart_s: RestartOpt = None, pue: PueOpt = None,
     deadline_days: Annotated[Optional[float], typer.Option(
@@ -112,7 +113,9 @@ def plan(
                              ("--moe-flex-dispatcher-num-sms", moe_flex_dispatcher_num_sms)),
                             "times plan3d's default dispatcher (DeepEP across NVLink domains, the NCCL all-to-all "
                             "inside one)"),
-                           ((("--software-date", software_date),), "times today's kernels")):
+                           ((("--software-date", software_date),), "times today's kernels"),
+                           ((("--fp8-recipe", fp8_recipe),),
+                            "runs the pools' shared default FP8 recipe (cost_models.fp8_recipe.shared_fp8_recipe)")):
             named = ", ".join(f for f, v in flags if v is not None)
             if named:
                 raise PlanInputError(f"{named}: not available over pools (--cluster NAME:NODES,...): the pool planner "
@@ -166,7 +169,8 @@ def plan(
                 at_risk_margin=at_risk_margin, expert_load_imbalance=expert_load_imbalance,
                 capacity_factor=capacity_factor, software_date=software_date,
                 moe_flex_dispatcher_backend=moe_flex_dispatcher_backend,
-                moe_flex_dispatcher_num_sms=moe_flex_dispatcher_num_sms, time_budget_s=time_budget)
+                moe_flex_dispatcher_num_sms=moe_flex_dispatcher_num_sms, fp8_recipe=fp8_recipe,
+                time_budget_s=time_budget)
     if choice.kind != "single":
         if emit is not None:
             raise PlanInputError("--emit writes one plan: give one --cluster")
