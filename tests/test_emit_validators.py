@@ -189,6 +189,32 @@ def test_validators_catch_broken_megatron_configs():
                                128, {"CUDA_DEVICE_MAX_CONNECTIONS": "1"})
 
 
+@needs_mcore
+@pytest.mark.parametrize("recipe", ["delayed", "tensorwise"])
+@pytest.mark.parametrize("modules", [("layernorm",), ("core_attn",), ("core_attn", "layernorm")])
+def test_fp8_recipe_recompute_rule_is_megatron_cores(recipe, modules, monkeypatch):
+    # plan3d's fp8_delayed_recompute constraint fires exactly where megatron-core's TransformerConfig refuses the
+    # emitted --fp8-recipe with the emitted --recompute-modules. Its other condition for layernorm recompute under
+    # FP8, Transformer Engine >= 2.6, is taken as met (the validators extra installs no TE)
+    import megatron.core.transformer.transformer_config as tc
+    from planner.checks import constraint_report
+    monkeypatch.setattr(tc, "is_te_min_version", lambda *a, **k: True)
+    m = get_model("llama2-70b")
+    job = TrainingJob(global_batch_size=1024, seq_length=4096, precision="fp8", fp8_recipe=recipe)
+    par = ParallelConfig(tp=8, pp=4, dp=4, zero_stage=1, recompute="selective", recompute_modules=modules)
+    flagged = any(c.name == "fp8_delayed_recompute" and not c.ok
+                  for c in constraint_report(m, get_cluster("dgx-h100"), job, par, 128))
+    args = parse_argv(launch_fields(m, job, par, 8)["megatron"])
+    assert args["fp8_recipe"] == recipe
+    try:
+        megatron_core_config(args, None)
+        refused = False
+    except ValueError as e:
+        assert "Delayed scaling does not support moe_act and layernorm recompute" in str(e)
+        refused = True
+    assert flagged == refused == (recipe == "delayed" and "layernorm" in modules)
+
+
 @needs_ds
 def test_validators_catch_broken_deepspeed_configs():
     par = ParallelConfig(tp=8, pp=1, dp=16, micro_batch_size=2, zero_stage=2)
