@@ -18,8 +18,9 @@ per-expert outputs of the block-scaled recipes (``bulk_allocate_mxfp8_tensors``,
 ``bulk_allocate_fp8_blockwise_tensors`` in ``transformer_engine/pytorch/csrc/extensions/cast.cpp``, TE 2.8-2.14):
 class ``mx``; the per-tensor recipes build one ``Float8Tensor`` per expert: class ``cs``.
 
-``job_fp8_recipe`` is the recipe a job runs: ``TrainingJob.fp8_recipe`` when it names one, else torchtitan's float8
-default (dynamic tensorwise), else ``default_fp8_recipe``; the cost terms that depend on it (the forward GEMMs' fast
+``job_fp8_recipe`` is the recipe a job runs: ``TrainingJob.fp8_recipe`` when it names one, else the framework's one
+recipe where it has one (torchtitan's float8: dynamic tensorwise; Megatron-DeepSpeed: delayed), else
+``default_fp8_recipe``; ``fp8_recipe_problem`` says why a named recipe cannot run. The cost terms that depend on it (the forward GEMMs' fast
 accumulation, current scaling's amax pass, the per-expert host time) all read it.
 """
 from __future__ import annotations
@@ -29,9 +30,6 @@ from model_zoo.spec import ModelSpec
 
 from .config import ParallelConfig, TrainingJob
 
-#: Frameworks whose FP8 linears scale each tensor by its own current amax by default: torchtitan's float8 (torchao
-#: ``Float8LinearConfig``: dynamic tensorwise scaling, ``hp_tensor_to_float8_dynamic``).
-CURRENT_SCALING_FRAMEWORKS = frozenset({"torchtitan"})
 #: Recipes that compute each tensor's amax in a pass of its own before the cast (per-tensor current scaling: Transformer
 #: Engine's ``Float8CurrentScalingQuantizer`` runs ``nvte_compute_amax``, then the scale, then ``nvte_quantize``;
 #: torchao's tensorwise ``tensor_to_scale`` reduces the amax before ``hp_tensor_and_scale_to_float8``). Delayed scaling
@@ -73,7 +71,7 @@ def fp8_recipe_problem(recipe: str, cluster: ClusterSpec, framework: str = "mega
         return f"{fw} runs FP8 with {', '.join(allowed)}"
     peak = cluster.gpu.peak_flops
     if recipe == "mxfp8" and "fp4" not in peak:
-        return (f"MXFP8 needs block-scaled tensor cores (Blackwell; Transformer Engine check_mxfp8_support), which "
+        return (f"MXFP8 needs block-scaled tensor cores (Blackwell: Transformer Engine check_mxfp8_support), which "
                 f"the {cluster.gpu.name} lacks")
     return None
 
@@ -131,12 +129,15 @@ def host_cost_class(recipe: str) -> str:
 
 def job_fp8_recipe(job: TrainingJob, cluster: ClusterSpec, model: ModelSpec, par: ParallelConfig,
                    framework: str = "megatron") -> str:
-    """The ``--fp8-recipe`` an FP8 job runs: ``job.fp8_recipe`` when set, else ``tensorwise`` under a framework of
-    ``CURRENT_SCALING_FRAMEWORKS``, else ``default_fp8_recipe``."""
+    """The ``--fp8-recipe`` an FP8 job runs: ``job.fp8_recipe`` when set, else the one recipe of a framework whose
+    FP8 path has one (``FRAMEWORK_FP8_RECIPES``: torchtitan's float8 dynamic tensorwise scaling, torchao
+    ``Float8LinearConfig`` ``hp_tensor_to_float8_dynamic``; Megatron-DeepSpeed's delayed scaling), else
+    ``default_fp8_recipe``."""
     if job.fp8_recipe is not None:
         return job.fp8_recipe
-    if framework.split("_")[0] in CURRENT_SCALING_FRAMEWORKS:
-        return "tensorwise"
+    only = FRAMEWORK_FP8_RECIPES.get(framework.split("_")[0], ())
+    if len(only) == 1:
+        return only[0]
     return default_fp8_recipe(cluster, model, par)
 
 

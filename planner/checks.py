@@ -203,7 +203,9 @@ def constraint_report(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, 
         add(Constraint("recompute_modules", par.recompute == "selective", 0.0, "",
                        f"recompute_modules {','.join(par.recompute_modules)} needs recompute selective "
                        f"({par.recompute})"))
-    refused = delayed_scaling_refused_modules(par) if job.precision == "fp8" and job.fp8_recipe == "delayed" else []
+    # megatron-core's rule; its default recipe (job.fp8_recipe None) already avoids it (fp8_recipe.per_tensor_fp8_recipe)
+    delayed = framework == "megatron" and job.precision == "fp8" and job.fp8_recipe == "delayed"
+    refused = delayed_scaling_refused_modules(par) if delayed else []
     if refused:
         add(Constraint("fp8_delayed_recompute", False, float(-len(refused)), "modules",
                        f"--fp8-recipe delayed with recompute_modules {','.join(refused)}: megatron-core refuses delayed "

@@ -237,7 +237,8 @@ def fallback(model: Any = None, cluster: Any = None, *, plan: Any = None, max_lo
     from cluster_specs import load_cluster, nodes_holding
     from model_zoo import load_model
 
-    from .api_options import FLOPS_CONVENTIONS, at_risk_option, check_choice, headroom_option, job_kwargs, load_inputs
+    from .api_options import (FLOPS_CONVENTIONS, at_risk_option, check_choice, headroom_option, job_kwargs,
+                              load_inputs, option_flag)
     from .evaluation import evaluate
     from .fallback_search import best_fallbacks, keep_layout, min_gpus
     from .space import SearchSpace
@@ -266,6 +267,7 @@ def fallback(model: Any = None, cluster: Any = None, *, plan: Any = None, max_lo
         c = load_cluster(os.fspath(cluster)) if cluster is not None else load_cluster(i.cluster.name)
         job_kw = dict(gpus=i.cluster.num_gpus, global_batch_size=i.job.global_batch_size,
                       seq_length=i.job.seq_length, precision=i.job.precision)
+        from_doc: dict[str, str] = {}  # option flag -> the document's field it was read from
         for k, doc_k in (("flash_attention", "flash_attention"), ("dropout", "dropout"), ("framework", "framework"),
                          ("expert_load_imbalance", "expert_load_imbalance"),
                          ("capacity_factor", "moe_expert_capacity_factor"),
@@ -276,13 +278,22 @@ def fallback(model: Any = None, cluster: Any = None, *, plan: Any = None, max_lo
             v = o[k] if o.get(k) is not None else getattr(i.job, doc_k)
             if v is not None:
                 job_kw[k] = v
+            if o.get(k) is None and v is not None:
+                from_doc[option_flag(k)] = f"input.job.{doc_k}"
         if o.get("flops_convention") is None:
             conv = doc.plans[rank - 1].throughput.flops_convention if doc.plans[rank - 1].throughput else conv
         par = _parallel_of(doc.plans[rank - 1], f"plans.{rank - 1}", moe=m.moe is not None)
         _check_batch(doc.plans[rank - 1].parallel, i.job.global_batch_size, par, rank)
         agree = par.world_size == i.cluster.num_gpus and i.cluster.gpus_per_node > 0 and \
             i.cluster.num_nodes == nodes_holding(i.cluster.num_gpus, i.cluster.gpus_per_node)
-        inputs = load_inputs(m, c, **job_kw) if agree else None
+        try:
+            inputs = load_inputs(m, c, **job_kw) if agree else None
+        except PlanInputError as e:  # a value read from the document: say so, and how to replace it
+            flag = next((f for f in from_doc if str(e).startswith(f + " ")), None)
+            if flag is None:
+                raise
+            reason = str(e)[len(flag) + 1:].split("; ")[0]  # "VALUE: why", without the advice for the option
+            raise PlanInputError(f"--plan's {from_doc[flag]} {reason}; give {flag} to replace it") from None
         gpn_edited = inputs is not None and cluster is None and \
             i.cluster.gpus_per_node != inputs.cluster.node.gpus_per_node
         if inputs is None or par.world_size != inputs.num_gpus or gpn_edited:

@@ -36,6 +36,32 @@ def test_recipe_problems_follow_the_hardware_and_the_framework():
     assert fp8_recipe_problem("delayed", h100, "torchtitan") == "torchtitan runs FP8 with tensorwise"
 
 
+def test_a_framework_with_one_recipe_runs_it_by_default():
+    # Megatron-DeepSpeed's --fp8-hybrid is delayed scaling whatever the GPU or model (its launch emits no recipe),
+    # torchtitan's float8 dynamic tensorwise; Megatron-LM picks by GPU, model and recompute (default_fp8_recipe)
+    from cost_models.fp8_recipe import job_fp8_recipe
+    job = TrainingJob(global_batch_size=256, seq_length=4096, precision="fp8")
+    par = ParallelConfig(dp=8, ep=8)
+    moe, b200, h100 = get_model("mixtral-8x7b"), get_cluster("dgx-b200"), get_cluster("dgx-h100")
+    assert job_fp8_recipe(job, b200, moe, par, "deepspeed") == job_fp8_recipe(job, h100, moe, par, "deepspeed") \
+        == "delayed"
+    assert job_fp8_recipe(job, b200, moe, par, "torchtitan") == "tensorwise"
+    assert (job_fp8_recipe(job, b200, moe, par), job_fp8_recipe(job, h100, moe, par)) == ("mxfp8", "blockwise")
+
+
+def test_launches_without_a_recipe_setting_refuse_a_named_one():
+    from planner.emit import launch_fields
+    m, par = get_model("llama2-7b"), ParallelConfig(dp=8, micro_batch_size=1)
+    job = TrainingJob(global_batch_size=64, seq_length=4096, precision="fp8")
+    named = launch_fields(m, job.model_copy(update={"fp8_recipe": "tensorwise"}), par, 8)["unsupported"]
+    assert "delayed scaling (it has no recipe argument)" in named["megatron_deepspeed"]
+    assert "use_fp8 computes its own scales" in named["colossalai"]
+    assert "megatron" not in named
+    ok = launch_fields(m, job.model_copy(update={"fp8_recipe": "delayed"}), par, 8)["unsupported"]
+    assert "megatron_deepspeed" not in ok and "use_fp8 computes its own scales" in ok["colossalai"]
+    assert "colossalai" not in launch_fields(m, job, par, 8)["unsupported"]  # no recipe named: its own scaling
+
+
 def test_evaluate_times_and_emits_the_recipe(run_cli):
     delayed = run_cli("evaluate", *FP8_8K[:-2], "--fp8-recipe", "delayed", "--emit", "megatron")
     tensorwise = run_cli("evaluate", *FP8_8K[:-2], "--fp8-recipe", "tensorwise", "--emit", "megatron")
@@ -65,7 +91,7 @@ def test_the_library_job_carries_the_recipe_into_the_step_time():
 
 @pytest.mark.parametrize("args, message", [
     (("--fp8-recipe", "mxfp8", "--precision", "fp8"),
-     "plan3d: error: --fp8-recipe mxfp8: MXFP8 needs block-scaled tensor cores (Blackwell; Transformer Engine "
+     "plan3d: error: --fp8-recipe mxfp8: MXFP8 needs block-scaled tensor cores (Blackwell: Transformer Engine "
      "check_mxfp8_support), which the H100 lacks; use delayed or tensorwise or blockwise, or leave it out for the "
      "framework's default"),
     (("--fp8-recipe", "tensorwise"),
@@ -98,6 +124,14 @@ def test_delayed_scaling_with_layernorm_recompute_is_infeasible(run_cli):
     assert [v for v in plan["violations"] if "fp8_delayed_recompute" in v or "--fp8-recipe delayed" in v], plan
     ok = run_cli("evaluate", *args, "--fp8-recipe", "tensorwise").json()["plans"][0]
     assert not [v for v in ok["violations"] if "--fp8-recipe delayed" in v], ok["violations"]
+    # megatron-core's rule: not charged to the other frameworks
+    from planner.checks import constraint_report
+    job = TrainingJob(global_batch_size=64, seq_length=8192, precision="fp8", fp8_recipe="delayed")
+    par = ParallelConfig(tp=4, dp=2, recompute="selective", recompute_modules=("layernorm",))
+    m, c = get_model("llama3.1-8b"), get_cluster("dgx-h100")
+    names = {fw: {x.name for x in constraint_report(m, c, job, par, 8, framework=fw) if not x.ok}
+             for fw in ("megatron", "deepspeed")}
+    assert "fp8_delayed_recompute" in names["megatron"] and "fp8_delayed_recompute" not in names["deepspeed"]
 
 
 def test_fallback_reevaluates_the_plan_with_its_recipe(run_cli, tmp_path):
@@ -111,3 +145,12 @@ def test_fallback_reevaluates_the_plan_with_its_recipe(run_cli, tmp_path):
     fb = run_cli("fallback", "--plan", str(doc), "--max-lost-nodes", "1", "--format", "json")
     assert fb.exit_code == 0, fb.stderr
     assert fb.json()["original"]["time"]["step_s"] == planned["plans"][0]["time"]["step_s"]
+    # a recipe read from the document that the job can no longer run is named as the document's
+    bad = tmp_path / "b200.json"
+    r = run_cli("plan", "--cluster", "dgx-b200", "--nodes", "2", "--precision", "fp8", "--fp8-recipe", "mxfp8",
+                "--top-k", "1", "--format", "json", "--output", str(bad))
+    assert r.exit_code == 0, r.stderr
+    fb = run_cli("fallback", "--plan", str(bad), "--cluster", "dgx-h100", "--max-lost-nodes", "1")
+    assert fb.exit_code == 2 and fb.stderr == (
+        "plan3d: error: --plan's input.job.fp8_recipe mxfp8: MXFP8 needs block-scaled tensor cores (Blackwell: "
+        "Transformer Engine check_mxfp8_support), which the H100 lacks; give --fp8-recipe to replace it\n"), fb.stderr

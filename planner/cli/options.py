@@ -232,8 +232,8 @@ Fp8RecipeOpt = Annotated[Optional[str], typer.Option(
     "--fp8-recipe", metavar="delayed|tensorwise|mxfp8|blockwise",
     help="FP8 scaling recipe with --precision fp8 (Megatron --fp8-recipe): delayed (amax history), tensorwise "
          "(current scaling: one more read of each cast tensor), mxfp8 (Blackwell), blockwise (DeepSeek-V3 style); "
-         "default: the framework's (MXFP8 on Blackwell, blockwise for MoE on Hopper, else delayed; torchtitan "
-         "tensorwise)")]
+         "default: the framework's (Megatron: MXFP8 on Blackwell, blockwise for MoE on Hopper, tensorwise with "
+         "moe_act/layernorm recompute, else delayed; Megatron-DeepSpeed delayed; torchtitan tensorwise)")]
 MasterDtypeOpt = Annotated[str, typer.Option(
     "--main-params-dtype", help="master-weight dtype: fp32, fp16 (Megatron --main-params-dtype), bf16 "
                                 "(Megatron-FSDP --megatron-fsdp-main-params-dtype)")]

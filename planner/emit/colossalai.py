@@ -24,7 +24,8 @@ Mapping (plan -> plugin keyword):
 * ``ep`` > 1 -> ``MoeHybridParallelPlugin(ep_size=ep)``: experts split over the data-parallel group (it asserts
   dp % ep == 0), and it runs ZeRO-2 as ZeRO-1 (it resets ``zero_stage`` to 1 with a warning), so an MoE plan with
   ZeRO-2 is refused. Expert tensor parallelism other than tp (``etp``) has no keyword: refused.
-* ``precision`` bf16/fp16 -> ``precision``; fp8 -> ``precision="bf16"`` + ``use_fp8=True``.
+* ``precision`` bf16/fp16 -> ``precision``; fp8 -> ``precision="bf16"`` + ``use_fp8=True`` (its own scaling: a
+  job that names an ``fp8_recipe`` is refused).
 * ``flash_attention`` -> ``enable_flash_attention``. ``recompute="full"`` -> the model's gradient checkpointing
   (``model.gradient_checkpointing_enable()``), with pp > 1 and ``recompute_num_layers`` N ->
   ``gradient_checkpoint_config=PipelineGradientCheckpointConfig(num_ckpt_layers_per_stage=[N, ...])`` (the first
@@ -77,6 +78,10 @@ def _stage_layers(model: ModelSpec, par: ParallelConfig) -> list[int] | None:
 def check_colossalai(model: ModelSpec, job: TrainingJob, par: ParallelConfig) -> None:
     """Raise ``EmitUnsupported`` naming the first knob the plugins cannot express (module docstring)."""
     moe = model.moe is not None and par.ep > 1
+    if job.precision == "fp8" and job.fp8_recipe is not None:
+        raise _refuse(f"fp8_recipe {job.fp8_recipe}", "use_fp8 computes its own scales from each tensor "
+                                                      "(colossalai/quantization/fp8.py cast_to_fp8); it has no recipe "
+                                                      "keyword")
     if par.zero_stage == 3:
         raise _refuse("zero_stage 3", "the plugin asserts zero_stage in (0, 1, 2); ZeRO-3 is GeminiPlugin")
     if par.pp > 1 and par.zero_stage > 1:

@@ -250,6 +250,9 @@ def megatron_deepspeed_args(model: ModelSpec, job: TrainingJob, par: ParallelCon
     if job.precision == "fp8":
         # FP8 GEMMs through Transformer Engine layers, hybrid format (E4M3 forward, E5M2 backward), the scaling of
         # the Megatron-LM launch (megatron/arguments.py: fp8 needs --transformer-impl transformer_engine)
+        if job.fp8_recipe not in (None, "delayed"):
+            raise EmitError(f"fp8_recipe {job.fp8_recipe}: Megatron-DeepSpeed's --fp8-hybrid runs Transformer "
+                            f"Engine's delayed scaling (it has no recipe argument)")
         add(["--transformer-impl", "transformer_engine", "--fp8-hybrid", "--fp8-amax-history-len", "1024",
              "--fp8-amax-compute-algo", "max"])
     if job.flash_attention:
