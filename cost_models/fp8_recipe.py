@@ -20,8 +20,8 @@ class ``mx``; the per-tensor recipes build one ``Float8Tensor`` per expert: clas
 
 ``job_fp8_recipe`` is the recipe a job runs: ``TrainingJob.fp8_recipe`` when it names one, else the framework's one
 recipe where it has one (torchtitan's float8: dynamic tensorwise; Megatron-DeepSpeed: delayed), else
-``default_fp8_recipe``; ``fp8_recipe_problem`` says why a named recipe cannot run. The cost terms that depend on it (the forward GEMMs' fast
-accumulation, current scaling's amax pass, the per-expert host time) all read it.
+``default_fp8_recipe``; the cost terms that depend on it (the forward GEMMs' fast accumulation, current scaling's
+amax pass, the per-expert host time) all read it. ``fp8_recipe_problem`` says why a named recipe cannot run.
 """
 from __future__ import annotations
 
@@ -49,8 +49,8 @@ PER_TENSOR_RECIPES = frozenset(r for r, c in HOST_COST_CLASS.items() if c == "cs
 #: Transformer Engine's delayed scaling behind ``--fp8-hybrid`` (``planner/emit/deepspeed.py``; no recipe argument).
 #: torchtitan: its float8 converter's dynamic tensorwise scaling (torchao ``Float8LinearConfig``; the rowwise
 #: recipes are not costed).
-FRAMEWORK_FP8_RECIPES = {"megatron": ("delayed", "tensorwise", "mxfp8", "blockwise"),
-                         "nemo": ("delayed", "tensorwise", "mxfp8", "blockwise"),
+MEGATRON_FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
+FRAMEWORK_FP8_RECIPES = {"megatron": MEGATRON_FP8_RECIPES, "nemo": MEGATRON_FP8_RECIPES,
                          "deepspeed": ("delayed",), "torchtitan": ("tensorwise",)}
 #: Selective-recompute modules megatron-core refuses under delayed scaling (``TransformerConfig.__post_init__``:
 #: "Delayed scaling does not support moe_act and layernorm recompute for fp8").
@@ -66,7 +66,7 @@ def fp8_recipe_problem(recipe: str, cluster: ClusterSpec, framework: str = "mega
       Blackwell; gfx950 in its ROCm port).
     """
     fw = framework.split("_")[0]
-    allowed = FRAMEWORK_FP8_RECIPES.get(fw, FRAMEWORK_FP8_RECIPES["megatron"])
+    allowed = FRAMEWORK_FP8_RECIPES.get(fw, MEGATRON_FP8_RECIPES)
     if recipe not in allowed:
         return f"{fw} runs FP8 with {', '.join(allowed)}"
     peak = cluster.gpu.peak_flops
