@@ -25,10 +25,12 @@ amax pass, the per-expert host time) all read it. ``fp8_recipe_problem`` says wh
 """
 from __future__ import annotations
 
+from typing import get_args
+
 from cluster_specs.spec import ClusterSpec
 from model_zoo.spec import ModelSpec
 
-from .config import ParallelConfig, TrainingJob
+from .config import Fp8Recipe, ParallelConfig, TrainingJob
 
 #: Recipes that compute each tensor's amax in a pass of its own before the cast (per-tensor current scaling: Transformer
 #: Engine's ``Float8CurrentScalingQuantizer`` runs ``nvte_compute_amax``, then the scale, then ``nvte_quantize``;
@@ -49,7 +51,7 @@ PER_TENSOR_RECIPES = frozenset(r for r, c in HOST_COST_CLASS.items() if c == "cs
 #: Transformer Engine's delayed scaling behind ``--fp8-hybrid`` (``planner/emit/deepspeed.py``; no recipe argument).
 #: torchtitan: its float8 converter's dynamic tensorwise scaling (torchao ``Float8LinearConfig``; the rowwise
 #: recipes are not costed).
-MEGATRON_FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
+MEGATRON_FP8_RECIPES: tuple[str, ...] = get_args(Fp8Recipe)
 FRAMEWORK_FP8_RECIPES = {"megatron": MEGATRON_FP8_RECIPES, "nemo": MEGATRON_FP8_RECIPES,
                          "deepspeed": ("delayed",), "torchtitan": ("tensorwise",)}
 #: Selective-recompute modules megatron-core refuses under delayed scaling (``TransformerConfig.__post_init__``:

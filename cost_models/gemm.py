@@ -154,6 +154,15 @@ def fprop_rate_factor(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, 
     return 1.0
 
 
+def weight_gemm_rates(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par: ParallelConfig,
+                      framework: str) -> tuple[float, float, float, float]:
+    """(forward FLOP/s, backward FLOP/s, HBM bytes/s, operand bytes) of a job's weight GEMMs: the backward at
+    ``gemm_rate``, the forward at that rate times ``fprop_rate_factor``; ``gemm_time``'s last three arguments."""
+    rate = gemm_rate(cluster, job.precision)
+    return (rate * fprop_rate_factor(model, cluster, job, par, framework), rate, hbm_rate(cluster),
+            operand_bytes(job.precision))
+
+
 def hbm_rate(cluster: ClusterSpec) -> float:
     """Achievable HBM bytes/s: the datasheet bandwidth x the calibrated ``hbm_efficiency`` (1 when unset)."""
     return cluster.gpu.hbm_bandwidth_bytes_per_s * (cluster.calibration.hbm_efficiency or 1.0)
@@ -197,10 +206,7 @@ def layer_gemms_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par:
     those). The backward runs two GEMMs of the forward's shape per forward GEMM (input and weight gradients, SC21
     Sec. 5.1) at the MAMF-based rate; the forward at that rate times ``fprop_rate_factor``. Shapes:
     ``flops.layer_gemm_shapes``."""
-    rate = gemm_rate(cluster, job.precision)
-    fwd_rate = rate * fprop_rate_factor(model, cluster, job, par, framework)
-    hbm = hbm_rate(cluster)
-    el = operand_bytes(job.precision)
+    fwd_rate, rate, hbm, el = weight_gemm_rates(model, cluster, job, par, framework)
     if model.mla is not None:
         n_attn = (1 if model.mla.q_lora_rank is None else 2) + 3
         up_idx = {n_attn - 2} | ({1} if model.mla.q_lora_rank is not None else set())
@@ -231,8 +237,7 @@ def op_sac_recomputed_gemms_s(model: ModelSpec, cluster: ClusterSpec, job: Train
     QKV into ``wq, wk, wv`` (by width), a gated MLP's up-projection into ``w1, w3``; in a Llama layer the
     recomputed ones are ``wk``, ``wo`` and ``w3`` (~37% of the forward GEMM FLOPs of Llama 3 8B). Float8 linears
     count the same (the checkpoint's dispatch mode sees ``aten.mm`` on the float8 tensor subclass)."""
-    rate = gemm_rate(cluster, job.precision) * fprop_rate_factor(model, cluster, job, par, framework)
-    hbm, el = hbm_rate(cluster), operand_bytes(job.precision)
+    rate, _, hbm, el = weight_gemm_rates(model, cluster, job, par, framework)  # recomputed forwards: forward rate
     mms: list[tuple[float, float, float, float]] = []  # (m, k, n, count) per aten.mm, execution order
     shapes = _local_gemms(model, par, job, layer)
     for idx, (m, k, n, cnt) in enumerate(shapes):
@@ -255,9 +260,7 @@ def expert_gemms_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, par
     (0, 0, 0, 0) for a dense model."""
     if model.moe is None:
         return 0.0, 0.0, 0.0, 0.0
-    rate = gemm_rate(cluster, job.precision)
-    fwd_rate = rate * fprop_rate_factor(model, cluster, job, par, framework)
-    hbm, el = hbm_rate(cluster), operand_bytes(job.precision)
+    fwd_rate, rate, hbm, el = weight_gemm_rates(model, cluster, job, par, framework)
     tok = par.micro_batch_size * job.seq_length / par.cp
     moe, etp, h = model.moe, par.expert_tp, model.hidden_size
     m = tok * moe.top_k / moe.num_experts * job.routed_token_factor * par.ep * etp / par.tp
@@ -288,9 +291,8 @@ def mtp_projection_s(model: ModelSpec, cluster: ClusterSpec, job: TrainingJob, p
     """Seconds of one multi-token-prediction module's input projection ``2h -> h`` (DeepSeek-V3 Sec. 2.2),
     TP-sharded on the output, for one micro-batch: (forward at the rate times ``fprop_rate_factor``, backward: its
     input- and weight-gradient GEMMs at the MAMF-based rate)."""
-    rate = gemm_rate(cluster, job.precision)
+    fwd_rate, rate, hbm, el = weight_gemm_rates(model, cluster, job, par, framework)
     tok = par.micro_batch_size * job.seq_length / par.cp
     h = model.hidden_size
-    hbm, el = hbm_rate(cluster), operand_bytes(job.precision)
-    fwd = gemm_time(tok, 2 * h, h / par.tp, rate * fprop_rate_factor(model, cluster, job, par, framework), hbm, el)
-    return fwd, 2 * gemm_time(tok, 2 * h, h / par.tp, rate, hbm, el)
+    return (gemm_time(tok, 2 * h, h / par.tp, fwd_rate, hbm, el),
+            2 * gemm_time(tok, 2 * h, h / par.tp, rate, hbm, el))
